@@ -1,0 +1,151 @@
+"""Honest same-run comparisons: interleaved rounds, median ratios, fraction of peak.
+
+Every engine or reference under comparison is a `Runner`. A round is timed with
+a synchronize before reading the clock on both sides, after the runner's own
+warm-up (compilation, graph capture, autotuning) and never on zeros. Runners
+alternate round by round (A B C A B C ...) in one process so that clock and
+thermal drift hit all of them; what is reported is the median of per-round
+ratios and its spread (DESIGN.md, "Measuring honestly").
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+
+class Runner(Protocol):
+    """What the suite needs from the engine and from each reference."""
+
+    name: str                # "gpuengine", "torch_eager", "torch_compile", "torch_graph", "tf_keras"
+    samples_per_round: int   # samples one run_round() processes
+
+    def prepare(self) -> None:
+        """Warm-up: compile, capture, autotune, fill allocator caches. Not timed."""
+
+    def run_round(self) -> None:
+        """Enqueue one round of work (an epoch, or a fixed number of batches)."""
+
+    def synchronize(self) -> None:
+        """Block until the runner's device work is done."""
+
+
+def time_round(runner: Runner, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Milliseconds of one round, with the device drained before both clock reads."""
+    runner.synchronize()
+    start = clock()
+    runner.run_round()
+    runner.synchronize()
+    return (clock() - start) * 1e3
+
+
+def interleave(runners: Sequence[Runner], rounds: int, warmup_rounds: int = 1) -> dict[str, list[float]]:
+    """Per-runner round times, the runners alternating round by round."""
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds}: at least one timed round is needed")
+    names = [r.name for r in runners]
+    if len(set(names)) != len(names):
+        raise ValueError(f"runner names must be unique, got {names}")
+    for runner in runners:
+        runner.prepare()
+    for _ in range(warmup_rounds):
+        for runner in runners:
+            time_round(runner)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        for runner in runners:
+            times[runner.name].append(time_round(runner))
+    return times
+
+
+@dataclass
+class RatioSummary:
+    """Engine speed-up over one reference: >1 means the engine is faster."""
+
+    reference: str
+    median: float
+    low: float    # smallest per-round ratio
+    high: float   # largest per-round ratio
+    per_round: list[float] = field(default_factory=list)
+
+    @property
+    def spread(self) -> float:
+        return (self.high - self.low) / self.median if self.median else float("inf")
+
+    def as_dict(self) -> dict:
+        return {"median": round(self.median, 4), "low": round(self.low, 4), "high": round(self.high, 4),
+                "spread": round(self.spread, 4), "per_round": [round(r, 4) for r in self.per_round]}
+
+
+def ratio(engine_ms: Sequence[float], reference_ms: Sequence[float], reference: str) -> RatioSummary:
+    """Median of per-round speed-ups reference_time / engine_time (rounds paired in order)."""
+    if len(engine_ms) != len(reference_ms) or not engine_ms:
+        raise ValueError("ratio needs the same, non-zero number of rounds on both sides")
+    if min(engine_ms) <= 0 or min(reference_ms) <= 0:
+        raise ValueError("a round took no measurable time; make rounds longer")
+    per_round = [r / e for e, r in zip(engine_ms, reference_ms)]
+    return RatioSummary(reference, statistics.median(per_round), min(per_round), max(per_round), per_round)
+
+
+def samples_per_second(round_ms: Sequence[float], samples_per_round: int) -> float:
+    return samples_per_round / (statistics.median(round_ms) / 1e3)
+
+
+@dataclass
+class Comparison:
+    """Everything one perf test records: throughputs, ratios, fraction of peak, losses."""
+
+    engine: str
+    times_ms: dict[str, list[float]]
+    samples_per_round: dict[str, int]
+    ratios: dict[str, RatioSummary]
+    flops_per_sample: float | None = None
+    peak_tflops: float | None = None
+
+    @classmethod
+    def from_times(cls, engine: str, times_ms: dict[str, list[float]], samples_per_round: dict[str, int],
+                   flops_per_sample: float | None = None, peak_tflops: float | None = None) -> "Comparison":
+        ratios = {}
+        for name, ms in times_ms.items():
+            if name == engine:
+                continue
+            # Normalise by samples so references may use a different round size.
+            scale = samples_per_round[engine] / samples_per_round[name]
+            ratios[name] = ratio(times_ms[engine], [m * scale for m in ms], name)
+        return cls(engine, times_ms, samples_per_round, ratios, flops_per_sample, peak_tflops)
+
+    def throughput(self, name: str) -> float:
+        return samples_per_second(self.times_ms[name], self.samples_per_round[name])
+
+    def achieved_tflops(self, name: str) -> float | None:
+        if self.flops_per_sample is None:
+            return None
+        return self.throughput(name) * self.flops_per_sample / 1e12
+
+    def fraction_of_peak(self, name: str) -> float | None:
+        achieved = self.achieved_tflops(name)
+        if achieved is None or not self.peak_tflops:
+            return None
+        return achieved / self.peak_tflops
+
+    def best_reference(self) -> str | None:
+        """The fastest reference: the one whose ratio is smallest."""
+        if not self.ratios:
+            return None
+        return min(self.ratios, key=lambda n: self.ratios[n].median)
+
+    def extra_info(self) -> dict:
+        """The JSON-ready record stored with the pytest-benchmark run."""
+        info = {
+            "samples_per_s": {n: round(self.throughput(n), 1) for n in self.times_ms},
+            "median_round_ms": {n: round(statistics.median(ms), 4) for n, ms in self.times_ms.items()},
+            "ratios": {n: r.as_dict() for n, r in self.ratios.items()},
+        }
+        if self.flops_per_sample is not None:
+            info["flops_per_sample"] = self.flops_per_sample
+            info["achieved_tflops"] = {n: round(self.achieved_tflops(n), 2) for n in self.times_ms}
+        if self.peak_tflops:
+            info["peak_tflops_measured"] = round(self.peak_tflops, 1)
+            info["fraction_of_peak"] = {n: round(self.fraction_of_peak(n), 4) for n in self.times_ms}
+        return info

@@ -1,0 +1,119 @@
+"""Engine settings: one dataclass holding every toggle of DESIGN.md.
+
+Each toggle is settable from code (`EngineConfig(precision="bf16")`), from the
+pytest command line (conftest maps `--gpuengine-<toggle>` onto it) and from a
+`GPUENGINE_<TOGGLE>` environment variable (so tox can set it). An unknown value
+is a `ConfigError` naming the toggle and what it accepts, never a silent default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+DEVICES = ("cuda", "cpu")
+ENV_PREFIX = "GPUENGINE_"
+
+
+class ConfigError(ValueError):
+    """A toggle was given a value it does not accept."""
+
+
+def _parse_bool(toggle: str, raw) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{toggle}={raw!r} is not accepted; use one of 0, 1, true, false")
+
+
+def _parse_int(toggle: str, raw, minimum: int) -> int:
+    try:
+        value = int(str(raw).strip()) if not isinstance(raw, int) or isinstance(raw, bool) else raw
+    except ValueError:
+        value = None
+    if isinstance(raw, bool) or value is None or value < minimum:
+        raise ConfigError(f"{toggle}={raw!r} is not accepted; use a whole number >= {minimum}")
+    return value
+
+
+def _parse_choice(toggle: str, raw, choices) -> str:
+    text = str(raw).strip().lower()
+    if text not in choices:
+        raise ConfigError(f"{toggle}={raw!r} is not accepted; use one of {', '.join(choices)}")
+    return text
+
+
+def _parse_cap(toggle: str, raw) -> float | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str) and raw.strip().lower() in ("", "none", "full"):
+        return None
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{toggle}={raw!r} is not accepted; use a positive number of GiB, or 'full'")
+    return value
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every engine toggle; validated and normalised on construction."""
+
+    precision: str = "tf32"         # fp32 (IEEE) | tf32 (tensor cores) | bf16 (fp32 master weights)
+    cuda_graph: int = 1             # 0 = eager; N = N training steps per graph launch
+    resident_data: bool = True      # stage the dataset on the device once, gather there
+    batch_pool: int = 3             # prefetched batch buffers of the host-streamed loader
+    profile: bool = False           # per-phase device-event timings of a step
+    device: str | None = None       # cuda | cpu; None picks cuda when a GPU is visible
+    vram_cap_gib: float | None = None  # cap the engine's device memory pool
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        set_(self, "precision", _parse_choice("precision", self.precision, PRECISIONS))
+        set_(self, "cuda_graph", _parse_int("cuda_graph", self.cuda_graph, 0))
+        set_(self, "resident_data", _parse_bool("resident_data", self.resident_data))
+        set_(self, "batch_pool", _parse_int("batch_pool", self.batch_pool, 1))
+        set_(self, "profile", _parse_bool("profile", self.profile))
+        if self.device is not None and str(self.device).strip().lower() not in ("", "auto"):
+            set_(self, "device", _parse_choice("device", self.device, DEVICES))
+        else:
+            set_(self, "device", None)
+        set_(self, "vram_cap_gib", _parse_cap("vram_cap_gib", self.vram_cap_gib))
+
+    @classmethod
+    def toggles(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "EngineConfig":
+        """Defaults, then `GPUENGINE_*` variables, then explicit overrides (None = not given)."""
+        environ = os.environ if environ is None else environ
+        values = {}
+        for name in cls.toggles():
+            raw = environ.get(ENV_PREFIX + name.upper())
+            if raw is not None and raw != "":
+                values[name] = raw
+        known = set(cls.toggles())
+        for name, value in overrides.items():
+            if name not in known:
+                raise ConfigError(f"unknown toggle {name!r}; the toggles are {', '.join(sorted(known))}")
+            if value is not None:
+                values[name] = value
+        return cls(**values)
+
+    def replace(self, **changes) -> "EngineConfig":
+        unknown = set(changes) - set(self.toggles())
+        if unknown:
+            raise ConfigError(f"unknown toggle(s) {sorted(unknown)}; the toggles are {', '.join(self.toggles())}")
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        return " ".join(f"{name}={getattr(self, name)}" for name in self.toggles())
