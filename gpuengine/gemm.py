@@ -1,0 +1,60 @@
+"""GEMMs into preallocated outputs: cuBLASLt through nvmath-python on a GPU.
+
+`Gemm(out, a, b, bias)` is planned once and computes `out = a @ b (+ bias)`
+on every `run()`, where a and b may be transposed views of row-major arrays.
+cuBLASLt is column-major and its bias epilogue runs along the result's first
+(M) dimension, so we ask it for out^T = b^T a^T written in place into the
+transposed view of `out`: the bias then runs along `out`'s columns, which is
+what a dense layer needs (DESIGN.md, "Facts measured"). nvmath's execute() is
+capture-safe, unlike CuPy's cuBLAS calls, and allocates nothing when in place.
+On the NumPy backend the same object computes with np.matmul in float32.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class Gemm:
+    """out = a @ b (+ bias broadcast over rows), planned once, run many times."""
+
+    def __init__(self, backend, policy, out, a, b, bias=None):
+        if a.ndim != 2 or b.ndim != 2 or out.ndim != 2:
+            raise ValueError("Gemm takes 2-D operands")
+        m, k = a.shape
+        k2, n = b.shape
+        if k != k2 or out.shape != (m, n):
+            raise ValueError(f"Gemm shapes do not chain: {a.shape} @ {b.shape} -> {out.shape}")
+        if bias is not None and bias.shape != (n,):
+            raise ValueError(f"Gemm bias shape {bias.shape}, expected ({n},)")
+        self.backend, self.policy = backend, policy
+        self.out, self.a, self.b, self.bias = out, a, b, bias
+        self.flops = 2 * m * n * k
+        self._mm = self._plan() if backend.is_gpu else None
+
+    def _plan(self):
+        from nvmath.linalg.advanced import Matmul, MatmulEpilog
+        options = {"inplace": True, "compute_type": self.policy.gemm_compute_type()}
+        stream = self.backend.stream
+        mm = Matmul(self.b.T, self.a.T, c=self.out.T, beta=0.0, options=options, stream=stream)
+        if self.bias is not None:
+            mm.plan(epilog=MatmulEpilog.BIAS, epilog_inputs={"bias": self.bias}, stream=stream)
+        else:
+            mm.plan(stream=stream)
+        return mm
+
+    def run(self):
+        if self._mm is not None:
+            self._mm.execute(stream=self.backend.stream)
+            return self.out
+        a = self.a.astype(np.float32, copy=False)
+        b = self.b.astype(np.float32, copy=False)
+        result = a @ b
+        if self.bias is not None:
+            result += self.bias.astype(np.float32, copy=False)
+        self.out[...] = result.astype(self.out.dtype, copy=False)
+        return self.out
+
+    def free(self):
+        if self._mm is not None:
+            self._mm.free()
+            self._mm = None

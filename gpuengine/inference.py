@@ -1,0 +1,103 @@
+"""Inference: a one-shot `predict(host_array)` and a device-resident predictor.
+
+Seed note 000: the one-shot entry point (upload the input, allocate a
+workspace, run, copy back) is convenient but the wrong thing to time in a
+loop; the resident path owns a persistent workspace, reads an input already on
+the device and leaves the output there, so a repeated forward pays only its
+kernels. With cuda_graph >= 1 the resident forward is also captured and
+replayed as one graph launch.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .backend import get_backend
+from .capture import GraphCapturedStep
+from .config import EngineConfig
+from .data.checks import DataError, check_features
+from .layers.base import BuildContext
+from .memory import Allocator
+from .network import InferenceProgram, Sequential
+from .params import FlatParameters
+from .precision import policy_for
+
+
+class Predictor:
+    """Forward passes of `net` with the given parameters (or fresh Glorot ones)."""
+
+    def __init__(self, net: Sequential, config: EngineConfig | None = None, params: FlatParameters | None = None,
+                 seed: int = 0):
+        self.net = net
+        self.config = config or EngineConfig.from_env()
+        self.backend = get_backend(self.config)
+        self.policy = policy_for(self.config.precision)
+        if params is None:
+            with self.backend.activate():
+                params = FlatParameters(net.param_specs(), Allocator(self.backend), self.policy, seed)
+        elif params.policy != self.policy:
+            raise ValueError(f"parameters were built for precision {params.policy.name}, "
+                             f"the predictor runs {self.policy.name}")
+        self.params = params
+
+    @classmethod
+    def from_trainer(cls, trainer) -> "Predictor":
+        return cls(trainer.net, trainer.config, trainer.params)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """One-shot: upload, allocate a workspace for len(x), run, copy back."""
+        x = check_features(x, self.net.input_shape, "inputs")
+        if len(x) == 0:
+            raise DataError("predict() got 0 samples; pass at least one row")
+        with self.backend.activate():
+            resident = ResidentPredictor(self, len(x), capture=False)
+            resident.load(x)
+            y = resident.run()
+            return self.backend.to_host(y)
+
+
+class ResidentPredictor:
+    """A caller-owned inference workspace for batches of `batch` rows on the device."""
+
+    def __init__(self, predictor: Predictor, batch: int, capture: bool | None = None):
+        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+            raise DataError(f"batch size must be a whole number >= 1, got {batch!r}")
+        self.predictor = predictor
+        self.backend = backend = predictor.backend
+        self.batch = int(batch)
+        self.allocator = Allocator(backend)
+        with backend.activate():
+            self.input = self.allocator.zeros((self.batch,) + predictor.net.input_shape,
+                                              predictor.policy.compute_dtype, "batch")
+            ctx = BuildContext(backend, predictor.policy, self.allocator, predictor.params, self.batch)
+            self.program = InferenceProgram(predictor.net, ctx, self.input)
+        capture = predictor.config.cuda_graph > 0 if capture is None else capture
+        self._graph = None
+        if capture and backend.is_gpu:
+            with backend.activate():
+                self.program.run()   # warm-up: compile kernels and plans before capture
+                self._graph = GraphCapturedStep(backend, self.program.run, 1, {"input": self.input,
+                                                                               "output": self.program.y})
+                self._graph.capture()
+
+    @property
+    def output(self):
+        return self.program.y
+
+    def load(self, x):
+        """Copy a batch (host or device array) into the workspace's input buffer."""
+        if tuple(x.shape) != tuple(self.input.shape):
+            raise DataError(f"input batch has shape {tuple(x.shape)}, this workspace takes {tuple(self.input.shape)}")
+        with self.backend.activate():
+            self.input[...] = self.backend.xp.asarray(x).astype(self.input.dtype, copy=False)
+
+    def run(self):
+        """Forward pass on the current input; the output stays on the device."""
+        with self.backend.activate():
+            if self._graph is not None:
+                self._graph.launch()
+            else:
+                self.program.run()
+        return self.program.y
+
+    def synchronize(self):
+        self.backend.synchronize()

@@ -1,0 +1,57 @@
+"""The layer interface: forward and backward side by side, on static buffers.
+
+Layers are wired once at build time: `build_forward` receives the input buffer
+and returns the output buffer it will write; `build_backward` receives the
+gradient buffer of its output and returns the gradient buffer of its input (or
+None where nobody needs it). `forward()` and `backward()` then take no
+arguments and allocate nothing, so a whole step can be captured in a CUDA graph
+and replayed with the same addresses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..params import FlatParameters, ParamSpec
+
+
+@dataclass
+class BuildContext:
+    """What a layer needs to allocate and find its parameters."""
+
+    backend: object
+    policy: object
+    allocator: object
+    params: FlatParameters | None
+    batch: int
+
+
+class Layer:
+    """Base layer: no parameters, identity shapes."""
+
+    name: str = ""
+
+    def param_specs(self, input_shape: tuple) -> list[ParamSpec]:
+        return []
+
+    def output_shape(self, input_shape: tuple) -> tuple:
+        """Per-sample output shape for a per-sample input shape."""
+        return input_shape
+
+    def build_forward(self, ctx: BuildContext, x):
+        raise NotImplementedError
+
+    def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
+        raise NotImplementedError
+
+    def forward(self):
+        raise NotImplementedError
+
+    def backward(self):
+        raise NotImplementedError
+
+    def forward_flops(self, input_shape: tuple) -> int:
+        """Multiply-adds x2 per sample of the forward pass (for fraction-of-peak reports)."""
+        return 0
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.name})"

@@ -1,0 +1,70 @@
+"""Dense (fully connected) layer: y = x W^T + b, torch's (out, in) weight layout.
+
+Forward is one cuBLASLt GEMM with the bias added in its epilogue. Backward is
+two GEMMs (dW = dy^T x, dx = dy W; dx only where the layer below needs it) and
+a column sum for db, unless a fused consumer already produced db (see
+`fused_head.py`), in which case `bias_grad_fused` skips the extra pass.
+"""
+from __future__ import annotations
+
+from ..gemm import Gemm
+from ..params import ParamSpec
+from ..reductions import ColumnSum
+from .base import BuildContext, Layer
+
+
+class Dense(Layer):
+    def __init__(self, units: int, name: str = ""):
+        if units < 1:
+            raise ValueError(f"Dense units must be >= 1, got {units}")
+        self.units = units
+        self.name = name
+        self.bias_grad_fused = False   # set by a fusion that computes db itself
+
+    def _in_features(self, input_shape):
+        if len(input_shape) != 1:
+            raise ValueError(f"{self.name}: Dense takes flat (features,) samples, got per-sample shape {input_shape}")
+        return input_shape[0]
+
+    def param_specs(self, input_shape):
+        fan_in = self._in_features(input_shape)
+        return [ParamSpec(f"{self.name}.weight", (self.units, fan_in), "glorot", fan_in, self.units),
+                ParamSpec(f"{self.name}.bias", (self.units,), "zeros")]
+
+    def output_shape(self, input_shape):
+        self._in_features(input_shape)
+        return (self.units,)
+
+    def forward_flops(self, input_shape):
+        return 2 * self._in_features(input_shape) * self.units
+
+    def build_forward(self, ctx: BuildContext, x):
+        self.x = x
+        self.weight = ctx.params.compute_view(f"{self.name}.weight")
+        bias = ctx.params.compute_view(f"{self.name}.bias")
+        self.out = ctx.allocator.zeros((ctx.batch, self.units), ctx.policy.compute_dtype, "activations")
+        self._forward = Gemm(ctx.backend, ctx.policy, self.out, x, self.weight.T, bias)
+        return self.out
+
+    def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
+        grad_w = ctx.params.grad_view(f"{self.name}.weight")
+        self._grad_w = Gemm(ctx.backend, ctx.policy, grad_w, dy.T, self.x)
+        self._grad_b = None
+        if not self.bias_grad_fused:
+            self._grad_b = ColumnSum(ctx.backend, ctx.allocator, dy, ctx.params.grad_view(f"{self.name}.bias"))
+        self._grad_x = None
+        if needs_input_grad:
+            dx = ctx.allocator.zeros(self.x.shape, ctx.policy.compute_dtype, "activations")
+            self._grad_x = Gemm(ctx.backend, ctx.policy, dx, dy, self.weight)
+            return dx
+        return None
+
+    def forward(self):
+        self._forward.run()
+
+    def backward(self):
+        self._grad_w.run()
+        if self._grad_b is not None:
+            self._grad_b.run()
+        if self._grad_x is not None:
+            self._grad_x.run()

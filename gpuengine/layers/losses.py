@@ -1,0 +1,62 @@
+"""Losses, each fused with its own gradient: one pass writes dL/dy and the loss.
+
+MSE: L = mean((y - t)^2) over batch and outputs; dL/dy = 2 (y - t) / (B * O).
+The batch loss is added into its epoch's slot of the device loss history (see
+step_state.py), so the host never reads a loss inside a step.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import ctype, get_kernel
+
+_SOURCE = r"""
+extern "C" __global__ void mse(const T* y, const float* t, T* dy, long long n, float grad_scale, float loss_scale,
+                               const long long* step, long long steps_per_epoch, float* history, long long capacity) {
+    __shared__ float warp_sums[32];
+    float local = 0.f;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        float diff = load_f(y, i) - t[i];
+        store_f(dy, i, grad_scale * diff);
+        local += diff * diff;
+    }
+    for (int o = 16; o > 0; o >>= 1) local += __shfl_xor_sync(0xffffffffu, local, o);
+    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = local;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.f;
+        for (int w = 0; w < (blockDim.x >> 5); ++w) s += warp_sums[w];
+        long long epoch = step[0] / steps_per_epoch;
+        atomicAdd(&history[epoch % capacity], s * loss_scale);
+    }
+}
+"""
+
+
+class MSELoss:
+    """Mean squared error over a (B, O) prediction and a float32 (B, O) target."""
+
+    name = "mse"
+
+    def build(self, ctx, y, target, state):
+        if y.shape != target.shape:
+            raise ValueError(f"MSE: prediction {y.shape} and target {target.shape} differ")
+        self.backend, self.y, self.target, self.state = ctx.backend, y, target, state
+        self.dy = ctx.allocator.zeros(y.shape, y.dtype, "activations")
+        n = y.size
+        self._n = n
+        self._grad_scale = np.float32(2.0 / n)
+        self._loss_scale = np.float32(1.0 / n)
+        if self.backend.is_gpu:
+            self._kernel = get_kernel(_SOURCE, "mse", T=ctype(y.dtype))
+        return self.dy
+
+    def forward_backward(self):
+        if not self.backend.is_gpu:
+            diff = self.y.astype(np.float32) - self.target
+            self.dy[...] = (self._grad_scale * diff).astype(self.dy.dtype)
+            self.state.add_loss_host(int(self.state.step[0]), float((diff * diff).sum()) * float(self._loss_scale))
+            return
+        blocks = min(-(-self._n // 256), 1024)
+        self._kernel((blocks,), (256,), (self.y, self.target, self.dy, np.int64(self._n), self._grad_scale,
+                                         self._loss_scale) + self.state.kernel_args())

@@ -1,0 +1,102 @@
+"""Parameters, gradients and Adam moments as flat device buffers.
+
+One contiguous buffer each (Chainer/llm.c style) means the fused Adam kernel
+updates every parameter in one launch, and layers see named views into it.
+Initial values are drawn on the host with a seeded NumPy generator, so the CPU
+and GPU backends start from identical weights (Glorot/Xavier uniform init,
+Glorot & Bengio 2010: limit = sqrt(6 / (fan_in + fan_out)); biases zero).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str            # "dense1.weight"
+    shape: tuple
+    init: str            # "glorot" | "zeros" | "ones"
+    fan_in: int = 0
+    fan_out: int = 0
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+
+def initial_value(spec: ParamSpec, rng: np.random.Generator) -> np.ndarray:
+    if spec.init == "zeros":
+        return np.zeros(spec.shape, np.float32)
+    if spec.init == "ones":
+        return np.ones(spec.shape, np.float32)
+    if spec.init == "glorot":
+        limit = np.sqrt(6.0 / (spec.fan_in + spec.fan_out))
+        return rng.uniform(-limit, limit, size=spec.shape).astype(np.float32)
+    raise ValueError(f"unknown initialiser {spec.init!r} for {spec.name}")
+
+
+class FlatParameters:
+    """Named views into flat master, gradient, moment and compute-copy buffers."""
+
+    def __init__(self, specs: list[ParamSpec], allocator, policy, seed: int = 0):
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate parameter names in {names}")
+        self.specs = list(specs)
+        self.policy = policy
+        self.size = sum(s.size for s in specs)
+        self.offsets = {}
+        offset = 0
+        for s in specs:
+            self.offsets[s.name] = (offset, s.size, s.shape)
+            offset += s.size
+        self.master = allocator.zeros((self.size,), policy.master_dtype, "parameters")
+        self.grad = allocator.zeros((self.size,), policy.master_dtype, "gradients")
+        self.moment1 = allocator.zeros((self.size,), policy.master_dtype, "optimizer")
+        self.moment2 = allocator.zeros((self.size,), policy.master_dtype, "optimizer")
+        self.compute = (allocator.zeros((self.size,), policy.compute_dtype, "parameters")
+                        if policy.needs_compute_copy else self.master)
+        self._backend = allocator.backend
+        rng = np.random.default_rng(seed)
+        self.load({s.name: initial_value(s, rng) for s in specs})
+
+    def _view(self, flat, name):
+        offset, size, shape = self.offsets[name]
+        return flat[offset:offset + size].reshape(shape)
+
+    def master_view(self, name):
+        return self._view(self.master, name)
+
+    def grad_view(self, name):
+        return self._view(self.grad, name)
+
+    def compute_view(self, name):
+        """What GEMMs read: the bf16 copy under bf16, the master otherwise."""
+        return self._view(self.compute, name)
+
+    def load(self, values: dict[str, np.ndarray]):
+        """Set parameters from host arrays (shapes checked) and refresh the compute copy."""
+        missing = set(self.offsets) - set(values)
+        unknown = set(values) - set(self.offsets)
+        if missing or unknown:
+            raise ValueError(f"parameter names differ: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        host = np.empty(self.size, np.float32)
+        for name, (offset, size, shape) in self.offsets.items():
+            value = np.asarray(values[name], dtype=np.float32)
+            if value.shape != tuple(shape):
+                raise ValueError(f"{name}: shape {value.shape} given, {tuple(shape)} expected")
+            host[offset:offset + size] = value.ravel()
+        with self._backend.activate():
+            self.master[...] = self._backend.xp.asarray(host)
+            if self.compute is not self.master:
+                self.compute[...] = self.master.astype(self.compute.dtype)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        host = self._backend.to_host(self.master)
+        return {name: host[o:o + s].reshape(shape).copy() for name, (o, s, shape) in self.offsets.items()}
+
+    def grads_dict(self) -> dict[str, np.ndarray]:
+        host = self._backend.to_host(self.grad)
+        return {name: host[o:o + s].reshape(shape).copy() for name, (o, s, shape) in self.offsets.items()}

@@ -1,0 +1,63 @@
+"""Training state that lives on the device, so a replayed graph stays correct.
+
+A captured CUDA graph replays the same kernels with the same arguments, so
+anything that changes from step to step must be read from device memory: the
+global step count (which batch to gather, Adam's bias correction) and where
+this step's loss goes (a per-epoch slot of the loss history). The host reads
+the history once per `train()` call, never inside a step.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .kernels import get_kernel
+
+_SOURCE = r"""
+extern "C" __global__ void finish_step(long long* step) { step[0] += 1; }
+"""
+HISTORY_CAPACITY = 1024  # epochs kept on the device between host reads
+
+
+class StepState:
+    """Device step counter and per-epoch loss history (sums of per-step mean losses)."""
+
+    def __init__(self, backend, allocator, steps_per_epoch: int):
+        if steps_per_epoch < 1:
+            raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
+        self.backend = backend
+        self.steps_per_epoch = steps_per_epoch
+        self.step = allocator.zeros((1,), np.int64, "workspace")
+        self.history = allocator.zeros((HISTORY_CAPACITY,), np.float32, "workspace")
+        self.capacity = HISTORY_CAPACITY
+        if backend.is_gpu:
+            self._finish = get_kernel(_SOURCE, "finish_step")
+
+    def finish_step(self):
+        """Advance the step counter (the last kernel of every training step)."""
+        if self.backend.is_gpu:
+            self._finish((1,), (1,), (self.step,))
+        else:
+            self.step[0] += 1
+
+    def read_step(self) -> int:
+        return int(self.backend.to_host(self.step)[0])
+
+    def add_loss_host(self, step: int, value: float):
+        """NumPy backend: accumulate a step's loss into its epoch slot."""
+        self.history[(step // self.steps_per_epoch) % self.capacity] += value
+
+    def kernel_args(self):
+        """(step pointer, steps per epoch, history pointer, capacity) for loss kernels."""
+        return (self.step, np.int64(self.steps_per_epoch), self.history, np.int64(self.capacity))
+
+    def clear_history(self):
+        with self.backend.activate():
+            self.history.fill(0)
+
+    def read_epoch_losses(self, first_epoch: int, count: int) -> list[float]:
+        """Mean loss of epochs [first_epoch, first_epoch + count): one device-to-host read."""
+        if count > self.capacity:
+            raise ValueError(f"{count} epochs exceed the history capacity {self.capacity}; read more often")
+        host = self.backend.to_host(self.history)
+        slots = [(first_epoch + i) % self.capacity for i in range(count)]
+        return [float(host[s]) / self.steps_per_epoch for s in slots]

@@ -1,0 +1,160 @@
+"""The training loop: data -> network -> loss -> backward -> Adam, eager or captured.
+
+One step is: gather the batch on the device, forward, loss and its gradient,
+backward, fused Adam, advance the device step counter. With cuda_graph = N the
+trainer captures N steps per graph and replays it; a remainder of fewer than N
+steps replays a captured single step. A warm-up epoch runs eagerly first
+(kernel compilation, cuBLASLt plans, allocator), then graphs are captured, so
+`train()` starts on an epoch boundary. Losses stay on the device and are read
+once per `train()` call; every buffer is allocated at construction.
+"""
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+
+from .backend import get_backend
+from .capture import GraphCapturedStep
+from .config import EngineConfig
+from .data.checks import check_batch, check_training_data
+from .data.resident import ResidentDataset
+from .data.streamed import StreamedDataset
+from .layers.base import BuildContext
+from .memory import Allocator
+from .network import Sequential, TrainingProgram
+from .optim import Adam
+from .params import FlatParameters
+from .precision import policy_for
+from .step_state import StepState
+
+PHASES = ("gather", "forward", "loss_backward", "optimizer")
+
+
+class Trainer:
+    def __init__(self, net: Sequential, x: np.ndarray, t: np.ndarray, batch: int, config: EngineConfig | None = None,
+                 lr: float = 1e-3, seed: int = 0, fuse: bool = True):
+        self.config = config or EngineConfig.from_env()
+        self.net = net
+        x, t = check_training_data(x, t, net.input_shape, net.output_shape)
+        self.batch = check_batch(batch, len(x))
+        self.backend = backend = get_backend(self.config)
+        self.policy = policy_for(self.config.precision)
+        self.allocator = Allocator(backend)
+        steps_per_epoch = len(x) // self.batch
+        with backend.activate():
+            self.params = FlatParameters(net.param_specs(), self.allocator, self.policy, seed)
+            self.state = StepState(backend, self.allocator, steps_per_epoch)
+            source = ResidentDataset if self.config.resident_data else StreamedDataset
+            extra = {} if self.config.resident_data else {"pool": self.config.batch_pool}
+            self.data = source(backend, self.allocator, self.policy, self.state, x, t, self.batch, seed, **extra)
+            if not self.config.resident_data and self.config.cuda_graph:
+                self.data.check_launch(self.config.cuda_graph)
+            ctx = BuildContext(backend, self.policy, self.allocator, self.params, self.batch)
+            self.program = TrainingProgram(net, ctx, self.data.batch_x, self.data.batch_t, self.state, fuse)
+            self.optimizer = Adam(backend, self.params, self.state, lr)
+        self.steps_done = 0          # host mirror of the device step counter
+        self.graphs: dict[int, GraphCapturedStep] = {}
+        self.warmed_up = False
+        self.last_profile: dict[str, float] | None = None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.state.steps_per_epoch
+
+    def step(self):
+        """One training step, enqueued on the engine stream (capturable)."""
+        self.data.load_batch()
+        self.program.forward()
+        self.program.loss_and_backward()
+        self.optimizer.step()
+        self.state.finish_step()
+
+    def _run_eager(self, steps: int):
+        for _ in range(steps):
+            self.data.before_launch(self.steps_done, 1)
+            self.step()
+            self.data.after_launch(self.steps_done, 1)
+            self.steps_done += 1
+
+    def _graph(self, steps: int) -> GraphCapturedStep:
+        if steps not in self.graphs:
+            buffers = {"batch_x": self.data.batch_x, "batch_t": self.data.batch_t, "params": self.params.master,
+                       "grads": self.params.grad, "step": self.state.step, "history": self.state.history}
+            graph = GraphCapturedStep(self.backend, self.step, steps, buffers)
+            graph.capture()
+            self.graphs[steps] = graph
+        return self.graphs[steps]
+
+    def _run_graphs(self, steps: int):
+        group = self.config.cuda_graph
+        while steps > 0:
+            n = group if steps >= group else 1
+            self.data.before_launch(self.steps_done, n)
+            self._graph(n).launch()
+            self.data.after_launch(self.steps_done, n)
+            self.steps_done += n
+            steps -= n
+
+    def warm_up(self):
+        """One eager epoch, then capture: compilation and planning stay out of timed work."""
+        with self.backend.activate():
+            self._run_eager(self.steps_per_epoch - self.steps_done % self.steps_per_epoch)
+            if self.config.cuda_graph:
+                self._graph(self.config.cuda_graph)
+                if self.config.cuda_graph > 1:
+                    self._graph(1)
+        self.warmed_up = True
+
+    def run_epochs(self, epochs: int):
+        """Enqueue `epochs` epochs of training without reading anything back."""
+        if not self.warmed_up:
+            self.warm_up()
+        with self.backend.activate():
+            steps = epochs * self.steps_per_epoch
+            if self.config.cuda_graph:
+                self._run_graphs(steps)
+            else:
+                self._run_eager(steps)
+
+    def train(self, epochs: int) -> list[float]:
+        """Train `epochs` epochs; the mean loss of each, read back once per history chunk."""
+        if epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {epochs}")
+        if not self.warmed_up:
+            self.warm_up()
+        if self.config.profile:
+            # Whole epochs, so train() still starts on an epoch boundary.
+            self.last_profile = self.profile(self.steps_per_epoch * max(1, -(-10 // self.steps_per_epoch)))
+        losses: list[float] = []
+        while len(losses) < epochs:
+            chunk = min(epochs - len(losses), self.state.capacity)
+            first_epoch = self.steps_done // self.steps_per_epoch
+            self.state.clear_history()
+            self.run_epochs(chunk)
+            losses += self.state.read_epoch_losses(first_epoch, chunk)
+        return losses
+
+    def profile(self, steps: int = 10) -> dict[str, float]:
+        """Median device milliseconds of each phase of an eager step (runs real steps)."""
+        phases = {"gather": self.data.load_batch, "forward": self.program.forward,
+                  "loss_backward": self.program.loss_and_backward, "optimizer": self.optimizer.step}
+        timer = self.backend.timer()
+        samples: dict[str, list[float]] = {name: [] for name in PHASES}
+        with self.backend.activate():
+            for _ in range(steps):
+                self.data.before_launch(self.steps_done, 1)
+                for name in PHASES:
+                    timer.start()
+                    phases[name]()
+                    samples[name].append(timer.stop())
+                self.state.finish_step()
+                self.data.after_launch(self.steps_done, 1)
+                self.steps_done += 1
+        return {name: statistics.median(v) for name, v in samples.items()}
+
+    def synchronize(self):
+        self.backend.synchronize()
+
+    def memory_report(self) -> dict[str, int]:
+        return self.allocator.report()

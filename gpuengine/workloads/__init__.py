@@ -1,0 +1,1 @@
+"""The seed notes' workloads: network, data and protocol of each."""
