@@ -40,6 +40,11 @@ def bfloat16_dtype():
     return np.dtype(ml_dtypes.bfloat16)
 
 
+def widen(a):
+    """NumPy backend: compute bf16 data in float32, keep float32/float64 as they are."""
+    return a.astype(np.float32) if a.dtype.itemsize < 4 else a
+
+
 def array_module(a):
     """numpy or cupy, whichever owns `a`."""
     if type(a).__module__.startswith("cupy"):

@@ -11,7 +11,7 @@ On the NumPy backend the same object computes with np.matmul in float32.
 """
 from __future__ import annotations
 
-import numpy as np
+from .backend import widen
 
 
 class Gemm:
@@ -46,11 +46,9 @@ class Gemm:
         if self._mm is not None:
             self._mm.execute(stream=self.backend.stream)
             return self.out
-        a = self.a.astype(np.float32, copy=False)
-        b = self.b.astype(np.float32, copy=False)
-        result = a @ b
+        result = widen(self.a) @ widen(self.b)
         if self.bias is not None:
-            result += self.bias.astype(np.float32, copy=False)
+            result += widen(self.bias)
         self.out[...] = result.astype(self.out.dtype, copy=False)
         return self.out
 

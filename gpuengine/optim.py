@@ -14,7 +14,7 @@ import numpy as np
 from .kernels import ctype, get_kernel
 
 _SOURCE = r"""
-extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, CT* copy, const long long* step,
+extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, COPY_T* copy, const long long* step,
                                 float lr, float b1, float b2, float eps, long long n) {
     const float t = (float)(step[0] + 1);
     const float bc1 = 1.f - powf(b1, t), bc2 = 1.f - powf(b2, t);
@@ -40,7 +40,7 @@ class Adam:
         self.has_copy = params.compute is not params.master
         if backend.is_gpu:
             copy_dtype = params.compute.dtype if self.has_copy else np.float32
-            self._kernel = get_kernel(_SOURCE, "adam", CT=ctype(copy_dtype), HAS_COPY=int(self.has_copy))
+            self._kernel = get_kernel(_SOURCE, "adam", COPY_T=ctype(copy_dtype), HAS_COPY=int(self.has_copy))
             self._blocks = min(-(-params.size // 256), 4096)
 
     def step(self):
@@ -62,6 +62,6 @@ class Adam:
         p.moment2 += (1 - self.b2) * g * g
         m_hat = p.moment1 / (1 - self.b1 ** t)
         v_hat = p.moment2 / (1 - self.b2 ** t)
-        p.master -= (self.lr * m_hat / (np.sqrt(v_hat) + self.eps)).astype(np.float32)
+        p.master -= (self.lr * m_hat / (np.sqrt(v_hat) + self.eps)).astype(p.master.dtype)
         if self.has_copy:
             p.compute[...] = p.master.astype(p.compute.dtype)

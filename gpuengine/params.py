@@ -82,9 +82,9 @@ class FlatParameters:
         unknown = set(values) - set(self.offsets)
         if missing or unknown:
             raise ValueError(f"parameter names differ: missing {sorted(missing)}, unknown {sorted(unknown)}")
-        host = np.empty(self.size, np.float32)
+        host = np.empty(self.size, self.master.dtype)
         for name, (offset, size, shape) in self.offsets.items():
-            value = np.asarray(values[name], dtype=np.float32)
+            value = np.asarray(values[name], dtype=self.master.dtype)
             if value.shape != tuple(shape):
                 raise ValueError(f"{name}: shape {value.shape} given, {tuple(shape)} expected")
             host[offset:offset + size] = value.ravel()

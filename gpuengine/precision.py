@@ -14,24 +14,29 @@ import numpy as np
 from .backend import bfloat16_dtype
 from .config import PRECISIONS, ConfigError
 
+# fp64 is not a toggle: gradient checks build NumPy layers in float64 with it.
+CHECK_PRECISION = "fp64"
+
 
 @dataclass(frozen=True)
 class PrecisionPolicy:
     name: str
 
     def __post_init__(self):
-        if self.name not in PRECISIONS:
+        if self.name not in PRECISIONS + (CHECK_PRECISION,):
             raise ConfigError(f"precision={self.name!r} is not accepted; use one of {', '.join(PRECISIONS)}")
 
     @property
     def master_dtype(self) -> np.dtype:
         """Weights, gradients and optimizer moments."""
-        return np.dtype(np.float32)
+        return np.dtype(np.float64 if self.name == CHECK_PRECISION else np.float32)
 
     @property
     def compute_dtype(self) -> np.dtype:
         """Activations, their gradients and GEMM operands."""
-        return bfloat16_dtype() if self.name == "bf16" else np.dtype(np.float32)
+        if self.name == "bf16":
+            return bfloat16_dtype()
+        return self.master_dtype
 
     @property
     def needs_compute_copy(self) -> bool:

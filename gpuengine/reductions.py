@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .backend import widen
 from .kernels import ctype, get_kernel
 
 _SOURCE = r"""
-extern "C" __global__ void column_partials(const T* src, float* partials, int rows, int cols, int rows_per_chunk) {
+extern "C" __global__ void column_partials(const ELEM_T* src, float* partials, int rows, int cols, int rows_per_chunk) {
     int col = blockIdx.x * blockDim.x + threadIdx.x;
     int chunk = blockIdx.y;
     if (col >= cols) return;
@@ -46,12 +47,12 @@ class ColumnSum:
         self.chunks = max(1, -(-rows // rows_per_chunk))
         if backend.is_gpu:
             self.partials = allocator.zeros((self.chunks, cols), np.float32, "workspace")
-            self._k1 = get_kernel(_SOURCE, "column_partials", T=ctype(src.dtype))
-            self._k2 = get_kernel(_SOURCE, "sum_partials", T=ctype(src.dtype))
+            self._k1 = get_kernel(_SOURCE, "column_partials", ELEM_T=ctype(src.dtype))
+            self._k2 = get_kernel(_SOURCE, "sum_partials", ELEM_T=ctype(src.dtype))
 
     def run(self):
         if not self.backend.is_gpu:
-            self.dst[...] = self.src.astype(np.float32).sum(axis=0)
+            self.dst[...] = widen(self.src).sum(axis=0)
             return
         blocks = -(-self.cols // _THREADS)
         self._k1((blocks, self.chunks), (_THREADS,),

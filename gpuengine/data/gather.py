@@ -14,7 +14,7 @@ from ..kernels import get_kernel
 from .shuffle import DEVICE_SOURCE, half_bits
 
 _SOURCE = DEVICE_SOURCE + r"""
-extern "C" __global__ void gather(const W* src_x, const float* src_t, W* out_x, float* out_t,
+extern "C" __global__ void gather(const WORD_T* src_x, const float* src_t, WORD_T* out_x, float* out_t,
                                   int row_words, int target_width, const long long* step, long long steps_per_epoch,
                                   int batch, unsigned int n, unsigned int half, unsigned int seed, int pool) {
     const int i = blockIdx.x;
@@ -27,8 +27,8 @@ extern "C" __global__ void gather(const W* src_x, const float* src_t, W* out_x, 
     } else {
         row = (long long)(s % pool) * batch + i;
     }
-    const W* src = src_x + row * row_words;
-    W* dst = out_x + (long long)i * row_words;
+    const WORD_T* src = src_x + row * row_words;
+    WORD_T* dst = out_x + (long long)i * row_words;
     for (int w = threadIdx.x; w < row_words; w += blockDim.x) dst[w] = src[w];
     for (int c = threadIdx.x; c < target_width; c += blockDim.x)
         out_t[(long long)i * target_width + c] = src_t[row * target_width + c];
@@ -58,7 +58,7 @@ class DeviceGather:
         if backend.is_gpu:
             self._src_words, word_type, self._row_words = as_words(src_x)
             self._out_words, _, _ = as_words(out_x)
-            self._kernel = get_kernel(_SOURCE, "gather", W=word_type, SHUFFLED=int(shuffled))
+            self._kernel = get_kernel(_SOURCE, "gather", WORD_T=word_type, SHUFFLED=int(shuffled))
             self._threads = max(32, min(256, 32 * -(-self._row_words // 32)))
 
     def run(self):

@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import widen
 from ..kernels import ctype, get_kernel
 from .base import BuildContext, Layer
 
 _SOURCE = r"""
-__device__ __forceinline__ float act(float x) { return ACT_FORWARD; }
-__device__ __forceinline__ float act_grad(float y, float dy) { return ACT_BACKWARD; }
-extern "C" __global__ void forward(const T* x, T* y, long long n) {
+__device__ __forceinline__ float act(float x) { return @FORWARD@; }
+__device__ __forceinline__ float act_grad(float y, float dy) { return @BACKWARD@; }
+extern "C" __global__ void forward(const ELEM_T* x, ELEM_T* y, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         store_f(y, i, act(load_f(x, i)));
 }
-extern "C" __global__ void backward(const T* y, const T* dy, T* dx, long long n) {
+extern "C" __global__ void backward(const ELEM_T* y, const ELEM_T* dy, ELEM_T* dx, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         store_f(dx, i, act_grad(load_f(y, i), load_f(dy, i)));
 }
@@ -43,7 +44,8 @@ class Activation(Layer):
 
     def _kernel(self, which, dtype):
         forward, backward, _, _ = _ACTIVATIONS[self.kind]
-        return get_kernel(_SOURCE, which, T=ctype(dtype), ACT_FORWARD=f"({forward})", ACT_BACKWARD=f"({backward})")
+        source = _SOURCE.replace("@FORWARD@", forward).replace("@BACKWARD@", backward)
+        return get_kernel(source, which, ELEM_T=ctype(dtype))
 
     def build_forward(self, ctx: BuildContext, x):
         self.backend, self.x = ctx.backend, x
@@ -61,7 +63,7 @@ class Activation(Layer):
     def forward(self):
         if not self.backend.is_gpu:
             np_forward = _ACTIVATIONS[self.kind][2]
-            self.out[...] = np_forward(self.x.astype(np.float32)).astype(self.out.dtype)
+            self.out[...] = np_forward(widen(self.x)).astype(self.out.dtype)
             return
         n = self.x.size
         grid, block = launch_shape(n)
@@ -72,7 +74,7 @@ class Activation(Layer):
             return
         if not self.backend.is_gpu:
             np_backward = _ACTIVATIONS[self.kind][3]
-            grad = np_backward(self.out.astype(np.float32), self.dy.astype(np.float32))
+            grad = np_backward(widen(self.out), widen(self.dy))
             self.dx[...] = grad.astype(self.dx.dtype)
             return
         n = self.out.size

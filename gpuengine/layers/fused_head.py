@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import widen
 from ..kernels import ctype, get_kernel, multiprocessor_count
 
 _SOURCE = r"""
@@ -22,16 +23,16 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-extern "C" __global__ void head_train(const T* z, T* dz, const float* w2, const float* b2, const float* target,
+extern "C" __global__ void head_train(const ELEM_T* z, ELEM_T* dz, const float* w2, const float* b2, const float* target,
                                       float* partials, int rows, int hidden, float grad_scale) {
     extern __shared__ float acc[];            // [db1 (H) | dW2 (H) | db2 | squared error]
     const int width = 2 * hidden + 2;
     for (int i = threadIdx.x; i < width; i += blockDim.x) acc[i] = 0.f;
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    float w[COLS], db1[COLS], dw2[COLS];
+    float w[HEAD_COLS], db1[HEAD_COLS], dw2[HEAD_COLS];
     #pragma unroll
-    for (int j = 0; j < COLS; ++j) {
+    for (int j = 0; j < HEAD_COLS; ++j) {
         int c = lane + 32 * j;
         w[j] = c < hidden ? w2[c] : 0.f;
         db1[j] = 0.f; dw2[j] = 0.f;
@@ -40,10 +41,10 @@ extern "C" __global__ void head_train(const T* z, T* dz, const float* w2, const 
     float dsum = 0.f, sq = 0.f;
     for (long long row = (long long)blockIdx.x * warps + warp; row < rows; row += (long long)gridDim.x * warps) {
         const long long base = row * hidden;
-        float h[COLS];
+        float h[HEAD_COLS];
         float dot = 0.f;
         #pragma unroll
-        for (int j = 0; j < COLS; ++j) {
+        for (int j = 0; j < HEAD_COLS; ++j) {
             int c = lane + 32 * j;
             h[j] = c < hidden ? tanhf(load_f(z, base + c)) : 0.f;
             dot += h[j] * w[j];
@@ -53,7 +54,7 @@ extern "C" __global__ void head_train(const T* z, T* dz, const float* w2, const 
         dsum += d;
         sq += diff * diff;
         #pragma unroll
-        for (int j = 0; j < COLS; ++j) {
+        for (int j = 0; j < HEAD_COLS; ++j) {
             int c = lane + 32 * j;
             if (c < hidden) {
                 float g = d * w[j] * (1.f - h[j] * h[j]);
@@ -64,7 +65,7 @@ extern "C" __global__ void head_train(const T* z, T* dz, const float* w2, const 
         }
     }
     #pragma unroll
-    for (int j = 0; j < COLS; ++j) {
+    for (int j = 0; j < HEAD_COLS; ++j) {
         int c = lane + 32 * j;
         if (c < hidden) { atomicAdd(&acc[c], db1[j]); atomicAdd(&acc[hidden + c], dw2[j]); }
     }
@@ -87,15 +88,15 @@ extern "C" __global__ void head_reduce(const float* partials, int blocks, int hi
     else history[(step[0] / steps_per_epoch) % capacity] += s * loss_scale;
 }
 
-extern "C" __global__ void head_infer(const T* z, const float* w2, const float* b2, float* y, int rows, int hidden) {
+extern "C" __global__ void head_infer(const ELEM_T* z, const float* w2, const float* b2, float* y, int rows, int hidden) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    float w[COLS];
+    float w[HEAD_COLS];
     #pragma unroll
-    for (int j = 0; j < COLS; ++j) { int c = lane + 32 * j; w[j] = c < hidden ? w2[c] : 0.f; }
+    for (int j = 0; j < HEAD_COLS; ++j) { int c = lane + 32 * j; w[j] = c < hidden ? w2[c] : 0.f; }
     for (long long row = (long long)blockIdx.x * warps + warp; row < rows; row += (long long)gridDim.x * warps) {
         float dot = 0.f;
         #pragma unroll
-        for (int j = 0; j < COLS; ++j) {
+        for (int j = 0; j < HEAD_COLS; ++j) {
             int c = lane + 32 * j;
             if (c < hidden) dot += tanhf(load_f(z, row * hidden + c)) * w[j];
         }
@@ -139,7 +140,7 @@ class TanhLinearMSEHead:
         self._grad_scale = np.float32(2.0 / rows)
         self._loss_scale = np.float32(1.0 / rows)
         if self.backend.is_gpu:
-            defines = dict(T=ctype(z.dtype), COLS=-(-hidden // 32))
+            defines = dict(ELEM_T=ctype(z.dtype), HEAD_COLS=-(-hidden // 32))
             self._train = get_kernel(_SOURCE, "head_train", **defines)
             self._reduce = get_kernel(_SOURCE, "head_reduce", **defines)
             warps_per_block = _THREADS // 32
@@ -161,7 +162,7 @@ class TanhLinearMSEHead:
                       self.grad_b2, self._loss_scale) + self.state.kernel_args())
 
     def _forward_backward_numpy(self):
-        h = np.tanh(self.z.astype(np.float32))
+        h = np.tanh(widen(self.z))
         y = h @ self.w2 + self.b2[0]
         diff = y - self.target[:, 0]
         d = self._grad_scale * diff
@@ -185,12 +186,12 @@ class TanhLinearOutput:
         self.b2 = params.master_view(f"{dense_name}.bias")
         self.rows, self.hidden = rows, hidden
         if backend.is_gpu:
-            self._kernel = get_kernel(_SOURCE, "head_infer", T=ctype(z.dtype), COLS=-(-hidden // 32))
+            self._kernel = get_kernel(_SOURCE, "head_infer", ELEM_T=ctype(z.dtype), HEAD_COLS=-(-hidden // 32))
             self.blocks = max(1, min(-(-rows // (_THREADS // 32)), 8 * multiprocessor_count()))
 
     def run(self):
         if not self.backend.is_gpu:
-            self.y[:, 0] = np.tanh(self.z.astype(np.float32)) @ self.w2 + self.b2[0]
+            self.y[:, 0] = np.tanh(widen(self.z)) @ self.w2 + self.b2[0]
             return
         self._kernel((self.blocks,), (_THREADS,),
                      (self.z, self.w2, self.b2, self.y, np.int32(self.rows), np.int32(self.hidden)))

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import widen
 from ..kernels import ctype, get_kernel
 
 _SOURCE = r"""
-extern "C" __global__ void mse(const T* y, const float* t, T* dy, long long n, float grad_scale, float loss_scale,
+extern "C" __global__ void mse(const ELEM_T* y, const float* t, ELEM_T* dy, long long n, float grad_scale, float loss_scale,
                                const long long* step, long long steps_per_epoch, float* history, long long capacity) {
     __shared__ float warp_sums[32];
     float local = 0.f;
@@ -48,12 +49,12 @@ class MSELoss:
         self._grad_scale = np.float32(2.0 / n)
         self._loss_scale = np.float32(1.0 / n)
         if self.backend.is_gpu:
-            self._kernel = get_kernel(_SOURCE, "mse", T=ctype(y.dtype))
+            self._kernel = get_kernel(_SOURCE, "mse", ELEM_T=ctype(y.dtype))
         return self.dy
 
     def forward_backward(self):
         if not self.backend.is_gpu:
-            diff = self.y.astype(np.float32) - self.target
+            diff = widen(self.y) - self.target
             self.dy[...] = (self._grad_scale * diff).astype(self.dy.dtype)
             self.state.add_loss_host(int(self.state.step[0]), float((diff * diff).sum()) * float(self._loss_scale))
             return
