@@ -99,6 +99,36 @@ def infer_timing():
     return res
 
 
+def kernels():
+    """Device time of each piece of a tf32 batch-8000 step, each captured alone in a graph."""
+    import cupy
+    net = build_mlp()
+    x, t = mlp_data(8000 * 4)
+    out = {}
+    for prec in ("tf32", "bf16"):
+        tr = Trainer(net, x, t, 8000, EngineConfig(precision=prec, cuda_graph=0))
+        tr.warm_up()
+        prog = tr.program
+        pieces = {"gather": tr.data.load_batch, "dense1_fwd": prog.body[0].forward, "head": prog.loss.forward_backward,
+                  "dense1_dW": prog.body[0].backward, "adam": tr.optimizer.step, "whole_step": tr.step}
+        stream = tr.backend.stream
+        for name, fn in pieces.items():
+            with stream:
+                stream.begin_capture()
+                for _ in range(20):
+                    fn()
+                g = stream.end_capture()
+                g.launch(stream)
+                s, e = cupy.cuda.Event(), cupy.cuda.Event()
+                s.record(stream)
+                for _ in range(5):
+                    g.launch(stream)
+                e.record(stream)
+                e.synchronize()
+            out[f"{prec}-{name}"] = round(cupy.cuda.get_elapsed_time(s, e) / 100, 4)
+    return out
+
+
 def torch_graph_train():
     import torch
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -138,5 +168,5 @@ def torch_graph_train():
 
 
 if __name__ == "__main__":
-    for name in sys.argv[1:] or ["parity", "toggles", "timing", "infer_timing", "torch_graph_train"]:
+    for name in sys.argv[1:] or ["kernels", "timing", "infer_timing", "torch_graph_train"]:
         check(name, globals()[name])

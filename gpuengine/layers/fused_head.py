@@ -1,21 +1,21 @@
 """Fused regression head: tanh -> Dense(H -> 1) -> MSE, forward and backward.
 
 The seed-000 MLP ends in `tanh -> Linear(1000, 1) -> MSE`. Run as separate
-layers that is six passes over the (B, H) hidden activations (tanh, GEMV,
-dW2, dh, tanh backward, db1). Fused, one warp owns one row: it reads the
-pre-activation z once, computes h = tanh(z), y = h.w2 + b2 and the loss
-gradient d = 2 (y - t) / B, and writes dz = d w2 (1 - h^2) in the same pass,
-while accumulating dW2 = sum d h, db2 = sum d and the previous dense layer's
-bias gradient db1 = sum dz. Per-block partial sums (no global atomics) are
-added by a second tiny kernel, which also books the loss. Inference uses the
-forward half alone. `fusion.py` decides when the pattern applies.
+layers that is seven passes over the (B, H) hidden activations (tanh, GEMV,
+dW2, dh, tanh backward, db1, and tanh's output written once). Fused it is two:
+pass 1 (a warp per row) reads z and computes h = tanh(z), y = h.w2 + b2 and the
+loss gradient d = 2 (y - t) / B; pass 2 (a thread per column) reads z again
+and writes dz = d w2 (1 - h^2), summing dW2 = sum d h and the previous dense
+layer's bias gradient db1 = sum dz per chunk of rows. A third tiny kernel adds
+the chunks (no atomics: the same result every run) and books the loss.
+Inference uses pass 1 alone. `network.py` decides when the pattern applies.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..backend import widen
-from ..kernels import ctype, get_kernel, multiprocessor_count
+from ..kernels import ctype, get_kernel
 
 _SOURCE = r"""
 __device__ __forceinline__ float warp_sum(float v) {
@@ -23,90 +23,90 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-extern "C" __global__ void head_train(const ELEM_T* z, ELEM_T* dz, const float* w2, const float* b2, const float* target,
-                                      float* partials, int rows, int hidden, float grad_scale) {
-    extern __shared__ float acc[];            // [db1 (H) | dW2 (H) | db2 | squared error]
-    const int width = 2 * hidden + 2;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) acc[i] = 0.f;
+// Pass 1, one warp per row: y = tanh(z) . w2 + b2. Training writes d = dL/dy and
+// books sum(d) and sum((y - t)^2) of its chunk of rows; inference writes y.
+extern "C" __global__ void head_rows(const ELEM_T* z, const float* w2, const float* b2, const float* target,
+                                     float* out, float* partials, int rows, int hidden, int rows_per_chunk,
+                                     float grad_scale, int training) {
+    extern __shared__ float w[];
+    __shared__ float block_sums[2][32];
+    for (int c = threadIdx.x; c < hidden; c += blockDim.x) w[c] = w2[c];
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    float w[HEAD_COLS], db1[HEAD_COLS], dw2[HEAD_COLS];
-    #pragma unroll
-    for (int j = 0; j < HEAD_COLS; ++j) {
-        int c = lane + 32 * j;
-        w[j] = c < hidden ? w2[c] : 0.f;
-        db1[j] = 0.f; dw2[j] = 0.f;
-    }
-    const float bias2 = b2[0];
+    const long long first = (long long)blockIdx.x * rows_per_chunk;
+    const long long last = min((long long)rows, first + rows_per_chunk);
     float dsum = 0.f, sq = 0.f;
-    for (long long row = (long long)blockIdx.x * warps + warp; row < rows; row += (long long)gridDim.x * warps) {
-        const long long base = row * hidden;
-        float h[HEAD_COLS];
+    for (long long row = first + warp; row < last; row += warps) {
+        const ELEM_T* zr = z + row * hidden;
         float dot = 0.f;
-        #pragma unroll
-        for (int j = 0; j < HEAD_COLS; ++j) {
-            int c = lane + 32 * j;
-            h[j] = c < hidden ? tanhf(load_f(z, base + c)) : 0.f;
-            dot += h[j] * w[j];
-        }
-        const float diff = warp_sum(dot) + bias2 - target[row];
-        const float d = grad_scale * diff;
-        dsum += d;
-        sq += diff * diff;
-        #pragma unroll
-        for (int j = 0; j < HEAD_COLS; ++j) {
-            int c = lane + 32 * j;
-            if (c < hidden) {
-                float g = d * w[j] * (1.f - h[j] * h[j]);
-                store_f(dz, base + c, g);
-                db1[j] += g;
-                dw2[j] += d * h[j];
-            }
+        for (int c = lane; c < hidden; c += 32) dot += tanhf(load_f(zr, c)) * w[c];
+        const float y = warp_sum(dot) + b2[0];
+        if (training) {
+            const float diff = y - target[row];
+            const float d = grad_scale * diff;
+            if (lane == 0) out[row] = d;
+            dsum += d;
+            sq += diff * diff;
+        } else if (lane == 0) {
+            out[row] = y;
         }
     }
-    #pragma unroll
-    for (int j = 0; j < HEAD_COLS; ++j) {
-        int c = lane + 32 * j;
-        if (c < hidden) { atomicAdd(&acc[c], db1[j]); atomicAdd(&acc[hidden + c], dw2[j]); }
-    }
-    if (lane == 0) { atomicAdd(&acc[2 * hidden], dsum); atomicAdd(&acc[2 * hidden + 1], sq); }
+    if (!training) return;
+    if (lane == 0) { block_sums[0][warp] = dsum; block_sums[1][warp] = sq; }
     __syncthreads();
-    for (int i = threadIdx.x; i < width; i += blockDim.x) partials[(long long)blockIdx.x * width + i] = acc[i];
+    if (threadIdx.x == 0) {
+        float a = 0.f, b = 0.f;
+        for (int i = 0; i < warps; ++i) { a += block_sums[0][i]; b += block_sums[1][i]; }
+        const int width = 2 * hidden + 2;
+        partials[(long long)blockIdx.x * width + 2 * hidden] = a;
+        partials[(long long)blockIdx.x * width + 2 * hidden + 1] = b;
+    }
 }
 
-extern "C" __global__ void head_reduce(const float* partials, int blocks, int hidden, float* db1, float* dw2,
+// Pass 2, one thread per column over a chunk of rows: dz = d w2 (1 - h^2), and the
+// chunk's column sums of dz (db1) and d h (dW2). Coalesced along the row.
+extern "C" __global__ void head_columns(const ELEM_T* z, ELEM_T* dz, const float* d, const float* w2,
+                                        float* partials, int rows, int hidden, int rows_per_chunk) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= hidden) return;
+    const int chunk = blockIdx.y;
+    const float wc = w2[c];
+    const long long first = (long long)chunk * rows_per_chunk;
+    const long long last = min((long long)rows, first + rows_per_chunk);
+    float sum_dz = 0.f, sum_dw = 0.f;
+    for (long long r = first; r < last; ++r) {
+        const long long i = r * hidden + c;
+        const float h = tanhf(load_f(z, i));
+        const float dr = d[r];
+        const float g = dr * wc * (1.f - h * h);
+        store_f(dz, i, g);
+        sum_dz += g;
+        sum_dw += dr * h;
+    }
+    const int width = 2 * hidden + 2;
+    partials[(long long)chunk * width + c] = sum_dz;
+    partials[(long long)chunk * width + hidden + c] = sum_dw;
+}
+
+// Pass 3: add the chunks; book db1, dW2, db2 and the batch loss.
+extern "C" __global__ void head_reduce(const float* partials, int chunks, int hidden, float* db1, float* dw2,
                                        float* db2, float loss_scale, const long long* step,
                                        long long steps_per_epoch, float* history, long long capacity) {
     const int width = 2 * hidden + 2;
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= width) return;
     float s = 0.f;
-    for (int b = 0; b < blocks; ++b) s += partials[(long long)b * width + c];
+    for (int b = 0; b < chunks; ++b) s += partials[(long long)b * width + c];
     if (c < hidden) db1[c] = s;
     else if (c < 2 * hidden) dw2[c - hidden] = s;
     else if (c == 2 * hidden) db2[0] = s;
     else history[(step[0] / steps_per_epoch) % capacity] += s * loss_scale;
 }
-
-extern "C" __global__ void head_infer(const ELEM_T* z, const float* w2, const float* b2, float* y, int rows, int hidden) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    float w[HEAD_COLS];
-    #pragma unroll
-    for (int j = 0; j < HEAD_COLS; ++j) { int c = lane + 32 * j; w[j] = c < hidden ? w2[c] : 0.f; }
-    for (long long row = (long long)blockIdx.x * warps + warp; row < rows; row += (long long)gridDim.x * warps) {
-        float dot = 0.f;
-        #pragma unroll
-        for (int j = 0; j < HEAD_COLS; ++j) {
-            int c = lane + 32 * j;
-            if (c < hidden) dot += tanhf(load_f(z, row * hidden + c)) * w[j];
-        }
-        dot = warp_sum(dot);
-        if (lane == 0) y[row] = dot + b2[0];
-    }
-}
 """
-_THREADS = 256
-MAX_HIDDEN = 32 * 64   # registers per lane bound the fused width
+ROWS_PER_CHUNK = 32   # rows per block: enough blocks to fill the GPU, few partial sums
+_ROW_THREADS = 256
+_COLUMN_THREADS = 128
+MAX_HIDDEN = 8 * 1024   # w2 is staged in shared memory (32 KB of the 48 KB default)
 
 
 def fits(hidden: int) -> bool:
@@ -140,26 +140,29 @@ class TanhLinearMSEHead:
         self._grad_scale = np.float32(2.0 / rows)
         self._loss_scale = np.float32(1.0 / rows)
         if self.backend.is_gpu:
-            defines = dict(ELEM_T=ctype(z.dtype), HEAD_COLS=-(-hidden // 32))
-            self._train = get_kernel(_SOURCE, "head_train", **defines)
-            self._reduce = get_kernel(_SOURCE, "head_reduce", **defines)
-            warps_per_block = _THREADS // 32
-            self.blocks = max(1, min(-(-rows // warps_per_block), 2 * multiprocessor_count()))
-            self.partials = ctx.allocator.zeros((self.blocks, 2 * hidden + 2), np.float32, "workspace")
+            elem = ctype(z.dtype)
+            self._rows = get_kernel(_SOURCE, "head_rows", ELEM_T=elem)
+            self._columns = get_kernel(_SOURCE, "head_columns", ELEM_T=elem)
+            self._reduce = get_kernel(_SOURCE, "head_reduce", ELEM_T=elem)
+            self.chunks = -(-rows // ROWS_PER_CHUNK)
+            self.d = ctx.allocator.zeros((rows,), np.float32, "workspace")
+            self.partials = ctx.allocator.zeros((self.chunks, 2 * hidden + 2), np.float32, "workspace")
         return self.dz
 
     def forward_backward(self):
         if not self.backend.is_gpu:
             self._forward_backward_numpy()
             return
+        rows, hidden, chunks = np.int32(self.rows), np.int32(self.hidden), np.int32(self.chunks)
+        self._rows((self.chunks,), (_ROW_THREADS,),
+                   (self.z, self.w2, self.b2, self.target, self.d, self.partials, rows, hidden,
+                    np.int32(ROWS_PER_CHUNK), self._grad_scale, np.int32(1)), shared_mem=4 * self.hidden)
+        self._columns((-(-self.hidden // _COLUMN_THREADS), self.chunks), (_COLUMN_THREADS,),
+                      (self.z, self.dz, self.d, self.w2, self.partials, rows, hidden, np.int32(ROWS_PER_CHUNK)))
         width = 2 * self.hidden + 2
-        self._train((self.blocks,), (_THREADS,),
-                    (self.z, self.dz, self.w2, self.b2, self.target, self.partials,
-                     np.int32(self.rows), np.int32(self.hidden), self._grad_scale),
-                    shared_mem=4 * width)
         self._reduce((-(-width // 256),), (256,),
-                     (self.partials, np.int32(self.blocks), np.int32(self.hidden), self.grad_b1, self.grad_w2,
-                      self.grad_b2, self._loss_scale) + self.state.kernel_args())
+                     (self.partials, chunks, hidden, self.grad_b1, self.grad_w2, self.grad_b2,
+                      self._loss_scale) + self.state.kernel_args())
 
     def _forward_backward_numpy(self):
         h = np.tanh(widen(self.z))
@@ -175,7 +178,7 @@ class TanhLinearMSEHead:
 
 
 class TanhLinearOutput:
-    """Inference half of the head: y = tanh(z) . w2 + b2, one warp per row."""
+    """Inference half of the head: y = tanh(z) . w2 + b2 (pass 1 alone)."""
 
     def __init__(self, backend, params, dense_name: str, z, y):
         rows, hidden = z.shape
@@ -186,12 +189,14 @@ class TanhLinearOutput:
         self.b2 = params.master_view(f"{dense_name}.bias")
         self.rows, self.hidden = rows, hidden
         if backend.is_gpu:
-            self._kernel = get_kernel(_SOURCE, "head_infer", ELEM_T=ctype(z.dtype), HEAD_COLS=-(-hidden // 32))
-            self.blocks = max(1, min(-(-rows // (_THREADS // 32)), 8 * multiprocessor_count()))
+            self._kernel = get_kernel(_SOURCE, "head_rows", ELEM_T=ctype(z.dtype))
+            self.chunks = -(-rows // ROWS_PER_CHUNK)
 
     def run(self):
         if not self.backend.is_gpu:
             self.y[:, 0] = np.tanh(widen(self.z)) @ self.w2 + self.b2[0]
             return
-        self._kernel((self.blocks,), (_THREADS,),
-                     (self.z, self.w2, self.b2, self.y, np.int32(self.rows), np.int32(self.hidden)))
+        # In inference mode head_rows reads no target and writes no partials.
+        self._kernel((self.chunks,), (_ROW_THREADS,),
+                     (self.z, self.w2, self.b2, self.b2, self.y, self.y, np.int32(self.rows), np.int32(self.hidden),
+                      np.int32(ROWS_PER_CHUNK), np.float32(0), np.int32(0)), shared_mem=4 * self.hidden)

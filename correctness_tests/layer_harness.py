@@ -1,0 +1,71 @@
+"""Run one layer (or loss) in isolation on a backend, from host inputs to host outputs.
+
+Shared by the gradient checks (NumPy, float64) and the GPU-vs-NumPy parity
+tests, so every op is exercised through the same build/forward/backward path
+the trainer uses.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from gpuengine.backend import Backend
+from gpuengine.layers.base import BuildContext
+from gpuengine.memory import Allocator
+from gpuengine.params import FlatParameters
+from gpuengine.precision import policy_for
+from gpuengine.step_state import StepState
+
+
+def make_context(device: str, precision: str, batch: int, specs, weights: dict | None):
+    backend = Backend(device)
+    policy = policy_for(precision)
+    allocator = Allocator(backend)
+    with backend.activate():
+        params = FlatParameters(specs, allocator, policy, seed=0) if specs else None
+        if params is not None and weights is not None:
+            params.load(weights)
+    return BuildContext(backend, policy, allocator, params, batch)
+
+
+def run_layer(layer, x: np.ndarray, dy: np.ndarray, *, device="cpu", precision="fp64",
+              weights: dict | None = None, needs_input_grad=True) -> dict:
+    """Forward then backward of `layer` on x with output gradient dy; host copies of everything."""
+    batch = x.shape[0]
+    specs = layer.param_specs(tuple(x.shape[1:]))
+    ctx = make_context(device, precision, batch, specs, weights)
+    be = ctx.backend
+    with be.activate():
+        x_dev = ctx.allocator.zeros(x.shape, ctx.policy.compute_dtype, "batch")
+        x_dev[...] = be.xp.asarray(x.astype(ctx.policy.compute_dtype))
+        out = layer.build_forward(ctx, x_dev)
+        dy_dev = ctx.allocator.zeros(out.shape, out.dtype, "activations")
+        dy_dev[...] = be.xp.asarray(dy.astype(out.dtype))
+        dx = layer.build_backward(ctx, dy_dev, needs_input_grad)
+        layer.forward()
+        layer.backward()
+        be.synchronize()
+    result = {"y": be.to_host(out).astype(np.float64)}
+    if dx is not None:
+        result["dx"] = be.to_host(dx).astype(np.float64)
+    if ctx.params is not None:
+        result.update({f"grad:{k}": v.astype(np.float64) for k, v in ctx.params.grads_dict().items()})
+    return result
+
+
+def run_loss(loss, y: np.ndarray, t: np.ndarray, *, device="cpu", precision="fp64", specs=(), weights=None) -> dict:
+    """A loss (or fused head) on prediction y and target t: its input gradient, loss and grads."""
+    ctx = make_context(device, precision, y.shape[0], list(specs), weights)
+    be = ctx.backend
+    with be.activate():
+        state = StepState(be, ctx.allocator, steps_per_epoch=1)
+        y_dev = ctx.allocator.zeros(y.shape, ctx.policy.compute_dtype, "activations")
+        y_dev[...] = be.xp.asarray(y.astype(ctx.policy.compute_dtype))
+        t_dev = ctx.allocator.zeros(t.shape, np.float32, "batch")
+        t_dev[...] = be.xp.asarray(t.astype(np.float32))
+        dy = loss.build(ctx, y_dev, t_dev, state)
+        loss.forward_backward()
+        be.synchronize()
+    result = {"dy": be.to_host(dy).astype(np.float64), "loss": float(be.to_host(state.history)[0])}
+    if ctx.params is not None:
+        result.update({f"grad:{k}": v.astype(np.float64) for k, v in ctx.params.grads_dict().items()})
+    return result

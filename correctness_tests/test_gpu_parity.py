@@ -1,0 +1,139 @@
+"""On a GPU: every op, and whole training runs, agree with the NumPy backend.
+
+The NumPy backend is checked against finite differences and PyTorch on the
+CPU; these tests carry that trust to the CUDA kernels and cuBLASLt GEMMs.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuengine.backend import gpu_visible
+from gpuengine.config import EngineConfig
+from gpuengine.layers import Dense, MSELoss, ReLU, Tanh
+from gpuengine.layers.fused_head import TanhLinearMSEHead
+from gpuengine.params import ParamSpec
+from gpuengine.trainer import Trainer
+from gpuengine.workloads.mlp import MLPShape, build_mlp, mlp_data
+
+from .layer_harness import run_layer, run_loss
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
+
+# fp32 kernels vs NumPy float32: rounding only. tf32/bf16: tensor-core rounding.
+TOLERANCE = {"fp32": 2e-5, "tf32": 5e-3, "bf16": 3e-2}
+
+
+def rel_err(a, b):
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def assert_close(gpu: dict, cpu: dict, tol: float):
+    assert gpu.keys() == cpu.keys()
+    for key in cpu:
+        assert np.isfinite(gpu[key]).all(), key
+        assert rel_err(gpu[key], cpu[key]) < tol, (key, rel_err(gpu[key], cpu[key]))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("units", [1, 7, 64])
+def test_dense_matches_numpy(precision, units):
+    rng = np.random.default_rng(units)
+    x = rng.standard_normal((33, 50))
+    dy = rng.standard_normal((33, units))
+    w = {"dense.weight": rng.standard_normal((units, 50)) * 0.2, "dense.bias": rng.standard_normal(units)}
+    cpu = run_layer(Dense(units, "dense"), x, dy, precision="fp32", weights=w)
+    gpu = run_layer(Dense(units, "dense"), x, dy, device="cuda", precision=precision, weights=w)
+    assert_close(gpu, cpu, TOLERANCE[precision])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("make", [Tanh, ReLU])
+def test_activation_matches_numpy(precision, make):
+    rng = np.random.default_rng(1)
+    x, dy = rng.standard_normal((40, 70)), rng.standard_normal((40, 70))
+    cpu = run_layer(make("act"), x, dy, precision="fp32")
+    gpu = run_layer(make("act"), x, dy, device="cuda", precision=precision)
+    assert_close(gpu, cpu, TOLERANCE[precision])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_mse_matches_numpy(precision):
+    rng = np.random.default_rng(2)
+    y, t = rng.standard_normal((300, 3)), rng.standard_normal((300, 3))
+    cpu = run_loss(MSELoss(), y, t, precision="fp32")
+    gpu = run_loss(MSELoss(), y, t, device="cuda", precision=precision)
+    assert_close(gpu, cpu, TOLERANCE[precision])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("rows,hidden", [(33, 50), (8000, 1000), (100, 1)])
+def test_fused_head_matches_numpy(precision, rows, hidden):
+    rng = np.random.default_rng(3)
+    z, t = rng.standard_normal((rows, hidden)), rng.standard_normal((rows, 1))
+    specs = [ParamSpec("d1.bias", (hidden,), "zeros"), ParamSpec("d2.weight", (1, hidden), "glorot", hidden, 1),
+             ParamSpec("d2.bias", (1,), "zeros")]
+    w = {"d1.bias": np.zeros(hidden), "d2.weight": rng.standard_normal((1, hidden)) * 0.1, "d2.bias": np.array([0.3])}
+    cpu = run_loss(TanhLinearMSEHead("d2", "d1"), z, t, precision="fp32", specs=specs, weights=w)
+    gpu = run_loss(TanhLinearMSEHead("d2", "d1"), z, t, device="cuda", precision=precision, specs=specs, weights=w)
+    assert_close(gpu, cpu, TOLERANCE[precision])
+
+
+SHAPE = MLPShape(inputs=64, hidden=96)
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_training_matches_numpy(fuse):
+    net = build_mlp(SHAPE)
+    x, t = mlp_data(2048, SHAPE)
+    cpu = Trainer(net, x, t, 256, EngineConfig(device="cpu", precision="fp32", cuda_graph=0), fuse=fuse)
+    gpu = Trainer(net, x, t, 256, EngineConfig(device="cuda", precision="fp32", cuda_graph=0), fuse=fuse)
+    cpu_losses, gpu_losses = cpu.train(3), gpu.train(3)
+    np.testing.assert_allclose(gpu_losses, cpu_losses, rtol=1e-4)
+    a, b = cpu.params.state_dict(), gpu.params.state_dict()
+    for name in a:
+        assert rel_err(b[name], a[name]) < 1e-4, name
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_captured_replay_equals_eager(precision):
+    net = build_mlp(SHAPE)
+    x, t = mlp_data(4096, SHAPE)
+    runs = {g: Trainer(net, x, t, 512, EngineConfig(precision=precision, cuda_graph=g)).train(4) for g in (0, 1, 3)}
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6)
+    np.testing.assert_allclose(runs[3], runs[0], rtol=1e-6)
+
+
+def test_resident_and_streamed_train_identically():
+    net = build_mlp(SHAPE)
+    x, t = mlp_data(4096, SHAPE)
+    resident = Trainer(net, x, t, 512, EngineConfig(resident_data=True, cuda_graph=2)).train(3)
+    streamed = Trainer(net, x, t, 512, EngineConfig(resident_data=False, cuda_graph=2, batch_pool=3)).train(3)
+    np.testing.assert_allclose(streamed, resident, rtol=1e-6)
+
+
+def test_device_gather_reads_the_host_shuffle():
+    net = build_mlp(SHAPE)
+    x, t = mlp_data(1000, SHAPE)
+    trainer = Trainer(net, x, t, 100, EngineConfig(cuda_graph=0))
+    for step in (0, 3, 10, 27):
+        with trainer.backend.activate():
+            trainer.state.step[...] = step
+            trainer.data.load_batch()
+        rows = trainer.data.rows_of_step(step)
+        np.testing.assert_array_equal(trainer.backend.to_host(trainer.data.batch_t)[:, 0], t[rows, 0])
+
+
+def test_steady_state_allocates_nothing():
+    import cupy
+    net = build_mlp(SHAPE)
+    x, t = mlp_data(4096, SHAPE)
+    for config in (EngineConfig(cuda_graph=0), EngineConfig(cuda_graph=4), EngineConfig(resident_data=False)):
+        trainer = Trainer(net, x, t, 512, config)
+        trainer.train(1)
+        pool = cupy.get_default_memory_pool()
+        before = pool.used_bytes()
+        trainer.run_epochs(3)
+        trainer.synchronize()
+        assert pool.used_bytes() == before, config.describe()
