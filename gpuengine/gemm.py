@@ -29,18 +29,48 @@ class Gemm:
         self.backend, self.policy = backend, policy
         self.out, self.a, self.b, self.bias = out, a, b, bias
         self.flops = 2 * m * n * k
-        self._mm = self._plan() if backend.is_gpu else None
+        self._mm = self._plan(transposed=True) if backend.is_gpu else None
 
-    def _plan(self):
+    def _plan(self, transposed: bool):
+        """Plan out^T = b^T a^T (needed for the bias epilogue) or, without bias, out = a b."""
         from nvmath.linalg.advanced import Matmul, MatmulEpilog
         options = {"inplace": True, "compute_type": self.policy.gemm_compute_type()}
         stream = self.backend.stream
-        mm = Matmul(self.b.T, self.a.T, c=self.out.T, beta=0.0, options=options, stream=stream)
+        if transposed:
+            mm = Matmul(self.b.T, self.a.T, c=self.out.T, beta=0.0, options=options, stream=stream)
+        else:
+            mm = Matmul(self.a, self.b, c=self.out, beta=0.0, options=options, stream=stream)
         if self.bias is not None:
             mm.plan(epilog=MatmulEpilog.BIAS, epilog_inputs={"bias": self.bias}, stream=stream)
         else:
-            mm.plan(stream=stream)
+            mm.plan(preferences={"limit": 16}, stream=stream)
         return mm
+
+    def _device_ms(self, mm, repeats: int = 10) -> float:
+        xp, stream = self.backend.xp, self.backend.stream
+        start, stop = xp.cuda.Event(), xp.cuda.Event()
+        mm.execute(stream=stream)
+        start.record(stream)
+        for _ in range(repeats):
+            mm.execute(stream=stream)
+        stop.record(stream)
+        stop.synchronize()
+        return xp.cuda.get_elapsed_time(start, stop) / repeats
+
+    def autotune(self):
+        """Time each candidate algorithm (and operand orientation) on the live buffers; keep the fastest."""
+        if self._mm is None:
+            return
+        stream = self.backend.stream
+        candidates = [self._mm] + ([] if self.bias is not None else [self._plan(transposed=False)])
+        for mm in candidates:
+            mm.autotune(iterations=5, stream=stream)
+        times = [self._device_ms(mm) for mm in candidates]
+        best = candidates[times.index(min(times))]
+        for mm in candidates:
+            if mm is not best:
+                mm.free()
+        self._mm = best
 
     def run(self):
         if self._mm is not None:

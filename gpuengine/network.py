@@ -85,10 +85,15 @@ class TrainingProgram:
             body[-1].bias_grad_fused = True   # the head computes db of the dense layer feeding it
             self.loss = TanhLinearMSEHead(net.layers[-1].name, body[-1].name)
         else:
-            self.loss = net.loss
+            self.loss = copy.copy(net.loss)   # a loss holds its buffers: one per program
         dy = self.loss.build(ctx, x, batch_t, state)
         for i in reversed(range(len(body))):
             dy = body[i].build_backward(ctx, dy, needs_input_grad=i > 0)
+
+    def autotune(self):
+        """Re-rank each GEMM's algorithms on the live buffers (like cudnn.benchmark)."""
+        for layer in self.body:
+            layer.autotune()
 
     def forward(self):
         for layer in self.body:

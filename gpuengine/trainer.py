@@ -100,6 +100,7 @@ class Trainer:
         """One eager epoch, then capture: compilation and planning stay out of timed work."""
         with self.backend.activate():
             self._run_eager(self.steps_per_epoch - self.steps_done % self.steps_per_epoch)
+            self.program.autotune()   # on real batches, after the eager epoch filled them
             if self.config.cuda_graph:
                 self._graph(self.config.cuda_graph)
                 if self.config.cuda_graph > 1:

@@ -59,6 +59,11 @@ class Dense(Layer):
             return dx
         return None
 
+    def autotune(self):
+        for gemm in (self._forward, self._grad_w, self._grad_x):
+            if gemm is not None:
+                gemm.autotune()
+
     def forward(self):
         self._forward.run()
 

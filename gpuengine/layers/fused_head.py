@@ -39,6 +39,7 @@ extern "C" __global__ void head_rows(const ELEM_T* z, const float* w2, const flo
     for (long long row = first + warp; row < last; row += warps) {
         const ELEM_T* zr = z + row * hidden;
         float dot = 0.f;
+        #pragma unroll 8
         for (int c = lane; c < hidden; c += 32) dot += tanhf(load_f(zr, c)) * w[c];
         const float y = warp_sum(dot) + b2[0];
         if (training) {
@@ -74,6 +75,7 @@ extern "C" __global__ void head_columns(const ELEM_T* z, ELEM_T* dz, const float
     const long long first = (long long)chunk * rows_per_chunk;
     const long long last = min((long long)rows, first + rows_per_chunk);
     float sum_dz = 0.f, sum_dw = 0.f;
+    #pragma unroll 8
     for (long long r = first; r < last; ++r) {
         const long long i = r * hidden + c;
         const float h = tanhf(load_f(z, i));
