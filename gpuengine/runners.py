@@ -1,0 +1,100 @@
+"""The engine as `benchmarking.Runner`s: what the perf suite times against references.
+
+A training round is a number of whole epochs (all batches of the shuffled data
+set, every step on the device); an inference round is a number of forward
+passes over rotating resident inputs, so the GPU cache cannot serve the same
+batch twice in a row. The one-shot inference runner times `predict()` with
+its host round trips included, as seed note 000 did for the convenience path.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .config import EngineConfig
+from .inference import Predictor, ResidentPredictor
+from .network import Sequential
+from .trainer import Trainer
+
+
+class EngineTrainRunner:
+    name = "gpuengine"
+
+    def __init__(self, net: Sequential, x: np.ndarray, t: np.ndarray, batch: int, config: EngineConfig,
+                 epochs_per_round: int = 1, lr: float = 1e-3, seed: int = 0):
+        self.trainer = Trainer(net, x, t, batch, config, lr=lr, seed=seed)
+        self.epochs_per_round = epochs_per_round
+        steps = self.trainer.steps_per_epoch * epochs_per_round
+        self.samples_per_round = steps * self.trainer.batch
+
+    def parameter_count(self) -> int:
+        return self.trainer.params.size
+
+    def prepare(self):
+        self.trainer.warm_up()
+
+    def run_round(self):
+        self.trainer.run_epochs(self.epochs_per_round)
+
+    def synchronize(self):
+        self.trainer.synchronize()
+
+    def train(self, epochs: int) -> list[float]:
+        """Epoch losses (host read): used before and after timing to check that training trains."""
+        return self.trainer.train(epochs)
+
+
+class EngineInferRunner:
+    """Resident inference: inputs already on the device, outputs left there."""
+
+    name = "gpuengine"
+
+    def __init__(self, net: Sequential, inputs: list[np.ndarray], config: EngineConfig,
+                 batches_per_round: int = 20, params=None):
+        if not inputs:
+            raise ValueError("inference needs at least one input batch")
+        self.predictor = Predictor(net, config, params)
+        self.workspaces = []
+        for x in inputs:
+            workspace = ResidentPredictor(self.predictor, len(x))
+            workspace.load(x)
+            self.workspaces.append(workspace)
+        self.batches_per_round = batches_per_round
+        self.samples_per_round = batches_per_round * len(inputs[0])
+
+    def prepare(self):
+        for workspace in self.workspaces:
+            workspace.run()
+        self.synchronize()
+
+    def run_round(self):
+        for i in range(self.batches_per_round):
+            self.workspaces[i % len(self.workspaces)].run()
+
+    def synchronize(self):
+        self.predictor.backend.synchronize()
+
+    def outputs(self) -> list[np.ndarray]:
+        return [self.predictor.backend.to_host(w.output) for w in self.workspaces]
+
+
+class EngineOneShotRunner:
+    """The convenience path: host array in, host array out, workspace per call."""
+
+    name = "gpuengine_oneshot"
+
+    def __init__(self, net: Sequential, inputs: list[np.ndarray], config: EngineConfig,
+                 batches_per_round: int = 5, params=None):
+        self.predictor = Predictor(net, config, params)
+        self.inputs = inputs
+        self.batches_per_round = batches_per_round
+        self.samples_per_round = batches_per_round * len(inputs[0])
+
+    def prepare(self):
+        self.predictor.predict(self.inputs[0])
+
+    def run_round(self):
+        for i in range(self.batches_per_round):
+            self.predictor.predict(self.inputs[i % len(self.inputs)])
+
+    def synchronize(self):
+        self.predictor.backend.synchronize()
