@@ -1,0 +1,103 @@
+"""Seed note 000's dense Rosenbrock MLP: engine vs PyTorch, measured in one run.
+
+Training at batch 8000 with 1/4/12/50 batches per epoch, over precisions and
+the engine's toggles; inference at batches 512..32000, resident and one-shot.
+Engine and references alternate round by round (perf_tests/conftest.py's
+`compare`); each training test also checks that the loss descends on both
+sides, and each inference test that engine and torch give the same outputs.
+On a machine without a GPU the same tests run tiny shapes on the NumPy
+backend: a smoke test of the harness, never a timing gate.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuengine.backend import gpu_visible
+from gpuengine.config import EngineConfig
+from gpuengine.runners import EngineInferRunner, EngineOneShotRunner, EngineTrainRunner
+from gpuengine.workloads import mlp
+
+torch_mlp = pytest.importorskip("gpuengine.reference.torch_mlp", reason="PyTorch is not installed: no reference")
+
+ON_GPU = gpu_visible()
+DEVICE = "cuda" if ON_GPU else "cpu"
+SHAPE = mlp.SEED_SHAPE if ON_GPU else mlp.SMOKE_SHAPE
+TRAIN_BATCH = mlp.TRAIN_BATCH if ON_GPU else 256
+INFER_BATCHES = mlp.INFER_BATCHES if ON_GPU else (64, 256)
+ROUNDS = 7 if ON_GPU else 2
+STEPS_PER_ROUND = 60 if ON_GPU else 4
+REFERENCES = ("torch_eager", "torch_compile", "torch_graph") if ON_GPU else ("torch_eager",)
+
+# (precision, cuda_graph, resident, batches per epoch): the precision sweep runs
+# at the engine's best toggles; the toggle sweep at tf32, 12 batches per epoch.
+if ON_GPU:
+    TRAIN_CASES = ([(p, 8, True, bpe) for p in ("tf32", "fp32", "bf16") for bpe in mlp.BATCHES_PER_EPOCH]
+                   + [("tf32", g, r, 12) for g in (0, 1, 8) for r in (True, False) if (g, r) != (8, True)])
+else:
+    TRAIN_CASES = [("fp32", 1, True, 1), ("fp32", 0, False, 4), ("bf16", 2, True, 4)]
+
+
+def train_id(case):
+    precision, graph, resident, bpe = case
+    return f"{precision}-graph{graph}-{'resident' if resident else 'streamed'}-bpe{bpe}"
+
+
+def descends(first: float, last: float) -> bool:
+    return np.isfinite(last) and last < first
+
+
+@pytest.mark.parametrize("case", TRAIN_CASES, ids=[train_id(c) for c in TRAIN_CASES])
+def test_mlp_train(case, benchmark, compare):
+    precision, graph, resident, bpe = case
+    if not resident and graph > 3:
+        pytest.skip("streamed data with cuda_graph > batch_pool is refused by the engine (by design)")
+    net = mlp.build_mlp(SHAPE)
+    x, t = mlp.mlp_data(TRAIN_BATCH * bpe, SHAPE)
+    config = EngineConfig(precision=precision, cuda_graph=graph, resident_data=resident, device=DEVICE)
+    epochs_per_round = max(1, STEPS_PER_ROUND // bpe)
+    engine = EngineTrainRunner(net, x, t, TRAIN_BATCH, config, epochs_per_round, lr=mlp.LEARNING_RATE)
+    weights = engine.trainer.params.state_dict()
+    refs = [torch_mlp.mlp_train_runner(mode, x, t, TRAIN_BATCH, precision, lr=mlp.LEARNING_RATE, device=DEVICE,
+                                       seed=0, weights=weights, epochs_per_round=epochs_per_round)
+            for mode in REFERENCES]
+    for ref in refs:
+        assert ref.parameter_count() == engine.parameter_count() == mlp.parameter_count(SHAPE)
+
+    first = {r.name: r.train(1)[-1] for r in [engine] + refs}
+    result = compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision,
+                     flops_per_sample=net.train_flops_per_sample())
+    last = {r.name: r.train(1)[-1] for r in [engine] + refs}
+    benchmark.extra_info["loss_before"] = first
+    benchmark.extra_info["loss_after"] = last
+    for name in first:
+        assert descends(first[name], last[name]), f"{name}: loss {first[name]} -> {last[name]} did not descend"
+    assert result.throughput("gpuengine") > 0
+
+
+INFER_CASES = [(p, b) for p in (("tf32", "fp32", "bf16") if ON_GPU else ("fp32",)) for b in INFER_BATCHES]
+
+
+@pytest.mark.parametrize("case", INFER_CASES, ids=[f"{p}-resident-b{b}" for p, b in INFER_CASES])
+def test_mlp_infer(case, benchmark, compare):
+    precision, batch = case
+    net = mlp.build_mlp(SHAPE)
+    rng = np.random.default_rng(batch)
+    inputs = [rng.uniform(-1, 1, (batch, SHAPE.inputs)).astype(np.float32) for _ in range(3)]
+    config = EngineConfig(precision=precision, cuda_graph=1, device=DEVICE)
+    per_round = max(2, (200_000 if ON_GPU else 1024) // batch)
+    engine = EngineInferRunner(net, inputs, config, batches_per_round=per_round)
+    weights = engine.predictor.params.state_dict()
+    oneshot = EngineOneShotRunner(net, inputs, config, batches_per_round=max(1, per_round // 10),
+                                  params=engine.predictor.params)
+    refs = [torch_mlp.mlp_infer_runner(mode, inputs, precision, device=DEVICE, weights=weights,
+                                       batches_per_round=per_round) for mode in REFERENCES]
+    compare(benchmark, engine, refs + [oneshot], rounds=ROUNDS, precision=precision,
+            flops_per_sample=net.forward_flops_per_sample())
+    tolerance = {"fp32": 1e-4, "tf32": 1e-2, "bf16": 5e-2}[precision]
+    engine.prepare()
+    ours = engine.outputs()[0]
+    theirs = refs[0].outputs()[0]
+    error = np.linalg.norm(ours - theirs) / np.linalg.norm(theirs)
+    benchmark.extra_info["output_rel_error_vs_torch"] = float(error)
+    assert error < tolerance, f"engine and torch outputs differ: relative error {error:.2e}"
