@@ -1,0 +1,337 @@
+"""PyTorch reference runners shared by every workload (MLP, CNN, ResNet-50, Transformer).
+
+Three modes per DESIGN.md, "The references we compare against":
+
+- `torch_eager`: the plain loop, shuffled batches indexed from a device-resident
+  dataset, `Adam(fused=True)` on CUDA (foreach on CPU), `zero_grad(set_to_none=True)`.
+- `torch_compile`: the same loop around `torch.compile(model)`. `compile_backend`
+  and `compile_mode` pass through to `torch.compile`; on CPU, inductor needs a
+  C++ compiler and takes tens of seconds, so a CPU test may pass
+  `compile_backend="aot_eager"` (no code generation) when it only checks plumbing.
+- `torch_graph` (CUDA only): the whole training step (gather into static buffers,
+  forward, loss, backward, `Adam(fused=True, capturable=True)`) captured once in a
+  `torch.cuda.CUDAGraph` after warm-up on a side stream, following the PyTorch
+  CUDA-graphs docs, "Whole-network capture". The graph reads batch k of the epoch
+  from a static permutation through a device offset it advances itself.
+
+Both runners satisfy `gpuengine.benchmarking.Runner`. `prepare()` warms up and
+then restores the model's weights, buffers and optimizer state, so the first
+timed epoch starts from the given weights in every mode (parity tests rely on
+it). Losses are summed on the device; only `last_epoch_loss()` reads them
+(DESIGN.md, "Measuring honestly": no host sync inside timing).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, ContextManager, Sequence
+
+import numpy as np
+import torch
+
+from ..config import PRECISIONS
+
+MODES = ("torch_eager", "torch_compile", "torch_graph")
+WARMUP_STEPS = 3   # the CUDA-graphs docs warm up three iterations before capture
+
+
+class ReferenceUnavailable(RuntimeError):
+    """This reference cannot run on this machine; the suite skips with the message."""
+
+
+def torch_precision(precision: str, device: str = "cuda") -> Callable[..., ContextManager]:
+    """Apply the TF32 policy globally; return a factory of the forward's autocast context.
+
+    fp32: IEEE matmuls and convolutions; tf32: TF32 tensor cores; bf16: TF32 on and
+    bf16 autocast. The factory takes `cache_enabled` (False inside CUDA graphs, as
+    the autocast-with-graphs docs require).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not accepted; use one of {', '.join(PRECISIONS)}")
+    tf32 = precision != "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    # Set last so the legacy flags and the matmul precision agree (torch >= 2.9 refuses to read a mix).
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    if precision != "bf16":
+        return lambda cache_enabled=True: contextlib.nullcontext()
+    device_type = torch.device(device).type
+
+    def bf16_autocast(cache_enabled: bool = True) -> ContextManager:
+        return torch.autocast(device_type, dtype=torch.bfloat16, cache_enabled=cache_enabled)
+    return bf16_autocast
+
+
+def resolve_device(device: str) -> torch.device:
+    """A torch.device with an explicit index on CUDA (generators must match it exactly)."""
+    dev = torch.device(device)
+    if dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"device={device!r} is not accepted; use cuda or cpu")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ReferenceUnavailable(f"device={device!r} needs CUDA, but torch {torch.__version__} "
+                                       "sees no CUDA device")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def to_device(array, device: torch.device) -> torch.Tensor:
+    """A NumPy array or tensor copied to the device once (resident for the whole run)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array)) if isinstance(array, np.ndarray) else array
+    return tensor.to(device).contiguous()
+
+
+class _TorchRunner:
+    """Mode, device, precision and (compiled) model shared by the train and infer runners."""
+
+    def __init__(self, mode: str, model: torch.nn.Module, precision: str, device: str,
+                 channels_last: bool, compile_backend: str | None, compile_mode: str | None, name: str | None):
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r} is not accepted; use one of {', '.join(MODES)}")
+        self.mode = mode
+        self.name = name or mode
+        self.device = resolve_device(device)
+        if mode == "torch_graph" and self.device.type != "cuda":
+            raise ReferenceUnavailable("torch_graph captures a torch.cuda.CUDAGraph and needs device='cuda', "
+                                       f"not {device!r}")
+        self.precision = precision
+        self._autocast = torch_precision(precision, self.device.type)
+        self.channels_last = channels_last
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        self.model = model.to(self.device, memory_format=layout)
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True   # fixed shapes: let cuDNN autotune during warm-up
+        self._forward = self.model
+        if mode == "torch_compile":
+            self._forward = torch.compile(self.model, backend=compile_backend or "inductor", mode=compile_mode)
+        self._prepared = False
+
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _use_precision(self) -> None:
+        # The TF32 flags are process-global and runners interleave: re-assert this runner's policy
+        # (before capture too, which bakes the chosen kernels into the graph).
+        torch_precision(self.precision, self.device.type)
+
+    def _start_round(self) -> None:
+        if not self._prepared:
+            raise RuntimeError(f"{self.name}: call prepare() before run_round() so warm-up stays untimed")
+        self._use_precision()
+
+
+class TorchTrainRunner(_TorchRunner):
+    """One epoch of training per round on a dataset resident on the device."""
+
+    def __init__(self, mode: str, model: torch.nn.Module, loss_fn: Callable, x, t, batch_size: int,
+                 precision: str = "tf32", lr: float = 1e-3, device: str = "cuda", seed: int = 0,
+                 channels_last: bool = False, compile_backend: str | None = None,
+                 compile_mode: str | None = None, warmup_steps: int = WARMUP_STEPS, name: str | None = None):
+        super().__init__(mode, model, precision, device, channels_last, compile_backend, compile_mode, name)
+        samples = len(x)
+        if len(t) != samples:
+            raise ValueError(f"x has {samples} samples but t has {len(t)}")
+        if not 1 <= batch_size <= samples:
+            raise ValueError(f"batch_size={batch_size} must be between 1 and the {samples} samples")
+        if warmup_steps < 1:
+            raise ValueError(f"warmup_steps={warmup_steps}: at least one warm-up step is needed")
+        self.loss_fn = loss_fn
+        self.batch_size = batch_size
+        self.steps_per_epoch = samples // batch_size     # the remainder is dropped: every step has one shape
+        self.samples_per_round = self.steps_per_epoch * batch_size
+        self.warmup_steps = warmup_steps
+        self._x = to_device(x, self.device)
+        if channels_last and self._x.dim() == 4:
+            # NHWC storage: a row gather is contiguous and its NCHW view is channels-last for free.
+            self._x = self._x.permute(0, 2, 3, 1).contiguous()
+        self._t = to_device(t, self.device)
+        self._seed = seed
+        self._generator = torch.Generator(device=self.device)
+        self._perm = torch.empty(samples, dtype=torch.int64, device=self.device)
+        self._loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
+        graph = mode == "torch_graph"
+        options = dict(fused=True, capturable=graph) if self.device.type == "cuda" else dict(foreach=True)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr, **options)
+        self.model.train()
+        self._graph = None
+        self.epochs_run = 0
+
+    def _model_input(self, xb: torch.Tensor) -> torch.Tensor:
+        if self.channels_last and xb.dim() == 4:
+            return xb.permute(0, 3, 1, 2)
+        return xb
+
+    def _loss(self, xb: torch.Tensor, tb: torch.Tensor) -> torch.Tensor:
+        with self._autocast(cache_enabled=self.mode != "torch_graph"):
+            return self.loss_fn(self._forward(self._model_input(xb)), tb)
+
+    def _shuffle(self) -> None:
+        torch.randperm(len(self._perm), generator=self._generator, out=self._perm)
+
+    def _eager_step(self, k: int) -> None:
+        idx = self._perm[k * self.batch_size:(k + 1) * self.batch_size]
+        loss = self._loss(self._x.index_select(0, idx), self._t.index_select(0, idx))
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._loss_sum.add_(loss.detach())
+
+    def _graph_step(self) -> None:
+        """One capture-safe step: every tensor it reads or writes outlives the graph."""
+        idx = self._perm.index_select(0, self._offset + self._arange)
+        torch.index_select(self._x, 0, idx, out=self._xb)
+        torch.index_select(self._t, 0, idx, out=self._tb)
+        self._offset.add_(self.batch_size)   # the next replay reads the permutation's next batch
+        loss = self._loss(self._xb, self._tb)
+        loss.backward()
+        self.optimizer.step()
+        self._loss_sum.add_(loss.detach())
+
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    @torch.no_grad()
+    def _restore(self, snapshot: dict[str, torch.Tensor]) -> None:
+        """Undo warm-up in place (captured addresses stay valid): weights, buffers, Adam state."""
+        for key, value in self.model.state_dict().items():
+            value.copy_(snapshot[key])
+        for state in self.optimizer.state.values():
+            for value in state.values():
+                if torch.is_tensor(value):
+                    value.zero_()   # zero moments and step count are exactly a fresh Adam
+        self._generator.manual_seed(self._seed)
+
+    def prepare(self) -> None:
+        if self._prepared:
+            return
+        self._use_precision()
+        snapshot = self._snapshot()
+        self._generator.manual_seed(self._seed)
+        self._shuffle()
+        if self.mode == "torch_graph":
+            self._capture(snapshot)
+        else:
+            for k in range(self.warmup_steps):   # compiles forward and backward in torch_compile
+                self._eager_step(k % self.steps_per_epoch)
+            self._restore(snapshot)
+        self.synchronize()
+        self._prepared = True
+
+    def _capture(self, snapshot: dict[str, torch.Tensor]) -> None:
+        batch = self.batch_size
+        self._offset = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._arange = torch.arange(batch, dtype=torch.int64, device=self.device)
+        self._xb = torch.empty((batch,) + tuple(self._x.shape[1:]), dtype=self._x.dtype, device=self.device)
+        self._tb = torch.empty((batch,) + tuple(self._t.shape[1:]), dtype=self._t.dtype, device=self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):   # warm-up off the default stream, as the docs require
+            for _ in range(self.warmup_steps):
+                self._offset.zero_()     # every warm-up step reads batch 0: never past the permutation's end
+                self.optimizer.zero_grad(set_to_none=True)
+                self._graph_step()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self._restore(snapshot)
+        # Grads set to None, so backward inside capture allocates them from the graph's pool.
+        self.optimizer.zero_grad(set_to_none=True)
+        self._graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._graph):
+            self._graph_step()
+
+    def run_round(self) -> None:
+        """One epoch: a fresh device shuffle, then `steps_per_epoch` steps; nothing read back."""
+        self._start_round()
+        self._shuffle()
+        self._loss_sum.zero_()
+        if self._graph is not None:
+            self._offset.zero_()
+            for _ in range(self.steps_per_epoch):
+                self._graph.replay()
+        else:
+            for k in range(self.steps_per_epoch):
+                self._eager_step(k)
+        self.epochs_run += 1
+
+    def last_epoch_loss(self) -> float:
+        """Mean step loss of the last epoch (a host sync: call it outside timing)."""
+        if self.epochs_run == 0:
+            raise RuntimeError(f"{self.name}: no epoch has run yet")
+        return self._loss_sum.item() / self.steps_per_epoch
+
+
+class TorchInferRunner(_TorchRunner):
+    """`batches_per_round` forward passes over a few rotating resident input batches."""
+
+    def __init__(self, mode: str, model: torch.nn.Module, x_batches: Sequence, precision: str = "tf32",
+                 device: str = "cuda", batches_per_round: int = 20, channels_last: bool = False,
+                 compile_backend: str | None = None, compile_mode: str | None = None,
+                 warmup_passes: int = WARMUP_STEPS, name: str | None = None):
+        super().__init__(mode, model, precision, device, channels_last, compile_backend, compile_mode, name)
+        if len(x_batches) == 0:
+            raise ValueError("x_batches is empty: give at least one input batch")
+        if batches_per_round < 1 or warmup_passes < 1:
+            raise ValueError(f"batches_per_round={batches_per_round} and warmup_passes={warmup_passes} must be >= 1")
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        self._batches = [to_device(b, self.device) for b in x_batches]
+        self._batches = [b.contiguous(memory_format=layout) if b.dim() == 4 else b for b in self._batches]
+        shapes = {tuple(b.shape) for b in self._batches}
+        if len(shapes) != 1:
+            raise ValueError(f"all input batches must have one shape, got {sorted(shapes)}")
+        self.batch_size = self._batches[0].shape[0]
+        self.batches_per_round = batches_per_round
+        self.samples_per_round = batches_per_round * self.batch_size
+        self.warmup_passes = warmup_passes
+        self.model.eval()
+        self._graphs: list[torch.cuda.CUDAGraph] = []
+        self._static_outputs: list[torch.Tensor] = []
+        self.output: torch.Tensor | None = None   # the last pass's result, left on the device
+
+    def _infer(self, x: torch.Tensor) -> torch.Tensor:
+        with self._autocast(cache_enabled=self.mode != "torch_graph"):
+            return self._forward(x)
+
+    @torch.inference_mode()
+    def prepare(self) -> None:
+        if self._prepared:
+            return
+        self._use_precision()
+        if self.mode == "torch_graph":
+            self._capture()
+        else:
+            for _ in range(self.warmup_passes):
+                for x in self._batches:
+                    self.output = self._infer(x)
+        self.synchronize()
+        self._prepared = True
+
+    def _capture(self) -> None:
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup_passes):
+                for x in self._batches:
+                    self._infer(x)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        # One graph per resident batch, so no input copy is timed; they share one memory pool
+        # because they replay in capture order.
+        for x in self._batches:
+            graph = torch.cuda.CUDAGraph()
+            pool = self._graphs[0].pool() if self._graphs else None
+            with torch.cuda.graph(graph, pool=pool):
+                self._static_outputs.append(self._infer(x))
+            self._graphs.append(graph)
+
+    @torch.inference_mode()
+    def run_round(self) -> None:
+        self._start_round()
+        for i in range(self.batches_per_round):
+            k = i % len(self._batches)
+            if self._graphs:
+                self._graphs[k].replay()
+                self.output = self._static_outputs[k]
+            else:
+                self.output = self._infer(self._batches[k])
