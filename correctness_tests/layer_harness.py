@@ -2,7 +2,8 @@
 
 Shared by the gradient checks (NumPy, float64) and the GPU-vs-NumPy parity
 tests, so every op is exercised through the same build/forward/backward path
-the trainer uses.
+the trainer uses. `run_network` does the same for a whole network's forward,
+loss and backward (no optimizer), at precisions the trainer does not take.
 """
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import numpy as np
 from gpuengine.backend import Backend
 from gpuengine.layers.base import BuildContext
 from gpuengine.memory import Allocator
+from gpuengine.network import TrainingProgram
 from gpuengine.params import FlatParameters
-from gpuengine.precision import policy_for
+from gpuengine.precision import CHECK_PRECISION, policy_for
 from gpuengine.step_state import StepState
 
 
@@ -57,7 +59,7 @@ def run_loss(loss, y: np.ndarray, t: np.ndarray, *, device="cpu", precision="fp6
     ctx = make_context(device, precision, y.shape[0], list(specs), weights)
     be = ctx.backend
     with be.activate():
-        state = StepState(be, ctx.allocator, steps_per_epoch=1)
+        state = _step_state(ctx)
         y_dev = ctx.allocator.zeros(y.shape, ctx.policy.compute_dtype, "activations")
         y_dev[...] = be.xp.asarray(y.astype(ctx.policy.compute_dtype))
         t_dev = ctx.allocator.zeros(t.shape, np.float32, "batch")
@@ -69,3 +71,32 @@ def run_loss(loss, y: np.ndarray, t: np.ndarray, *, device="cpu", precision="fp6
     if ctx.params is not None:
         result.update({f"grad:{k}": v.astype(np.float64) for k, v in ctx.params.grads_dict().items()})
     return result
+
+
+def run_network(net, x: np.ndarray, t: np.ndarray, *, device="cpu", precision="fp64", weights: dict | None = None,
+                fuse=True) -> dict:
+    """One forward, loss and backward of a whole network on the batch (x, t): its loss and parameter grads."""
+    ctx = make_context(device, precision, x.shape[0], net.param_specs(), weights)
+    be = ctx.backend
+    with be.activate():
+        state = _step_state(ctx)
+        x_dev = ctx.allocator.zeros(x.shape, ctx.policy.compute_dtype, "batch")
+        x_dev[...] = be.xp.asarray(x.astype(ctx.policy.compute_dtype))
+        t_dev = ctx.allocator.zeros(t.shape, np.float32, "batch")
+        t_dev[...] = be.xp.asarray(t.astype(np.float32))
+        program = TrainingProgram(net, ctx, x_dev, t_dev, state, fuse)
+        program.forward()
+        program.loss_and_backward()
+        be.synchronize()
+    result = {"loss": float(be.to_host(state.history)[0]), "fused": program.fused}
+    result.update({f"grad:{k}": v.astype(np.float64) for k, v in ctx.params.grads_dict().items()})
+    return result
+
+
+def _step_state(ctx) -> StepState:
+    """A one-step-per-epoch StepState; under fp64 on the CPU its loss slot is float64 too,
+    so finite differences of the loss are not drowned by float32 rounding."""
+    state = StepState(ctx.backend, ctx.allocator, steps_per_epoch=1)
+    if ctx.policy.name == CHECK_PRECISION and not ctx.backend.is_gpu:
+        state.history = np.zeros(state.capacity, np.float64)
+    return state
