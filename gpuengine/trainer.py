@@ -98,6 +98,8 @@ class Trainer:
 
     def warm_up(self):
         """One eager epoch, then capture: compilation and planning stay out of timed work."""
+        if self.warmed_up:
+            return
         with self.backend.activate():
             self._run_eager(self.steps_per_epoch - self.steps_done % self.steps_per_epoch)
             self.program.autotune()   # on real batches, after the eager epoch filled them

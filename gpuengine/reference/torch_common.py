@@ -125,14 +125,17 @@ class _TorchRunner:
 
 
 class TorchTrainRunner(_TorchRunner):
-    """One epoch of training per round on a dataset resident on the device."""
+    """`epochs_per_round` epochs of training per round on a dataset resident on the device."""
 
     def __init__(self, mode: str, model: torch.nn.Module, loss_fn: Callable, x, t, batch_size: int,
                  precision: str = "tf32", lr: float = 1e-3, device: str = "cuda", seed: int = 0,
                  channels_last: bool = False, compile_backend: str | None = None,
-                 compile_mode: str | None = None, warmup_steps: int = WARMUP_STEPS, name: str | None = None):
+                 compile_mode: str | None = None, warmup_steps: int = WARMUP_STEPS, name: str | None = None,
+                 epochs_per_round: int = 1):
         super().__init__(mode, model, precision, device, channels_last, compile_backend, compile_mode, name)
         samples = len(x)
+        if epochs_per_round < 1:
+            raise ValueError(f"epochs_per_round={epochs_per_round}: at least one epoch per round")
         if len(t) != samples:
             raise ValueError(f"x has {samples} samples but t has {len(t)}")
         if not 1 <= batch_size <= samples:
@@ -142,7 +145,8 @@ class TorchTrainRunner(_TorchRunner):
         self.loss_fn = loss_fn
         self.batch_size = batch_size
         self.steps_per_epoch = samples // batch_size     # the remainder is dropped: every step has one shape
-        self.samples_per_round = self.steps_per_epoch * batch_size
+        self.epochs_per_round = epochs_per_round   # short epochs need several per round to time them
+        self.samples_per_round = self.steps_per_epoch * batch_size * epochs_per_round
         self.warmup_steps = warmup_steps
         self._x = to_device(x, self.device)
         if channels_last and self._x.dim() == 4:
@@ -243,18 +247,19 @@ class TorchTrainRunner(_TorchRunner):
             self._graph_step()
 
     def run_round(self) -> None:
-        """One epoch: a fresh device shuffle, then `steps_per_epoch` steps; nothing read back."""
+        """`epochs_per_round` epochs, each a fresh device shuffle then its steps; nothing read back."""
         self._start_round()
-        self._shuffle()
-        self._loss_sum.zero_()
-        if self._graph is not None:
-            self._offset.zero_()
-            for _ in range(self.steps_per_epoch):
-                self._graph.replay()
-        else:
-            for k in range(self.steps_per_epoch):
-                self._eager_step(k)
-        self.epochs_run += 1
+        for _ in range(self.epochs_per_round):
+            self._shuffle()
+            self._loss_sum.zero_()
+            if self._graph is not None:
+                self._offset.zero_()
+                for _ in range(self.steps_per_epoch):
+                    self._graph.replay()
+            else:
+                for k in range(self.steps_per_epoch):
+                    self._eager_step(k)
+            self.epochs_run += 1
 
     def last_epoch_loss(self) -> float:
         """Mean step loss of the last epoch (a host sync: call it outside timing)."""
