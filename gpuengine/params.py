@@ -62,6 +62,12 @@ class FlatParameters:
         rng = np.random.default_rng(seed)
         self.load({s.name: initial_value(s, rng) for s in specs})
 
+    @staticmethod
+    def planned_bytes(size: int, policy) -> int:
+        """What the constructor allocates for `size` parameters: master, gradient, two moments, compute copy."""
+        copy = policy.compute_dtype.itemsize if policy.needs_compute_copy else 0
+        return size * (4 * policy.master_dtype.itemsize + copy)
+
     def _view(self, flat, name):
         offset, size, shape = self.offsets[name]
         return flat[offset:offset + size].reshape(shape)

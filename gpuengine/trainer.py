@@ -14,9 +14,9 @@ import statistics
 
 import numpy as np
 
-from .backend import get_backend
+from .backend import GIB, get_backend
 from .capture import GraphCapturedStep
-from .config import EngineConfig
+from .config import ConfigError, EngineConfig
 from .data.checks import check_batch, check_training_data
 from .data.resident import ResidentDataset
 from .data.streamed import StreamedDataset
@@ -40,6 +40,7 @@ class Trainer:
         self.batch = check_batch(batch, len(x))
         self.backend = backend = get_backend(self.config)
         self.policy = policy_for(self.config.precision)
+        self._check_vram_cap(net.parameter_count())
         self.allocator = Allocator(backend)
         steps_per_epoch = len(x) // self.batch
         with backend.activate():
@@ -57,6 +58,14 @@ class Trainer:
         self.graphs: dict[int, GraphCapturedStep] = {}
         self.warmed_up = False
         self.last_profile: dict[str, float] | None = None
+
+    def _check_vram_cap(self, parameters: int):
+        """Refuse, before allocating anything, a cap too small for the weights, gradients and Adam moments."""
+        cap = self.config.vram_cap_gib
+        needed = FlatParameters.planned_bytes(parameters, self.policy)
+        if cap is not None and needed > cap * GIB:
+            raise ConfigError(f"vram_cap_gib={cap} ({int(cap * GIB)} bytes) is smaller than the model: its parameters, "
+                              f"gradients and Adam moments alone need {needed} bytes ({needed / GIB:.3g} GiB)")
 
     @property
     def steps_per_epoch(self) -> int:
