@@ -1,0 +1,167 @@
+"""Suite-wide pytest plumbing: engine toggles, the run's tier, GPU-only tests, stored runs per tier.
+
+- `--gpuengine-<toggle>` options override the `GPUENGINE_*` environment, which
+  overrides the built-in defaults (`EngineConfig.from_env`); a bad value stops
+  the session with a usage error naming the toggle.
+- The tier (`gpuengine.machine_info`) is the GPU the engine runs on, or the CPU
+  tier. pytest-benchmark stores and compares runs in `baselines_store/<tier>/`
+  (plus a `config-...` folder when toggles differ from the defaults), so a run
+  is only ever compared with runs of the same GPU and settings.
+- `--benchmark-compare` with no stored run yet is dropped with a header
+  notice (this run becomes the first baseline) instead of failing the session
+  at its end; on the CPU tier `--benchmark-compare-fail` is dropped, because
+  CPU timings are smoke only.
+- Tests marked `gpu` are skipped with a stated reason when no GPU is visible.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpuengine.backend import get_backend, gpu_visible, resolve_device
+from gpuengine.config import ConfigError, EngineConfig
+from gpuengine.machine_info import Tier, collect_machine_info, current_tier
+
+pytest_plugins = ("pytester",)  # the harness tests run small pytest sessions of their own
+
+BASELINES_DIR = "baselines_store"
+GPU_SKIP_REASON = "no CUDA GPU visible (CuPy missing or no device): GPU-only test"
+DEFAULT_BENCHMARK_STORAGE = "file://./.benchmarks"  # pytest-benchmark's default: nobody chose a storage
+
+TOGGLE_HELP = {
+    "precision": "fp32 | tf32 | bf16",
+    "cuda_graph": "0 = eager; N = N training steps per CUDA graph launch",
+    "resident_data": "1 = dataset staged on the device; 0 = streamed from the host",
+    "batch_pool": "prefetched batch buffers of the streamed loader",
+    "profile": "1 = per-phase device timings of a step",
+    "device": "cuda | cpu (default: cuda when a GPU is visible)",
+    "vram_cap_gib": "cap of the engine's device memory pool in GiB, or 'full'",
+}
+
+
+@dataclass(frozen=True)
+class RunTarget:
+    """What this pytest run measures: the engine's settings and the tier of the machine running them."""
+
+    config: EngineConfig
+    tier: Tier
+    storage: str | None   # where pytest-benchmark stores and compares runs (None: plugin not loaded)
+    notices: tuple[str, ...]  # options this run adjusted, said in the header
+
+
+RUN_TARGET = pytest.StashKey[RunTarget]()
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("gpuengine", "engine toggles (default: the GPUENGINE_* environment, then built-in)")
+    for toggle in EngineConfig.toggles():
+        group.addoption(f"--gpuengine-{toggle.replace('_', '-')}", dest=f"gpuengine_{toggle}", default=None,
+                        metavar="VALUE", help=f"{TOGGLE_HELP[toggle]} (env GPUENGINE_{toggle.upper()})")
+
+
+def _config_variant(config: EngineConfig) -> str | None:
+    """A folder name for toggles that differ from the defaults, so such runs get baselines of their own."""
+    defaults = EngineConfig(device=config.device)
+    changed = [f"{t}-{str(getattr(config, t)).lower()}" for t in EngineConfig.toggles()
+               if t != "device" and getattr(config, t) != getattr(defaults, t)]
+    return "config-" + "+".join(changed) if changed else None
+
+
+def _has_stored_run(folder: Path) -> bool:
+    """Whether pytest-benchmark's `--benchmark-compare` (latest run) would find anything in `folder`."""
+    from pytest_benchmark.utils import get_machine_id
+    pattern = "[0-9][0-9][0-9][0-9]_*.json"
+    return any((folder / get_machine_id()).glob(pattern)) or any(folder.glob(pattern))
+
+
+def _route_benchmark_storage(config: pytest.Config, engine_config: EngineConfig, tier: Tier):
+    """Point pytest-benchmark at this tier's folder; runs before its own (trylast) configure reads the options."""
+    option = config.option
+    if not hasattr(option, "benchmark_storage"):
+        return None, []
+    notices = []
+    if option.benchmark_storage == DEFAULT_BENCHMARK_STORAGE:
+        folder = config.rootpath / BASELINES_DIR / tier.name
+        variant = _config_variant(engine_config)
+        if variant:
+            folder = folder / variant
+        option.benchmark_storage = f"file://{folder}"
+        if option.benchmark_compare is True and not _has_stored_run(folder):
+            option.benchmark_compare = []
+            option.benchmark_compare_fail = None
+            notices.append(f"no stored run in {folder.relative_to(config.rootpath)} yet: nothing to compare "
+                           "against; a saved run becomes the first baseline")
+    if not tier.on_gpu and option.benchmark_compare_fail:
+        option.benchmark_compare_fail = None
+        notices.append("CPU tier: --benchmark-compare-fail ignored, CPU timings never gate")
+    return option.benchmark_storage, notices
+
+
+def pytest_configure(config: pytest.Config):
+    overrides = {t: config.getoption(f"gpuengine_{t}") for t in EngineConfig.toggles()}
+    try:
+        engine_config = EngineConfig.from_env(**overrides)
+        on_gpu = resolve_device(engine_config) == "cuda"
+    except ConfigError as exc:
+        raise pytest.UsageError(f"gpuengine: {exc}") from exc
+    tier = current_tier(on_gpu)
+    storage, notices = _route_benchmark_storage(config, engine_config, tier)
+    config.stash[RUN_TARGET] = RunTarget(engine_config, tier, storage, tuple(notices))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    target = config.stash[RUN_TARGET]
+    tier = target.tier
+    if tier.on_gpu:
+        what = f"GPU {tier.gpu_name}: same-run ratios and stored-run regressions gate"
+    else:
+        what = "CPU tier (NumPy backend) — timings are smoke only, not gated"
+    lines = [f"gpuengine tier {tier.name}: {what}", f"gpuengine config: {target.config.describe()}"]
+    if target.storage:
+        lines.append(f"gpuengine benchmark storage: {target.storage}")
+    return lines + [f"gpuengine: {notice}" for notice in target.notices]
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-benchmark hook: absent when the plugin is disabled
+def pytest_benchmark_update_machine_info(config, machine_info):
+    target = config.stash[RUN_TARGET]
+    machine_info.update(collect_machine_info(target.tier, target.config))
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_visible():
+        return
+    skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def run_target(pytestconfig) -> RunTarget:
+    return pytestconfig.stash[RUN_TARGET]
+
+
+@pytest.fixture(scope="session")
+def engine_config(run_target) -> EngineConfig:
+    """The toggles of this run: command line, then GPUENGINE_* environment, then defaults."""
+    return run_target.config
+
+
+@pytest.fixture(scope="session")
+def on_gpu(run_target) -> bool:
+    """True when the engine runs on a CUDA GPU (not the NumPy CPU tier)."""
+    return run_target.tier.on_gpu
+
+
+@pytest.fixture(scope="session")
+def backend(engine_config):
+    return get_backend(engine_config)
+
+
+@pytest.fixture(scope="session")
+def requires_torch():
+    """The torch module; tests asking for it skip with a reason where it is not installed."""
+    return pytest.importorskip("torch", reason="PyTorch is not installed (pip install -e .[torch]): no reference")
