@@ -1,0 +1,68 @@
+"""Same-run comparisons inside pytest-benchmark: the engine's rounds are the benchmark, references alternate with them.
+
+`benchmark.pedantic` calls `setup()` then `target()` once per round: setup
+times one round of every reference and target one round of the engine, so
+runners alternate R1 R2 E R1 R2 E ... in one process (DESIGN.md, "Measuring
+honestly") while pytest-benchmark stores and compares the engine's rounds.
+Both sides are timed by `benchmarking.time_round` (drain the device before
+each clock read). With benchmarks disabled (xdist, --benchmark-disable),
+pedantic would run a single round, so the same alternation runs without it and
+ratios are still measured and gated. Timing gates only on a GPU tier.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import pytest
+
+from gpuengine.benchmarking import Comparison, Runner, time_round
+from gpuengine.machine_info import Tier
+from gpuengine.thresholds import ThresholdRule, evaluate_ratios
+
+
+def alternate_rounds(benchmark, engine: Runner, references: Sequence[Runner], rounds: int,
+                     warmup_rounds: int) -> dict[str, list[float]]:
+    """Per-runner round times in ms after warm-up; the engine's rounds are also pytest-benchmark's."""
+    names = [runner.name for runner in (engine, *references)]
+    if len(set(names)) != len(names):
+        raise ValueError(f"runner names must be unique, got {names}")
+    if rounds < 1 or warmup_rounds < 0:
+        raise ValueError(f"rounds={rounds}, warmup_rounds={warmup_rounds}: need rounds >= 1, warmup_rounds >= 0")
+    for runner in (engine, *references):
+        runner.prepare()
+    times: dict[str, list[float]] = {name: [] for name in names}
+
+    def references_round():
+        for reference in references:
+            times[reference.name].append(time_round(reference))
+
+    def engine_round():
+        times[engine.name].append(time_round(engine))
+
+    if benchmark.disabled:
+        for _ in range(warmup_rounds + rounds):
+            references_round()
+            engine_round()
+    else:
+        benchmark.pedantic(engine_round, setup=references_round, rounds=rounds, warmup_rounds=warmup_rounds,
+                           iterations=1)
+    return {name: ms[warmup_rounds:] for name, ms in times.items()}
+
+
+def record_and_gate(benchmark, comparison: Comparison, test_name: str, precision: str, tier: Tier,
+                    rules: list[ThresholdRule] | None = None) -> list:
+    """Store the comparison with the run; fail the test on a missed ratio threshold, on a GPU tier only."""
+    checks = evaluate_ratios(comparison, tier.gpu_label, test_name, rules)
+    missed = [check for check in checks if not check.passed]
+    benchmark.extra_info.update(comparison.extra_info())
+    benchmark.extra_info.update({
+        "tier": tier.name,
+        "precision": precision,
+        "timing_gated": tier.on_gpu,
+        "ratio_checks": [check.as_dict() for check in checks],
+    })
+    if missed and tier.on_gpu:
+        lines = "\n  ".join(check.describe() for check in missed)
+        pytest.fail(f"{test_name} on {tier.gpu_name}: engine below its same-run ratio threshold:\n  {lines}",
+                    pytrace=False)
+    return missed

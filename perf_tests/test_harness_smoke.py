@@ -1,0 +1,174 @@
+"""The perf harness on any machine: compare -> extra_info -> ratios -> thresholds -> stored run.
+
+Two NumPy runners stand in for engine and reference: each multiplies random
+matrices in a loop, the "engine" smaller ones, so it is clearly the faster and
+every ratio is far above 1 however noisy the machine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from gpuengine import thresholds
+from gpuengine.benchmarking import Comparison
+from gpuengine.machine_info import CPU_TIER, NO_GPU, Tier
+
+from .harness import alternate_rounds, record_and_gate
+
+REPO = Path(__file__).resolve().parents[1]
+ROUNDS = 5
+
+
+class MatmulLoopRunner:
+    """A runner whose round is `loops` products of two random size x size matrices."""
+
+    def __init__(self, name: str, size: int, loops: int = 8, log: list | None = None):
+        rng = np.random.default_rng(size)
+        self.a, self.b = (rng.standard_normal((size, size)).astype(np.float32) for _ in range(2))
+        self.name, self.loops, self.log = name, loops, log
+        self.samples_per_round = 100
+        self.prepared = False
+
+    def prepare(self):
+        self.prepared = True
+
+    def run_round(self):
+        assert self.prepared, "prepare() must come before any round"
+        if self.log is not None:
+            self.log.append(self.name)
+        for _ in range(self.loops):
+            self.a @ self.b
+
+    def synchronize(self):
+        pass
+
+
+def engine_and_references(log=None):
+    engine = MatmulLoopRunner("gpuengine", 32, log=log)
+    references = [MatmulLoopRunner("torch_eager", 192, log=log), MatmulLoopRunner("torch_graph", 128, log=log)]
+    return engine, references
+
+
+def write_rules(path: Path, rules: list[dict]) -> Path:
+    path.write_text(json.dumps(rules))
+    return path
+
+
+def test_compare_stores_the_engine_rounds_and_records_ratios(benchmark, compare, run_target, tmp_path, monkeypatch):
+    cpu_only_miss = {"gpu": "none (CPU tier*", "test": "test_compare_*", "reference": "torch_eager",
+                     "min_ratio": 1e6, "why": "unreachable: recorded, never gating on the CPU tier"}
+    torch_best = {"gpu": "*", "test": "test_compare_*", "reference": "torch_best", "min_ratio": 1.0,
+                  "why": "the small-matrix engine beats both fakes"}
+    monkeypatch.setattr(thresholds, "RULES_PATH", write_rules(tmp_path / "rules.json", [cpu_only_miss, torch_best]))
+    engine, references = engine_and_references()
+
+    result = compare(benchmark, engine, references, rounds=ROUNDS, precision="fp32", flops_per_sample=2 * 32 ** 3)
+
+    assert isinstance(result, Comparison)
+    assert {name: len(ms) for name, ms in result.times_ms.items()} == dict.fromkeys(result.times_ms, ROUNDS)
+    assert result.ratios["torch_eager"].median > 1 and result.ratios["torch_graph"].median > 1
+    info = benchmark.extra_info
+    assert info["tier"] == run_target.tier.name and info["precision"] == "fp32"
+    assert info["timing_gated"] is run_target.tier.on_gpu
+    assert set(info["ratios"]) == {"torch_eager", "torch_graph"}
+    assert info["achieved_tflops"]["gpuengine"] > 0
+    checks = {check["reference"]: check for check in info["ratio_checks"]}
+    assert checks["torch_best"]["compared_with"] == "torch_graph" and checks["torch_best"]["passed"]
+    if not run_target.tier.on_gpu:
+        assert checks["torch_eager"]["passed"] is False
+    if not benchmark.disabled:
+        # pytest-benchmark timed the same engine rounds from outside: each of its rounds contains ours.
+        stored_ms = [seconds * 1e3 for seconds in benchmark.stats.stats.data]
+        assert len(stored_ms) == ROUNDS
+        assert all(outer >= inner for outer, inner in zip(stored_ms, result.times_ms["gpuengine"]))
+
+
+def test_references_alternate_with_the_engine_round_by_round(benchmark):
+    log = []
+    engine, references = engine_and_references(log)
+    alternate_rounds(benchmark, engine, references, rounds=3, warmup_rounds=1)
+    assert log == ["torch_eager", "torch_graph", "gpuengine"] * 4
+
+
+def test_disabled_benchmarks_still_measure_every_round():
+    log = []
+    engine, references = engine_and_references(log)
+    times = alternate_rounds(SimpleNamespace(disabled=True), engine, references, rounds=3, warmup_rounds=2)
+    assert log == ["torch_eager", "torch_graph", "gpuengine"] * 5
+    assert {name: len(ms) for name, ms in times.items()} == {"gpuengine": 3, "torch_eager": 3, "torch_graph": 3}
+
+
+def test_alternate_rounds_refuses_duplicate_names():
+    engine = MatmulLoopRunner("gpuengine", 8)
+    with pytest.raises(ValueError, match="unique"):
+        alternate_rounds(SimpleNamespace(disabled=True), engine, [MatmulLoopRunner("gpuengine", 8)], 1, 0)
+
+
+def scripted_comparison() -> Comparison:
+    times = {"gpuengine": [1.0] * 3, "torch_graph": [1.1] * 3}
+    return Comparison.from_times("gpuengine", times, {"gpuengine": 10, "torch_graph": 10})
+
+
+MISSED_RULE = thresholds.ThresholdRule("*", "test_x*", "torch_graph", 1.2, "target")
+
+
+def test_a_missed_threshold_fails_on_a_gpu_tier():
+    bench = SimpleNamespace(extra_info={})
+    gpu = Tier("nvidia-h100-80gb-hbm3", "NVIDIA H100 80GB HBM3")
+    with pytest.raises(pytest.fail.Exception, match=r"torch_graph: 1\.100x, threshold 1\.2x \(target\)"):
+        record_and_gate(bench, scripted_comparison(), "test_x[tf32]", "tf32", gpu, [MISSED_RULE])
+    assert bench.extra_info["timing_gated"] is True
+
+
+def test_a_missed_threshold_is_only_recorded_on_the_cpu_tier():
+    bench = SimpleNamespace(extra_info={})
+    missed = record_and_gate(bench, scripted_comparison(), "test_x[tf32]", "tf32", Tier(CPU_TIER, None), [MISSED_RULE])
+    assert [check.reference for check in missed] == ["torch_graph"]
+    assert bench.extra_info["timing_gated"] is False
+    assert bench.extra_info["ratio_checks"][0]["passed"] is False
+
+
+STORED_TEST = textwrap.dedent("""
+    from perf_tests.test_harness_smoke import engine_and_references
+
+    def test_tiny_comparison(benchmark, compare):
+        engine, references = engine_and_references()
+        compare(benchmark, engine, references, rounds=3, precision="fp32")
+""")
+
+
+def test_runs_are_stored_per_tier_with_machine_info(pytester, monkeypatch):
+    from pytest_benchmark.utils import get_machine_id
+    # A session of its own, on the CPU tier whatever this machine has, with the suite's two conftests.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("GPUENGINE_DEVICE", "cpu")
+    pytester.makeconftest((REPO / "conftest.py").read_text()
+                          + "\nfrom perf_tests.conftest import compare, gemm_peak_tflops  # noqa: F401\n")
+    pytester.makepyfile(test_stored=STORED_TEST)
+    args = ["-p", "no:cacheprovider", "--benchmark-autosave", "--benchmark-compare",
+            "--benchmark-compare-fail=median:25%"]
+
+    first = pytester.runpytest_subprocess(*args)
+    first.assert_outcomes(passed=1)
+    first.stdout.fnmatch_lines(["gpuengine tier cpu-tier: CPU tier (NumPy backend)*not gated",
+                                "gpuengine: no stored run in baselines_store/cpu-tier yet*"])
+    stored = sorted((pytester.path / "baselines_store" / CPU_TIER / get_machine_id()).glob("*.json"))
+    assert [path.name[:4] for path in stored] == ["0001"]
+    run = json.loads(stored[0].read_text())
+    assert run["machine_info"]["tier"] == CPU_TIER and run["machine_info"]["gpu"] == NO_GPU
+    assert "precision=" in run["machine_info"]["gpuengine_config"]
+    (bench,) = run["benchmarks"]
+    assert bench["name"] == "test_tiny_comparison"
+    assert set(bench["extra_info"]["ratios"]) == {"torch_eager", "torch_graph"}
+
+    second = pytester.runpytest_subprocess(*args)
+    second.assert_outcomes(passed=1)
+    second.stdout.fnmatch_lines(["gpuengine: CPU tier: --benchmark-compare-fail ignored*"])
+    assert "no stored run" not in second.stdout.str()
+    assert len(list(stored[0].parent.glob("*.json"))) == 2
