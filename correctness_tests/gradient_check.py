@@ -107,7 +107,7 @@ def check_loss_backward(loss, y: np.ndarray, t: np.ndarray, *, specs=(), weights
     of the dense layer before it); leave those out of `wrt` and test them separately.
     """
     specs = list(specs)
-    weights = random_weights(specs, np.random.default_rng(seed)) if weights is None and specs else (weights or {})
+    weights = random_weights(specs, np.random.default_rng(seed)) if weights is None else weights
     wrt = tuple(weights) if wrt is None else tuple(wrt)
     base = run_loss(loss, y, t, precision=CHECK_PRECISION, specs=specs, weights=weights or None)
     point = {"y": y} | {n: weights[n] for n in wrt}
@@ -115,7 +115,8 @@ def check_loss_backward(loss, y: np.ndarray, t: np.ndarray, *, specs=(), weights
 
     def objective(p: Point) -> float:
         moved = {n: a for n, a in p.items() if n != "y"}
-        return run_loss(loss, p["y"], t, precision=CHECK_PRECISION, specs=specs, weights=(weights | moved) or None)["loss"]
+        result = run_loss(loss, p["y"], t, precision=CHECK_PRECISION, specs=specs, weights=(weights | moved) or None)
+        return result["loss"]
 
     return directional_check(objective, point, gradient, seed=seed, **tolerances)
 
