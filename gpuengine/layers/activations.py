@@ -1,7 +1,9 @@
 """Element-wise activations: tanh (the MLP's) and ReLU, forward and backward.
 
 tanh' = 1 - tanh^2, so backward needs only the forward output, not the input.
-ReLU' = [y > 0], likewise. Each is one CUDA kernel over the buffer.
+ReLU' = [y > 0], likewise. Each is one CUDA kernel over the buffer;
+`activation_forward`/`activation_backward` serve layers that fuse an
+activation into their own forward (a convolution's conv + bias + ReLU graph).
 """
 from __future__ import annotations
 
@@ -36,16 +38,39 @@ def launch_shape(n: int, threads: int = 256) -> tuple:
     return (min(-(-n // threads), 65535 * 4),), (threads,)
 
 
+def _check_kind(kind: str):
+    if kind not in _ACTIVATIONS:
+        raise ValueError(f"unknown activation {kind!r}; use one of {', '.join(_ACTIVATIONS)}")
+
+
+def _kernel(kind: str, which: str, dtype):
+    forward, backward, _, _ = _ACTIVATIONS[kind]
+    source = _SOURCE.replace("@FORWARD@", forward).replace("@BACKWARD@", backward)
+    return get_kernel(source, which, ELEM_T=ctype(dtype))
+
+
+def activation_forward(backend, kind: str, x, out):
+    """out = act(x), element-wise, on either backend."""
+    if not backend.is_gpu:
+        out[...] = _ACTIVATIONS[kind][2](widen(x)).astype(out.dtype)
+        return
+    grid, block = launch_shape(x.size)
+    _kernel(kind, "forward", x.dtype)(grid, block, (x, out, np.int64(x.size)))
+
+
+def activation_backward(backend, kind: str, y, dy, dx):
+    """dx = act'(x) dy from the forward output y = act(x), on either backend."""
+    if not backend.is_gpu:
+        dx[...] = _ACTIVATIONS[kind][3](widen(y), widen(dy)).astype(dx.dtype)
+        return
+    grid, block = launch_shape(y.size)
+    _kernel(kind, "backward", y.dtype)(grid, block, (y, dy, dx, np.int64(y.size)))
+
+
 class Activation(Layer):
     def __init__(self, kind: str, name: str = ""):
-        if kind not in _ACTIVATIONS:
-            raise ValueError(f"unknown activation {kind!r}; use one of {', '.join(_ACTIVATIONS)}")
+        _check_kind(kind)
         self.kind, self.name = kind, name
-
-    def _kernel(self, which, dtype):
-        forward, backward, _, _ = _ACTIVATIONS[self.kind]
-        source = _SOURCE.replace("@FORWARD@", forward).replace("@BACKWARD@", backward)
-        return get_kernel(source, which, ELEM_T=ctype(dtype))
 
     def build_forward(self, ctx: BuildContext, x):
         self.backend, self.x = ctx.backend, x
@@ -61,25 +86,11 @@ class Activation(Layer):
         return self.dx
 
     def forward(self):
-        if not self.backend.is_gpu:
-            np_forward = _ACTIVATIONS[self.kind][2]
-            self.out[...] = np_forward(widen(self.x)).astype(self.out.dtype)
-            return
-        n = self.x.size
-        grid, block = launch_shape(n)
-        self._kernel("forward", self.x.dtype)(grid, block, (self.x, self.out, np.int64(n)))
+        activation_forward(self.backend, self.kind, self.x, self.out)
 
     def backward(self):
-        if self.dx is None:
-            return
-        if not self.backend.is_gpu:
-            np_backward = _ACTIVATIONS[self.kind][3]
-            grad = np_backward(widen(self.out), widen(self.dy))
-            self.dx[...] = grad.astype(self.dx.dtype)
-            return
-        n = self.out.size
-        grid, block = launch_shape(n)
-        self._kernel("backward", self.out.dtype)(grid, block, (self.out, self.dy, self.dx, np.int64(n)))
+        if self.dx is not None:
+            activation_backward(self.backend, self.kind, self.out, self.dy, self.dx)
 
 
 def Tanh(name: str = "") -> Activation:
