@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from gpuengine.config import ENV_PREFIX, EngineConfig
+from gpuengine.config import ENV_PREFIX, ConfigError, EngineConfig
 
 DEFAULTS = {"precision": "tf32", "cuda_graph": 1, "resident_data": True, "batch_pool": 3, "profile": False,
             "device": None, "vram_cap_gib": None}
@@ -109,7 +109,18 @@ def test_describe_names_every_toggle_with_its_value():
                           device="cpu", vram_cap_gib=6)
     assert config.describe() == ("precision=bf16 cuda_graph=4 resident_data=False batch_pool=2 profile=True "
                                  "device=cpu vram_cap_gib=6.0")
-    assert EngineConfig().describe().split() == [f"{name}={value}" for name, value in DEFAULTS.items()]
+    shown = DEFAULTS | {"device": "auto", "vram_cap_gib": "full"}   # None is spelled as from_env accepts it
+    assert EngineConfig().describe().split() == [f"{name}={value}" for name, value in shown.items()]
+
+
+def test_describe_of_the_defaults_reads_back():
+    pairs = dict(item.split("=", 1) for item in EngineConfig().describe().split())
+    assert EngineConfig.from_env(environ={}, **pairs) == EngineConfig()
+
+
+def test_mistyped_environment_variable_is_an_error():
+    with pytest.raises(ConfigError, match="GPUENGINE_PRECISON"):
+        EngineConfig.from_env(environ={"GPUENGINE_PRECISON": "bf16"})
 
 
 def test_describe_reads_back_through_from_env():

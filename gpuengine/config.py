@@ -96,6 +96,11 @@ class EngineConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "EngineConfig":
         """Defaults, then `GPUENGINE_*` variables, then explicit overrides (None = not given)."""
         environ = os.environ if environ is None else environ
+        known_env = {ENV_PREFIX + name.upper() for name in cls.toggles()}
+        unknown_env = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known_env)
+        if unknown_env:
+            raise ConfigError(f"unknown variable(s) {', '.join(unknown_env)}; the toggles are "
+                              f"{', '.join(sorted(known_env))}")
         values = {}
         for name in cls.toggles():
             raw = environ.get(ENV_PREFIX + name.upper())
@@ -116,4 +121,5 @@ class EngineConfig:
         return dataclasses.replace(self, **changes)
 
     def describe(self) -> str:
-        return " ".join(f"{name}={getattr(self, name)}" for name in self.toggles())
+        shown = {"device": self.device or "auto", "vram_cap_gib": self.vram_cap_gib or "full"}
+        return " ".join(f"{name}={shown.get(name, getattr(self, name))}" for name in self.toggles())

@@ -33,7 +33,7 @@ class Predictor:
         self.policy = policy_for(self.config.precision)
         if params is None:
             with self.backend.activate():
-                params = FlatParameters(net.param_specs(), Allocator(self.backend), self.policy, seed)
+                params = FlatParameters(net.param_specs(), Allocator(self.backend), self.policy, seed, training=False)
         elif params.policy != self.policy:
             raise ValueError(f"parameters were built for precision {params.policy.name}, "
                              f"the predictor runs {self.policy.name}")

@@ -40,7 +40,7 @@ def initial_value(spec: ParamSpec, rng: np.random.Generator) -> np.ndarray:
 class FlatParameters:
     """Named views into flat master, gradient, moment and compute-copy buffers."""
 
-    def __init__(self, specs: list[ParamSpec], allocator, policy, seed: int = 0):
+    def __init__(self, specs: list[ParamSpec], allocator, policy, seed: int = 0, training: bool = True):
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate parameter names in {names}")
@@ -53,9 +53,12 @@ class FlatParameters:
             self.offsets[s.name] = (offset, s.size, s.shape)
             offset += s.size
         self.master = allocator.zeros((self.size,), policy.master_dtype, "parameters")
-        self.grad = allocator.zeros((self.size,), policy.master_dtype, "gradients")
-        self.moment1 = allocator.zeros((self.size,), policy.master_dtype, "optimizer")
-        self.moment2 = allocator.zeros((self.size,), policy.master_dtype, "optimizer")
+        self.training = training   # inference-only parameters carry no gradients or moments
+        self.grad = self.moment1 = self.moment2 = None
+        if training:
+            self.grad = allocator.zeros((self.size,), policy.master_dtype, "gradients")
+            self.moment1 = allocator.zeros((self.size,), policy.master_dtype, "optimizer")
+            self.moment2 = allocator.zeros((self.size,), policy.master_dtype, "optimizer")
         self.compute = (allocator.zeros((self.size,), policy.compute_dtype, "parameters")
                         if policy.needs_compute_copy else self.master)
         self._backend = allocator.backend

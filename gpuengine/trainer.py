@@ -19,7 +19,7 @@ from .capture import GraphCapturedStep
 from .config import ConfigError, EngineConfig
 from .data.checks import check_batch, check_training_data
 from .data.resident import ResidentDataset
-from .data.streamed import StreamedDataset
+from .data.streamed import StreamedDataset, check_streamed_launch
 from .layers.base import BuildContext
 from .memory import Allocator
 from .network import Sequential, TrainingProgram
@@ -41,6 +41,8 @@ class Trainer:
         self.backend = backend = get_backend(self.config)
         self.policy = policy_for(self.config.precision)
         self._check_vram_cap(net.parameter_count())
+        if not self.config.resident_data and self.config.cuda_graph:
+            check_streamed_launch(self.config.cuda_graph, self.config.batch_pool)
         self.allocator = Allocator(backend)
         steps_per_epoch = len(x) // self.batch
         with backend.activate():
@@ -49,8 +51,6 @@ class Trainer:
             source = ResidentDataset if self.config.resident_data else StreamedDataset
             extra = {} if self.config.resident_data else {"pool": self.config.batch_pool}
             self.data = source(backend, self.allocator, self.policy, self.state, x, t, self.batch, seed, **extra)
-            if not self.config.resident_data and self.config.cuda_graph:
-                self.data.check_launch(self.config.cuda_graph)
             ctx = BuildContext(backend, self.policy, self.allocator, self.params, self.batch)
             self.program = TrainingProgram(net, ctx, self.data.batch_x, self.data.batch_t, self.state, fuse)
             self.optimizer = Adam(backend, self.params, self.state, lr)

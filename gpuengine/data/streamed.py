@@ -17,6 +17,13 @@ from .gather import DeviceGather
 from .shuffle import batch_rows
 
 
+def check_streamed_launch(steps: int, pool: int):
+    """A launch of `steps` captured steps reads `steps` distinct pool buffers."""
+    if steps > pool:
+        raise ConfigError(f"cuda_graph={steps} with resident_data=0 needs batch_pool >= {steps}: "
+                          f"each captured step reads its own prefetched buffer (batch_pool={pool})")
+
+
 class StreamedDataset:
     resident = False
 
@@ -51,9 +58,7 @@ class StreamedDataset:
         return self.pool
 
     def check_launch(self, steps: int):
-        if steps > self.pool:
-            raise ConfigError(f"cuda_graph={steps} with resident_data=0 needs batch_pool >= {steps}: "
-                              f"each captured step reads its own prefetched buffer (batch_pool={self.pool})")
+        check_streamed_launch(steps, self.pool)
 
     def _stage(self, step: int):
         slot = step % self.pool
