@@ -1,0 +1,1 @@
+"""Tests of gpuengine.tools and the measurement modules it uses (memory, energy)."""
