@@ -1,0 +1,269 @@
+"""cuDNN frontend graphs in one place: built once per key, autotuned on first use, one shared workspace.
+
+Every graph goes through the frontend's fixed pipeline (NVIDIA cudnn-frontend,
+docs "Graph API" and samples/python): validate -> build_operation_graph ->
+create_execution_plans (heuristics A, then FALLBACK) -> check_support -> build
+each candidate plan. Building is the slow part (milliseconds to seconds, runtime
+compilation included), so graphs are cached by everything that shapes them
+(op, dims, strides, dtypes, window, fusions, precision) and built when a layer
+is built, never inside CUDA-graph capture. The first eager execution times
+every built plan on the live buffers and keeps the fastest: the equivalent of
+`torch.backends.cudnn.benchmark`. Graphs run on raw CuPy device pointers on the
+engine stream, so they record into a captured step like any kernel.
+
+Precision: fp32 deselects tensor-core (TF32) and down-converting engines, tf32
+deselects down-converting ones, bf16 runs bf16 I/O; all accumulate in fp32.
+Non-deterministic engines are deselected everywhere, so a replayed graph
+computes exactly what the eager step computed.
+
+All graphs of one engine stream run one after another, so they share one
+workspace; it only grows, and a replaced buffer stays alive because a captured
+step may still point at it.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_PLANS = 8        # candidate plans built and timed per graph: building dominates set-up time
+TIMING_REPEATS = 5
+
+
+class CudnnUnsupported(RuntimeError):
+    """cuDNN has no engine for this graph on this GPU (callers may fall back to a simpler graph)."""
+
+
+def _cudnn():
+    import cudnn
+    return cudnn
+
+
+def _data_type(dtype):
+    cudnn = _cudnn()
+    dtype = np.dtype(dtype)
+    if dtype == np.float32:
+        return cudnn.data_type.FLOAT
+    if dtype.name == "bfloat16":
+        return cudnn.data_type.BFLOAT16
+    raise TypeError(f"no cuDNN data type for {dtype}")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """cuDNN's view of a buffer: dims in N, C, H, W order, the buffer's own strides, and its dtype."""
+
+    dims: tuple
+    strides: tuple
+    dtype: str
+
+    @classmethod
+    def of(cls, a) -> "TensorSpec":
+        """An NHWC activation (N, H, W, C), KRSC filters (K, R, S, C), or a per-channel vector (C,)."""
+        if a.ndim == 1:
+            (c,) = a.shape
+            return cls((1, c, 1, 1), (c, 1, c, c), a.dtype.name)
+        if a.ndim != 4 or not a.flags.c_contiguous:
+            raise ValueError(f"cuDNN graphs take contiguous 4-D NHWC/KRSC buffers or channel vectors, got {a.shape}")
+        n, h, w, c = a.shape
+        return cls((n, c, h, w), (h * w * c, 1, w * c, c), a.dtype.name)
+
+    def make(self, graph, name: str):
+        return graph.tensor(name=name, dim=list(self.dims), stride=list(self.strides),
+                            data_type=_data_type(self.dtype))
+
+    def mark_output(self, tensor):
+        tensor.set_output(True).set_dim(list(self.dims)).set_stride(list(self.strides))
+        tensor.set_data_type(_data_type(self.dtype))
+
+
+def excluded_notes(precision: str) -> list:
+    notes = _cudnn().numerical_note
+    excluded = [notes.NONDETERMINISTIC]
+    if precision in ("fp32", "tf32"):
+        excluded.append(notes.DOWN_CONVERT_INPUTS)
+    if precision == "fp32":
+        excluded.append(notes.TENSOR_CORE)
+    return excluded
+
+
+class CudnnGraph:
+    """One built graph: the uid of each named tensor, its candidate plans, and the plan autotuning chose."""
+
+    def __init__(self, key: tuple, handle: int, io_dtype, precision: str, define):
+        cudnn = _cudnn()
+        self.key = key
+        graph = cudnn.pygraph(io_data_type=_data_type(io_dtype), intermediate_data_type=cudnn.data_type.FLOAT,
+                              compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+        tensors = define(graph)   # name -> cudnn tensor
+        try:
+            graph.validate()
+            graph.build_operation_graph()
+            graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            graph.deselect_numeric_notes(excluded_notes(precision))
+            graph.check_support()
+        except Exception as exc:   # the frontend raises several types for "no engine supports this"
+            raise CudnnUnsupported(f"cuDNN cannot run {key[0]} {key[1:]}: {exc}") from exc
+        self.plans = []
+        for index in range(graph.get_execution_plan_count()):
+            if len(self.plans) == MAX_PLANS:
+                break
+            try:
+                graph.build_plan_at_index(index)
+            except Exception:   # deselected, or this engine fails to build on this GPU: try the next one
+                continue
+            self.plans.append(index)
+        if not self.plans:
+            raise CudnnUnsupported(f"cuDNN built no plan for {key[0]} {key[1:]} under {precision}")
+        self.graph = graph
+        self.uids = {name: t.get_uid() for name, t in tensors.items()}
+        self.workspace_bytes = {i: int(graph.get_workspace_size_plan_at_index(i)) for i in self.plans}
+        self.plan: int | None = None   # chosen by the first eager execution
+        self.plan_times_ms: dict[int, float] = {}
+
+    def execute(self, pointers: dict, workspace_ptr: int, plan: int, handle: int):
+        self.graph.execute_plan_at_index(pointers, workspace_ptr, plan, handle=handle)
+
+
+_GRAPHS: dict[tuple, CudnnGraph] = {}   # building is slow: one graph per key, per process
+
+
+class CudnnRuntime:
+    """A cuDNN handle on one backend's stream, and the workspace the graphs on that stream share."""
+
+    def __init__(self, backend):
+        cudnn = _cudnn()
+        self.backend = backend
+        self.handle = cudnn.create_handle()
+        cudnn.set_stream(handle=self.handle, stream=backend.stream.ptr)
+        self.workspace = backend.xp.empty((256,), np.uint8)
+        self._retired = []   # earlier workspaces, kept alive for steps captured with them
+
+    def graph(self, key: tuple, io_dtype, precision: str, define) -> CudnnGraph:
+        key = (self.backend.xp.cuda.Device().id,) + key
+        if key not in _GRAPHS:
+            _GRAPHS[key] = CudnnGraph(key[1:], self.handle, io_dtype, precision, define)
+        return _GRAPHS[key]
+
+    def reserve(self, nbytes: int, allocator=None):
+        """Grow the shared workspace to at least `nbytes` (outside capture only)."""
+        if nbytes <= self.workspace.nbytes:
+            return
+        self._retired.append(self.workspace)
+        with self.backend.activate():
+            self.workspace = self.backend.xp.empty((nbytes,), np.uint8)
+        if allocator is not None:
+            allocator.book(nbytes, "workspace")
+
+    def execute(self, graph: CudnnGraph, pointers: dict):
+        if graph.plan is None:
+            if self.backend.stream.is_capturing():
+                # Timing is impossible inside capture; the heuristics' first choice is a sound default.
+                graph.plan = graph.plans[0]
+            else:
+                self.autotune(graph, pointers)
+        graph.execute(pointers, self.workspace.data.ptr, graph.plan, self.handle)
+
+    def autotune(self, graph: CudnnGraph, pointers: dict):
+        """Time every built plan on the live buffers (outputs are overwritten) and keep the fastest."""
+        xp, stream = self.backend.xp, self.backend.stream
+        start, stop = xp.cuda.Event(), xp.cuda.Event()
+        for plan in graph.plans:
+            self.reserve(graph.workspace_bytes[plan])
+            try:
+                graph.execute(pointers, self.workspace.data.ptr, plan, self.handle)   # warm-up, surfaces failures
+                start.record(stream)
+                for _ in range(TIMING_REPEATS):
+                    graph.execute(pointers, self.workspace.data.ptr, plan, self.handle)
+                stop.record(stream)
+                stop.synchronize()
+            except Exception:   # a plan that builds but fails to launch here is simply not a candidate
+                continue
+            graph.plan_times_ms[plan] = xp.cuda.get_elapsed_time(start, stop) / TIMING_REPEATS
+        if not graph.plan_times_ms:
+            raise CudnnUnsupported(f"no plan of {graph.key[0]} {graph.key[1:]} executed on this GPU")
+        graph.plan = min(graph.plan_times_ms, key=graph.plan_times_ms.get)
+
+
+_RUNTIMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def runtime_for(backend) -> CudnnRuntime:
+    if backend not in _RUNTIMES:
+        _RUNTIMES[backend] = CudnnRuntime(backend)
+    return _RUNTIMES[backend]
+
+
+class BoundGraph:
+    """A cached graph bound to fixed buffers: `run()` executes it, capturable, allocating nothing."""
+
+    def __init__(self, runtime: CudnnRuntime, graph: CudnnGraph, buffers: dict, allocator=None):
+        if buffers.keys() != graph.uids.keys():
+            raise ValueError(f"{graph.key[0]}: buffers {sorted(buffers)} given, the graph takes {sorted(graph.uids)}")
+        self.runtime, self.graph = runtime, graph
+        self.pointers = {graph.uids[name]: int(a.data.ptr) for name, a in buffers.items()}
+        self.buffers = buffers   # keeps the memory behind the pointers alive
+        runtime.reserve(max(graph.workspace_bytes.values()), allocator)
+
+    def run(self):
+        self.runtime.execute(self.graph, self.pointers)
+
+
+# -- the graphs of a convolution layer -------------------------------------------------
+
+
+def _conv_args(window) -> dict:
+    return dict(pre_padding=window.pre_padding, post_padding=window.post_padding, stride=list(window.stride),
+                dilation=[1, 1], compute_data_type=_cudnn().data_type.FLOAT)
+
+
+def _key(op: str, precision: str, window, **buffers) -> tuple:
+    return (op, precision, window) + tuple((name, TensorSpec.of(a)) for name, a in sorted(buffers.items()))
+
+
+def conv_forward(runtime, precision: str, window, x, w, y, bias=None, relu: bool = False, allocator=None):
+    """y = [relu](conv(x, w) [+ bias]) as one graph; CudnnUnsupported where cuDNN cannot fuse it."""
+    buffers = {"x": x, "w": w, "y": y} | ({"bias": bias} if bias is not None else {})
+
+    def define(g):
+        tensors = {name: TensorSpec.of(a).make(g, name) for name, a in buffers.items() if name != "y"}
+        out = g.conv_fprop(image=tensors["x"], weight=tensors["w"], **_conv_args(window))
+        if bias is not None:
+            out = g.bias(input=out, bias=tensors["bias"])
+        if relu:
+            out = g.relu(input=out)
+        TensorSpec.of(y).mark_output(out)
+        return tensors | {"y": out}
+
+    graph = runtime.graph(_key("conv_fprop", precision, window, **buffers) + (("relu", relu),), x.dtype, precision,
+                          define)
+    return BoundGraph(runtime, graph, buffers, allocator)
+
+
+def conv_data_grad(runtime, precision: str, window, dy, w, dx, allocator=None):
+    """dx = the input gradient of conv(x, w) given its output gradient dy."""
+    buffers = {"dy": dy, "w": w, "dx": dx}
+
+    def define(g):
+        tensors = {name: TensorSpec.of(buffers[name]).make(g, name) for name in ("dy", "w")}
+        out = g.conv_dgrad(loss=tensors["dy"], filter=tensors["w"], **_conv_args(window))
+        TensorSpec.of(dx).mark_output(out)
+        return tensors | {"dx": out}
+
+    graph = runtime.graph(_key("conv_dgrad", precision, window, **buffers), dy.dtype, precision, define)
+    return BoundGraph(runtime, graph, buffers, allocator)
+
+
+def conv_weight_grad(runtime, precision: str, window, x, dy, dw, allocator=None):
+    """dw (KRSC, the dtype of x and dy) = the filter gradient of conv(x, w) given dy."""
+    buffers = {"x": x, "dy": dy, "dw": dw}
+
+    def define(g):
+        tensors = {name: TensorSpec.of(buffers[name]).make(g, name) for name in ("x", "dy")}
+        out = g.conv_wgrad(image=tensors["x"], loss=tensors["dy"], **_conv_args(window))
+        TensorSpec.of(dw).mark_output(out)
+        return tensors | {"dw": out}
+
+    graph = runtime.graph(_key("conv_wgrad", precision, window, **buffers), x.dtype, precision, define)
+    return BoundGraph(runtime, graph, buffers, allocator)
