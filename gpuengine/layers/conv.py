@@ -1,0 +1,134 @@
+"""2-D convolution on NHWC activations: cuDNN frontend graphs on a GPU, im2col on NumPy.
+
+Weights are KRSC, (filters, kh, kw, in_channels): cuDNN's filter layout for NHWC
+data, so the graphs read the flat parameter buffer in place; torch's
+(out, in, kh, kw) is `w.transpose(0, 3, 1, 2)`. Glorot/Xavier uniform init with
+fan_in = kh kw in and fan_out = kh kw out (torch's xavier_uniform_, Keras'
+glorot_uniform), zero bias.
+
+Forward is one cuDNN graph: conv, + bias, + ReLU when the layer asks for the
+activation (seed note 001: conv + bias + ReLU fused into a single forward
+graph). Backward: ReLU's gradient from the saved output (one kernel), the bias
+gradient as a ColumnSum over the (N*H*W, C) gradient (deterministic; cuDNN
+9.19's reduction graph has no fp32 engine), the weight-gradient graph, and the
+data-gradient graph only where the layer below needs it. Under bf16 the weight
+gradient lands in a bf16 scratch that is widened into the fp32 master gradient:
+cuDNN has no bf16-in/fp32-out wgrad engine for every shape (none for one input
+channel, as in the MNIST CNN), and torch's autocast does the same.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import widen
+from ..cudnn_graphs import conv_data_grad, conv_forward, conv_weight_grad, runtime_for
+from ..params import ParamSpec
+from ..reductions import ColumnSum
+from .activations import activation_backward, activation_forward
+from .base import BuildContext, Layer
+from .geometry import add_windows, pad, resolve_window, windows
+
+ACTIVATIONS = (None, "relu")   # what a cuDNN forward graph fuses after the bias
+
+
+class Conv2D(Layer):
+    def __init__(self, filters: int, kernel_size=3, stride=1, padding="same", activation: str | None = None,
+                 use_bias: bool = True, name: str = ""):
+        if isinstance(filters, bool) or not isinstance(filters, (int, np.integer)) or filters < 1:
+            raise ValueError(f"Conv2D filters must be a whole number >= 1, got {filters!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"Conv2D activation {activation!r} is not fused; use one of {ACTIVATIONS}")
+        self.filters, self.kernel_size, self.stride, self.padding = int(filters), kernel_size, stride, padding
+        self.activation, self.use_bias, self.name = activation, use_bias, name
+        resolve_window("Conv2D", (1 << 20, 1 << 20), kernel_size, stride, padding)   # bad arguments fail here
+
+    def _window(self, input_shape):
+        if len(input_shape) != 3:
+            raise ValueError(f"{self.name}: Conv2D takes (height, width, channels) samples, got {input_shape}")
+        return resolve_window(self.name or "Conv2D", input_shape[:2], self.kernel_size, self.stride, self.padding)
+
+    def param_specs(self, input_shape):
+        window = self._window(input_shape)
+        kh, kw = window.kernel
+        channels = input_shape[2]
+        specs = [ParamSpec(f"{self.name}.weight", (self.filters, kh, kw, channels), "glorot",
+                           kh * kw * channels, kh * kw * self.filters)]
+        if self.use_bias:
+            specs.append(ParamSpec(f"{self.name}.bias", (self.filters,), "zeros"))
+        return specs
+
+    def output_shape(self, input_shape):
+        return self._window(input_shape).output_hw + (self.filters,)
+
+    def forward_flops(self, input_shape):
+        window = self._window(input_shape)
+        out_h, out_w = window.output_hw
+        return 2 * out_h * out_w * self.filters * window.kernel[0] * window.kernel[1] * input_shape[2]
+
+    def build_forward(self, ctx: BuildContext, x):
+        self.backend, self.policy = ctx.backend, ctx.policy
+        self.window = self._window(tuple(x.shape[1:]))
+        self.x = x
+        self.weight = ctx.params.compute_view(f"{self.name}.weight")
+        self.bias = ctx.params.compute_view(f"{self.name}.bias") if self.use_bias else None
+        self.out = ctx.allocator.zeros((x.shape[0],) + self.window.output_hw + (self.filters,),
+                                       ctx.policy.compute_dtype, "activations")
+        self._forward = None
+        if ctx.backend.is_gpu:
+            self._forward = conv_forward(runtime_for(ctx.backend), ctx.policy.name, self.window, x, self.weight,
+                                         self.out, self.bias, self.activation == "relu", ctx.allocator)
+        return self.out
+
+    def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
+        self.dy = dy
+        # The gradient at the convolution's output, before the fused activation.
+        self.dz = ctx.allocator.zeros(dy.shape, dy.dtype, "activations") if self.activation else dy
+        self.grad_w = ctx.params.grad_view(f"{self.name}.weight")
+        self._grad_b = None
+        if self.use_bias:
+            self._grad_b = ColumnSum(ctx.backend, ctx.allocator, self.dz.reshape(-1, self.filters),
+                                     ctx.params.grad_view(f"{self.name}.bias"))
+        self.dx = ctx.allocator.zeros(self.x.shape, self.x.dtype, "activations") if needs_input_grad else None
+        self._grad_w = self._grad_x = None
+        if ctx.backend.is_gpu:
+            runtime, precision = runtime_for(ctx.backend), ctx.policy.name
+            self.grad_w_compute = self.grad_w
+            if self.dz.dtype != self.grad_w.dtype:
+                self.grad_w_compute = ctx.allocator.zeros(self.grad_w.shape, self.dz.dtype, "workspace")
+            self._grad_w = conv_weight_grad(runtime, precision, self.window, self.x, self.dz, self.grad_w_compute,
+                                            ctx.allocator)
+            if self.dx is not None:
+                self._grad_x = conv_data_grad(runtime, precision, self.window, self.dz, self.weight, self.dx,
+                                              ctx.allocator)
+        return self.dx
+
+    def forward(self):
+        if self._forward is not None:
+            self._forward.run()
+            return
+        z = np.tensordot(windows(pad(widen(self.x), self.window), self.window), widen(self.weight),
+                         axes=([3, 4, 5], [1, 2, 3]))   # (N, Ho, Wo, K)
+        if self.bias is not None:
+            z += widen(self.bias)
+        if self.activation:
+            activation_forward(self.backend, self.activation, z, z)
+        self.out[...] = z.astype(self.out.dtype)
+
+    def backward(self):
+        if self.activation:
+            activation_backward(self.backend, self.activation, self.out, self.dy, self.dz)
+        if self._grad_b is not None:
+            self._grad_b.run()
+        if self.backend.is_gpu:
+            self._grad_w.run()
+            if self.grad_w_compute is not self.grad_w:
+                self.backend.xp.copyto(self.grad_w, self.grad_w_compute)
+            if self._grad_x is not None:
+                self._grad_x.run()
+            return
+        dz = widen(self.dz)
+        cols = windows(pad(widen(self.x), self.window), self.window)   # (N, Ho, Wo, kh, kw, C)
+        self.grad_w[...] = np.tensordot(dz, cols, axes=([0, 1, 2], [0, 1, 2]))
+        if self.dx is not None:
+            grad_cols = np.tensordot(dz, widen(self.weight), axes=([3], [0]))   # (N, Ho, Wo, kh, kw, C)
+            self.dx[...] = add_windows(grad_cols, self.window).astype(self.dx.dtype)

@@ -1,0 +1,104 @@
+"""Softmax + cross-entropy fused with its gradient: one pass writes dL/dz and the loss.
+
+For logits z (B, K) and target rows t (one-hot float32, or any rows summing to
+1): p = softmax(z), L = -(1/B) sum_b sum_k t_bk log p_bk, and the gradient
+collapses to dL/dz = (p - t) / B (seed note 002: neither engine materialises a
+softmax Jacobian). log p = z - max - log sum exp(z - max), so no exp overflows.
+One warp per row; each block books its rows' loss into a partial sum and a
+second one-warp kernel adds the partials in a fixed order into the device loss
+history (step_state.py), so the loss is the same every run.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import widen
+from ..kernels import ctype, get_kernel
+
+_SOURCE = r"""
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+extern "C" __global__ void softmax_xent(const ELEM_T* z, const float* t, ELEM_T* dz, float* partials, int rows,
+                                        int classes, float grad_scale) {
+    __shared__ float warp_losses[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float loss = 0.f;
+    for (long long row = (long long)blockIdx.x * warps + warp; row < rows; row += (long long)gridDim.x * warps) {
+        const long long base = row * classes;
+        float m = __int_as_float(0xff800000);   // -inf without math.h under NVRTC
+        for (int k = lane; k < classes; k += 32) m = fmaxf(m, load_f(z, base + k));
+        m = warp_max(m);
+        float s = 0.f;
+        for (int k = lane; k < classes; k += 32) s += expf(load_f(z, base + k) - m);
+        const float log_sum = logf(warp_sum(s));
+        float row_loss = 0.f;
+        for (int k = lane; k < classes; k += 32) {
+            const float log_p = load_f(z, base + k) - m - log_sum;
+            const float target = t[base + k];
+            store_f(dz, base + k, grad_scale * (expf(log_p) - target));
+            row_loss -= target * log_p;
+        }
+        loss += warp_sum(row_loss);
+    }
+    if (lane == 0) warp_losses[warp] = loss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.f;
+        for (int w = 0; w < warps; ++w) s += warp_losses[w];
+        partials[blockIdx.x] = s;
+    }
+}
+extern "C" __global__ void book_loss(const float* partials, int blocks, float loss_scale, const long long* step,
+                                     long long steps_per_epoch, float* history, long long capacity) {
+    float s = 0.f;
+    for (int b = threadIdx.x; b < blocks; b += 32) s += partials[b];
+    s = warp_sum(s);
+    if (threadIdx.x == 0) history[(step[0] / steps_per_epoch) % capacity] += s * loss_scale;
+}
+"""
+_THREADS = 256
+_MAX_BLOCKS = 1024
+
+
+class SoftmaxCrossEntropy:
+    """Mean cross-entropy of softmax(logits (B, K)) against float32 target rows (B, K)."""
+
+    name = "softmax_cross_entropy"
+
+    def build(self, ctx, z, target, state):
+        if z.ndim != 2 or z.shape != target.shape:
+            raise ValueError(f"softmax cross-entropy: logits {z.shape} and targets {target.shape} must both be "
+                             "(batch, classes)")
+        self.backend, self.z, self.target, self.state = ctx.backend, z, target, state
+        self.rows, self.classes = z.shape
+        self.dz = ctx.allocator.zeros(z.shape, z.dtype, "activations")
+        self._grad_scale = np.float32(1.0 / self.rows)
+        if self.backend.is_gpu:
+            self.blocks = min(-(-self.rows // (_THREADS // 32)), _MAX_BLOCKS)
+            self.partials = ctx.allocator.zeros((self.blocks,), np.float32, "workspace")
+            self._rows_kernel = get_kernel(_SOURCE, "softmax_xent", ELEM_T=ctype(z.dtype))
+            self._book = get_kernel(_SOURCE, "book_loss", ELEM_T=ctype(z.dtype))
+        return self.dz
+
+    def forward_backward(self):
+        if not self.backend.is_gpu:
+            self._forward_backward_numpy()
+            return
+        self._rows_kernel((self.blocks,), (_THREADS,), (self.z, self.target, self.dz, self.partials,
+                                                         np.int32(self.rows), np.int32(self.classes),
+                                                         self._grad_scale))
+        self._book((1,), (32,), (self.partials, np.int32(self.blocks), self._grad_scale) + self.state.kernel_args())
+
+    def _forward_backward_numpy(self):
+        z = widen(self.z)
+        shifted = z - z.max(axis=1, keepdims=True)
+        log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        self.dz[...] = (self._grad_scale * (np.exp(log_p) - self.target)).astype(self.dz.dtype)
+        loss = -float((self.target * log_p).sum()) * float(self._grad_scale)
+        self.state.add_loss_host(int(self.state.step[0]), loss)
