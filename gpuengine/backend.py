@@ -92,6 +92,22 @@ class Backend:
             out = self.xp.asarray(a, dtype=dtype)
         return out
 
+    def upload(self, dst, host: np.ndarray):
+        """Copy a host array into an existing buffer: no temporary device copy (it would stay in the pool)."""
+        host = np.ascontiguousarray(host, dtype=dst.dtype)
+        if tuple(host.shape) != tuple(dst.shape):
+            raise ValueError(f"upload of shape {host.shape} into a buffer of shape {tuple(dst.shape)}")
+        if self.is_gpu:
+            dst.set(host, stream=self.stream)
+        else:
+            dst[...] = host
+
+    def release_cached_memory(self):
+        """Return the pool's unused blocks (transient scratch) to the device, so the footprint is what is live."""
+        if self.is_gpu:
+            self.stream.synchronize()
+            self.xp.get_default_memory_pool().free_all_blocks()
+
     def set_memory_cap(self, cap_gib: float | None):
         """Limit the engine's memory pool, to reproduce a small card on a large one."""
         if self.is_gpu:

@@ -16,7 +16,7 @@ from .capture import GraphCapturedStep
 from .config import EngineConfig
 from .data.checks import DataError, check_features
 from .layers.base import BuildContext
-from .memory import Allocator
+from .memory import Allocator, merge_reports
 from .network import InferenceProgram, Sequential
 from .params import FlatParameters
 from .precision import policy_for
@@ -31,9 +31,10 @@ class Predictor:
         self.config = config or EngineConfig.from_env()
         self.backend = get_backend(self.config)
         self.policy = policy_for(self.config.precision)
+        self.allocator = Allocator(self.backend)   # books the weights it owns (none when given a trainer's)
         if params is None:
             with self.backend.activate():
-                params = FlatParameters(net.param_specs(), Allocator(self.backend), self.policy, seed, training=False)
+                params = FlatParameters(net.param_specs(), self.allocator, self.policy, seed, training=False)
         elif params.policy != self.policy:
             raise ValueError(f"parameters were built for precision {params.policy.name}, "
                              f"the predictor runs {self.policy.name}")
@@ -88,7 +89,14 @@ class ResidentPredictor:
         if tuple(x.shape) != tuple(self.input.shape):
             raise DataError(f"input batch has shape {tuple(x.shape)}, this workspace takes {tuple(self.input.shape)}")
         with self.backend.activate():
-            self.input[...] = self.backend.xp.asarray(x).astype(self.input.dtype, copy=False)
+            if isinstance(x, np.ndarray):
+                self.backend.upload(self.input, x)
+            else:
+                self.input[...] = x.astype(self.input.dtype, copy=False)
+
+    def memory_report(self) -> dict[str, int]:
+        """Device bytes by category of the predictor's own weights and this workspace, booked before any pass."""
+        return merge_reports(self.predictor.allocator.report(), self.allocator.report())
 
     def run(self):
         """Forward pass on the current input; the output stays on the device."""

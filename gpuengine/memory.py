@@ -40,3 +40,9 @@ class Allocator:
 
     def report(self) -> dict[str, int]:
         return {c: self.bytes_by_category.get(c, 0) for c in CATEGORIES} | {"total": self.total_bytes}
+
+
+def merge_reports(*reports: dict[str, int]) -> dict[str, int]:
+    """The sum of several allocators' reports (e.g. a predictor's weights and its workspace's buffers)."""
+    merged = {c: sum(r.get(c, 0) for r in reports) for c in CATEGORIES}
+    return merged | {"total": sum(merged.values())}
