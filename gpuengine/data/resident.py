@@ -4,7 +4,8 @@ Seed note 000: staging the data set once and gathering on the device removes
 the per-step host round trip. Here the gather also runs inside the captured
 graph (the note's "future work"), reading the device step counter, so a step
 needs no host work at all. Inputs are stored in the compute dtype (bf16 halves
-the bytes under bf16); targets stay float32.
+the bytes under bf16); targets stay float32. A data set of exactly one batch
+is its own batch buffer (full-batch training, and the max-batch protocol).
 """
 from __future__ import annotations
 
@@ -24,8 +25,13 @@ class ResidentDataset:
         self.x = allocator.zeros(x.shape, policy.compute_dtype, "batch")
         self.t = allocator.zeros(t.shape, np.float32, "batch")
         with backend.activate():
-            self.x[...] = backend.xp.asarray(x.astype(policy.compute_dtype, copy=False))
-            self.t[...] = backend.xp.asarray(t.astype(np.float32, copy=False))
+            backend.upload(self.x, x)
+            backend.upload(self.t, t)
+        if batch == self.samples:
+            # A step's loss and gradients are sums over its rows, so a shuffled gather of the whole
+            # data set would only reorder them: the data set itself is the batch, held once.
+            self.batch_x, self.batch_t, self._gather = self.x, self.t, None
+            return
         self.batch_x = allocator.zeros((batch,) + x.shape[1:], policy.compute_dtype, "batch")
         self.batch_t = allocator.zeros((batch,) + t.shape[1:], np.float32, "batch")
         self._gather = DeviceGather(backend, state, self.x, self.t, self.batch_x, self.batch_t,
@@ -45,7 +51,10 @@ class ResidentDataset:
         """Nothing to recycle."""
 
     def load_batch(self):
-        self._gather.run()
+        if self._gather is not None:
+            self._gather.run()
 
     def rows_of_step(self, step: int) -> np.ndarray:
+        if self._gather is None:
+            return np.arange(self.samples)
         return self._gather.host_rows(step)
