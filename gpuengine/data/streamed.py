@@ -6,7 +6,8 @@ gathered on the host into pinned memory and copied asynchronously into one of
 steps before it (seed note 000's prefetch pool; a pool of 1 minimises memory,
 3 hides latency). The step itself starts by copying its pool slot into the
 static batch buffers (the same gather kernel, in ring mode), so it can be
-captured; a launch of N captured steps therefore needs N staged slots.
+captured; a launch of N captured steps therefore needs N staged slots. With a
+pool of 1 the single slot is the batch buffer: one device copy of the batch.
 """
 from __future__ import annotations
 
@@ -35,10 +36,15 @@ class StreamedDataset:
         self.host_t = np.ascontiguousarray(t.astype(np.float32, copy=False))
         self.ring_x = allocator.zeros((pool * batch,) + x.shape[1:], policy.compute_dtype, "batch")
         self.ring_t = allocator.zeros((pool * batch,) + t.shape[1:], np.float32, "batch")
-        self.batch_x = allocator.zeros((batch,) + x.shape[1:], policy.compute_dtype, "batch")
-        self.batch_t = allocator.zeros((batch,) + t.shape[1:], np.float32, "batch")
-        self._gather = DeviceGather(backend, state, self.ring_x, self.ring_t, self.batch_x, self.batch_t,
-                                    shuffled=False, pool=pool)
+        if pool == 1:
+            # A slot is refilled only after the whole step that read it (after_launch), so a pool of
+            # one can be the step's batch buffer itself: one device copy of the batch, not two.
+            self.batch_x, self.batch_t, self._gather = self.ring_x, self.ring_t, None
+        else:
+            self.batch_x = allocator.zeros((batch,) + x.shape[1:], policy.compute_dtype, "batch")
+            self.batch_t = allocator.zeros((batch,) + t.shape[1:], np.float32, "batch")
+            self._gather = DeviceGather(backend, state, self.ring_x, self.ring_t, self.batch_x, self.batch_t,
+                                        shuffled=False, pool=pool)
         self._staged: dict[int, int] = {}     # slot -> the step staged in it
         if backend.is_gpu:
             import cupy
@@ -98,7 +104,8 @@ class StreamedDataset:
             self._stage(step)
 
     def load_batch(self):
-        self._gather.run()
+        if self._gather is not None:
+            self._gather.run()
 
     def rows_of_step(self, step: int) -> np.ndarray:
         return batch_rows(self.samples, self.seed, step, self.batch, self.steps_per_epoch)
