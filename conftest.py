@@ -15,6 +15,8 @@
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,6 +130,15 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_benchmark_update_machine_info(config, machine_info):
     target = config.stash[RUN_TARGET]
     machine_info.update(collect_machine_info(target.tier, target.config))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_commit_info(config, commit_info):
+    """A copy of the tree without .git (a lent GPU machine) names its commit through GPUENGINE_COMMIT_ID."""
+    commit = os.environ.get("GPUENGINE_COMMIT_ID", "").strip()
+    if commit and commit_info.get("id") in (None, "", "unknown"):
+        commit_info.update(id=commit, dirty=os.environ.get("GPUENGINE_COMMIT_DIRTY", "0") == "1",
+                           branch=os.environ.get("GPUENGINE_COMMIT_BRANCH", "main"), error=None)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -105,9 +105,13 @@ def kernels():
     net = build_mlp()
     x, t = mlp_data(8000 * 4)
     out = {}
-    for prec in ("tf32", "bf16"):
+    from gpuengine.network import TrainingProgram
+    tuned = TrainingProgram.autotune
+    for prec, autotune in (("tf32", True), ("tf32", False), ("bf16", True)):
+        TrainingProgram.autotune = tuned if autotune else (lambda self: None)
         tr = Trainer(net, x, t, 8000, EngineConfig(precision=prec, cuda_graph=0))
         tr.warm_up()
+        prec = f"{prec}-tuned{int(autotune)}"
         prog = tr.program
         pieces = {"gather": tr.data.load_batch, "dense1_fwd": prog.body[0].forward, "head": prog.loss.forward_backward,
                   "dense1_dW": prog.body[0].backward, "adam": tr.optimizer.step, "whole_step": tr.step}
