@@ -7,7 +7,8 @@ pass 1 (a warp per row) reads z and computes h = tanh(z), y = h.w2 + b2 and the
 loss gradient d = 2 (y - t) / B; pass 2 (a thread per column) reads z again
 and writes dz = d w2 (1 - h^2), summing dW2 = sum d h and the previous dense
 layer's bias gradient db1 = sum dz per chunk of rows. A third tiny kernel adds
-the chunks (no atomics: the same result every run) and books the loss.
+the chunks (no atomics: the same result every run) and books the loss. dz is
+written over z, which nothing needs afterwards: one (B, H) buffer, not two.
 Inference uses pass 1 alone. `network.py` decides when the pattern applies.
 """
 from __future__ import annotations
@@ -137,7 +138,9 @@ class TanhLinearMSEHead:
         self.grad_w2 = p.grad_view(f"{self.dense_name}.weight").reshape(hidden)
         self.grad_b2 = p.grad_view(f"{self.dense_name}.bias")
         self.grad_b1 = p.grad_view(f"{self.prev_dense_name}.bias")
-        self.dz = ctx.allocator.zeros(z.shape, z.dtype, "activations")
+        # dz overwrites z: pass 2 reads each element (tanh) before the same thread writes it, pass 1 has
+        # finished by then, and nothing after the head reads z (the output of the Dense before it).
+        self.dz = z
         self.rows, self.hidden = rows, hidden
         self._grad_scale = np.float32(2.0 / rows)
         self._loss_scale = np.float32(1.0 / rows)
