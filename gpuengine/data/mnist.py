@@ -66,7 +66,8 @@ def write_idx(path, array: np.ndarray):
     """Write a uint8 array as an IDX file (images (n, rows, cols) get magic 2051, labels (n,) 2049)."""
     array = np.asarray(array)
     if array.dtype != np.uint8 or array.ndim not in (1, 3):
-        raise ValueError(f"write_idx takes uint8 labels (n,) or images (n, rows, cols), got {array.dtype} {array.shape}")
+        raise ValueError(f"write_idx takes uint8 labels (n,) or images (n, rows, cols), "
+                         f"got {array.dtype} {array.shape}")
     header = struct.pack(f">I{array.ndim}I", 0x0800 | array.ndim, *array.shape)
     Path(path).write_bytes(header + array.tobytes())
 

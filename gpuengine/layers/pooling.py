@@ -19,8 +19,9 @@ from .base import BuildContext, Layer
 from .geometry import add_windows, pad, pair, resolve_window, windows
 
 _SOURCE = r"""
-extern "C" __global__ void maxpool_forward(const ELEM_T* x, ELEM_T* y, int* argmax, int n, int h, int w, int c,
-                                           int out_h, int out_w, int kh, int kw, int sh, int sw, int top, int left) {
+extern "C" __global__ void maxpool_forward(const ELEM_T* x, ELEM_T* y, int* argmax, int n, int h, int w,
+                                           int c, int out_h, int out_w, int kh, int kw, int sh, int sw, int top,
+                                           int left) {
     const long long total = (long long)n * out_h * out_w * c;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
         const int ch = i % c;
@@ -44,8 +45,9 @@ extern "C" __global__ void maxpool_forward(const ELEM_T* x, ELEM_T* y, int* argm
         argmax[i] = arg;
     }
 }
-extern "C" __global__ void maxpool_backward(const ELEM_T* dy, const int* argmax, ELEM_T* dx, int n, int h, int w, int c,
-                                            int out_h, int out_w, int kh, int kw, int sh, int sw, int top, int left) {
+extern "C" __global__ void maxpool_backward(const ELEM_T* dy, const int* argmax, ELEM_T* dx, int n, int h,
+                                            int w, int c, int out_h, int out_w, int kh, int kw, int sh, int sw,
+                                            int top, int left) {
     const long long total = (long long)n * h * w * c;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
         const int ch = i % c;
