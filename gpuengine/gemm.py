@@ -8,16 +8,32 @@ transposed view of `out`: the bias then runs along `out`'s columns, which is
 what a dense layer needs (DESIGN.md, "Facts measured"). nvmath's execute() is
 capture-safe, unlike CuPy's cuBLAS calls, and allocates nothing when in place.
 On the NumPy backend the same object computes with np.matmul in float32.
+
+Each plan's cuBLASLt workspace comes from CuPy's pool at the first execute;
+it is capped (nvmath would allow 80% of the device and size the workspace for
+the hungriest candidate algorithm) and booked with the allocator, so the
+engine's memory report covers it before anything runs.
 """
 from __future__ import annotations
 
 from .backend import widen
+from .gpu_memory import is_out_of_memory
+
+WORKSPACE_LIMIT = 32 << 20   # bytes per GEMM: PyTorch's default cuBLAS/cuBLASLt workspace on Hopper
+
+
+def workspace_bytes(mm) -> int:
+    """The workspace nvmath sized at plan() (a Workspace object since nvmath 1.0, an int before)."""
+    workspace = getattr(mm, "workspace", None)
+    if workspace is not None and hasattr(workspace, "size"):
+        return int(workspace.size)
+    return int(getattr(mm, "workspace_size", 0) or 0)
 
 
 class Gemm:
     """out = a @ b (+ bias broadcast over rows), planned once, run many times."""
 
-    def __init__(self, backend, policy, out, a, b, bias=None):
+    def __init__(self, backend, policy, out, a, b, bias=None, allocator=None):
         if a.ndim != 2 or b.ndim != 2 or out.ndim != 2:
             raise ValueError("Gemm takes 2-D operands")
         m, k = a.shape
@@ -30,11 +46,20 @@ class Gemm:
         self.out, self.a, self.b, self.bias = out, a, b, bias
         self.flops = 2 * m * n * k
         self._mm = self._plan(transposed=True) if backend.is_gpu else None
+        self._allocator, self._booked = allocator, 0
+        self._book_workspace()
+
+    def _book_workspace(self):
+        """Keep the allocator's "workspace" entry equal to the current plan's workspace."""
+        planned = 0 if self._mm is None else workspace_bytes(self._mm)
+        if self._allocator is not None:
+            self._allocator.book(planned - self._booked, "workspace")
+        self._booked = planned
 
     def _plan(self, transposed: bool):
         """Plan out^T = b^T a^T (needed for the bias epilogue) or, without bias, out = a b."""
         from nvmath.linalg.advanced import Matmul, MatmulEpilog
-        options = {"inplace": True, "compute_type": self.policy.gemm_compute_type()}
+        options = {"inplace": True, "compute_type": self.policy.gemm_compute_type(), "memory_limit": WORKSPACE_LIMIT}
         stream = self.backend.stream
         if transposed:
             mm = Matmul(self.b.T, self.a.T, c=self.out.T, beta=0.0, options=options, stream=stream)
@@ -45,32 +70,6 @@ class Gemm:
         else:
             mm.plan(preferences={"limit": 16}, stream=stream)
         return mm
-
-    def _device_ms(self, mm, repeats: int = 10) -> float:
-        xp, stream = self.backend.xp, self.backend.stream
-        start, stop = xp.cuda.Event(), xp.cuda.Event()
-        mm.execute(stream=stream)
-        start.record(stream)
-        for _ in range(repeats):
-            mm.execute(stream=stream)
-        stop.record(stream)
-        stop.synchronize()
-        return xp.cuda.get_elapsed_time(start, stop) / repeats
-
-    def autotune(self):
-        """Time each candidate algorithm (and operand orientation) on the live buffers; keep the fastest."""
-        if self._mm is None:
-            return
-        stream = self.backend.stream
-        candidates = [self._mm] + ([] if self.bias is not None else [self._plan(transposed=False)])
-        for mm in candidates:
-            mm.autotune(iterations=5, stream=stream)
-        times = [self._device_ms(mm) for mm in candidates]
-        best = candidates[times.index(min(times))]
-        for mm in candidates:
-            if mm is not best:
-                mm.free()
-        self._mm = best
 
     def run(self):
         if self._mm is not None:

@@ -20,6 +20,28 @@ from . import nvml as nvml_lib
 
 NVML_PROCESS = "nvml_process"        # NVML's per-process used memory
 NVML_FREE_DROP = "nvml_free_drop"    # device free memory before the context minus now
+# Library error texts that mean the device ran out of memory (CUDA, cuBLAS/cuBLASLt, cuDNN, nvmath, cuda.core).
+OOM_MARKERS = ("out of memory", "alloc_failed", "cuda_error_out_of_memory", "cudaerrormemoryallocation")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CuPy's or torch's OutOfMemoryError, or a library error saying the device ran out, anywhere in the chain.
+
+    Frameworks wrap allocation failures (torch.compile, nvmath), so causes and contexts are searched too;
+    a host MemoryError is not a device OOM.
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, MemoryError):
+            return False
+        package = (type(exc).__module__ or "").split(".")[0]
+        if type(exc).__name__ == "OutOfMemoryError" and package in ("cupy", "cupy_backends", "torch"):
+            return True
+        if any(marker in str(exc).lower() for marker in OOM_MARKERS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 class DeviceMemoryProbe(Protocol):

@@ -43,24 +43,26 @@ class Dense(Layer):
         self.weight = ctx.params.compute_view(f"{self.name}.weight")
         bias = ctx.params.compute_view(f"{self.name}.bias")
         self.out = ctx.allocator.zeros((ctx.batch, self.units), ctx.policy.compute_dtype, "activations")
-        self._forward = Gemm(ctx.backend, ctx.policy, self.out, x, self.weight.T, bias)
+        self._forward = Gemm(ctx.backend, ctx.policy, self.out, x, self.weight.T, bias, ctx.allocator)
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         grad_w = ctx.params.grad_view(f"{self.name}.weight")
-        self._grad_w = Gemm(ctx.backend, ctx.policy, grad_w, dy.T, self.x)
+        self._grad_w = Gemm(ctx.backend, ctx.policy, grad_w, dy.T, self.x, allocator=ctx.allocator)
         self._grad_b = None
         if not self.bias_grad_fused:
             self._grad_b = ColumnSum(ctx.backend, ctx.allocator, dy, ctx.params.grad_view(f"{self.name}.bias"))
         self._grad_x = None
         if needs_input_grad:
             dx = ctx.allocator.zeros(self.x.shape, ctx.policy.compute_dtype, "activations")
-            self._grad_x = Gemm(ctx.backend, ctx.policy, dx, dy, self.weight)
+            self._grad_x = Gemm(ctx.backend, ctx.policy, dx, dy, self.weight, allocator=ctx.allocator)
             return dx
         return None
 
     def autotune(self):
-        for gemm in (self._forward, self._grad_w, self._grad_x):
+        # Gradients first: they re-read this step's dy, which may live in the forward output's buffer
+        # (the fused head writes dz over z); the forward GEMM then rewrites that buffer.
+        for gemm in (self._grad_w, self._grad_x, self._forward):
             if gemm is not None:
                 gemm.autotune()
 
