@@ -134,11 +134,11 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_commit_info(config, commit_info):
-    """A copy of the tree without .git (a lent GPU machine) names its commit through GPUENGINE_COMMIT_ID."""
-    commit = os.environ.get("GPUENGINE_COMMIT_ID", "").strip()
+    """A copy of the tree without .git (a lent GPU machine) names its commit through GATE_COMMIT_ID."""
+    commit = os.environ.get("GATE_COMMIT_ID", "").strip()
     if commit and commit_info.get("id") in (None, "", "unknown"):
-        commit_info.update(id=commit, dirty=os.environ.get("GPUENGINE_COMMIT_DIRTY", "0") == "1",
-                           branch=os.environ.get("GPUENGINE_COMMIT_BRANCH", "main"), error=None)
+        commit_info.update(id=commit, dirty=os.environ.get("GATE_COMMIT_DIRTY", "0") == "1",
+                           branch=os.environ.get("GATE_COMMIT_BRANCH", "main"), error=None)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -91,22 +91,28 @@ extern "C" __global__ void head_columns(const ELEM_T* z, ELEM_T* dz, const float
     partials[(long long)chunk * width + hidden + c] = sum_dw;
 }
 
-// Pass 3: add the chunks; book db1, dW2, db2 and the batch loss.
+// Pass 3: add the chunks (8 row lanes per column, then shared memory); book db1,
+// dW2, db2 and the batch loss. One thread per column alone leaves the GPU idle.
 extern "C" __global__ void head_reduce(const float* partials, int chunks, int hidden, float* db1, float* dw2,
                                        float* db2, float loss_scale, const long long* step,
                                        long long steps_per_epoch, float* history, long long capacity) {
+    __shared__ float lanes[8][33];
     const int width = 2 * hidden + 2;
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= width) return;
+    const int c = blockIdx.x * 32 + threadIdx.x;   // blockDim = (32, 8)
     float s = 0.f;
-    for (int b = 0; b < chunks; ++b) s += partials[(long long)b * width + c];
+    if (c < width)
+        for (int b = threadIdx.y; b < chunks; b += 8) s += partials[(long long)b * width + c];
+    lanes[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y != 0 || c >= width) return;
+    for (int y = 1; y < 8; ++y) s += lanes[y][threadIdx.x];
     if (c < hidden) db1[c] = s;
     else if (c < 2 * hidden) dw2[c - hidden] = s;
     else if (c == 2 * hidden) db2[0] = s;
     else history[(step[0] / steps_per_epoch) % capacity] += s * loss_scale;
 }
 """
-ROWS_PER_CHUNK = 32   # rows per block: enough blocks to fill the GPU, few partial sums
+ROWS_PER_CHUNK = 64   # rows per block: enough blocks to fill the GPU, few partial sums
 _ROW_THREADS = 256
 _COLUMN_THREADS = 128
 MAX_HIDDEN = 8 * 1024   # w2 is staged in shared memory (32 KB of the 48 KB default)
@@ -165,7 +171,7 @@ class TanhLinearMSEHead:
         self._columns((-(-self.hidden // _COLUMN_THREADS), self.chunks), (_COLUMN_THREADS,),
                       (self.z, self.dz, self.d, self.w2, self.partials, rows, hidden, np.int32(ROWS_PER_CHUNK)))
         width = 2 * self.hidden + 2
-        self._reduce((-(-width // 256),), (256,),
+        self._reduce((-(-width // 32),), (32, 8),
                      (self.partials, chunks, hidden, self.grad_b1, self.grad_w2, self.grad_b2,
                       self._loss_scale) + self.state.kernel_args())
 
