@@ -17,7 +17,6 @@ engine's memory report covers it before anything runs.
 from __future__ import annotations
 
 from .backend import widen
-from .gpu_memory import is_out_of_memory
 
 WORKSPACE_LIMIT = 32 << 20   # bytes per GEMM: PyTorch's default cuBLAS/cuBLASLt workspace on Hopper
 
@@ -45,7 +44,7 @@ class Gemm:
         self.backend, self.policy = backend, policy
         self.out, self.a, self.b, self.bias = out, a, b, bias
         self.flops = 2 * m * n * k
-        self._mm = self._plan(transposed=True) if backend.is_gpu else None
+        self._mm = self._plan() if backend.is_gpu else None
         self._allocator, self._booked = allocator, 0
         self._book_workspace()
 
@@ -56,19 +55,15 @@ class Gemm:
             self._allocator.book(planned - self._booked, "workspace")
         self._booked = planned
 
-    def _plan(self, transposed: bool):
-        """Plan out^T = b^T a^T (needed for the bias epilogue) or, without bias, out = a b."""
+    def _plan(self):
         from nvmath.linalg.advanced import Matmul, MatmulEpilog
         options = {"inplace": True, "compute_type": self.policy.gemm_compute_type(), "memory_limit": WORKSPACE_LIMIT}
         stream = self.backend.stream
-        if transposed:
-            mm = Matmul(self.b.T, self.a.T, c=self.out.T, beta=0.0, options=options, stream=stream)
-        else:
-            mm = Matmul(self.a, self.b, c=self.out, beta=0.0, options=options, stream=stream)
+        mm = Matmul(self.b.T, self.a.T, c=self.out.T, beta=0.0, options=options, stream=stream)
         if self.bias is not None:
             mm.plan(epilog=MatmulEpilog.BIAS, epilog_inputs={"bias": self.bias}, stream=stream)
         else:
-            mm.plan(preferences={"limit": 16}, stream=stream)
+            mm.plan(stream=stream)
         return mm
 
     def run(self):

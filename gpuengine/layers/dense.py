@@ -59,13 +59,6 @@ class Dense(Layer):
             return dx
         return None
 
-    def autotune(self):
-        # Gradients first: they re-read this step's dy, which may live in the forward output's buffer
-        # (the fused head writes dz over z); the forward GEMM then rewrites that buffer.
-        for gemm in (self._grad_w, self._grad_x, self._forward):
-            if gemm is not None:
-                gemm.autotune()
-
     def forward(self):
         self._forward.run()
 
