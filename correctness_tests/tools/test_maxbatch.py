@@ -1,0 +1,261 @@
+"""The max-batch search on the CPU: search logic on fake trials, real trial processes, OOM vs error, the table.
+
+No device is needed: the search is tested against fake trial functions with a
+known threshold, the subprocess plumbing against small scripts that fit, run
+out of memory, crash or hang, and the real trial module on the NumPy backend
+(where nothing is capped, so every batch fits).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from gpuengine.__main__ import main as cli_main
+from gpuengine.gpu_memory import is_out_of_memory
+from gpuengine.tools import trial as trial_module
+from gpuengine.tools.maxbatch import (MaxBatchRow, SearchResult, Status, SubprocessTrial, TrialResult,
+                                      compare_max_batches, find_max_batch, format_table, last_json_record)
+from gpuengine.tools.trial import TrialSpec, parse_args
+
+BYTES_PER_SAMPLE, FIXED_BYTES = 8_000, 500_000_000
+
+
+class ThresholdTrial:
+    """Fits up to `largest`; records the batches tried; peak = fixed + per-sample bytes."""
+
+    def __init__(self, largest: int, error_at: int | None = None):
+        self.largest, self.error_at, self.tried = largest, error_at, []
+
+    def __call__(self, batch: int) -> TrialResult:
+        self.tried.append(batch)
+        if self.error_at is not None and batch >= self.error_at:
+            return TrialResult(batch, Status.ERROR, error="NVRTC compilation failed")
+        if batch > self.largest:
+            return TrialResult(batch, Status.OOM, error="cupy OutOfMemoryError")
+        return TrialResult(batch, Status.FITS, FIXED_BYTES + BYTES_PER_SAMPLE * batch, "fake")
+
+
+# -- the search ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("largest", [1, 1023, 1024, 399_507, 482_344, 524_288, 10_000_019])
+def test_search_finds_the_largest_fit_within_a_tenth_of_a_percent(largest):
+    fake = ThresholdTrial(largest)
+    result = find_max_batch(fake, start=1024, precision=1e-3)
+    assert result.error is None
+    assert result.max_batch <= largest < result.first_failure
+    assert result.first_failure - result.max_batch <= max(1, 1e-3 * result.max_batch)
+    assert result.max_batch >= largest * (1 - 1e-3)
+    assert len(fake.tried) < 45
+
+
+def test_search_doubles_from_start_then_bisects():
+    fake = ThresholdTrial(5000)
+    find_max_batch(fake, start=1000)
+    assert fake.tried[:4] == [1000, 2000, 4000, 8000]
+    assert fake.tried[4] == 6000                       # the middle of the last fit and the first failure
+    assert all(4000 < b < 8000 for b in fake.tried[4:])
+
+
+def test_nothing_fits_is_an_answer_not_an_error():
+    result = find_max_batch(ThresholdTrial(0), start=64)
+    assert result.max_batch == 0 and result.first_failure == 1 and result.error is None and not result.ok
+
+
+def test_an_error_ends_the_search_and_is_reported_not_raised():
+    fake = ThresholdTrial(100_000, error_at=70_000)
+    result = find_max_batch(fake, start=1024)
+    assert result.error is not None and result.error.status is Status.ERROR
+    assert "NVRTC" in result.error.error
+    assert result.max_batch == 65_536 and not result.ok
+    assert fake.tried[-1] == 131_072                   # no trial after the error
+
+
+def test_the_search_stops_at_its_limit():
+    result = find_max_batch(ThresholdTrial(10 ** 9), start=100, limit=1000)
+    assert result.max_batch == 1000 and result.first_failure is None
+
+
+def test_bytes_per_sample_is_the_marginal_slope():
+    result = find_max_batch(ThresholdTrial(300_000), start=1024)
+    assert result.bytes_per_sample() == pytest.approx(BYTES_PER_SAMPLE)
+
+
+def test_search_rejects_nonsense_settings():
+    with pytest.raises(ValueError):
+        find_max_batch(ThresholdTrial(10), start=0)
+    with pytest.raises(ValueError):
+        find_max_batch(ThresholdTrial(10), precision=1.5)
+
+
+# -- trial processes -------------------------------------------------------------------
+
+def script_trial(code: str, timeout_s: float = 60) -> SubprocessTrial:
+    return SubprocessTrial(TrialSpec(), timeout_s, command=lambda batch: [sys.executable, "-c", code, str(batch)])
+
+
+def test_a_trial_reads_the_last_json_line_after_library_noise():
+    code = ("import json, sys; print('{not json'); print('warming up'); "
+            "print(json.dumps({'status': 'fits', 'peak_bytes': 123, 'measured_by': 'nvml_process', "
+            "'error': None, 'plan': {'total': 100}}))")
+    result = script_trial(code)(64)
+    assert (result.status, result.peak_bytes, result.measured_by) == (Status.FITS, 123, "nvml_process")
+    assert result.details["plan"] == {"total": 100} and result.seconds > 0
+
+
+def test_an_oom_record_is_oom():
+    code = "import json; print(json.dumps({'status': 'oom', 'error': 'OutOfMemoryError: 2 GiB'}))"
+    result = script_trial(code)(64)
+    assert result.status is Status.OOM and "2 GiB" in result.error
+
+
+def test_a_crashed_trial_process_is_an_error_with_its_stderr():
+    code = "import sys; print('CUDA error: an illegal memory access', file=sys.stderr); sys.exit(3)"
+    result = script_trial(code)(64)
+    assert result.status is Status.ERROR
+    assert "exited with status 3" in result.error and "illegal memory access" in result.error
+
+
+def test_a_trial_killed_by_a_signal_is_an_error_naming_it():
+    result = script_trial("import os; os.abort()")(64)
+    assert result.status is Status.ERROR and "SIGABRT" in result.error
+
+
+def test_a_hung_trial_times_out_as_an_error():
+    result = script_trial("import time; time.sleep(30)", timeout_s=0.5)(64)
+    assert result.status is Status.ERROR and "timed out" in result.error
+
+
+def test_an_unreadable_status_is_an_error():
+    result = TrialResult.from_record(8, {"status": "maybe"})
+    assert result.status is Status.ERROR and "unreadable" in result.error
+
+
+def test_last_json_record_ignores_everything_else():
+    assert last_json_record("a\n[1, 2]\n{\"status\": \"fits\"}\nbye\n") == {"status": "fits"}
+    assert last_json_record("no json here") is None
+
+
+# -- the real trial module on the NumPy backend ----------------------------------------
+
+@pytest.mark.parametrize("mode", ["train", "infer"])
+def test_real_engine_trial_process_fits_and_reports_its_plan(mode):
+    spec = TrialSpec(mode=mode, shape="smoke", device="cpu", data="resident")
+    result = SubprocessTrial(spec, timeout_s=120)(96)
+    assert result.status is Status.FITS, result.error
+    plan = result.details["plan"]
+    assert plan["total"] == sum(v for k, v in plan.items() if k != "total") > 0
+    per_sample = 32 + 1 if mode == "train" else 32     # inputs (and targets), held once
+    assert plan["batch"] == 96 * per_sample * 4
+
+
+def test_real_torch_trial_process_fits():
+    pytest.importorskip("torch", reason="PyTorch is not installed: no reference trial")
+    result = SubprocessTrial(TrialSpec(engine="torch_eager", shape="smoke", device="cpu"), timeout_s=120)(64)
+    assert result.status is Status.FITS, result.error
+
+
+def test_a_failing_trial_prints_a_classified_line(monkeypatch):
+    def unknown_failure(spec, batch):
+        raise RuntimeError("cudnn frontend: graph is not supported")
+    monkeypatch.setattr(trial_module, "run_trial", unknown_failure)
+    record = trial_module.main(["--batch", "8"])
+    assert record["status"] == "error" and "not supported" in record["error"] and record["batch"] == 8
+    assert json.loads(json.dumps(record)) == record
+
+
+def test_an_out_of_memory_failure_prints_oom(monkeypatch):
+    class OutOfMemoryError(Exception):
+        pass
+    OutOfMemoryError.__module__ = "cupy.cuda.memory"
+
+    def oom(spec, batch):
+        raise OutOfMemoryError("Out of memory allocating 2,147,483,648 bytes")
+    monkeypatch.setattr(trial_module, "run_trial", oom)
+    assert trial_module.main(["--batch", "8"])["status"] == "oom"
+
+
+def test_an_unknown_workload_is_an_error_not_a_crash():
+    record = trial_module.main(["--workload", "nope", "--device", "cpu", "--batch", "4"])
+    assert record["status"] == "error" and "unknown workload" in record["error"]
+
+
+def test_trial_spec_round_trips_through_its_command_line():
+    spec = TrialSpec("mlp", "infer", "torch_graph", "bf16", None, 1, "streamed", "smoke", "cpu")
+    assert parse_args(spec.to_argv(777)) == (spec, 777)
+
+
+# -- what counts as out of memory ------------------------------------------------------
+
+def fake_exception(module: str, name: str, message: str = ""):
+    cls = type(name, (Exception,), {})
+    cls.__module__ = module
+    return cls(message)
+
+
+@pytest.mark.parametrize("exc,expected", [
+    (fake_exception("cupy.cuda.memory", "OutOfMemoryError", "Out of memory allocating 512 bytes"), True),
+    (fake_exception("torch", "OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+    (RuntimeError("cuBLAS error: CUBLAS_STATUS_ALLOC_FAILED"), True),
+    (fake_exception("cuda.core", "CUDAError", "CUDA_ERROR_OUT_OF_MEMORY: out of memory"), True),
+    (MemoryError("Unable to allocate 2.79 GiB for an array"), False),     # host RAM, not the device
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
+    (ValueError("batch size must be >= 1"), False),
+])
+def test_what_counts_as_a_device_oom(exc, expected):
+    assert is_out_of_memory(exc) is expected
+
+
+def test_a_wrapped_oom_is_still_an_oom():
+    try:
+        try:
+            raise fake_exception("torch", "OutOfMemoryError", "CUDA out of memory")
+        except Exception as inner:
+            raise RuntimeError("BackendCompilerFailed: inductor raised") from inner
+    except RuntimeError as outer:
+        assert is_out_of_memory(outer)
+
+
+# -- comparisons and the table ---------------------------------------------------------
+
+def searched(largest: int, error: str | None = None) -> SearchResult:
+    if error is not None:
+        return SearchResult(0, None, [], TrialResult(1024, Status.ERROR, error=error))
+    return find_max_batch(ThresholdTrial(largest), start=1024)
+
+
+def test_engine_variants_and_references_pair_into_rows():
+    asked = []
+
+    def searcher(spec, **options):
+        asked.append((spec.mode, spec.label))
+        return searched(400_000 if spec.engine == "torch_eager" else 800_000)
+
+    rows = compare_max_batches(TrialSpec(), ["gpuengine", "torch_eager"], batch_pools=(1, 3), searcher=searcher)
+    train = [r for r in rows if r.mode == "train"]
+    assert [r.engine for r in train] == ["gpuengine[resident]", "gpuengine[streamed,pool=1]",
+                                         "gpuengine[streamed,pool=3]"]
+    assert [r.engine for r in rows if r.mode == "infer"] == ["gpuengine"]
+    assert all(r.ratio == pytest.approx(2.0, rel=2e-3) for r in rows)
+    assert len(asked) == len(set(asked)) == 6          # each search once, however many rows use it
+
+
+def test_table_lists_ratios_bytes_per_sample_and_errors():
+    rows = [MaxBatchRow("mlp", "train", "tf32", "gpuengine[resident]", searched(500_000), "torch_eager",
+                        searched(250_000)),
+            MaxBatchRow("mlp", "train", "tf32", "gpuengine[resident]", searched(500_000), "torch_compile",
+                        searched(0, error="InductorError: no C++ compiler"))]
+    text = format_table(rows, 6.0)
+    assert "6 GiB cap" in text
+    line = next(line for line in text.splitlines() if "torch_eager" in line)
+    assert "2.00x" in line and "8,000" in line and "mlp" in line and "train" in line and "tf32" in line
+    assert "! train torch_compile: batch 1024: error" in text and "no C++ compiler" in text
+
+
+def test_command_line_prints_the_table(capsys):
+    code = cli_main(["maxbatch", "mlp", "--shape", "smoke", "--device", "cpu", "--engines", "gpuengine",
+                     "--modes", "infer", "--start", "32", "--limit", "64", "--quiet", "--cap-gib", "full"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "whole device" in out and "gpuengine" in out and ">=64" in out

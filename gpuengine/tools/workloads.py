@@ -1,0 +1,113 @@
+"""What a max-batch trial runs, per workload: one training step or one inference pass, engine or torch.
+
+A training trial builds a trainer on a data set of exactly `batch` samples and
+runs its warm-up, which is one eager step (forward, backward, Adam) with
+cuda_graph=0; a torch training trial prepares its runner (warm-up steps,
+compile or capture) and runs one round, one step on that data set. An
+inference trial runs one forward pass of the engine's resident predictor, or
+prepares a torch inference runner and runs one round of one pass. Data are
+random in the workload's shapes: memory does not depend on the values, and
+the real generators would cost more host time and RAM than the trial itself.
+A workload is registered by name with its network, shapes and torch runners;
+later workloads add an entry, the trial logic stays the same.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..backend import GIB
+from ..config import EngineConfig
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    shapes: dict                                   # shape name -> the workload's shape object
+    build_net: Callable                            # shape -> Sequential
+    make_data: Callable                            # (batch, shape, rng) -> (x, t) host arrays
+    torch_train: Callable                          # (mode, x, t, batch, precision, device, shape) -> runner
+    torch_infer: Callable                          # (mode, x, precision, device, shape) -> runner
+    lr: float = 1e-3
+
+    def shape(self, name: str):
+        if name not in self.shapes:
+            raise ValueError(f"workload {self.name!r} has no shape {name!r}; use one of {', '.join(self.shapes)}")
+        return self.shapes[name]
+
+    def run_trial(self, spec, batch: int, pool_limit_bytes: int | None) -> dict:
+        """Build and run one step or pass as `spec` says; returns details for the trial's record."""
+        shape = self.shape(spec.shape)
+        x, t = self.make_data(batch, shape, np.random.default_rng(batch))
+        if spec.engine == "gpuengine":
+            config = EngineConfig(precision=spec.precision, cuda_graph=0, resident_data=spec.data == "resident",
+                                  batch_pool=spec.batch_pool, device=spec.device,
+                                  vram_cap_gib=None if pool_limit_bytes is None else pool_limit_bytes / GIB)
+            run = engine_train if spec.mode == "train" else engine_infer
+            return run(self.build_net(shape), x, t, batch, config, self.lr)
+        if spec.mode == "train":
+            runner = self.torch_train(spec.engine, x, t, batch, spec.precision, spec.device, shape)
+        else:
+            runner = self.torch_infer(spec.engine, x, spec.precision, spec.device, shape)
+        del x, t   # the runner holds its device copies; the host arrays may go
+        runner.prepare()
+        runner.run_round()
+        runner.synchronize()
+        return {}
+
+
+def engine_train(net, x, t, batch, config, lr) -> dict:
+    from ..trainer import Trainer
+    trainer = Trainer(net, x, t, batch, config, lr=lr)
+    plan = trainer.memory_report()   # booked at construction: before the step runs
+    trainer.warm_up()
+    trainer.synchronize()
+    return {"plan": plan}
+
+
+def engine_infer(net, x, t, batch, config, lr) -> dict:
+    from ..inference import Predictor, ResidentPredictor
+    workspace = ResidentPredictor(Predictor(net, config), batch, capture=False)
+    plan = workspace.memory_report()
+    workspace.load(x)
+    workspace.run()
+    workspace.synchronize()
+    return {"plan": plan}
+
+
+# -- the dense Rosenbrock MLP (seed note 000) ---------------------------------------------
+
+def _mlp_data(batch: int, shape, rng: np.random.Generator):
+    x = rng.random((batch, shape.inputs), dtype=np.float32)   # float32 straight away: no float64 temporary
+    x *= 2
+    x -= 1
+    return x, rng.standard_normal((batch, shape.outputs), dtype=np.float32)
+
+
+def _mlp_torch_train(mode, x, t, batch, precision, device, shape):
+    from ..reference.torch_mlp import mlp_train_runner
+    from ..workloads.mlp import LEARNING_RATE
+    return mlp_train_runner(mode, x, t, batch, precision, lr=LEARNING_RATE, device=device, hidden=shape.hidden)
+
+
+def _mlp_torch_infer(mode, x, precision, device, shape):
+    from ..reference.torch_mlp import mlp_infer_runner
+    return mlp_infer_runner(mode, [x], precision, device=device, batches_per_round=1, hidden=shape.hidden,
+                            outputs=shape.outputs)
+
+
+def _mlp() -> Workload:
+    from ..workloads import mlp
+    return Workload("mlp", {"seed": mlp.SEED_SHAPE, "smoke": mlp.SMOKE_SHAPE}, mlp.build_mlp, _mlp_data,
+                    _mlp_torch_train, _mlp_torch_infer, mlp.LEARNING_RATE)
+
+
+WORKLOADS: dict[str, Callable[[], Workload]] = {"mlp": _mlp}
+
+
+def get_workload(name: str) -> Workload:
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; max-batch trials know {', '.join(sorted(WORKLOADS))}")
+    return WORKLOADS[name]()
