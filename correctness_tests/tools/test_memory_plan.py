@@ -1,0 +1,155 @@
+"""The engine's memory report: categories that add up, buffers that are really there, and the footprint cuts.
+
+`Trainer.memory_report()` and `ResidentPredictor.memory_report()` are booked
+at construction, before any step runs. On the CPU, NumPy reports its
+allocations to tracemalloc, so the bytes a construction really allocated are
+measured and compared with the report. On a GPU, the CuPy pool after a step
+is compared with it (within 5%, the issue's bound).
+"""
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from gpuengine.backend import gpu_visible
+from gpuengine.config import EngineConfig
+from gpuengine.inference import Predictor, ResidentPredictor
+from gpuengine.memory import CATEGORIES
+from gpuengine.trainer import Trainer
+from gpuengine.workloads.mlp import SEED_SHAPE, SMOKE_SHAPE, build_mlp, mlp_data
+
+from ..layer_harness import run_network
+
+SHAPE = SMOKE_SHAPE   # 32 -> 48 tanh -> 1
+F32 = 4
+
+
+def cpu_config(**changes) -> EngineConfig:
+    return EngineConfig(device="cpu", precision="fp32", cuda_graph=0).replace(**changes)
+
+
+def allocated_while(build):
+    """(object, bytes NumPy allocated and still holds) for build()."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        built = build()
+        return built, tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_report_has_every_category_and_they_add_up():
+    x, t = mlp_data(512, SHAPE)
+    report = Trainer(build_mlp(SHAPE), x, t, 128, cpu_config()).memory_report()
+    assert set(report) == set(CATEGORIES) | {"total"}
+    assert report["total"] == sum(report[c] for c in CATEGORIES)
+    params = SHAPE.inputs * SHAPE.hidden + 2 * SHAPE.hidden + 1
+    assert report["parameters"] == report["gradients"] == params * F32
+    assert report["optimizer"] == 2 * params * F32
+
+
+@pytest.mark.parametrize("resident,pool,batch", [(True, 3, 8192), (True, 3, 1024), (False, 1, 2048),
+                                                 (False, 3, 2048)])
+def test_training_report_matches_what_construction_allocated(resident, pool, batch):
+    x, t = mlp_data(8192, SHAPE)
+    config = cpu_config(resident_data=resident, batch_pool=pool)
+    trainer, allocated = allocated_while(lambda: Trainer(build_mlp(SHAPE), x, t, batch, config))
+    planned = trainer.memory_report()["total"]
+    assert allocated == pytest.approx(planned, rel=0.05), (allocated, trainer.memory_report())
+
+
+def test_inference_report_matches_what_construction_allocated():
+    def build():
+        return ResidentPredictor(Predictor(build_mlp(SHAPE), cpu_config()), 8192)
+    workspace, allocated = allocated_while(build)
+    report = workspace.memory_report()
+    assert report["gradients"] == report["optimizer"] == 0          # inference holds no training state
+    assert allocated == pytest.approx(report["total"], rel=0.05)
+
+
+def test_a_steady_step_keeps_nothing_beyond_the_report():
+    x, t = mlp_data(4096, SHAPE)
+    trainer = Trainer(build_mlp(SHAPE), x, t, 4096, cpu_config())
+    tracemalloc.start()
+    try:
+        trainer.warm_up()
+        before = tracemalloc.get_traced_memory()[0]
+        trainer.run_epochs(3)
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 0.01 * trainer.memory_report()["total"]
+
+
+# -- the footprint cuts ----------------------------------------------------------------
+
+def test_a_full_batch_data_set_is_held_once():
+    batch = 1000
+    x, t = mlp_data(batch, SHAPE)
+    trainer = Trainer(build_mlp(SHAPE), x, t, batch, cpu_config())
+    assert trainer.data.batch_x is trainer.data.x
+    assert trainer.memory_report()["batch"] == batch * (SHAPE.inputs + 1) * F32
+
+
+def test_a_full_batch_step_equals_the_batch_computed_directly():
+    """Skipping the gather of a full batch reorders nothing that matters: same loss and gradients."""
+    batch = 96
+    net = build_mlp(SHAPE)
+    x, t = mlp_data(batch, SHAPE, seed=4)
+    trainer = Trainer(net, x, t, batch, cpu_config())
+    weights = trainer.params.state_dict()
+    with trainer.backend.activate():
+        trainer.data.before_launch(0, 1)
+        trainer.step()
+    direct = run_network(net, x, t, precision="fp32", weights=weights)
+    engine_loss = float(trainer.backend.to_host(trainer.state.history)[0])
+    assert engine_loss == pytest.approx(direct["loss"], rel=1e-6)
+    for name, grad in trainer.params.grads_dict().items():
+        np.testing.assert_allclose(grad, direct[f"grad:{name}"], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("pool,copies", [(1, 1), (2, 3), (3, 4)])
+def test_streamed_batch_copies_are_the_pool_plus_one_except_for_a_pool_of_one(pool, copies):
+    batch = 256
+    x, t = mlp_data(4 * batch, SHAPE)
+    trainer = Trainer(build_mlp(SHAPE), x, t, batch, cpu_config(resident_data=False, batch_pool=pool))
+    assert trainer.memory_report()["batch"] == copies * batch * (SHAPE.inputs + 1) * F32
+
+
+def test_the_fused_head_writes_its_gradient_over_the_hidden_activations():
+    batch = 512
+    x, t = mlp_data(batch, SHAPE)
+    trainer = Trainer(build_mlp(SHAPE), x, t, batch, cpu_config())
+    assert trainer.program.fused
+    assert trainer.memory_report()["activations"] == batch * SHAPE.hidden * F32    # z, with dz written over it
+
+
+# -- on a GPU: the CuPy pool after a step against the report ---------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device): GPU-only test")
+@pytest.mark.parametrize("mode,resident,pool", [("train", True, 3), ("train", False, 1), ("train", False, 3),
+                                                ("infer", True, 3)])
+def test_pool_after_a_step_matches_the_report_within_5_percent(mode, resident, pool):
+    import cupy
+    batch = 65536
+    config = EngineConfig(precision="tf32", cuda_graph=1, resident_data=resident, batch_pool=pool, device="cuda")
+    memory_pool = cupy.get_default_memory_pool()
+    memory_pool.free_all_blocks()
+    before = memory_pool.total_bytes()
+    x, t = mlp_data(batch, SEED_SHAPE)
+    if mode == "train":
+        runner = Trainer(build_mlp(SEED_SHAPE), x, t, batch, config)
+        report = runner.memory_report()
+        runner.warm_up()
+    else:
+        runner = ResidentPredictor(Predictor(build_mlp(SEED_SHAPE), config), batch)
+        report = runner.memory_report()
+        runner.load(x)
+        runner.run()
+    runner.synchronize()
+    measured = memory_pool.total_bytes() - before
+    assert measured == pytest.approx(report["total"], rel=0.05), (measured, report)
