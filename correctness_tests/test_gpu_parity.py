@@ -137,3 +137,22 @@ def test_steady_state_allocates_nothing():
         trainer.run_epochs(3)
         trainer.synchronize()
         assert pool.used_bytes() == before, config.describe()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("batch", [1000, 8192])
+def test_inference_matches_numpy(precision, batch):
+    """One chunk, and row chunks pipelined over two streams (batch >= PIPELINE_MIN_ROWS), captured or not."""
+    from gpuengine.inference import Predictor, ResidentPredictor
+    net = build_mlp(SHAPE)
+    x = np.random.default_rng(batch).uniform(-1, 1, (batch, SHAPE.inputs)).astype(np.float32)
+    expected = Predictor(net, EngineConfig(device="cpu", precision="fp32")).predict(x)
+    predictor = Predictor(net, EngineConfig(precision=precision))
+    for capture in (False, True):
+        workspace = ResidentPredictor(predictor, batch, capture=capture)
+        workspace.load(x)
+        for _ in range(3):
+            workspace.run()
+        workspace.synchronize()
+        got = predictor.backend.to_host(workspace.output)
+        assert rel_err(got, expected) < TOLERANCE[precision], (capture, rel_err(got, expected))

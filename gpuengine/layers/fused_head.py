@@ -24,44 +24,30 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// Pass 1, one warp per row: y = tanh(z) . w2 + b2. Training writes d = dL/dy and
-// books sum(d) and sum((y - t)^2) of its chunk of rows; inference writes y.
+// Pass 1, one warp per row and every row at once (a memory-bound pass needs
+// thousands of warps in flight): y = tanh(z) . w2 + b2. Training writes
+// d = dL/dy and the row's squared error; inference writes y.
 extern "C" __global__ void head_rows(const ELEM_T* z, const float* w2, const float* b2, const float* target,
-                                     float* out, float* partials, int rows, int hidden, int rows_per_chunk,
-                                     float grad_scale, int training) {
+                                     float* out, float* sq_err, int rows, int hidden, float grad_scale,
+                                     int training) {
     extern __shared__ float w[];
-    __shared__ float block_sums[2][32];
     for (int c = threadIdx.x; c < hidden; c += blockDim.x) w[c] = w2[c];
     __syncthreads();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const long long first = (long long)blockIdx.x * rows_per_chunk;
-    const long long last = min((long long)rows, first + rows_per_chunk);
-    float dsum = 0.f, sq = 0.f;
-    for (long long row = first + warp; row < last; row += warps) {
-        const ELEM_T* zr = z + row * hidden;
-        float dot = 0.f;
-        #pragma unroll 8
-        for (int c = lane; c < hidden; c += 32) dot += tanhf(load_f(zr, c)) * w[c];
-        const float y = warp_sum(dot) + b2[0];
-        if (training) {
-            const float diff = y - target[row];
-            const float d = grad_scale * diff;
-            if (lane == 0) out[row] = d;
-            dsum += d;
-            sq += diff * diff;
-        } else if (lane == 0) {
-            out[row] = y;
-        }
-    }
-    if (!training) return;
-    if (lane == 0) { block_sums[0][warp] = dsum; block_sums[1][warp] = sq; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float a = 0.f, b = 0.f;
-        for (int i = 0; i < warps; ++i) { a += block_sums[0][i]; b += block_sums[1][i]; }
-        const int width = 2 * hidden + 2;
-        partials[(long long)blockIdx.x * width + 2 * hidden] = a;
-        partials[(long long)blockIdx.x * width + 2 * hidden + 1] = b;
+    const int lane = threadIdx.x & 31;
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const ELEM_T* zr = z + row * hidden;
+    float dot = 0.f;
+    #pragma unroll 8
+    for (int c = lane; c < hidden; c += 32) dot += tanhf(load_f(zr, c)) * w[c];
+    const float y = warp_sum(dot) + b2[0];
+    if (lane != 0) return;
+    if (training) {
+        const float diff = y - target[row];
+        out[row] = grad_scale * diff;
+        sq_err[row] = diff * diff;
+    } else {
+        out[row] = y;
     }
 }
 
@@ -86,34 +72,47 @@ extern "C" __global__ void head_columns(const ELEM_T* z, ELEM_T* dz, const float
         sum_dz += g;
         sum_dw += dr * h;
     }
-    const int width = 2 * hidden + 2;
-    partials[(long long)chunk * width + c] = sum_dz;
-    partials[(long long)chunk * width + hidden + c] = sum_dw;
+    partials[(long long)chunk * 2 * hidden + c] = sum_dz;
+    partials[(long long)chunk * 2 * hidden + hidden + c] = sum_dw;
 }
 
-// Pass 3: add the chunks (8 row lanes per column, then shared memory); book db1,
-// dW2, db2 and the batch loss. One thread per column alone leaves the GPU idle.
-extern "C" __global__ void head_reduce(const float* partials, int chunks, int hidden, float* db1, float* dw2,
-                                       float* db2, float loss_scale, const long long* step,
-                                       long long steps_per_epoch, float* history, long long capacity) {
-    __shared__ float lanes[8][33];
-    const int width = 2 * hidden + 2;
-    const int c = blockIdx.x * 32 + threadIdx.x;   // blockDim = (32, 8)
+// Pass 3: add the chunks (8 row lanes per column, then shared memory) into db1 and
+// dW2; the last block sums d (db2) and the squared errors (the batch loss).
+extern "C" __global__ void head_reduce(const float* partials, const float* d, const float* sq_err, int chunks,
+                                       int rows, int hidden, float* db1, float* dw2, float* db2, float loss_scale,
+                                       const long long* step, long long steps_per_epoch, float* history,
+                                       long long capacity) {
+    __shared__ float lanes[2][8][33];
+    const int lane = threadIdx.y * 32 + threadIdx.x;   // blockDim = (32, 8)
+    if (blockIdx.x == gridDim.x - 1) {
+        float a = 0.f, b = 0.f;
+        for (int r = lane; r < rows; r += 256) { a += d[r]; b += sq_err[r]; }
+        lanes[0][threadIdx.y][threadIdx.x] = a;
+        lanes[1][threadIdx.y][threadIdx.x] = b;
+        __syncthreads();
+        if (lane == 0) {
+            a = 0.f; b = 0.f;
+            for (int i = 0; i < 256; ++i) { a += lanes[0][i / 32][i % 32]; b += lanes[1][i / 32][i % 32]; }
+            db2[0] = a;
+            history[(step[0] / steps_per_epoch) % capacity] += b * loss_scale;
+        }
+        return;
+    }
+    const int width = 2 * hidden;
+    const int c = blockIdx.x * 32 + threadIdx.x;
     float s = 0.f;
     if (c < width)
-        for (int b = threadIdx.y; b < chunks; b += 8) s += partials[(long long)b * width + c];
-    lanes[threadIdx.y][threadIdx.x] = s;
+        for (int k = threadIdx.y; k < chunks; k += 8) s += partials[(long long)k * width + c];
+    lanes[0][threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y != 0 || c >= width) return;
-    for (int y = 1; y < 8; ++y) s += lanes[y][threadIdx.x];
+    for (int y = 1; y < 8; ++y) s += lanes[0][y][threadIdx.x];
     if (c < hidden) db1[c] = s;
-    else if (c < 2 * hidden) dw2[c - hidden] = s;
-    else if (c == 2 * hidden) db2[0] = s;
-    else history[(step[0] / steps_per_epoch) % capacity] += s * loss_scale;
+    else dw2[c - hidden] = s;
 }
 """
-ROWS_PER_CHUNK = 64   # rows per block: enough blocks to fill the GPU, few partial sums
-_ROW_THREADS = 256
+ROWS_PER_CHUNK = 32   # rows per pass-2 thread: enough threads in flight, few partial sums
+_ROWS_PER_BLOCK = 8   # pass 1: warps (rows) per block, sharing one staged copy of w2
 _COLUMN_THREADS = 128
 MAX_HIDDEN = 8 * 1024   # w2 is staged in shared memory (32 KB of the 48 KB default)
 
@@ -157,23 +156,23 @@ class TanhLinearMSEHead:
             self._reduce = get_kernel(_SOURCE, "head_reduce", ELEM_T=elem)
             self.chunks = -(-rows // ROWS_PER_CHUNK)
             self.d = ctx.allocator.zeros((rows,), np.float32, "workspace")
-            self.partials = ctx.allocator.zeros((self.chunks, 2 * hidden + 2), np.float32, "workspace")
+            self.sq_err = ctx.allocator.zeros((rows,), np.float32, "workspace")
+            self.partials = ctx.allocator.zeros((self.chunks, 2 * hidden), np.float32, "workspace")
         return self.dz
 
     def forward_backward(self):
         if not self.backend.is_gpu:
             self._forward_backward_numpy()
             return
-        rows, hidden, chunks = np.int32(self.rows), np.int32(self.hidden), np.int32(self.chunks)
-        self._rows((self.chunks,), (_ROW_THREADS,),
-                   (self.z, self.w2, self.b2, self.target, self.d, self.partials, rows, hidden,
-                    np.int32(ROWS_PER_CHUNK), self._grad_scale, np.int32(1)), shared_mem=4 * self.hidden)
+        rows, hidden = np.int32(self.rows), np.int32(self.hidden)
+        self._rows((-(-self.rows // _ROWS_PER_BLOCK),), (32 * _ROWS_PER_BLOCK,),
+                   (self.z, self.w2, self.b2, self.target, self.d, self.sq_err, rows, hidden, self._grad_scale,
+                    np.int32(1)), shared_mem=4 * self.hidden)
         self._columns((-(-self.hidden // _COLUMN_THREADS), self.chunks), (_COLUMN_THREADS,),
                       (self.z, self.dz, self.d, self.w2, self.partials, rows, hidden, np.int32(ROWS_PER_CHUNK)))
-        width = 2 * self.hidden + 2
-        self._reduce((-(-width // 32),), (32, 8),
-                     (self.partials, chunks, hidden, self.grad_b1, self.grad_w2, self.grad_b2,
-                      self._loss_scale) + self.state.kernel_args())
+        self._reduce((-(-2 * self.hidden // 32) + 1,), (32, 8),
+                     (self.partials, self.d, self.sq_err, np.int32(self.chunks), rows, hidden, self.grad_b1,
+                      self.grad_w2, self.grad_b2, self._loss_scale) + self.state.kernel_args())
 
     def _forward_backward_numpy(self):
         h = np.tanh(widen(self.z))
@@ -201,13 +200,12 @@ class TanhLinearOutput:
         self.rows, self.hidden = rows, hidden
         if backend.is_gpu:
             self._kernel = get_kernel(_SOURCE, "head_rows", ELEM_T=ctype(z.dtype))
-            self.chunks = -(-rows // ROWS_PER_CHUNK)
 
     def run(self):
         if not self.backend.is_gpu:
             self.y[:, 0] = np.tanh(widen(self.z)) @ self.w2 + self.b2[0]
             return
-        # In inference mode head_rows reads no target and writes no partials.
-        self._kernel((self.chunks,), (_ROW_THREADS,),
+        # In inference mode head_rows reads no target and writes no squared errors.
+        self._kernel((-(-self.rows // _ROWS_PER_BLOCK),), (32 * _ROWS_PER_BLOCK,),
                      (self.z, self.w2, self.b2, self.b2, self.y, self.y, np.int32(self.rows), np.int32(self.hidden),
-                      np.int32(ROWS_PER_CHUNK), np.float32(0), np.int32(0)), shared_mem=4 * self.hidden)
+                      np.float32(0), np.int32(0)), shared_mem=4 * self.hidden)
