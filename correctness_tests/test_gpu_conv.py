@@ -1,0 +1,185 @@
+"""On a GPU: the CNN ops and whole CNN runs agree with the NumPy backend.
+
+The NumPy CNN ops are checked against finite differences and PyTorch on the
+CPU (test_conv_gradients.py, test_cnn_torch_parity.py); these tests carry that
+trust to the cuDNN graphs (conv forward with fused bias/ReLU, data and weight
+gradients), the ColumnSum bias gradient, the pooling and softmax cross-entropy
+kernels, and to captured training steps. bf16 cases feed both sides
+bf16-representable inputs, so a max pool sees the same ties on both.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuengine.backend import Backend, bfloat16_dtype, gpu_visible
+from gpuengine.config import EngineConfig
+from gpuengine.inference import Predictor, ResidentPredictor
+from gpuengine.layers import Conv2D, MaxPool2D, ReLU, SoftmaxCrossEntropy
+from gpuengine.memory import Allocator
+from gpuengine.reductions import ColumnSum
+from gpuengine.trainer import Trainer
+from gpuengine.workloads.cnn import CNNShape, build_cnn, cnn_data
+
+from .gradient_check import random_weights
+from .layer_harness import run_layer, run_loss
+from .test_gpu_parity import TOLERANCE, assert_close, rel_err
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
+
+PRECISIONS = ["fp32", "tf32", "bf16"]
+
+
+def representable(a: np.ndarray, precision: str) -> np.ndarray:
+    """`a` rounded to bf16 under bf16, so both backends start from the same values."""
+    return a.astype(bfloat16_dtype()).astype(np.float64) if precision == "bf16" else a
+
+
+def normal(seed: int, shape, precision: str, scale: float = 1.0) -> np.ndarray:
+    return representable(np.random.default_rng(seed).standard_normal(shape) * scale, precision)
+
+
+# (batch, input (H, W, C), Conv2D arguments). The fused ReLU is compared in fp32 only: under TF32 or
+# bf16 a few pre-activations near 0 change sign, and each moves a whole dy term in or out of the sums.
+CONV_CASES = {
+    "mnist": (128, (28, 28, 1), dict(filters=16)),
+    "same-stride2-asymmetric": (16, (16, 16, 8), dict(filters=24, stride=2)),
+    "explicit-stride2": (16, (15, 15, 8), dict(filters=16, padding=1, stride=2)),
+    "valid-no-bias": (8, (9, 9, 16), dict(filters=32, padding="valid", use_bias=False)),
+    "1x1-stride2": (16, (8, 8, 32), dict(filters=64, kernel_size=1, stride=2, padding=0)),
+    "3x3-on-2x2": (32, (2, 2, 64), dict(filters=64, padding="same")),
+    "mnist-fused-relu": (128, (28, 28, 1), dict(filters=16, activation="relu")),
+}
+CONV_RUNS = [(case, p) for case, (_, _, kwargs) in CONV_CASES.items()
+             for p in (["fp32"] if kwargs.get("activation") else PRECISIONS)]
+
+
+@pytest.mark.parametrize("case,precision", CONV_RUNS, ids=[f"{c}-{p}" for c, p in CONV_RUNS])
+def test_conv_matches_numpy(case, precision):
+    """Forward (fused bias/ReLU), dgrad, wgrad and the ColumnSum bias gradient, against im2col."""
+    batch, shape, kwargs = CONV_CASES[case]
+    layer = Conv2D(name="conv", **kwargs)
+    out_shape = layer.output_shape(shape)
+    x = normal(1, (batch,) + shape, precision)
+    dy = normal(2, (batch,) + out_shape, precision)
+    weights = {k: representable(v, precision) for k, v in
+               random_weights(layer.param_specs(shape), np.random.default_rng(3), 0.2).items()}
+    cpu = run_layer(Conv2D(name="conv", **kwargs), x, dy, precision="fp32", weights=weights)
+    gpu = run_layer(Conv2D(name="conv", **kwargs), x, dy, device="cuda", precision=precision, weights=weights)
+    assert_close(gpu, cpu, TOLERANCE[precision])
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_fused_conv_bias_relu_equals_conv_then_relu_layer(precision):
+    shape, batch = (28, 28, 1), 64
+    x = normal(4, (batch,) + shape, precision)
+    weights = {k: representable(v, precision) for k, v in
+               random_weights(Conv2D(16, name="conv").param_specs(shape), np.random.default_rng(5), 0.5).items()}
+    fused = run_layer(Conv2D(16, activation="relu", name="conv"), x, np.zeros((batch, 28, 28, 16)),
+                      device="cuda", precision=precision, weights=weights)
+    conv = run_layer(Conv2D(16, name="conv"), x, np.zeros((batch, 28, 28, 16)), device="cuda",
+                     precision=precision, weights=weights)
+    relu = run_layer(ReLU("relu"), conv["y"], np.zeros((batch, 28, 28, 16)), device="cuda", precision=precision)
+    assert rel_err(fused["y"], relu["y"]) < TOLERANCE[precision]
+
+
+POOL_CASES = {
+    "2x2": (dict(), (28, 28, 16)),
+    "3x3-stride2-pad1": (dict(pool_size=3, stride=2, padding=1), (16, 16, 8)),
+    "2x2-odd-map": (dict(pool_size=2), (7, 9, 3)),
+    "3x3-stride2-same": (dict(pool_size=3, stride=2, padding="same"), (8, 8, 64)),
+}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("case", POOL_CASES, ids=list(POOL_CASES))
+def test_maxpool_matches_numpy(case, precision):
+    kwargs, shape = POOL_CASES[case]
+    layer = MaxPool2D(name="pool", **kwargs)
+    x = normal(6, (32,) + shape, precision)
+    dy = normal(7, (32,) + layer.output_shape(shape), precision)
+    cpu = run_layer(MaxPool2D(name="pool", **kwargs), x, dy, precision="fp32")
+    gpu = run_layer(MaxPool2D(name="pool", **kwargs), x, dy, device="cuda", precision=precision)
+    assert_close(gpu, cpu, TOLERANCE[precision] if precision == "bf16" else 1e-6)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("rows,classes", [(128, 10), (1024, 10), (33, 1000), (5000, 3)])
+def test_softmax_cross_entropy_matches_numpy(rows, classes, precision):
+    z = normal(8, (rows, classes), precision, scale=4.0)
+    t = np.eye(classes)[np.random.default_rng(9).integers(0, classes, rows)]
+    cpu = run_loss(SoftmaxCrossEntropy(), z, t, precision="fp32")
+    gpu = run_loss(SoftmaxCrossEntropy(), z, t, device="cuda", precision=precision)
+    assert_close(gpu, cpu, TOLERANCE[precision] if precision == "bf16" else 1e-5)
+
+
+@pytest.mark.parametrize("rows,cols", [(128 * 784, 16), (1024 * 784, 16), (777, 10), (64, 2048), (3, 300)])
+def test_column_sum_of_tall_and_wide_gradients(rows, cols):
+    import cupy
+    dy = np.random.default_rng(10).standard_normal((rows, cols)).astype(np.float32)
+    backend = Backend("cuda")
+    with backend.activate():
+        db = cupy.zeros((cols,), np.float32)
+        ColumnSum(backend, Allocator(backend), cupy.asarray(dy), db).run()
+    assert rel_err(backend.to_host(db), dy.astype(np.float64).sum(axis=0)) < 1e-4
+
+
+# -- whole runs ------------------------------------------------------------------------
+
+SHAPE = CNNShape()
+
+
+def test_training_matches_numpy():
+    net = build_cnn(SHAPE)
+    x, t = cnn_data(2048, SHAPE)
+    cpu = Trainer(net, x, t, 128, EngineConfig(device="cpu", precision="fp32", cuda_graph=0))
+    gpu = Trainer(net, x, t, 128, EngineConfig(device="cuda", precision="fp32", cuda_graph=0))
+    np.testing.assert_allclose(gpu.train(2), cpu.train(2), rtol=1e-4)
+    a, b = cpu.params.state_dict(), gpu.params.state_dict()
+    for name in a:
+        assert rel_err(b[name], a[name]) < 1e-4, name
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_captured_replay_equals_eager(precision):
+    net = build_cnn(SHAPE)
+    x, t = cnn_data(4096, SHAPE)
+    runs = {g: Trainer(net, x, t, 128, EngineConfig(precision=precision, cuda_graph=g)).train(3) for g in (0, 1, 8)}
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6)
+    np.testing.assert_allclose(runs[8], runs[0], rtol=1e-6)
+    assert runs[0][-1] < runs[0][0] < np.log(10)
+
+
+def test_resident_and_streamed_train_identically():
+    net = build_cnn(SHAPE)
+    x, t = cnn_data(4096, SHAPE)
+    resident = Trainer(net, x, t, 1024, EngineConfig(resident_data=True, cuda_graph=2)).train(3)
+    streamed = Trainer(net, x, t, 1024, EngineConfig(resident_data=False, cuda_graph=2, batch_pool=3)).train(3)
+    np.testing.assert_allclose(streamed, resident, rtol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_inference_captured_and_one_shot_match_numpy(precision):
+    net = build_cnn(SHAPE)
+    x, _ = cnn_data(256, SHAPE, seed=1)
+    cpu = Predictor(net, EngineConfig(device="cpu", precision="fp32"), seed=3).predict(x)
+    gpu = Predictor(net, EngineConfig(precision=precision, cuda_graph=1), seed=3)   # same seed, same weights
+    resident = ResidentPredictor(gpu, len(x))
+    resident.load(x)
+    assert rel_err(gpu.backend.to_host(resident.run()), cpu) < TOLERANCE[precision]
+    assert rel_err(gpu.predict(x), cpu) < TOLERANCE[precision]
+
+
+def test_steady_state_allocates_nothing():
+    import cupy
+    net = build_cnn(SHAPE)
+    x, t = cnn_data(4096, SHAPE)
+    for config in (EngineConfig(cuda_graph=0), EngineConfig(cuda_graph=8), EngineConfig(resident_data=False)):
+        trainer = Trainer(net, x, t, 512, config)
+        trainer.train(1)
+        pool = cupy.get_default_memory_pool()
+        before = pool.used_bytes()
+        trainer.run_epochs(3)
+        trainer.synchronize()
+        assert pool.used_bytes() == before, config.describe()

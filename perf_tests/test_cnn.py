@@ -1,0 +1,115 @@
+"""Seed note 001's MNIST CNN: engine vs PyTorch (and Keras where installed), measured in one run.
+
+Training at batch 128 and 1024 on 10,000 generated 28x28x1 digits, over
+precisions at the engine's best toggles and over the toggles at tf32. The
+protocol is the note's: 2 warm-up epochs (the engine's eager epoch with cuDNN
+plan autotuning, graph capture, then warm-up rounds), then timed epochs, the
+engine and each reference alternating round by round (perf_tests/conftest.py's
+`compare`). Every test also checks that the loss descends on every side. On a
+machine without a GPU the same tests run a small CNN on the NumPy backend: a
+smoke test of the harness, never a timing gate.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuengine.backend import gpu_visible
+from gpuengine.config import EngineConfig
+from gpuengine.reference import tf_common
+from gpuengine.runners import EngineTrainRunner
+from gpuengine.workloads import cnn
+
+torch_cnn = pytest.importorskip("gpuengine.reference.torch_cnn", reason="PyTorch is not installed: no reference")
+
+ON_GPU = gpu_visible()
+DEVICE = "cuda" if ON_GPU else "cpu"
+SHAPE = cnn.SEED_SHAPE if ON_GPU else cnn.SMOKE_SHAPE
+SAMPLES = cnn.SAMPLES if ON_GPU else 512
+BATCHES = cnn.TRAIN_BATCHES if ON_GPU else (32, 128)
+ROUNDS = 7 if ON_GPU else 2
+STEPS_PER_ROUND = 75 if ON_GPU else 4     # short epochs (9 steps at batch 1024) are grouped to time them
+REFERENCES = ("torch_eager", "torch_compile", "torch_graph") if ON_GPU else ("torch_eager",)
+
+# (precision, cuda_graph, resident, batch): the precision sweep at the engine's best
+# toggles; the toggle sweep at tf32.
+if ON_GPU:
+    CASES = ([(p, 8, True, b) for p in ("tf32", "fp32", "bf16") for b in BATCHES]
+             + [("tf32", g, r, b) for g in (0, 1, 8) for r in (True, False) for b in BATCHES if (g, r) != (8, True)])
+else:
+    CASES = [("fp32", 1, True, 32), ("fp32", 0, False, 128), ("bf16", 8, False, 32)]
+
+
+def case_id(case):
+    precision, graph, resident, batch = case
+    return f"{precision}-graph{graph}-{'resident' if resident else 'streamed'}-b{batch}"
+
+
+def epochs_per_round(batch: int) -> int:
+    return max(1, STEPS_PER_ROUND // (SAMPLES // batch))
+
+
+def engine_runner(case, x, t):
+    precision, graph, resident, batch = case
+    # Streamed data prefetch one buffer per captured step, so a launch of 8 steps needs a pool of 8.
+    config = EngineConfig(precision=precision, cuda_graph=graph, resident_data=resident,
+                          batch_pool=max(3, graph), device=DEVICE)
+    return EngineTrainRunner(cnn.build_cnn(SHAPE), x, t, batch, config, epochs_per_round(batch),
+                             lr=cnn.LEARNING_RATE)
+
+
+def epoch_loss(runner) -> float:
+    """Train one more round and read the mean loss of its last epoch (outside timing)."""
+    if isinstance(runner, EngineTrainRunner):
+        return runner.train(1)[-1]
+    runner.run_round()
+    runner.synchronize()
+    return runner.last_epoch_loss()
+
+
+def compare_and_check_descent(benchmark, compare, engine, refs, precision):
+    for runner in [engine] + refs:
+        assert runner.parameter_count() == cnn.parameter_count(SHAPE), runner.name
+        runner.prepare()
+    warmup_rounds = -(-cnn.WARMUP_EPOCHS // engine.epochs_per_round)
+    first = {r.name: epoch_loss(r) for r in [engine] + refs}
+    result = compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision, warmup_rounds=warmup_rounds,
+                     flops_per_sample=cnn.build_cnn(SHAPE).train_flops_per_sample())
+    last = {r.name: epoch_loss(r) for r in [engine] + refs}
+    benchmark.extra_info["loss_before"] = first
+    benchmark.extra_info["loss_after"] = last
+    for name in first:
+        assert np.isfinite(last[name]) and last[name] < first[name], \
+            f"{name}: loss {first[name]} -> {last[name]} did not descend"
+    assert result.throughput("gpuengine") > 0
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_cnn_train(case, benchmark, compare):
+    precision, _, _, batch = case
+    x, t = cnn.cnn_data(SAMPLES, SHAPE)
+    engine = engine_runner(case, x, t)
+    weights = engine.trainer.params.state_dict()
+    refs = [torch_cnn.cnn_train_runner(mode, x, t, batch, precision, lr=cnn.LEARNING_RATE, device=DEVICE,
+                                       shape=SHAPE, weights=weights, epochs_per_round=engine.epochs_per_round)
+            for mode in REFERENCES]
+    compare_and_check_descent(benchmark, compare, engine, refs, precision)
+
+
+KERAS_CASES = [("tf32" if ON_GPU else "fp32", 8 if ON_GPU else 1, True, b) for b in BATCHES]
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("case", KERAS_CASES, ids=[case_id(c) for c in KERAS_CASES])
+def test_cnn_train_vs_keras(case, benchmark, compare):
+    reason = tf_common.tensorflow_unavailable()
+    if reason:
+        pytest.skip(reason)
+    from gpuengine.reference import tf_cnn
+    precision, _, _, batch = case
+    x, t = cnn.cnn_data(SAMPLES, SHAPE)
+    engine = engine_runner(case, x, t)
+    keras = tf_cnn.cnn_fit_runner(x, t, batch, precision, lr=cnn.LEARNING_RATE, shape=SHAPE,
+                                  weights=engine.trainer.params.state_dict(),
+                                  epochs_per_round=engine.epochs_per_round)
+    compare_and_check_descent(benchmark, compare, engine, [keras], precision)
