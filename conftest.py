@@ -11,12 +11,16 @@
   notice (this run becomes the first baseline) instead of failing the session
   at its end; on the CPU tier `--benchmark-compare-fail` is dropped, because
   CPU timings are smoke only.
+- When the stored run compared against was measured on another GPU stack
+  (driver, CUDA, cuDNN, library versions, toggles), the header says which
+  facts changed, instead of pytest-benchmark's dump of every machine fact
+  (clocks and CPU Hz differ on every run).
 - Tests marked `gpu` are skipped with a stated reason when no GPU is visible.
 """
 from __future__ import annotations
 
 import os
-
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +35,8 @@ pytest_plugins = ("pytester",)  # the harness tests run small pytest sessions of
 BASELINES_DIR = "baselines_store"
 GPU_SKIP_REASON = "no CUDA GPU visible (CuPy missing or no device): GPU-only test"
 DEFAULT_BENCHMARK_STORAGE = "file://./.benchmarks"  # pytest-benchmark's default: nobody chose a storage
+STACK_FACTS = ("gpu", "gpu_driver", "cuda_runtime", "cudnn", "cupy", "torch", "nvmath", "gpu_power_limit_w",
+               "gpuengine_config")  # the machine facts that make a stored run comparable or not
 
 TOGGLE_HELP = {
     "precision": "fp32 | tf32 | bf16",
@@ -50,7 +56,7 @@ class RunTarget:
     config: EngineConfig
     tier: Tier
     storage: str | None   # where pytest-benchmark stores and compares runs (None: plugin not loaded)
-    notices: tuple[str, ...]  # options this run adjusted, said in the header
+    notices: list[str]    # said in the header: options this run adjusted, stack changes since the stored run
 
 
 RUN_TARGET = pytest.StashKey[RunTarget]()
@@ -110,7 +116,9 @@ def pytest_configure(config: pytest.Config):
         raise pytest.UsageError(f"gpuengine: {exc}") from exc
     tier = current_tier(on_gpu)
     storage, notices = _route_benchmark_storage(config, engine_config, tier)
-    config.stash[RUN_TARGET] = RunTarget(engine_config, tier, storage, tuple(notices))
+    config.stash[RUN_TARGET] = RunTarget(engine_config, tier, storage, notices)
+    # pytest-benchmark's own check warns with every machine fact whenever clocks move; ours names what matters.
+    warnings.filterwarnings("ignore", message="Benchmark machine_info is different")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -139,6 +147,15 @@ def pytest_benchmark_update_commit_info(config, commit_info):
     if commit and commit_info.get("id") in (None, "", "unknown"):
         commit_info.update(id=commit, dirty=os.environ.get("GATE_COMMIT_DIRTY", "0") == "1",
                            branch=os.environ.get("GATE_COMMIT_BRANCH", "main"), error=None)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info, compared_benchmark):
+    stored = compared_benchmark["machine_info"]
+    changed = [f"{fact} {stored.get(fact)} -> {machine_info.get(fact)}" for fact in STACK_FACTS
+               if stored.get(fact) != machine_info.get(fact)]
+    if changed:
+        config.stash[RUN_TARGET].notices.append(f"the stored run compared against differs: {'; '.join(changed)}")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -174,8 +174,12 @@ def test_runs_are_stored_per_tier_with_machine_info(pytester, monkeypatch):
     assert bench["name"] == "test_tiny_comparison"
     assert set(bench["extra_info"]["ratios"]) == {"torch_eager", "torch_graph"}
 
+    run["machine_info"]["torch"] = "0.1"  # as if the stored run had an older torch
+    stored[0].write_text(json.dumps(run))
     second = pytester.runpytest_subprocess(*args)
     second.assert_outcomes(passed=1)
-    second.stdout.fnmatch_lines(["gpuengine: CPU tier: --benchmark-compare-fail ignored*"])
+    second.stdout.fnmatch_lines(["gpuengine: CPU tier: --benchmark-compare-fail ignored*",
+                                 "gpuengine: the stored run compared against differs: torch 0.1 -> *"])
+    assert "machine_info is different" not in second.stderr.str()
     assert "no stored run" not in second.stdout.str()
     assert len(list(stored[0].parent.glob("*.json"))) == 2
