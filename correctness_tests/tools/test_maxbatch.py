@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 
@@ -125,6 +126,16 @@ def test_a_trial_killed_by_a_signal_is_an_error_naming_it():
 def test_a_hung_trial_times_out_as_an_error():
     result = script_trial("import time; time.sleep(30)", timeout_s=0.5)(64)
     assert result.status is Status.ERROR and "timed out" in result.error
+
+
+def test_helpers_left_behind_by_a_trial_neither_hang_the_search_nor_survive_it():
+    """torch.compile leaves worker processes holding the trial's stdout; the trial must still end."""
+    code = ("import json, subprocess, sys; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print(json.dumps({'status': 'fits'}), flush=True)")
+    start = time.perf_counter()
+    result = script_trial(code, timeout_s=30)(64)
+    assert result.status is Status.FITS and time.perf_counter() - start < 20
 
 
 def test_an_unreadable_status_is_an_error():

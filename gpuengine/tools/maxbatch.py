@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -178,20 +179,38 @@ class SubprocessTrial:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
         start = time.perf_counter()
-        try:
-            proc = subprocess.run(self.command(batch), capture_output=True, text=True, timeout=self.timeout_s,
-                                  env=env)
-        except subprocess.TimeoutExpired as exc:
-            return TrialResult(batch, Status.ERROR, error=f"trial timed out after {self.timeout_s:g} s; "
-                                                          f"stderr: {_tail(exc.stderr)}",
-                               seconds=time.perf_counter() - start)
-        seconds = time.perf_counter() - start
-        record = last_json_record(proc.stdout)
+        # Output to files, not pipes, and the trial in a session of its own: helper processes it leaves
+        # behind (torch.compile's workers) cannot hold the output open, and are killed with the session.
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            proc = subprocess.Popen(self.command(batch), stdout=out, stderr=err, env=env, start_new_session=True)
+            try:
+                proc.wait(timeout=self.timeout_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            _kill_session(proc)
+            seconds = time.perf_counter() - start
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read(), err.read()
+        if timed_out:
+            return TrialResult(batch, Status.ERROR, seconds=seconds,
+                               error=f"trial timed out after {self.timeout_s:g} s; stderr: {_tail(stderr)}")
+        record = last_json_record(stdout)
         if record is None:
             return TrialResult(batch, Status.ERROR, seconds=seconds,
                                error=f"trial process {_exit_text(proc.returncode)} without a result; "
-                                     f"stderr: {_tail(proc.stderr) or '(empty)'}")
+                                     f"stderr: {_tail(stderr) or '(empty)'}")
         return TrialResult.from_record(batch, record, seconds)
+
+
+def _kill_session(proc: subprocess.Popen):
+    """Kill whatever is left of the trial's session, then reap the trial itself."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass   # nothing left in the session
+    proc.wait()
 
 
 def search(spec: TrialSpec, start: int = 1024, precision: float = 1e-3, limit: int = 1 << 31,
