@@ -47,7 +47,7 @@ class NvmlPowerProbe:
         self._nvml = nvml_lib.nvml()
 
     @classmethod
-    def for_cuda_device(cls, framework: str = "auto") -> "NvmlPowerProbe":
+    def for_cuda_device(cls, framework: str = "cupy") -> "NvmlPowerProbe":
         return cls(nvml_lib.handle_for_cuda_device(framework))
 
     def energy_mj(self) -> int | None:

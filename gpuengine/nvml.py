@@ -66,21 +66,31 @@ def device_handles() -> dict[str, object]:
     return handles
 
 
-def cuda_bus_id(framework: str = "auto") -> str:
-    """Normalised PCI bus id of the current CUDA device, through CuPy or torch (creates no work)."""
-    if framework in ("auto", "cupy"):
-        try:
-            import cupy
-            return normalise_bus_id(cupy.cuda.Device().pci_bus_id)
-        except ImportError:
-            if framework == "cupy":
-                raise
+def _cupy_bus_id() -> str:
+    import cupy
+    return normalise_bus_id(cupy.cuda.Device().pci_bus_id)
+
+
+def _torch_bus_id() -> str:
     import torch
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return normalise_bus_id(f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0")
+    return normalise_bus_id(f"{props.pci_domain_id:x}:{props.pci_bus_id:x}:{props.pci_device_id:x}.0")
 
 
-def handle_for_cuda_device(framework: str = "auto"):
+def cuda_bus_id(framework: str = "cupy") -> str:
+    """Normalised PCI bus id of the current CUDA device, asking `framework` first (creates no work)."""
+    readers = {"cupy": _cupy_bus_id, "torch": _torch_bus_id}
+    order = [framework] + [name for name in readers if name != framework]
+    failures = []
+    for name in order:
+        try:
+            return readers[name]()
+        except Exception as exc:   # not installed, built without CUDA, or too old to say: ask the other
+            failures.append(f"{name}: {exc}")
+    raise NvmlUnavailable(f"cannot tell the CUDA device's PCI bus id ({'; '.join(failures)})")
+
+
+def handle_for_cuda_device(framework: str = "cupy"):
     """The NVML handle of the current CUDA device."""
     bus_id = cuda_bus_id(framework)
     handles = device_handles()
