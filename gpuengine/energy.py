@@ -131,9 +131,6 @@ class EnergyReading:
     def per_sample(self, samples: int) -> dict[str, float]:
         return {"total_j_per_sample": self.total_j / samples, "active_j_per_sample": self.active_j / samples}
 
-    def as_dict(self) -> dict:
-        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
-
 
 def _next_counter_step(probe: PowerProbe, clock, sleep, timeout_s: float,
                        since: int | None = None) -> tuple[float, int] | None:

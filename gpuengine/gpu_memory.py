@@ -45,12 +45,9 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 class DeviceMemoryProbe(Protocol):
-    """The three device-memory readings this module needs (NVML; a fake in tests)."""
+    """The two device-memory readings this module needs (NVML; a fake in tests)."""
 
     def free_bytes(self) -> int:
-        ...
-
-    def total_bytes(self) -> int:
         ...
 
     def process_used_bytes(self, pid: int) -> int | None:
@@ -64,9 +61,6 @@ class NvmlMemoryProbe:
 
     def free_bytes(self) -> int:
         return int(self._nvml.nvmlDeviceGetMemoryInfo(self.handle).free)
-
-    def total_bytes(self) -> int:
-        return int(self._nvml.nvmlDeviceGetMemoryInfo(self.handle).total)
 
     def process_used_bytes(self, pid: int) -> int | None:
         try:
@@ -111,9 +105,6 @@ class ProcessMemory:
         if self.device is None:
             raise RuntimeError("several devices are visible: bind() the one CUDA uses before measuring")
         return self.probes[self.device]
-
-    def total_bytes(self) -> int:
-        return self.probe.total_bytes()
 
     def used_bytes(self) -> tuple[int, str]:
         """(bytes, method): NVML's per-process figure where reported, else the free-memory drop."""

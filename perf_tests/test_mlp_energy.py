@@ -95,7 +95,7 @@ def test_mlp_train_energy(precision, engine_config, power_probe, benchmark, requ
     else:
         benchmark.pedantic(engine_window, setup=reference_windows, rounds=WINDOWS, iterations=1)
 
-    per_sample = {name: [r.total_j / samples for r in rs] for name, rs in readings.items()}
+    per_sample = {name: [r.per_sample(samples)["total_j_per_sample"] for r in rs] for name, rs in readings.items()}
     ratios = {}
     for ref in REFERENCES:
         per_window = [theirs / ours for theirs, ours in zip(per_sample[ref], per_sample[engine.name])]
@@ -104,7 +104,7 @@ def test_mlp_train_energy(precision, engine_config, power_probe, benchmark, requ
         "batch": BATCH, "batches_per_epoch": BATCHES_PER_EPOCH, "samples_per_window": samples,
         "idle_power_w": round(idle.power_w, 2), "method": readings[engine.name][0].method,
         "total_j_per_sample": {n: round(statistics.median(v), 6) for n, v in per_sample.items()},
-        "active_j_per_sample": {n: round(statistics.median(r.active_j / samples for r in rs), 6)
+        "active_j_per_sample": {n: round(statistics.median(r.per_sample(samples)["active_j_per_sample"] for r in rs), 6)
                                 for n, rs in readings.items()},
         "avg_power_w": {n: round(statistics.median(r.avg_power_w for r in rs), 1) for n, rs in readings.items()},
         "samples_per_s": {n: round(samples / statistics.median(r.work_seconds for r in rs), 1)

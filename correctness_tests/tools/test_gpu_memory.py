@@ -14,14 +14,11 @@ GIB = 1 << 30
 class FakeDevice:
     """A device with `free` bytes; `processes` maps pid -> used bytes (None: the driver does not say)."""
 
-    def __init__(self, total=80 * GIB, free=79 * GIB, processes=None):
-        self.total, self.free, self.processes = total, free, processes or {}
+    def __init__(self, free=79 * GIB, processes=None):
+        self.free, self.processes = free, processes or {}
 
     def free_bytes(self):
         return self.free
-
-    def total_bytes(self):
-        return self.total
 
     def process_used_bytes(self, pid):
         return self.processes.get(pid)
