@@ -102,12 +102,6 @@ class Backend:
         else:
             dst[...] = host
 
-    def release_cached_memory(self):
-        """Return the pool's unused blocks (transient scratch) to the device, so the footprint is what is live."""
-        if self.is_gpu:
-            self.stream.synchronize()
-            self.xp.get_default_memory_pool().free_all_blocks()
-
     def set_memory_cap(self, cap_gib: float | None):
         """Limit the engine's memory pool, to reproduce a small card on a large one."""
         if self.is_gpu:
