@@ -142,7 +142,7 @@ def test_steady_state_allocates_nothing():
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("batch", [1000, 8192])
 def test_inference_matches_numpy(precision, batch):
-    """One chunk, and row chunks pipelined over two streams (batch >= PIPELINE_MIN_ROWS), captured or not."""
+    """Resident inference, captured or not, equals the NumPy forward pass."""
     from gpuengine.inference import Predictor, ResidentPredictor
     net = build_mlp(SHAPE)
     x = np.random.default_rng(batch).uniform(-1, 1, (batch, SHAPE.inputs)).astype(np.float32)

@@ -105,59 +105,26 @@ class TrainingProgram:
             layer.backward()
 
 
-PIPELINE_MIN_ROWS = 4096   # below this, one chunk: the GEMM alone does not fill the GPU
-PIPELINE_CHUNKS = 4
-
-
 class InferenceProgram:
-    """Forward chain into a float32 (B, outputs) result; the tanh->Dense(1) tail fused.
-
-    With the fused tail and a large batch, rows are split into chunks whose
-    forward chains run on the engine stream while each finished chunk's tail (a
-    memory-bound pass) runs on a side stream: it overlaps the next chunk's
-    compute-bound GEMM instead of following the whole batch's.
-    """
+    """Forward chain into a float32 (B, outputs) result; the tanh->Dense(1) tail fused."""
 
     def __init__(self, net: Sequential, ctx: BuildContext, batch_x, fuse: bool = True):
         self.fused = fuse and net.fused_head_pattern()
-        self.backend = ctx.backend
+        body = _fresh_copies(net.layers[:-2] if self.fused else net.layers)
+        self.body = body
+        x = batch_x
+        for layer in body:
+            x = layer.build_forward(ctx, x)
         self.y = ctx.allocator.zeros((ctx.batch,) + net.output_shape, np.float32, "activations")
-        chunks = PIPELINE_CHUNKS if self.fused and ctx.backend.is_gpu and ctx.batch >= PIPELINE_MIN_ROWS else 1
-        bounds = np.linspace(0, ctx.batch, chunks + 1).astype(int)
-        self.parts = []
-        for start, stop in zip(bounds[:-1], bounds[1:]):
-            body = _fresh_copies(net.layers[:-2] if self.fused else net.layers)
-            part_ctx = BuildContext(ctx.backend, ctx.policy, ctx.allocator, ctx.params, int(stop - start))
-            x = batch_x[start:stop]
-            for layer in body:
-                x = layer.build_forward(part_ctx, x)
-            y = self.y[start:stop]
-            tail = TanhLinearOutput(ctx.backend, ctx.params, net.layers[-1].name, x, y) if self.fused else None
-            self.parts.append((body, tail, x, y))
-        if len(self.parts) > 1:
-            xp = ctx.backend.xp
-            self._side = xp.cuda.Stream(non_blocking=True)
-            self._ready = [xp.cuda.Event(disable_timing=True) for _ in self.parts]
-            self._done = xp.cuda.Event(disable_timing=True)
+        self._tail = TanhLinearOutput(ctx.backend, ctx.params, net.layers[-1].name, x, self.y) if self.fused else None
+        self._last = x
+        self._xp = ctx.backend.xp
 
     def run(self):
-        if len(self.parts) == 1:
-            body, tail, last, y = self.parts[0]
-            for layer in body:
-                layer.forward()
-            if tail is not None:
-                tail.run()
-            else:
-                self.backend.xp.copyto(y, last, casting="unsafe")
-            return self.y
-        main = self.backend.stream
-        for (body, tail, _, _), ready in zip(self.parts, self._ready):
-            for layer in body:
-                layer.forward()
-            ready.record(main)
-            self._side.wait_event(ready)
-            with self._side:
-                tail.run()
-        self._done.record(self._side)
-        main.wait_event(self._done)   # join: the graph (or caller) sees one finished result
+        for layer in self.body:
+            layer.forward()
+        if self._tail is not None:
+            self._tail.run()
+        else:
+            self._xp.copyto(self.y, self._last, casting="unsafe")
         return self.y

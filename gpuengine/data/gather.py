@@ -17,7 +17,10 @@ _SOURCE = DEVICE_SOURCE + r"""
 extern "C" __global__ void gather(const WORD_T* src_x, const float* src_t, WORD_T* out_x, float* out_t,
                                   int row_words, int target_width, const long long* step, long long steps_per_epoch,
                                   int batch, unsigned int n, unsigned int half, unsigned int seed, int pool) {
-    const int i = blockIdx.x;
+    // One warp per batch row, 8 rows per block: many 16-byte copies in flight.
+    const int lane = threadIdx.x & 31;
+    const int i = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (i >= batch) return;
     const long long s = step[0];
     long long row;
     if (SHUFFLED) {
@@ -29,11 +32,15 @@ extern "C" __global__ void gather(const WORD_T* src_x, const float* src_t, WORD_
     }
     const WORD_T* src = src_x + row * row_words;
     WORD_T* dst = out_x + (long long)i * row_words;
-    for (int w = threadIdx.x; w < row_words; w += blockDim.x) dst[w] = src[w];
-    for (int c = threadIdx.x; c < target_width; c += blockDim.x)
+    #pragma unroll 4
+    for (int w = lane; w < row_words; w += 32) dst[w] = src[w];
+    for (int c = lane; c < target_width; c += 32)
         out_t[(long long)i * target_width + c] = src_t[row * target_width + c];
 }
 """
+
+
+_ROWS_PER_BLOCK = 8
 
 
 def as_words(a):
@@ -59,14 +66,13 @@ class DeviceGather:
             self._src_words, word_type, self._row_words = as_words(src_x)
             self._out_words, _, _ = as_words(out_x)
             self._kernel = get_kernel(_SOURCE, "gather", WORD_T=word_type, SHUFFLED=int(shuffled))
-            self._threads = max(32, min(256, 32 * -(-self._row_words // 32)))
 
     def run(self):
         if not self.backend.is_gpu:
             self.out_x[...] = self.src_x[self.host_rows(int(self.state.step[0]))]
             self.out_t[...] = self.src_t[self.host_rows(int(self.state.step[0]))]
             return
-        self._kernel((self.batch,), (self._threads,),
+        self._kernel((-(-self.batch // _ROWS_PER_BLOCK),), (32 * _ROWS_PER_BLOCK,),
                      (self._src_words, self.src_t, self._out_words, self.out_t, np.int32(self._row_words),
                       np.int32(self.out_t.shape[1]), self.state.step, np.int64(self.state.steps_per_epoch),
                       np.int32(self.batch), np.uint32(self.n), np.uint32(half_bits(self.n)),
