@@ -70,6 +70,30 @@ def test_conv_matches_numpy(case, precision):
     assert_close(gpu, cpu, TOLERANCE[precision])
 
 
+# First layers (no input gradient) with few taps take the fused direct weight-gradient kernel.
+FIRST_LAYER_CASES = {
+    "mnist": CONV_CASES["mnist"],
+    "mnist-fused-relu": CONV_CASES["mnist-fused-relu"],
+    "rgb-stride2-no-bias": (64, (32, 32, 3), dict(filters=32, stride=2, use_bias=False)),
+    "5x5-valid": (32, (28, 28, 1), dict(filters=8, kernel_size=5, padding="valid")),
+}
+FIRST_LAYER_RUNS = [("mnist", p) for p in PRECISIONS] + [(c, "fp32") for c in list(FIRST_LAYER_CASES)[1:]]
+
+
+@pytest.mark.parametrize("case,precision", FIRST_LAYER_RUNS, ids=[f"{c}-{p}" for c, p in FIRST_LAYER_RUNS])
+def test_first_layer_weight_gradients_match_numpy(case, precision):
+    batch, shape, kwargs = FIRST_LAYER_CASES[case]
+    layer = Conv2D(name="conv", **kwargs)
+    x = normal(11, (batch,) + shape, precision)
+    dy = normal(12, (batch,) + layer.output_shape(shape), precision)
+    weights = {k: representable(v, precision) for k, v in
+               random_weights(layer.param_specs(shape), np.random.default_rng(13), 0.2).items()}
+    cpu = run_layer(Conv2D(name="conv", **kwargs), x, dy, precision="fp32", weights=weights, needs_input_grad=False)
+    gpu = run_layer(layer, x, dy, device="cuda", precision=precision, weights=weights, needs_input_grad=False)
+    assert layer._direct is not None
+    assert_close(gpu, cpu, TOLERANCE[precision])
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_fused_conv_bias_relu_equals_conv_then_relu_layer(precision):
     shape, batch = (28, 28, 1), 64

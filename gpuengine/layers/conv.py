@@ -14,7 +14,9 @@ gradient as a ColumnSum over the (N*H*W, C) gradient (deterministic; cuDNN
 data-gradient graph only where the layer below needs it. Under bf16 the weight
 gradient lands in a bf16 scratch that is widened into the fp32 master gradient:
 cuDNN has no bf16-in/fp32-out wgrad engine for every shape (none for one input
-channel, as in the MNIST CNN), and torch's autocast does the same.
+channel, as in the MNIST CNN), and torch's autocast does the same. A first
+layer with few filter taps (no input gradient; MNIST's 3x3x1) replaces all of
+that with direct_wgrad.py's single fused pass.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from ..backend import widen
 from ..cudnn_graphs import conv_data_grad, conv_forward, conv_weight_grad, runtime_for
 from ..params import ParamSpec
 from ..reductions import ColumnSum
+from . import direct_wgrad
 from .activations import activation_backward, activation_forward
 from .base import BuildContext, Layer
 from .geometry import add_windows, pad, resolve_window, windows
@@ -81,15 +84,19 @@ class Conv2D(Layer):
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         self.dy = dy
+        self.grad_w = ctx.params.grad_view(f"{self.name}.weight")
+        grad_b = ctx.params.grad_view(f"{self.name}.bias") if self.use_bias else None
+        self.dx = ctx.allocator.zeros(self.x.shape, self.x.dtype, "activations") if needs_input_grad else None
+        self._direct = self._grad_b = self._grad_w = self._grad_x = None
+        if ctx.backend.is_gpu and not needs_input_grad and direct_wgrad.fits(self.window, self.x.shape[3],
+                                                                             self.filters):
+            self._direct = direct_wgrad.DirectWeightGrad(ctx, self.window, self.x, self.out, dy, self.grad_w, grad_b,
+                                                         self.activation == "relu")
+            return None
         # The gradient at the convolution's output, before the fused activation.
         self.dz = ctx.allocator.zeros(dy.shape, dy.dtype, "activations") if self.activation else dy
-        self.grad_w = ctx.params.grad_view(f"{self.name}.weight")
-        self._grad_b = None
         if self.use_bias:
-            self._grad_b = ColumnSum(ctx.backend, ctx.allocator, self.dz.reshape(-1, self.filters),
-                                     ctx.params.grad_view(f"{self.name}.bias"))
-        self.dx = ctx.allocator.zeros(self.x.shape, self.x.dtype, "activations") if needs_input_grad else None
-        self._grad_w = self._grad_x = None
+            self._grad_b = ColumnSum(ctx.backend, ctx.allocator, self.dz.reshape(-1, self.filters), grad_b)
         if ctx.backend.is_gpu:
             runtime, precision = runtime_for(ctx.backend), ctx.policy.name
             self.grad_w_compute = self.grad_w
@@ -115,6 +122,9 @@ class Conv2D(Layer):
         self.out[...] = z.astype(self.out.dtype)
 
     def backward(self):
+        if self._direct is not None:
+            self._direct.run()
+            return
         if self.activation:
             activation_backward(self.backend, self.activation, self.out, self.dy, self.dz)
         if self._grad_b is not None:
