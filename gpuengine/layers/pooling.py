@@ -6,7 +6,8 @@ torch and NumPy's argmax); padding never wins. Backward gathers rather than
 scatters: one thread per input value adds the gradients of the (at most
 ceil(k/s)^2) windows that chose it, so overlapping windows (ResNet's 3x3/2 stem
 pool, seed note 002) need no atomics and no zero-fill, and the result is the
-same every run.
+same every run. Indices are 32-bit (64-bit division costs several times more on
+a GPU and made the kernels compute-bound); a batch of 2^31 values or more is refused.
 """
 from __future__ import annotations
 
@@ -22,13 +23,13 @@ _SOURCE = r"""
 extern "C" __global__ void maxpool_forward(const ELEM_T* x, ELEM_T* y, int* argmax, int n, int h, int w,
                                            int c, int out_h, int out_w, int kh, int kw, int sh, int sw, int top,
                                            int left) {
-    const long long total = (long long)n * out_h * out_w * c;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+    const int total = n * out_h * out_w * c;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
         const int ch = i % c;
-        long long rest = i / c;
+        int rest = i / c;
         const int ow = rest % out_w; rest /= out_w;
         const int oh = rest % out_h;
-        const long long b = rest / out_h;
+        const int b = rest / out_h;
         float best = 0.f;
         int arg = -1;
         for (int a = 0; a < kh; ++a) {
@@ -48,13 +49,13 @@ extern "C" __global__ void maxpool_forward(const ELEM_T* x, ELEM_T* y, int* argm
 extern "C" __global__ void maxpool_backward(const ELEM_T* dy, const int* argmax, ELEM_T* dx, int n, int h,
                                             int w, int c, int out_h, int out_w, int kh, int kw, int sh, int sw,
                                             int top, int left) {
-    const long long total = (long long)n * h * w * c;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+    const int total = n * h * w * c;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
         const int ch = i % c;
-        long long rest = i / c;
+        int rest = i / c;
         const int col = rest % w; rest /= w;
         const int row = rest % h;
-        const long long b = rest / h;
+        const int b = rest / h;
         // Windows containing (row, col): oh * sh - top <= row <= oh * sh - top + kh - 1.
         const int r = row + top, q = col + left;
         const int oh_first = r - kh + 1 <= 0 ? 0 : (r - kh + sh) / sh, oh_last = min(out_h - 1, r / sh);
@@ -62,7 +63,7 @@ extern "C" __global__ void maxpool_backward(const ELEM_T* dy, const int* argmax,
         float g = 0.f;
         for (int oh = oh_first; oh <= oh_last; ++oh) {
             for (int ow = ow_first; ow <= ow_last; ++ow) {
-                const long long o = ((b * out_h + oh) * out_w + ow) * c + ch;
+                const int o = ((b * out_h + oh) * out_w + ow) * c + ch;
                 if (argmax[o] == (r - oh * sh) * kw + (q - ow * sw)) g += load_f(dy, o);
             }
         }
@@ -101,6 +102,8 @@ class MaxPool2D(Layer):
         self.backend, self.x = ctx.backend, x
         self.window = self._window(tuple(x.shape[1:]))
         shape = (x.shape[0],) + self.window.output_hw + (x.shape[3],)
+        if max(x.size, int(np.prod(shape))) >= 2 ** 31:
+            raise ValueError(f"{self.name}: {x.shape} is too large for 32-bit indices; use a smaller batch")
         self.out = ctx.allocator.zeros(shape, x.dtype, "activations")
         self.argmax = ctx.allocator.zeros(shape, np.int32, "activations")
         if ctx.backend.is_gpu:
