@@ -10,7 +10,8 @@ threads are (pixel lane, filter) pairs, each keeps its filter's kh kw C tap sums
 and bias sum in registers over a chunk of pixels, lanes meet in shared memory,
 and a second kernel adds the chunks in a fixed order into the fp32 master
 gradients (no atomics: the same result every run). The dz buffer is never
-written. The kernel is specialised at compile time on the window and channels.
+written. The kernels are compiled for the layer's geometry (constant
+divisions, unrolled taps).
 """
 from __future__ import annotations
 
@@ -19,54 +20,55 @@ import numpy as np
 from ..kernels import ctype, get_kernel, multiprocessor_count
 
 _SOURCE = r"""
-#define TAPS (KH * KW * CH)
+// The geometry is compiled in (IN_H, IN_W, CHANNELS, OUT_H, OUT_W, WIN_H, WIN_W, STRIDE_H, STRIDE_W,
+// PAD_TOP, PAD_LEFT, FILTERS): the tap loops unroll and index arithmetic divides by constants.
+#define TAPS (WIN_H * WIN_W * CHANNELS)
+#define WIDTH (FILTERS * (TAPS + 1))
 extern "C" __global__ void direct_wgrad_partials(const ELEM_T* x, const ELEM_T* y, const ELEM_T* dy, float* partials,
-                                                 int n, int h, int w, int out_h, int out_w, int filters, int sh, int sw,
-                                                 int top, int left, int pixels_per_chunk) {
+                                                 int pixels, int pixels_per_chunk) {
     extern __shared__ float sums[];   // [lane][filter][TAPS + 1]
-    const int lanes = blockDim.x / filters;   // the block is a whole number of lanes
-    const int f = threadIdx.x % filters, lane = threadIdx.x / filters;
-    const int width = filters * (TAPS + 1);
+    const int lanes = blockDim.x / FILTERS;   // the block is a whole number of lanes
+    const int f = threadIdx.x % FILTERS, lane = threadIdx.x / FILTERS;
     float acc[TAPS + 1];
     #pragma unroll
     for (int t = 0; t <= TAPS; ++t) acc[t] = 0.f;
     const int first = blockIdx.x * pixels_per_chunk;
-    const int last = min(n * out_h * out_w, first + pixels_per_chunk);
+    const int last = min(pixels, first + pixels_per_chunk);
     for (int p = first + lane; p < last; p += lanes) {
-        const int o = p * filters + f;
+        const int o = p * FILTERS + f;
         float g = load_f(dy, o);
         if (HAS_RELU && !(load_f(y, o) > 0.f)) g = 0.f;
         acc[TAPS] += g;
-        const int ow = p % out_w, rest = p / out_w, oh = rest % out_h, b = rest / out_h;
+        const int ow = p % OUT_W, oh = p / OUT_W % OUT_H, b = p / (OUT_W * OUT_H);
         #pragma unroll
-        for (int i = 0; i < KH; ++i) {
-            const int row = oh * sh - top + i;
+        for (int i = 0; i < WIN_H; ++i) {
+            const int row = oh * STRIDE_H - PAD_TOP + i;
             #pragma unroll
-            for (int j = 0; j < KW; ++j) {
-                const int col = ow * sw - left + j;
-                const bool inside = row >= 0 && row < h && col >= 0 && col < w;
+            for (int j = 0; j < WIN_W; ++j) {
+                const int col = ow * STRIDE_W - PAD_LEFT + j;
+                const bool inside = row >= 0 && row < IN_H && col >= 0 && col < IN_W;
+                const int at = ((b * IN_H + row) * IN_W + col) * CHANNELS;
                 #pragma unroll
-                for (int c = 0; c < CH; ++c)
-                    if (inside) acc[(i * KW + j) * CH + c] += g * load_f(x, ((b * h + row) * w + col) * CH + c);
+                for (int c = 0; c < CHANNELS; ++c)
+                    if (inside) acc[(i * WIN_W + j) * CHANNELS + c] += g * load_f(x, at + c);
             }
         }
     }
     #pragma unroll
-    for (int t = 0; t <= TAPS; ++t) sums[lane * width + f * (TAPS + 1) + t] = acc[t];
+    for (int t = 0; t <= TAPS; ++t) sums[lane * WIDTH + f * (TAPS + 1) + t] = acc[t];
     __syncthreads();
-    for (int v = threadIdx.x; v < width; v += blockDim.x) {
+    for (int v = threadIdx.x; v < WIDTH; v += blockDim.x) {
         float s = 0.f;
-        for (int l = 0; l < lanes; ++l) s += sums[l * width + v];
-        partials[(long long)blockIdx.x * width + v] = s;
+        for (int l = 0; l < lanes; ++l) s += sums[l * WIDTH + v];
+        partials[(long long)blockIdx.x * WIDTH + v] = s;
     }
 }
-extern "C" __global__ void direct_wgrad_sum(const float* partials, int chunks, int filters, float* dw, float* db) {
-    const int width = filters * (TAPS + 1);
+extern "C" __global__ void direct_wgrad_sum(const float* partials, int chunks, float* dw, float* db) {
     const int v = blockIdx.x * blockDim.x + threadIdx.x;
-    if (v >= width) return;
+    if (v >= WIDTH) return;
     float s = 0.f;
     #pragma unroll 8
-    for (int c = 0; c < chunks; ++c) s += partials[(long long)c * width + v];
+    for (int c = 0; c < chunks; ++c) s += partials[(long long)c * WIDTH + v];
     const int f = v / (TAPS + 1), t = v % (TAPS + 1);
     if (t < TAPS) dw[f * TAPS + t] = s;   // KRSC: (filter, kh, kw, c) is the tap order above
     else if (HAS_BIAS) db[f] = s;
@@ -88,27 +90,26 @@ class DirectWeightGrad:
     def __init__(self, ctx, window, x, y, dy, grad_w, grad_b, relu: bool):
         n, h, w, channels = x.shape
         filters = dy.shape[3]
-        kh, kw = window.kernel
-        self.args = tuple(np.int32(v) for v in (n, h, w) + window.output_hw + (filters,) + window.stride
-                          + (window.pads[0], window.pads[2]))
+        (kh, kw), (out_h, out_w) = window.kernel, window.output_hw
         self.x, self.y, self.dy, self.grad_w = x, y, dy, grad_w
         self.grad_b = grad_b if grad_b is not None else grad_w   # unread without a bias
         self.filters = filters
         self.threads = filters * (_THREADS // filters)
         self.width = filters * (kh * kw * channels + 1)
-        pixels = n * window.output_hw[0] * window.output_hw[1]
+        self.pixels = n * out_h * out_w
         target_chunks = _BLOCKS_PER_SM * multiprocessor_count()
-        self.pixels_per_chunk = max(_THREADS // filters, -(-pixels // target_chunks))
-        self.chunks = -(-pixels // self.pixels_per_chunk)
+        self.pixels_per_chunk = max(_THREADS // filters, -(-self.pixels // target_chunks))
+        self.chunks = -(-self.pixels // self.pixels_per_chunk)
         self.partials = ctx.allocator.zeros((self.chunks, self.width), np.float32, "workspace")
-        defines = dict(ELEM_T=ctype(x.dtype), KH=kh, KW=kw, CH=channels, HAS_RELU=int(relu),
+        defines = dict(ELEM_T=ctype(x.dtype), IN_H=h, IN_W=w, CHANNELS=channels, OUT_H=out_h, OUT_W=out_w,
+                       WIN_H=kh, WIN_W=kw, STRIDE_H=window.stride[0], STRIDE_W=window.stride[1],
+                       PAD_TOP=window.pads[0], PAD_LEFT=window.pads[2], FILTERS=filters, HAS_RELU=int(relu),
                        HAS_BIAS=int(grad_b is not None))
         self._partials = get_kernel(_SOURCE, "direct_wgrad_partials", **defines)
         self._sum = get_kernel(_SOURCE, "direct_wgrad_sum", **defines)
 
     def run(self):
         self._partials((self.chunks,), (self.threads,),
-                       (self.x, self.y, self.dy, self.partials) + self.args + (np.int32(self.pixels_per_chunk),),
+                       (self.x, self.y, self.dy, self.partials, np.int32(self.pixels), np.int32(self.pixels_per_chunk)),
                        shared_mem=4 * (self.threads // self.filters) * self.width)
-        self._sum((-(-self.width // 128),), (128,),
-                  (self.partials, np.int32(self.chunks), np.int32(self.filters), self.grad_w, self.grad_b))
+        self._sum((-(-self.width // 128),), (128,), (self.partials, np.int32(self.chunks), self.grad_w, self.grad_b))

@@ -6,8 +6,9 @@ torch and NumPy's argmax); padding never wins. Backward gathers rather than
 scatters: one thread per input value adds the gradients of the (at most
 ceil(k/s)^2) windows that chose it, so overlapping windows (ResNet's 3x3/2 stem
 pool, seed note 002) need no atomics and no zero-fill, and the result is the
-same every run. Indices are 32-bit (64-bit division costs several times more on
-a GPU and made the kernels compute-bound); a batch of 2^31 values or more is refused.
+same every run. Index arithmetic dominated these memory-bound kernels, so it is
+32-bit (a batch of 2^31 values or more is refused) and the layer's geometry is
+compiled into them (divisions by constants become multiplies).
 """
 from __future__ import annotations
 
@@ -20,51 +21,43 @@ from .base import BuildContext, Layer
 from .geometry import add_windows, pad, pair, resolve_window, windows
 
 _SOURCE = r"""
-extern "C" __global__ void maxpool_forward(const ELEM_T* x, ELEM_T* y, int* argmax, int n, int h, int w,
-                                           int c, int out_h, int out_w, int kh, int kw, int sh, int sw, int top,
-                                           int left) {
-    const int total = n * out_h * out_w * c;
+// The geometry is compiled in (IN_H, IN_W, CHANNELS, OUT_H, OUT_W, WIN_H, WIN_W, STRIDE_H, STRIDE_W,
+// PAD_TOP, PAD_LEFT): index arithmetic then divides by constants, which compiles to multiplies.
+extern "C" __global__ void maxpool_forward(const ELEM_T* x, ELEM_T* y, int* argmax, int total) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        const int ch = i % c;
-        int rest = i / c;
-        const int ow = rest % out_w; rest /= out_w;
-        const int oh = rest % out_h;
-        const int b = rest / out_h;
+        const int ch = i % CHANNELS, pixel = i / CHANNELS;
+        const int ow = pixel % OUT_W, oh = pixel / OUT_W % OUT_H, b = pixel / (OUT_W * OUT_H);
         float best = 0.f;
         int arg = -1;
-        for (int a = 0; a < kh; ++a) {
-            const int row = oh * sh - top + a;
-            if (row < 0 || row >= h) continue;
-            for (int d = 0; d < kw; ++d) {
-                const int col = ow * sw - left + d;
-                if (col < 0 || col >= w) continue;
-                const float v = load_f(x, ((b * h + row) * w + col) * c + ch);
-                if (arg < 0 || v > best) { best = v; arg = a * kw + d; }
+        #pragma unroll
+        for (int a = 0; a < WIN_H; ++a) {
+            const int row = oh * STRIDE_H - PAD_TOP + a;
+            #pragma unroll
+            for (int d = 0; d < WIN_W; ++d) {
+                const int col = ow * STRIDE_W - PAD_LEFT + d;
+                if (row < 0 || row >= IN_H || col < 0 || col >= IN_W) continue;
+                const float v = load_f(x, ((b * IN_H + row) * IN_W + col) * CHANNELS + ch);
+                if (arg < 0 || v > best) { best = v; arg = a * WIN_W + d; }
             }
         }
         store_f(y, i, best);
         argmax[i] = arg;
     }
 }
-extern "C" __global__ void maxpool_backward(const ELEM_T* dy, const int* argmax, ELEM_T* dx, int n, int h,
-                                            int w, int c, int out_h, int out_w, int kh, int kw, int sh, int sw,
-                                            int top, int left) {
-    const int total = n * h * w * c;
+extern "C" __global__ void maxpool_backward(const ELEM_T* dy, const int* argmax, ELEM_T* dx, int total) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        const int ch = i % c;
-        int rest = i / c;
-        const int col = rest % w; rest /= w;
-        const int row = rest % h;
-        const int b = rest / h;
-        // Windows containing (row, col): oh * sh - top <= row <= oh * sh - top + kh - 1.
-        const int r = row + top, q = col + left;
-        const int oh_first = r - kh + 1 <= 0 ? 0 : (r - kh + sh) / sh, oh_last = min(out_h - 1, r / sh);
-        const int ow_first = q - kw + 1 <= 0 ? 0 : (q - kw + sw) / sw, ow_last = min(out_w - 1, q / sw);
+        const int ch = i % CHANNELS, pixel = i / CHANNELS;
+        const int col = pixel % IN_W, row = pixel / IN_W % IN_H, b = pixel / (IN_W * IN_H);
+        // Windows containing (row, col): oh * STRIDE_H - PAD_TOP <= row <= oh * STRIDE_H - PAD_TOP + WIN_H - 1.
+        const int r = row + PAD_TOP, q = col + PAD_LEFT;
+        const int oh_first = r - WIN_H + 1 <= 0 ? 0 : (r - WIN_H + STRIDE_H) / STRIDE_H;
+        const int ow_first = q - WIN_W + 1 <= 0 ? 0 : (q - WIN_W + STRIDE_W) / STRIDE_W;
+        const int oh_last = min(OUT_H - 1, r / STRIDE_H), ow_last = min(OUT_W - 1, q / STRIDE_W);
         float g = 0.f;
         for (int oh = oh_first; oh <= oh_last; ++oh) {
             for (int ow = ow_first; ow <= ow_last; ++ow) {
-                const int o = ((b * out_h + oh) * out_w + ow) * c + ch;
-                if (argmax[o] == (r - oh * sh) * kw + (q - ow * sw)) g += load_f(dy, o);
+                const int o = ((b * OUT_H + oh) * OUT_W + ow) * CHANNELS + ch;
+                if (argmax[o] == (r - oh * STRIDE_H) * WIN_W + (q - ow * STRIDE_W)) g += load_f(dy, o);
             }
         }
         store_f(dx, i, g);
@@ -92,11 +85,13 @@ class MaxPool2D(Layer):
     def output_shape(self, input_shape):
         return self._window(input_shape).output_hw + (input_shape[2],)
 
-    def _dims(self):
-        n, h, w, c = self.x.shape
+    def _geometry(self) -> dict:
+        """The kernels' compile-time defines."""
+        _, h, w, c = self.x.shape
         (out_h, out_w), (kh, kw), (sh, sw) = self.window.output_hw, self.window.kernel, self.window.stride
         top, _, left, _ = self.window.pads
-        return tuple(np.int32(v) for v in (n, h, w, c, out_h, out_w, kh, kw, sh, sw, top, left))
+        return dict(ELEM_T=ctype(self.x.dtype), IN_H=h, IN_W=w, CHANNELS=c, OUT_H=out_h, OUT_W=out_w, WIN_H=kh,
+                    WIN_W=kw, STRIDE_H=sh, STRIDE_W=sw, PAD_TOP=top, PAD_LEFT=left)
 
     def build_forward(self, ctx: BuildContext, x):
         self.backend, self.x = ctx.backend, x
@@ -107,8 +102,8 @@ class MaxPool2D(Layer):
         self.out = ctx.allocator.zeros(shape, x.dtype, "activations")
         self.argmax = ctx.allocator.zeros(shape, np.int32, "activations")
         if ctx.backend.is_gpu:
-            self._forward = get_kernel(_SOURCE, "maxpool_forward", ELEM_T=ctype(x.dtype))
-            self._backward = get_kernel(_SOURCE, "maxpool_backward", ELEM_T=ctype(x.dtype))
+            self._forward = get_kernel(_SOURCE, "maxpool_forward", **self._geometry())
+            self._backward = get_kernel(_SOURCE, "maxpool_backward", **self._geometry())
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
@@ -119,7 +114,7 @@ class MaxPool2D(Layer):
     def forward(self):
         if self.backend.is_gpu:
             grid, block = launch_shape(self.out.size)
-            self._forward(grid, block, (self.x, self.out, self.argmax) + self._dims())
+            self._forward(grid, block, (self.x, self.out, self.argmax, np.int32(self.out.size)))
             return
         n, out_h, out_w, c = self.out.shape
         cols = windows(pad(widen(self.x), self.window, -np.inf), self.window).reshape(n, out_h, out_w, -1, c)
@@ -131,7 +126,7 @@ class MaxPool2D(Layer):
             return
         if self.backend.is_gpu:
             grid, block = launch_shape(self.dx.size)
-            self._backward(grid, block, (self.dy, self.argmax, self.dx) + self._dims())
+            self._backward(grid, block, (self.dy, self.argmax, self.dx, np.int32(self.dx.size)))
             return
         n, out_h, out_w, c = self.out.shape
         (kh, kw) = self.window.kernel
