@@ -135,6 +135,7 @@ class CudnnRuntime:
     def __init__(self, backend):
         cudnn = _cudnn()
         self.backend = backend
+        # Never destroyed: the process-wide graph cache holds plans built with this handle.
         self.handle = cudnn.create_handle()
         cudnn.set_stream(handle=self.handle, stream=backend.stream.ptr)
         self.workspace = backend.xp.empty((256,), np.uint8)
