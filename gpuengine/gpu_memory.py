@@ -33,11 +33,12 @@ def is_out_of_memory(exc: BaseException) -> bool:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, MemoryError):
-            return False
         package = (type(exc).__module__ or "").split(".")[0]
+        # Checked first: CuPy's OutOfMemoryError subclasses the host MemoryError.
         if type(exc).__name__ == "OutOfMemoryError" and package in ("cupy", "cupy_backends", "torch"):
             return True
+        if isinstance(exc, MemoryError):
+            return False
         if any(marker in str(exc).lower() for marker in OOM_MARKERS):
             return True
         exc = exc.__cause__ or exc.__context__

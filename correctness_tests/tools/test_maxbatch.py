@@ -199,14 +199,17 @@ def test_trial_spec_round_trips_through_its_command_line():
 
 # -- what counts as out of memory ------------------------------------------------------
 
-def fake_exception(module: str, name: str, message: str = ""):
-    cls = type(name, (Exception,), {})
+def fake_exception(module: str, name: str, message: str = "", base=Exception):
+    cls = type(name, (base,), {})
     cls.__module__ = module
     return cls(message)
 
 
 @pytest.mark.parametrize("exc,expected", [
     (fake_exception("cupy.cuda.memory", "OutOfMemoryError", "Out of memory allocating 512 bytes"), True),
+    # CuPy's real class derives from the host MemoryError (seen on an H200 run): still a device OOM.
+    (fake_exception("cupy.cuda.memory", "OutOfMemoryError", "Out of memory allocating 4,194,304,000 bytes",
+                    MemoryError), True),
     (fake_exception("torch", "OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB"), True),
     (RuntimeError("cuBLAS error: CUBLAS_STATUS_ALLOC_FAILED"), True),
     (fake_exception("cuda.core", "CUDAError", "CUDA_ERROR_OUT_OF_MEMORY: out of memory"), True),
