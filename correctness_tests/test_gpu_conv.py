@@ -23,7 +23,8 @@ from gpuengine.workloads.cnn import CNNShape, build_cnn, cnn_data
 
 from .gradient_check import random_weights
 from .layer_harness import run_layer, run_loss
-from .test_gpu_parity import TOLERANCE, assert_close, rel_err
+from .gpu_checks import TOLERANCE, assert_steady_state_allocates_nothing, rel_err
+from .test_gpu_parity import assert_close
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
@@ -196,14 +197,7 @@ def test_inference_captured_and_one_shot_match_numpy(precision):
 
 
 def test_steady_state_allocates_nothing():
-    import cupy
     net = build_cnn(SHAPE)
     x, t = cnn_data(4096, SHAPE)
-    for config in (EngineConfig(cuda_graph=0), EngineConfig(cuda_graph=8), EngineConfig(resident_data=False)):
-        trainer = Trainer(net, x, t, 512, config)
-        trainer.train(1)
-        pool = cupy.get_default_memory_pool()
-        before = pool.used_bytes()
-        trainer.run_epochs(3)
-        trainer.synchronize()
-        assert pool.used_bytes() == before, config.describe()
+    configs = (EngineConfig(cuda_graph=0), EngineConfig(cuda_graph=8), EngineConfig(resident_data=False))
+    assert_steady_state_allocates_nothing(net, x, t, 512, configs)

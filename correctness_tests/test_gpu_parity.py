@@ -16,18 +16,11 @@ from gpuengine.params import ParamSpec
 from gpuengine.trainer import Trainer
 from gpuengine.workloads.mlp import MLPShape, build_mlp, mlp_data
 
+from .gpu_checks import TOLERANCE, assert_steady_state_allocates_nothing, rel_err
 from .layer_harness import run_layer, run_loss
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
-
-# fp32 kernels vs NumPy float32: rounding only. tf32/bf16: tensor-core rounding.
-TOLERANCE = {"fp32": 2e-5, "tf32": 5e-3, "bf16": 3e-2}
-
-
-def rel_err(a, b):
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
 
 def assert_close(gpu: dict, cpu: dict, tol: float):
     assert gpu.keys() == cpu.keys()
@@ -126,17 +119,10 @@ def test_device_gather_reads_the_host_shuffle():
 
 
 def test_steady_state_allocates_nothing():
-    import cupy
     net = build_mlp(SHAPE)
     x, t = mlp_data(4096, SHAPE)
-    for config in (EngineConfig(cuda_graph=0), EngineConfig(cuda_graph=4), EngineConfig(resident_data=False)):
-        trainer = Trainer(net, x, t, 512, config)
-        trainer.train(1)
-        pool = cupy.get_default_memory_pool()
-        before = pool.used_bytes()
-        trainer.run_epochs(3)
-        trainer.synchronize()
-        assert pool.used_bytes() == before, config.describe()
+    configs = (EngineConfig(cuda_graph=0), EngineConfig(cuda_graph=4), EngineConfig(resident_data=False))
+    assert_steady_state_allocates_nothing(net, x, t, 512, configs)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -71,16 +71,22 @@ def _fresh_copies(layers: list[Layer]) -> list[Layer]:
     return fresh
 
 
+def _build_forward_chain(net: Sequential, ctx: BuildContext, batch_x, fuse: bool):
+    """(fused?, the layers run one by one, their last output); the fused tail is left to the caller."""
+    fused = fuse and net.fused_head_pattern()
+    body = _fresh_copies(net.layers[:-2] if fused else net.layers)
+    x = batch_x
+    for layer in body:
+        x = layer.build_forward(ctx, x)
+    return fused, body, x
+
+
 class TrainingProgram:
     """The static buffers and calls of one training step (without data and optimizer)."""
 
     def __init__(self, net: Sequential, ctx: BuildContext, batch_x, batch_t, state, fuse: bool = True):
-        self.fused = fuse and net.fused_head_pattern()
-        body = _fresh_copies(net.layers[:-2] if self.fused else net.layers)
+        self.fused, body, x = _build_forward_chain(net, ctx, batch_x, fuse)
         self.body = body
-        x = batch_x
-        for layer in body:
-            x = layer.build_forward(ctx, x)
         if self.fused:
             body[-1].bias_grad_fused = True   # the head computes db of the dense layer feeding it
             self.loss = TanhLinearMSEHead(net.layers[-1].name, body[-1].name)
@@ -91,7 +97,7 @@ class TrainingProgram:
             dy = body[i].build_backward(ctx, dy, needs_input_grad=i > 0)
 
     def autotune(self):
-        """Re-rank each GEMM's algorithms on the live buffers (like cudnn.benchmark)."""
+        """Let layers pick their fastest library plans on live buffers (cuDNN graphs, like cudnn.benchmark)."""
         for layer in self.body:
             layer.autotune()
 
@@ -109,12 +115,7 @@ class InferenceProgram:
     """Forward chain into a float32 (B, outputs) result; the tanh->Dense(1) tail fused."""
 
     def __init__(self, net: Sequential, ctx: BuildContext, batch_x, fuse: bool = True):
-        self.fused = fuse and net.fused_head_pattern()
-        body = _fresh_copies(net.layers[:-2] if self.fused else net.layers)
-        self.body = body
-        x = batch_x
-        for layer in body:
-            x = layer.build_forward(ctx, x)
+        self.fused, self.body, x = _build_forward_chain(net, ctx, batch_x, fuse)
         self.y = ctx.allocator.zeros((ctx.batch,) + net.output_shape, np.float32, "activations")
         self._tail = TanhLinearOutput(ctx.backend, ctx.params, net.layers[-1].name, x, self.y) if self.fused else None
         self._last = x

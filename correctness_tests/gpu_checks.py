@@ -1,0 +1,26 @@
+"""Shared checks for the GPU-vs-NumPy tests: tolerances, relative error, steady-state allocation."""
+from __future__ import annotations
+
+import numpy as np
+
+from gpuengine.trainer import Trainer
+
+# fp32 kernels vs NumPy float32: rounding only. tf32/bf16: tensor-core rounding.
+TOLERANCE = {"fp32": 2e-5, "tf32": 5e-3, "bf16": 3e-2}
+
+
+def rel_err(a, b) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def assert_steady_state_allocates_nothing(net, x, t, batch: int, configs):
+    """After warm-up, further epochs take no memory from the pool, for every config."""
+    import cupy
+    for config in configs:
+        trainer = Trainer(net, x, t, batch, config)
+        trainer.train(1)
+        pool = cupy.get_default_memory_pool()
+        before = pool.used_bytes()
+        trainer.run_epochs(3)
+        trainer.synchronize()
+        assert pool.used_bytes() == before, config.describe()
