@@ -77,7 +77,10 @@ def resolve_device(device: str) -> torch.device:
 
 def to_device(array, device: torch.device) -> torch.Tensor:
     """A NumPy array or tensor copied to the device once (resident for the whole run)."""
-    tensor = torch.from_numpy(np.ascontiguousarray(array)) if isinstance(array, np.ndarray) else array
+    if isinstance(array, np.ndarray):
+        # Cached data sets are read-only; torch wants writable memory, so copy only those.
+        array = np.require(array, requirements=["C_CONTIGUOUS", "WRITEABLE"])
+    tensor = torch.from_numpy(array) if isinstance(array, np.ndarray) else array
     return tensor.to(device).contiguous()
 
 
