@@ -57,6 +57,7 @@ class RunTarget:
     tier: Tier
     storage: str | None   # where pytest-benchmark stores and compares runs (None: plugin not loaded)
     notices: list[str]    # said in the header: options this run adjusted, stack changes since the stored run
+    chosen: frozenset = frozenset()   # toggles set by --gpuengine-* or GPUENGINE_*: perf cases outside them skip
 
 
 RUN_TARGET = pytest.StashKey[RunTarget]()
@@ -116,7 +117,9 @@ def pytest_configure(config: pytest.Config):
         raise pytest.UsageError(f"gpuengine: {exc}") from exc
     tier = current_tier(on_gpu)
     storage, notices = _route_benchmark_storage(config, engine_config, tier)
-    config.stash[RUN_TARGET] = RunTarget(engine_config, tier, storage, notices)
+    chosen = frozenset(t for t, value in overrides.items()
+                       if value is not None or os.environ.get(f"GPUENGINE_{t.upper()}", "") != "")
+    config.stash[RUN_TARGET] = RunTarget(engine_config, tier, storage, notices, chosen)
     # pytest-benchmark's own check warns with every machine fact whenever clocks move; ours names what matters.
     warnings.filterwarnings("ignore", message="Benchmark machine_info is different")
 

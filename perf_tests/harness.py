@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import pytest
 
 from gpuengine.benchmarking import Comparison, Runner, time_round
@@ -66,3 +67,37 @@ def record_and_gate(benchmark, comparison: Comparison, test_name: str, precision
         pytest.fail(f"{test_name} on {tier.gpu_name}: engine below its same-run ratio threshold:\n  {lines}",
                     pytrace=False)
     return missed
+
+
+def skip_unless_selected(run_target, **case):
+    """Skip a perf case that the run's chosen toggles exclude (tox matrix envs, --gpuengine-* options).
+
+    Perf cases are sized for the visible hardware, so a run that forces the other device skips them too.
+    """
+    from gpuengine.backend import gpu_visible
+    if run_target.tier.on_gpu != gpu_visible():
+        pytest.skip("perf cases are sized for the visible hardware; this run forces "
+                    f"device={run_target.config.device}")
+    for toggle, value in case.items():
+        chosen = getattr(run_target.config, toggle)
+        if toggle in run_target.chosen and chosen != value:
+            pytest.skip(f"this run fixes {toggle}={chosen}; the case measures {toggle}={value}")
+
+
+def epoch_loss(runner) -> float:
+    """Train one more round and read the mean loss of its last epoch (outside timing)."""
+    if hasattr(runner, "trainer"):   # the engine reads its device loss history through train()
+        return runner.train(runner.epochs_per_round)[-1]
+    runner.run_round()
+    runner.synchronize()
+    return runner.last_epoch_loss()
+
+
+def assert_losses_descend(benchmark, first: dict, last: dict):
+    """Record the losses around the timed rounds; every side must have trained."""
+    benchmark.extra_info["loss_before"] = first
+    benchmark.extra_info["loss_after"] = last
+    for name in first:
+        assert np.isfinite(last[name]) and last[name] < first[name], \
+            f"{name}: loss {first[name]} -> {last[name]} did not descend"
+

@@ -11,7 +11,6 @@ smoke test of the harness, never a timing gate.
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from gpuengine.backend import gpu_visible
@@ -20,7 +19,10 @@ from gpuengine.reference import tf_common
 from gpuengine.runners import EngineTrainRunner
 from gpuengine.workloads import cnn
 
-torch_cnn = pytest.importorskip("gpuengine.reference.torch_cnn", reason="PyTorch is not installed: no reference")
+from .harness import assert_losses_descend, epoch_loss, skip_unless_selected
+
+pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
+from gpuengine.reference import torch_cnn  # noqa: E402  (needs torch)
 
 ON_GPU = gpu_visible()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -58,35 +60,22 @@ def engine_runner(case, x, t):
                              lr=cnn.LEARNING_RATE)
 
 
-def epoch_loss(runner) -> float:
-    """Train one more round and read the mean loss of its last epoch (outside timing)."""
-    if isinstance(runner, EngineTrainRunner):
-        return runner.train(1)[-1]
-    runner.run_round()
-    runner.synchronize()
-    return runner.last_epoch_loss()
-
-
 def compare_and_check_descent(benchmark, compare, engine, refs, precision):
     for runner in [engine] + refs:
         assert runner.parameter_count() == cnn.parameter_count(SHAPE), runner.name
         runner.prepare()
     warmup_rounds = -(-cnn.WARMUP_EPOCHS // engine.epochs_per_round)
     first = {r.name: epoch_loss(r) for r in [engine] + refs}
-    result = compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision, warmup_rounds=warmup_rounds,
-                     flops_per_sample=cnn.build_cnn(SHAPE).train_flops_per_sample())
+    compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision, warmup_rounds=warmup_rounds,
+            flops_per_sample=cnn.build_cnn(SHAPE).train_flops_per_sample())
     last = {r.name: epoch_loss(r) for r in [engine] + refs}
-    benchmark.extra_info["loss_before"] = first
-    benchmark.extra_info["loss_after"] = last
-    for name in first:
-        assert np.isfinite(last[name]) and last[name] < first[name], \
-            f"{name}: loss {first[name]} -> {last[name]} did not descend"
-    assert result.throughput("gpuengine") > 0
+    assert_losses_descend(benchmark, first, last)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
-def test_cnn_train(case, benchmark, compare):
-    precision, _, _, batch = case
+def test_cnn_train(case, benchmark, compare, run_target):
+    precision, graph, resident, batch = case
+    skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
     x, t = cnn.cnn_data(SAMPLES, SHAPE)
     engine = engine_runner(case, x, t)
     weights = engine.trainer.params.state_dict()
@@ -101,12 +90,13 @@ KERAS_CASES = [("tf32" if ON_GPU else "fp32", 8 if ON_GPU else 1, True, b) for b
 
 @pytest.mark.tf
 @pytest.mark.parametrize("case", KERAS_CASES, ids=[case_id(c) for c in KERAS_CASES])
-def test_cnn_train_vs_keras(case, benchmark, compare):
+def test_cnn_train_vs_keras(case, benchmark, compare, run_target):
     reason = tf_common.tensorflow_unavailable()
     if reason:
         pytest.skip(reason)
     from gpuengine.reference import tf_cnn
-    precision, _, _, batch = case
+    precision, graph, resident, batch = case
+    skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
     x, t = cnn.cnn_data(SAMPLES, SHAPE)
     engine = engine_runner(case, x, t)
     keras = tf_cnn.cnn_fit_runner(x, t, batch, precision, lr=cnn.LEARNING_RATE, shape=SHAPE,

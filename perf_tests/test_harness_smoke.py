@@ -153,6 +153,8 @@ def test_runs_are_stored_per_tier_with_machine_info(pytester, monkeypatch):
     from pytest_benchmark.utils import get_machine_id
     # A session of its own, on the CPU tier whatever this machine has, with the suite's two conftests.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    for name in [k for k in os.environ if k.startswith("GPUENGINE_")]:
+        monkeypatch.delenv(name)   # a tox matrix env's toggles would move the storage folder
     monkeypatch.setenv("GPUENGINE_DEVICE", "cpu")
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # else pytest-benchmark in there disables itself
     pytester.makeconftest((REPO / "conftest.py").read_text()
