@@ -13,6 +13,14 @@ def rel_err(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
+def assert_close(gpu: dict, cpu: dict, tol: float):
+    """Same keys, finite values, and each within `tol` relative error of the CPU result."""
+    assert gpu.keys() == cpu.keys()
+    for key in cpu:
+        assert np.isfinite(gpu[key]).all(), key
+        assert rel_err(gpu[key], cpu[key]) < tol, (key, rel_err(gpu[key], cpu[key]))
+
+
 def assert_steady_state_allocates_nothing(net, x, t, batch: int, configs):
     """After warm-up, further epochs take no memory from the pool, for every config."""
     import cupy

@@ -36,6 +36,11 @@ def check_backward(op, *arrays, **options) -> list[tuple]:
     return check_network_backward(op, *arrays, **options)
 
 
+def assert_not_trivial(pairs):
+    """The checked directions must carry gradient: a zero backprop would pass any tolerance."""
+    assert all(abs(backprop) > 1e-6 for _, backprop in pairs), pairs
+
+
 def random_weights(specs, rng: np.random.Generator, scale: float = 0.5) -> Point:
     """Float64 values for every parameter, biases included (zeros would hide a bias term)."""
     return {s.name: rng.standard_normal(s.shape) * scale for s in specs}

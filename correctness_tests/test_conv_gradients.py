@@ -14,7 +14,7 @@ import pytest
 from gpuengine.layers import Conv2D, Flatten, MaxPool2D, SoftmaxCrossEntropy
 from gpuengine.workloads.cnn import CNNShape, build_cnn
 
-from .gradient_check import check_backward, random_weights
+from .gradient_check import assert_not_trivial, check_backward, random_weights
 from .layer_harness import run_layer, run_loss, run_network
 
 BATCH = 3
@@ -22,10 +22,6 @@ BATCH = 3
 
 def images(seed: int, shape=(7, 6, 2)) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((BATCH,) + shape)
-
-
-def assert_not_trivial(pairs):
-    assert all(abs(backprop) > 1e-6 for _, backprop in pairs), pairs
 
 
 # -- convolution -----------------------------------------------------------------------

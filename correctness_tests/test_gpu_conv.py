@@ -23,8 +23,7 @@ from gpuengine.workloads.cnn import CNNShape, build_cnn, cnn_data
 
 from .gradient_check import random_weights
 from .layer_harness import run_layer, run_loss
-from .gpu_checks import TOLERANCE, assert_steady_state_allocates_nothing, rel_err
-from .test_gpu_parity import assert_close
+from .gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_nothing, rel_err
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]

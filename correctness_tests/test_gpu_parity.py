@@ -16,18 +16,11 @@ from gpuengine.params import ParamSpec
 from gpuengine.trainer import Trainer
 from gpuengine.workloads.mlp import MLPShape, build_mlp, mlp_data
 
-from .gpu_checks import TOLERANCE, assert_steady_state_allocates_nothing, rel_err
+from .gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_nothing, rel_err
 from .layer_harness import run_layer, run_loss
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
-
-def assert_close(gpu: dict, cpu: dict, tol: float):
-    assert gpu.keys() == cpu.keys()
-    for key in cpu:
-        assert np.isfinite(gpu[key]).all(), key
-        assert rel_err(gpu[key], cpu[key]) < tol, (key, rel_err(gpu[key], cpu[key]))
-
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
 @pytest.mark.parametrize("units", [1, 7, 64])

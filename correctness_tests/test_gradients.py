@@ -20,7 +20,7 @@ from gpuengine.params import ParamSpec
 from gpuengine.reductions import ColumnSum
 from gpuengine.workloads.mlp import MLPShape, build_mlp
 
-from .gradient_check import check_backward, directional_check, random_weights
+from .gradient_check import assert_not_trivial, check_backward, directional_check, random_weights
 from .layer_harness import run_layer, run_loss, run_network
 
 BATCH, WIDTH = 11, 7
@@ -34,10 +34,6 @@ def away_from_zero(seed: int, shape=(BATCH, WIDTH), margin: float = 0.1) -> np.n
     """Inputs at least `margin` from ReLU's kink, half of them negative."""
     x = inputs(seed, shape)
     return np.sign(x) * (margin + np.abs(x))
-
-
-def assert_not_trivial(pairs):
-    assert all(abs(backprop) > 1e-6 for _, backprop in pairs), pairs
 
 
 # -- the checker can fail --------------------------------------------------------------
