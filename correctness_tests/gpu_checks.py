@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpuengine.config import EngineConfig
 from gpuengine.trainer import Trainer
 
 # fp32 kernels vs NumPy float32: rounding only. tf32/bf16: tensor-core rounding.
@@ -19,6 +20,12 @@ def assert_close(gpu: dict, cpu: dict, tol: float):
     for key in cpu:
         assert np.isfinite(gpu[key]).all(), key
         assert rel_err(gpu[key], cpu[key]) < tol, (key, rel_err(gpu[key], cpu[key]))
+
+
+def losses_by_graph_group(net, x, t, batch: int, precision: str, groups, epochs: int) -> dict:
+    """Epoch losses of the same training run, eager (0) and with each number of steps per graph launch."""
+    return {g: Trainer(net, x, t, batch, EngineConfig(precision=precision, cuda_graph=g)).train(epochs)
+            for g in groups}
 
 
 def assert_steady_state_allocates_nothing(net, x, t, batch: int, configs):

@@ -29,6 +29,13 @@ def make_context(device: str, precision: str, batch: int, specs, weights: dict |
     return BuildContext(backend, policy, allocator, params, batch)
 
 
+def _stage(ctx, host: np.ndarray, dtype, category: str):
+    """A device (or NumPy-backend) buffer of `dtype` holding the host array."""
+    buf = ctx.allocator.zeros(host.shape, dtype, category)
+    buf[...] = ctx.backend.xp.asarray(host.astype(dtype))
+    return buf
+
+
 def run_layer(layer, x: np.ndarray, dy: np.ndarray, *, device="cpu", precision="fp64",
               weights: dict | None = None, needs_input_grad=True) -> dict:
     """Forward then backward of `layer` on x with output gradient dy; host copies of everything."""
@@ -37,11 +44,9 @@ def run_layer(layer, x: np.ndarray, dy: np.ndarray, *, device="cpu", precision="
     ctx = make_context(device, precision, batch, specs, weights)
     be = ctx.backend
     with be.activate():
-        x_dev = ctx.allocator.zeros(x.shape, ctx.policy.compute_dtype, "batch")
-        x_dev[...] = be.xp.asarray(x.astype(ctx.policy.compute_dtype))
+        x_dev = _stage(ctx, x, ctx.policy.compute_dtype, "batch")
         out = layer.build_forward(ctx, x_dev)
-        dy_dev = ctx.allocator.zeros(out.shape, out.dtype, "activations")
-        dy_dev[...] = be.xp.asarray(dy.astype(out.dtype))
+        dy_dev = _stage(ctx, dy.reshape(out.shape), out.dtype, "activations")
         dx = layer.build_backward(ctx, dy_dev, needs_input_grad)
         layer.forward()
         layer.backward()
@@ -60,10 +65,8 @@ def run_loss(loss, y: np.ndarray, t: np.ndarray, *, device="cpu", precision="fp6
     be = ctx.backend
     with be.activate():
         state = _step_state(ctx)
-        y_dev = ctx.allocator.zeros(y.shape, ctx.policy.compute_dtype, "activations")
-        y_dev[...] = be.xp.asarray(y.astype(ctx.policy.compute_dtype))
-        t_dev = ctx.allocator.zeros(t.shape, np.float32, "batch")
-        t_dev[...] = be.xp.asarray(t.astype(np.float32))
+        y_dev = _stage(ctx, y, ctx.policy.compute_dtype, "activations")
+        t_dev = _stage(ctx, t, np.float32, "batch")
         dy = loss.build(ctx, y_dev, t_dev, state)
         loss.forward_backward()
         be.synchronize()
@@ -80,10 +83,8 @@ def run_network(net, x: np.ndarray, t: np.ndarray, *, device="cpu", precision="f
     be = ctx.backend
     with be.activate():
         state = _step_state(ctx)
-        x_dev = ctx.allocator.zeros(x.shape, ctx.policy.compute_dtype, "batch")
-        x_dev[...] = be.xp.asarray(x.astype(ctx.policy.compute_dtype))
-        t_dev = ctx.allocator.zeros(t.shape, np.float32, "batch")
-        t_dev[...] = be.xp.asarray(t.astype(np.float32))
+        x_dev = _stage(ctx, x, ctx.policy.compute_dtype, "batch")
+        t_dev = _stage(ctx, t, np.float32, "batch")
         program = TrainingProgram(net, ctx, x_dev, t_dev, state, fuse)
         program.forward()
         program.loss_and_backward()

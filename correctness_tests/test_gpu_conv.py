@@ -23,7 +23,8 @@ from gpuengine.workloads.cnn import CNNShape, build_cnn, cnn_data
 
 from .gradient_check import random_weights
 from .layer_harness import run_layer, run_loss
-from .gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_nothing, rel_err
+from .gpu_checks import (TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group,
+                         rel_err)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
@@ -169,7 +170,7 @@ def test_training_matches_numpy():
 def test_captured_replay_equals_eager(precision):
     net = build_cnn(SHAPE)
     x, t = cnn_data(4096, SHAPE)
-    runs = {g: Trainer(net, x, t, 128, EngineConfig(precision=precision, cuda_graph=g)).train(3) for g in (0, 1, 8)}
+    runs = losses_by_graph_group(net, x, t, 128, precision, (0, 1, 8), epochs=3)
     np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6)
     np.testing.assert_allclose(runs[8], runs[0], rtol=1e-6)
     assert runs[0][-1] < runs[0][0] < np.log(10)

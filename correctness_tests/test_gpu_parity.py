@@ -16,7 +16,8 @@ from gpuengine.params import ParamSpec
 from gpuengine.trainer import Trainer
 from gpuengine.workloads.mlp import MLPShape, build_mlp, mlp_data
 
-from .gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_nothing, rel_err
+from .gpu_checks import (TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group,
+                         rel_err)
 from .layer_harness import run_layer, run_loss
 
 pytestmark = [pytest.mark.gpu,
@@ -86,7 +87,7 @@ def test_training_matches_numpy(fuse):
 def test_captured_replay_equals_eager(precision):
     net = build_mlp(SHAPE)
     x, t = mlp_data(4096, SHAPE)
-    runs = {g: Trainer(net, x, t, 512, EngineConfig(precision=precision, cuda_graph=g)).train(4) for g in (0, 1, 3)}
+    runs = losses_by_graph_group(net, x, t, 512, precision, (0, 1, 3), epochs=4)
     np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6)
     np.testing.assert_allclose(runs[3], runs[0], rtol=1e-6)
 
