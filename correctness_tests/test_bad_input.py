@@ -172,8 +172,9 @@ def test_cuda_device_without_a_gpu(data, no_allocation):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_vram_cap_smaller_than_the_model(data, no_allocation, precision):
     x, t = data
-    # fp32 master, gradient and two moments: 16 bytes a parameter; bf16 adds its 2-byte compute copy.
-    needed = build_mlp(SHAPE).parameter_count() * (16 + (2 if precision == "bf16" else 0))
+    # fp32 master, gradient and two moments: 16 bytes a (64-aligned) slot; bf16 adds its 2-byte compute copy.
+    padded = FlatParameters.layout(build_mlp(SHAPE).param_specs())[1]
+    needed = padded * (16 + (2 if precision == "bf16" else 0))
     cap = (needed - 1) / GIB   # one byte short
     config = CPU.replace(precision=precision, vram_cap_gib=cap)
     refused_trainer(x, t, 10, config, ConfigError,
@@ -182,7 +183,7 @@ def test_vram_cap_smaller_than_the_model(data, no_allocation, precision):
 
 def test_vram_cap_that_holds_the_model_is_accepted(data):
     x, t = data
-    needed = FlatParameters.planned_bytes(build_mlp(SHAPE).parameter_count(), policy_for("bf16"))
+    needed = FlatParameters.planned_bytes(build_mlp(SHAPE).param_specs(), policy_for("bf16"))
     trainer = Trainer(build_mlp(SHAPE), x, t, 10, CPU.replace(precision="bf16", vram_cap_gib=needed / GIB))
     booked = trainer.memory_report()
     assert booked["parameters"] + booked["gradients"] + booked["optimizer"] == needed

@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 
+from gpuengine.backend import Backend, get_backend
 from gpuengine.config import ENV_PREFIX, ConfigError, EngineConfig
 
 DEFAULTS = {"precision": "tf32", "cuda_graph": 1, "resident_data": True, "batch_pool": 3, "profile": False,
@@ -129,3 +130,11 @@ def test_describe_reads_back_through_from_env():
                           vram_cap_gib=0.25)
     pairs = dict(item.split("=", 1) for item in config.describe().split())
     assert EngineConfig.from_env(environ={}, **pairs) == config
+
+
+def test_only_a_config_with_a_cap_touches_the_process_wide_pool(monkeypatch):
+    calls = []
+    monkeypatch.setattr(Backend, "set_memory_cap", lambda self, cap: calls.append(cap))
+    get_backend(EngineConfig(device="cpu", vram_cap_gib=6))
+    get_backend(EngineConfig(device="cpu"))   # uncapped: must not lift the 6 GiB cap set just before
+    assert calls == [6.0]

@@ -149,7 +149,12 @@ def _backend_for(device: str) -> Backend:
 
 
 def get_backend(config: EngineConfig) -> Backend:
-    """The (cached) backend for the configured device, with the VRAM cap applied."""
+    """The (cached) backend for the configured device, with the config's VRAM cap applied if it has one.
+
+    The pool is process-wide: an uncapped config leaves a cap set by another in place (lift it with
+    `set_memory_cap(None)`), so a predictor built after a capped trainer cannot silently uncap it.
+    """
     backend = _backend_for(resolve_device(config))
-    backend.set_memory_cap(config.vram_cap_gib)
+    if config.vram_cap_gib is not None:
+        backend.set_memory_cap(config.vram_cap_gib)
     return backend

@@ -27,7 +27,7 @@ class EngineTrainRunner:
         self.samples_per_round = steps * self.trainer.batch
 
     def parameter_count(self) -> int:
-        return self.trainer.params.size
+        return self.trainer.params.count
 
     def prepare(self):
         self.trainer.warm_up()

@@ -40,7 +40,7 @@ class Trainer:
         self.batch = check_batch(batch, len(x))
         self.backend = backend = get_backend(self.config)
         self.policy = policy_for(self.config.precision)
-        self._check_vram_cap(net.parameter_count())
+        self._check_vram_cap(net.param_specs())
         if not self.config.resident_data and self.config.cuda_graph:
             check_streamed_launch(self.config.cuda_graph, self.config.batch_pool)
         self.allocator = Allocator(backend)
@@ -59,10 +59,10 @@ class Trainer:
         self.warmed_up = False
         self.last_profile: dict[str, float] | None = None
 
-    def _check_vram_cap(self, parameters: int):
+    def _check_vram_cap(self, specs):
         """Refuse, before allocating anything, a cap too small for the weights, gradients and Adam moments."""
         cap = self.config.vram_cap_gib
-        needed = FlatParameters.planned_bytes(parameters, self.policy)
+        needed = FlatParameters.planned_bytes(specs, self.policy)
         if cap is not None and needed > cap * GIB:
             raise ConfigError(f"vram_cap_gib={cap} ({int(cap * GIB)} bytes) is smaller than the model: its parameters, "
                               f"gradients and Adam moments alone need {needed} bytes ({needed / GIB:.3g} GiB)")
