@@ -3,7 +3,8 @@
 m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 The step t is read from the device step counter (step_state.py), so the bias
-correction is right on every replay of a captured graph. Under bf16 the same
+correction is right on every replay of a captured graph; the learning rate is
+read from a device scalar too, so setting `lr` later reaches captured graphs. Under bf16 the same
 pass refreshes the bf16 compute copy of the weights. Same update as
 torch.optim.Adam (eps added after the square root, no weight decay).
 """
@@ -15,8 +16,8 @@ from .kernels import ctype, get_kernel
 
 _SOURCE = r"""
 extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, COPY_T* copy, const long long* step,
-                                float lr, float b1, float b2, float eps, long long n) {
-    const float t = (float)(step[0] + 1);
+                                const float* lr_ptr, float b1, float b2, float eps, long long n) {
+    const float t = (float)(step[0] + 1), lr = lr_ptr[0];
     const float bc1 = 1.f - powf(b1, t), bc2 = 1.f - powf(b2, t);
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         float gi = g[i];
@@ -32,16 +33,29 @@ extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, CO
 
 
 class Adam:
-    def __init__(self, backend, params, state, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8):
-        if not lr > 0:
-            raise ValueError(f"Adam lr must be > 0, got {lr}")
+    def __init__(self, backend, allocator, params, state, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8):
         self.backend, self.params, self.state = backend, params, state
-        self.lr, self.b1, self.b2, self.eps = float(lr), float(betas[0]), float(betas[1]), float(eps)
+        self.b1, self.b2, self.eps = float(betas[0]), float(betas[1]), float(eps)
+        self._lr_device = allocator.zeros((1,), np.float32, "workspace")   # a scalar, like the step counter
+        self.lr = lr
         self.has_copy = params.compute is not params.master
         if backend.is_gpu:
             copy_dtype = params.compute.dtype if self.has_copy else np.float32
             self._kernel = get_kernel(_SOURCE, "adam", COPY_T=ctype(copy_dtype), HAS_COPY=int(self.has_copy))
             self._blocks = min(-(-params.size // 256), 4096)
+
+    @property
+    def lr(self) -> float:
+        return self._lr
+
+    @lr.setter
+    def lr(self, value: float):
+        """Validate, then write the device scalar on the engine stream (ordered before later launches)."""
+        if not value > 0:
+            raise ValueError(f"Adam lr must be > 0, got {value}")
+        self._lr = float(value)
+        with self.backend.activate():
+            self.backend.upload(self._lr_device, np.array([self._lr], np.float32))
 
     def step(self):
         p = self.params
@@ -49,7 +63,7 @@ class Adam:
             self._step_numpy()
             return
         self._kernel((self._blocks,), (256,),
-                     (p.master, p.grad, p.moment1, p.moment2, p.compute, self.state.step, np.float32(self.lr),
+                     (p.master, p.grad, p.moment1, p.moment2, p.compute, self.state.step, self._lr_device,
                       np.float32(self.b1), np.float32(self.b2), np.float32(self.eps), np.int64(p.size)))
 
     def _step_numpy(self):

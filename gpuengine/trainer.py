@@ -29,6 +29,7 @@ from .precision import policy_for
 from .step_state import StepState
 
 PHASES = ("gather", "forward", "loss_backward", "optimizer")
+PROFILE_STEPS = 10   # steps a profiled train() times, at least (whole epochs)
 
 
 class Trainer:
@@ -53,7 +54,7 @@ class Trainer:
             self.data = source(backend, self.allocator, self.policy, self.state, x, t, self.batch, seed, **extra)
             ctx = BuildContext(backend, self.policy, self.allocator, self.params, self.batch)
             self.program = TrainingProgram(net, ctx, self.data.batch_x, self.data.batch_t, self.state, fuse)
-            self.optimizer = Adam(backend, self.params, self.state, lr)
+            self.optimizer = Adam(backend, self.allocator, self.params, self.state, lr)
         self.steps_done = 0          # host mirror of the device step counter
         self.graphs: dict[int, GraphCapturedStep] = {}
         self.warmed_up = False
@@ -135,10 +136,15 @@ class Trainer:
             raise ValueError(f"epochs must be >= 1, got {epochs}")
         if not self.warmed_up:
             self.warm_up()
-        if self.config.profile:
-            # Whole epochs, so train() still starts on an epoch boundary.
-            self.last_profile = self.profile(self.steps_per_epoch * max(1, -(-10 // self.steps_per_epoch)))
         losses: list[float] = []
+        if self.config.profile:
+            # The first whole epochs (>= 10 steps where there are enough) run eagerly with phase timers:
+            # they are part of the `epochs` asked for, not extra training.
+            profiled = min(epochs, -(-PROFILE_STEPS // self.steps_per_epoch))
+            first_epoch = self.steps_done // self.steps_per_epoch
+            self.state.clear_history()
+            self.last_profile = self.profile(profiled * self.steps_per_epoch)
+            losses += self.state.read_epoch_losses(first_epoch, profiled)
         while len(losses) < epochs:
             chunk = min(epochs - len(losses), self.state.capacity)
             first_epoch = self.steps_done // self.steps_per_epoch

@@ -1,0 +1,71 @@
+"""Trainer behaviour a user relies on: profiled runs train what was asked, a new learning rate takes effect."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuengine.backend import gpu_visible
+from gpuengine.config import EngineConfig
+from gpuengine.trainer import PHASES, Trainer
+from gpuengine.workloads.mlp import MLPShape, build_mlp, mlp_data
+
+SHAPE = MLPShape(inputs=9, hidden=16)
+CPU = EngineConfig(device="cpu", precision="fp32", cuda_graph=0)
+needs_gpu = pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")
+
+
+def trainer(config: EngineConfig, samples: int = 96, batch: int = 32) -> Trainer:
+    x, t = mlp_data(samples, SHAPE)
+    return Trainer(build_mlp(SHAPE), x, t, batch, config)
+
+
+def test_a_profiled_run_trains_the_epochs_asked_for_no_more():
+    plain, profiled = trainer(CPU), trainer(CPU.replace(profile=True))
+    expected = plain.train(6)
+    losses = profiled.train(6)   # 3 steps an epoch: 4 epochs profiled, 2 more run as usual
+    np.testing.assert_allclose(losses, expected, rtol=1e-6)
+    assert profiled.steps_done == plain.steps_done
+    for name, value in profiled.params.state_dict().items():
+        np.testing.assert_allclose(value, plain.params.state_dict()[name], rtol=1e-6)
+    assert set(profiled.last_profile) == set(PHASES) and all(v > 0 for v in profiled.last_profile.values())
+
+
+def test_a_profiled_run_shorter_than_the_profile_trains_only_its_epochs():
+    plain, profiled = trainer(CPU), trainer(CPU.replace(profile=True))
+    assert profiled.train(1) == pytest.approx(plain.train(1), rel=1e-6)
+    assert profiled.steps_done == plain.steps_done
+
+
+def lr_effect(config: EngineConfig) -> tuple[float, float]:
+    """How far one epoch moves the weights at lr 1e-3, then at 1e-5 set after training started."""
+    run = trainer(config)
+    run.train(1)
+    moves = []
+    for lr in (1e-3, 1e-5):
+        run.optimizer.lr = lr
+        before = run.params.state_dict()
+        run.train(1)
+        after = run.params.state_dict()
+        moves.append(max(float(np.abs(after[k] - before[k]).max()) for k in before))
+    return moves[0], moves[1]
+
+
+def test_a_new_learning_rate_takes_effect():
+    fast, slow = lr_effect(CPU)
+    assert slow < fast / 20, (fast, slow)   # Adam's steps scale with lr: 100x smaller here
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graph", [1, 3])
+def test_a_new_learning_rate_reaches_captured_graphs(cuda_graph):
+    fast, slow = lr_effect(EngineConfig(device="cuda", precision="fp32", cuda_graph=cuda_graph))
+    assert slow < fast / 20, (fast, slow)
+
+
+@pytest.mark.parametrize("lr", [0.0, -1e-3, float("nan")])
+def test_a_bad_learning_rate_is_refused_and_the_old_one_kept(lr):
+    run = trainer(CPU)
+    with pytest.raises(ValueError, match="Adam lr must be > 0"):
+        run.optimizer.lr = lr
+    assert run.optimizer.lr == pytest.approx(1e-3)
