@@ -150,6 +150,27 @@ def test_column_sum_of_tall_and_wide_gradients(rows, cols):
     assert rel_err(backend.to_host(db), dy.astype(np.float64).sum(axis=0)) < 1e-4
 
 
+def test_a_cudnn_graph_first_met_in_capture_is_an_error_not_an_untimed_plan():
+    import cupy
+    from gpuengine.capture import GraphCapturedStep
+    from gpuengine.cudnn_graphs import conv_forward, runtime_for
+    from gpuengine.layers.geometry import Window
+    backend = Backend("cuda")
+    window = Window((9, 11), (3, 3), (1, 1), (1, 1, 1, 1))   # a shape no other test builds: a fresh graph
+    with backend.activate():
+        x, w, y = cupy.ones((2, 9, 11, 5), np.float32), cupy.ones((7, 3, 3, 5), np.float32), \
+            cupy.zeros((2, 9, 11, 7), np.float32)
+    bound = conv_forward(runtime_for(backend), "fp32", window, x, w, y)
+    with pytest.raises(RuntimeError, match="first ran inside CUDA-graph capture"):
+        GraphCapturedStep(backend, bound.run, 1, {}).capture()
+    with backend.activate():
+        bound.run()   # the eager run times the plans; capture then records the fastest
+    step = GraphCapturedStep(backend, bound.run, 1, {})
+    step.capture()
+    step.launch()
+    assert float(backend.to_host(y)[0, 4, 5, 0]) == 45.0   # 3x3x5 ones
+
+
 # -- whole runs ------------------------------------------------------------------------
 
 SHAPE = CNNShape()

@@ -160,10 +160,10 @@ class CudnnRuntime:
     def execute(self, graph: CudnnGraph, pointers: dict):
         if graph.plan is None:
             if self.backend.stream.is_capturing():
-                # Timing is impossible inside capture; the heuristics' first choice is a sound default.
-                graph.plan = graph.plans[0]
-            else:
-                self.autotune(graph, pointers)
+                # Plans cannot be timed inside capture, and an untimed plan would be kept for good.
+                raise RuntimeError(f"cuDNN graph {graph.key[0]} {graph.key[1:]} first ran inside CUDA-graph capture: "
+                                   "run it eagerly once first (the trainer's and predictor's warm-up do)")
+            self.autotune(graph, pointers)
         graph.execute(pointers, self.workspace.data.ptr, graph.plan, self.handle)
 
     def autotune(self, graph: CudnnGraph, pointers: dict):

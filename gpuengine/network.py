@@ -96,11 +96,6 @@ class TrainingProgram:
         for i in reversed(range(len(body))):
             dy = body[i].build_backward(ctx, dy, needs_input_grad=i > 0)
 
-    def autotune(self):
-        """Let layers pick their fastest library plans on live buffers (cuDNN graphs, like cudnn.benchmark)."""
-        for layer in self.body:
-            layer.autotune()
-
     def forward(self):
         for layer in self.body:
             layer.forward()

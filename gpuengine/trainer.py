@@ -107,12 +107,12 @@ class Trainer:
             steps -= n
 
     def warm_up(self):
-        """One eager epoch, then capture: compilation and planning stay out of timed work."""
+        """One eager epoch, then capture: kernel compilation and cuDNN plan timing (first eager run of
+        each graph, on live buffers) stay out of timed work and out of capture."""
         if self.warmed_up:
             return
         with self.backend.activate():
             self._run_eager(self.steps_per_epoch - self.steps_done % self.steps_per_epoch)
-            self.program.autotune()   # on real batches, after the eager epoch filled them
             if self.config.cuda_graph:
                 self._graph(self.config.cuda_graph)
                 if self.config.cuda_graph > 1:

@@ -17,7 +17,8 @@ from gpuengine.__main__ import main as cli_main
 from gpuengine.gpu_memory import is_out_of_memory
 from gpuengine.tools import trial as trial_module
 from gpuengine.tools.maxbatch import (MaxBatchRow, SearchResult, Status, SubprocessTrial, TrialResult,
-                                      compare_max_batches, find_max_batch, format_table, last_json_record)
+                                      compare_max_batches, find_max_batch, format_table, last_json_record,
+                                      predict_max_batch)
 from gpuengine.tools.trial import TrialSpec, parse_args
 
 BYTES_PER_SAMPLE, FIXED_BYTES = 8_000, 500_000_000
@@ -36,6 +37,57 @@ class ThresholdTrial:
         if batch > self.largest:
             return TrialResult(batch, Status.OOM, error="cupy OutOfMemoryError")
         return TrialResult(batch, Status.FITS, FIXED_BYTES + BYTES_PER_SAMPLE * batch, "fake")
+
+
+class MeasuredTrial:
+    """Device memory that is `memory(batch)` bytes, reported like the real trial; OOM when over the cap.
+
+    The process holds `baseline` bytes after its context; the allocator's pool is the rest of the peak
+    (less `overhead`: workspaces outside the pool). `largest`, when given, overrides the cap as the threshold:
+    a device that runs out earlier than the measured memory says, so the prediction is off.
+    """
+
+    CAP, BASELINE = 6 << 30, 500 << 20
+
+    def __init__(self, memory, largest: int | None = None, overhead: int = 64 << 20):
+        self.memory, self.largest, self.overhead, self.tried = memory, largest, overhead, []
+
+    def __call__(self, batch: int) -> TrialResult:
+        self.tried.append(batch)
+        peak = int(self.memory(batch))
+        over = batch > self.largest if self.largest is not None else peak > self.CAP
+        if over:
+            return TrialResult(batch, Status.OOM, error="out of memory")
+        return TrialResult(batch, Status.FITS, peak, "nvml_process",
+                           details={"cap_bytes": self.CAP, "baseline_bytes": self.BASELINE,
+                                    "allocator_bytes": peak - self.BASELINE - self.overhead})
+
+    def largest_fit(self) -> int:
+        """The exact answer, found by bisecting the memory curve itself (no trials)."""
+        lo, hi = 0, 1 << 31
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if (mid <= self.largest if self.largest is not None
+                                   else self.memory(mid) <= self.CAP) else (lo, mid)
+        return lo
+
+
+def linear(per_sample: float, fixed: int = 600 << 20):
+    return lambda batch: fixed + per_sample * batch
+
+
+def doubling_trials(start: int, largest: int) -> int:
+    """Trials the doubling phase takes: every power-of-two multiple of start up to the first failure."""
+    count, batch = 1, start
+    while batch <= largest:
+        count, batch = count + 1, 2 * batch
+    return count
+
+
+def assert_exact(result: SearchResult, largest: int, precision: float = 1e-3):
+    assert result.error is None
+    assert result.max_batch <= largest < result.first_failure
+    assert result.first_failure - result.max_batch <= max(1, precision * result.max_batch)
 
 
 # -- the search ------------------------------------------------------------------------
@@ -57,6 +109,64 @@ def test_search_doubles_from_start_then_bisects():
     assert fake.tried[:4] == [1000, 2000, 4000, 8000]
     assert fake.tried[4] == 6000                       # the middle of the last fit and the first failure
     assert all(4000 < b < 8000 for b in fake.tried[4:])
+
+
+def test_measured_memory_predicts_the_answer_in_two_trials_after_doubling():
+    # The stored H200 engine search: about 8,300 bytes per sample, 705,000 samples under a 6 GiB cap.
+    fake = MeasuredTrial(linear(8_272))
+    largest = fake.largest_fit()
+    assert 700_000 < largest < 710_000
+    result = find_max_batch(fake, start=65_536)
+    assert_exact(result, largest)
+    assert len(fake.tried) == doubling_trials(65_536, largest) + 2        # was doubling + 10 (bisection)
+    plain = find_max_batch(ThresholdTrial(largest), start=65_536)          # no cap measured: plain bisection
+    assert len(plain.trials) - len(result.trials) >= 7
+
+
+@pytest.mark.parametrize("per_sample", [1_000, 8_272, 20_271, 40_000])   # two fits or more before the first failure
+@pytest.mark.parametrize("start", [1, 1024, 65_536])
+def test_measured_memory_search_is_exact_and_short(per_sample, start):
+    fake = MeasuredTrial(linear(per_sample))
+    largest = fake.largest_fit()
+    result = find_max_batch(fake, start=start)
+    assert_exact(result, largest)
+    assert len(fake.tried) <= doubling_trials(start, largest) + 4
+
+
+def test_the_allocator_limit_predicts_when_it_binds_first():
+    # Workspaces outside the pool grow with the batch too: the allocator's limit is met before the cap is.
+    fake = MeasuredTrial(linear(8_000), overhead=-(200 << 20))
+    fits = [fake(b) for b in (262_144, 524_288)]
+    by_cap = 524_288 + (fake.CAP - fits[1].peak_bytes) / 8_000
+    assert predict_max_batch(fits) == pytest.approx(by_cap - (200 << 20) / 8_000)
+    assert predict_max_batch(fits[:1]) is None                              # one point has no slope
+    assert predict_max_batch([ThresholdTrial(10 ** 6)(b) for b in (1024, 2048)]) is None   # no cap reported
+
+
+@pytest.mark.parametrize("case", ["superlinear", "sublinear", "runs out 0.3% early", "runs out 0.9% early",
+                                  "runs out 20% early", "runs out 1% late"])
+def test_a_misleading_prediction_still_finds_the_exact_answer(case):
+    memory = {"superlinear": lambda b: (600 << 20) + 2_000 * b + 0.012 * b * b,
+              "sublinear": lambda b: (600 << 20) + 40_000 * b ** 0.9}.get(case, linear(8_272))
+    fake = MeasuredTrial(memory)
+    if case.startswith("runs out"):
+        sign = 1 if case.endswith("late") else -1
+        fake.largest = int(fake.largest_fit() * (1 + sign * float(case.split()[2].rstrip("%")) / 100))
+    largest = fake.largest_fit()
+    result = find_max_batch(fake, start=65_536)
+    assert_exact(result, largest)
+    plain = find_max_batch(ThresholdTrial(largest), start=65_536)
+    assert len(result.trials) <= len(plain.trials) + 3                     # a bounded price for a bad guess
+
+
+def test_an_error_while_probing_the_prediction_ends_the_search():
+    fake = MeasuredTrial(linear(8_272))
+    largest = fake.largest_fit()
+    result = find_max_batch(lambda b: TrialResult(b, Status.ERROR, error="Xid 79") if b > 524_288 and
+                            b < 1_048_576 else fake(b), start=65_536)
+    assert result.error is not None and "Xid" in result.error.error
+    assert result.max_batch == 524_288 and result.first_failure == 1_048_576 and largest > 524_288
+    assert result.trials[-1].status is Status.ERROR
 
 
 def test_nothing_fits_is_an_answer_not_an_error():

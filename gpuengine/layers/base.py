@@ -49,9 +49,6 @@ class Layer:
     def backward(self):
         raise NotImplementedError
 
-    def autotune(self):
-        """Pick the fastest library algorithms on live data; layers without any ignore it."""
-
     def forward_flops(self, input_shape: tuple) -> int:
         """Multiply-adds x2 per sample of the forward pass (for fraction-of-peak reports)."""
         return 0

@@ -5,10 +5,15 @@ training step (forward + backward + Adam) and for one inference pass. Each
 trial runs `gpuengine.tools.trial` in a process of its own and comes back
 FITS, OOM ("does not fit": an answer) or ERROR (anything else, with its
 message: never counted as OOM). The search doubles from `start` until a trial
-does not fit, then bisects until the gap between the largest fit and the
-smallest failure is within `precision` (0.1%) of the fit. An ERROR ends that
-search and is reported, never raised, so one broken reference cannot take a
-table or a test suite down with it.
+does not fit; then, where the fits measured their memory, it narrows the
+bracket around the batch the measured memory slope predicts (device memory is
+close to linear in batch, so two probes just below and above that batch
+usually settle it, a few at most); then it bisects whatever is left until the
+gap between the largest fit and the smallest failure is within `precision`
+(0.1%) of the fit. Every probe only shrinks the bracket, so a bad prediction
+costs trials, never correctness. An ERROR ends that search and is reported,
+never raised, so one broken reference cannot take a table or a test suite down
+with it.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from .trial import ERROR, FITS, OOM, TrialSpec
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]   # the directory holding gpuengine/, for the child's path
 TRIAL_TIMEOUT_S = 900
+PREDICTED_PROBES = 3   # trials spent around the predicted batch, at most, before plain bisection takes over
 
 
 class Status(Enum):
@@ -98,9 +104,38 @@ class SearchResult:
                             "measured_by": t.measured_by, "error": t.error, "seconds": t.seconds} for t in self.trials]}
 
 
+def _memory_limits(t: TrialResult) -> dict[str, tuple[int, int]]:
+    """(bytes used, bytes allowed) for each measurement a fitting trial reported: the process and its allocator."""
+    cap, baseline, pool = (t.details.get(k) for k in ("cap_bytes", "baseline_bytes", "allocator_bytes"))
+    limits = {}
+    if t.peak_bytes is not None and cap is not None:
+        limits["process"] = (t.peak_bytes, cap)
+    if pool is not None and cap is not None and baseline is not None:
+        limits["allocator"] = (pool, cap - baseline)   # the allocator is limited to what the context leaves
+    return limits
+
+
+def predict_max_batch(fits: list[TrialResult]) -> float | None:
+    """The batch where memory meets its limit, extrapolated linearly from the two largest measured fits.
+
+    Done for the process's memory against the cap and for the allocator's pool against its limit; the
+    smaller prediction wins (whichever runs out first). None where no two fits measured memory that grew.
+    """
+    predictions = []
+    for kind in ("process", "allocator"):
+        points = sorted((t.batch, *_memory_limits(t)[kind]) for t in fits if kind in _memory_limits(t))
+        if len(points) < 2:
+            continue
+        (b0, used0, _), (b1, used1, allowed) = points[-2:]
+        if b1 > b0 and used1 > used0:   # a flat or falling curve predicts nothing
+            predictions.append(b1 + (allowed - used1) * (b1 - b0) / (used1 - used0))
+    return min(predictions, default=None)
+
+
 def find_max_batch(trial: Callable[[int], TrialResult], start: int = 1024, precision: float = 1e-3,
                    limit: int = 1 << 31, log: Callable[[str], None] | None = None) -> SearchResult:
-    """Double from `start` until a trial does not fit, then bisect to within `precision` of the fit."""
+    """Double from `start` until a trial does not fit, probe around the batch the memory slope predicts,
+    then bisect to within `precision` of the fit."""
     if start < 1 or not 0 < precision < 1:
         raise ValueError(f"start={start} must be >= 1 and precision={precision} between 0 and 1")
     trials: list[TrialResult] = []
@@ -111,6 +146,9 @@ def find_max_batch(trial: Callable[[int], TrialResult], start: int = 1024, preci
         if log is not None:
             log(result.describe())
         return result
+
+    def settled() -> bool:
+        return failure - fit <= max(1.0, precision * fit)
 
     fit, failure, batch = 0, None, min(start, limit)
     while failure is None:
@@ -123,7 +161,27 @@ def find_max_batch(trial: Callable[[int], TrialResult], start: int = 1024, preci
             return SearchResult(batch, None, trials)
         else:
             fit, batch = batch, min(2 * batch, limit)
-    while failure - fit > max(1.0, precision * fit):
+    guess = predict_max_batch([t for t in trials if t.status is Status.FITS])
+    if guess is not None and fit < guess < failure:   # a prediction outside the bracket is plainly wrong
+        batch = min(max(int(guess * (1 - precision / 2)), fit + 1), failure - 1)   # just below it: should fit
+        # One step either way from `batch` then leaves a bracket within precision.
+        step = max(1, int(precision * batch / (1 + precision)))
+        for _ in range(PREDICTED_PROBES):
+            if settled() or not fit < batch < failure:   # done, or the next probe would be no use: bisect
+                break
+            result = run(batch)
+            if result.status is Status.ERROR:
+                return SearchResult(fit, failure, trials, result)
+            # Step away from the prediction on the side the answer lies, doubling the step: a probe
+            # just past the other side when the prediction was good, a few more when it was a bit off.
+            if result.status is Status.FITS:
+                fit = batch
+                batch = min(fit + step, (fit + failure) // 2)   # past the middle, bisection does better
+            else:
+                failure = batch
+                batch = max(failure - step, (fit + failure) // 2)
+            step *= 2
+    while not settled():
         batch = (fit + failure) // 2
         result = run(batch)
         if result.status is Status.ERROR:
