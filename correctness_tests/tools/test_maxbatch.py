@@ -1,15 +1,18 @@
 """The max-batch search on the CPU: search logic on fake trials, real trial processes, OOM vs error, the table.
 
 No device is needed: the search is tested against fake trial functions with a
-known threshold, the subprocess plumbing against small scripts that fit, run
-out of memory, crash or hang, and the real trial module on the NumPy backend
-(where nothing is capped, so every batch fits).
+known threshold (some reporting memory that grows with the batch, as the real
+trial does, so the search can predict where it meets the cap), the subprocess
+plumbing against small scripts that fit, run out of memory, crash or hang, and
+the real trial module on the NumPy backend (where nothing is capped, so every
+batch fits).
 """
 from __future__ import annotations
 
 import json
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -63,12 +66,13 @@ class MeasuredTrial:
                                     "allocator_bytes": peak - self.BASELINE - self.overhead})
 
     def largest_fit(self) -> int:
-        """The exact answer, found by bisecting the memory curve itself (no trials)."""
+        """The exact answer: `largest`, or else found by bisecting the (growing) memory curve itself."""
+        if self.largest is not None:
+            return self.largest
         lo, hi = 0, 1 << 31
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if (mid <= self.largest if self.largest is not None
-                                   else self.memory(mid) <= self.CAP) else (lo, mid)
+            lo, hi = (mid, hi) if self.memory(mid) <= self.CAP else (lo, mid)
         return lo
 
 
@@ -123,7 +127,7 @@ def test_measured_memory_predicts_the_answer_in_two_trials_after_doubling():
     assert len(plain.trials) - len(result.trials) >= 7
 
 
-@pytest.mark.parametrize("per_sample", [1_000, 8_272, 20_271, 40_000])   # two fits or more before the first failure
+@pytest.mark.parametrize("per_sample", [1_000, 8_272, 20_271, 40_000])   # two fits before the first OOM
 @pytest.mark.parametrize("start", [1, 1024, 65_536])
 def test_measured_memory_search_is_exact_and_short(per_sample, start):
     fake = MeasuredTrial(linear(per_sample))
@@ -143,15 +147,16 @@ def test_the_allocator_limit_predicts_when_it_binds_first():
     assert predict_max_batch([ThresholdTrial(10 ** 6)(b) for b in (1024, 2048)]) is None   # no cap reported
 
 
-@pytest.mark.parametrize("case", ["superlinear", "sublinear", "runs out 0.3% early", "runs out 0.9% early",
-                                  "runs out 20% early", "runs out 1% late"])
-def test_a_misleading_prediction_still_finds_the_exact_answer(case):
-    memory = {"superlinear": lambda b: (600 << 20) + 2_000 * b + 0.012 * b * b,
-              "sublinear": lambda b: (600 << 20) + 40_000 * b ** 0.9}.get(case, linear(8_272))
+@pytest.mark.parametrize("memory,runs_out_at", [
+    (lambda b: (600 << 20) + 2_000 * b + 0.012 * b * b, None),   # superlinear: the guess is about 6% high
+    (lambda b: (600 << 20) + 40_000 * b ** 0.9, None),           # sublinear: the guess is low
+    (linear(8_272), 0.997), (linear(8_272), 0.991),              # the device runs out a bit before the cap
+    (linear(8_272), 0.8), (linear(8_272), 1.01),                 # far before it; after it
+], ids=["superlinear", "sublinear", "0.3% early", "0.9% early", "20% early", "1% late"])
+def test_a_misleading_prediction_still_finds_the_exact_answer(memory, runs_out_at):
     fake = MeasuredTrial(memory)
-    if case.startswith("runs out"):
-        sign = 1 if case.endswith("late") else -1
-        fake.largest = int(fake.largest_fit() * (1 + sign * float(case.split()[2].rstrip("%")) / 100))
+    if runs_out_at is not None:
+        fake.largest = int(fake.largest_fit() * runs_out_at)
     largest = fake.largest_fit()
     result = find_max_batch(fake, start=65_536)
     assert_exact(result, largest)
@@ -161,12 +166,42 @@ def test_a_misleading_prediction_still_finds_the_exact_answer(case):
 
 def test_an_error_while_probing_the_prediction_ends_the_search():
     fake = MeasuredTrial(linear(8_272))
-    largest = fake.largest_fit()
-    result = find_max_batch(lambda b: TrialResult(b, Status.ERROR, error="Xid 79") if b > 524_288 and
-                            b < 1_048_576 else fake(b), start=65_536)
+
+    def trial(batch):   # the doubling bracket is [524,288, 1,048,576]; anything inside it crashes
+        inside = 524_288 < batch < 1_048_576
+        return TrialResult(batch, Status.ERROR, error="Xid 79") if inside else fake(batch)
+    result = find_max_batch(trial, start=65_536)
     assert result.error is not None and "Xid" in result.error.error
-    assert result.max_batch == 524_288 and result.first_failure == 1_048_576 and largest > 524_288
-    assert result.trials[-1].status is Status.ERROR
+    assert (result.max_batch, result.first_failure) == (524_288, 1_048_576)
+    assert len(result.trials) == doubling_trials(65_536, fake.largest_fit()) + 1   # no trial after the error
+
+
+def plain_search_batches(largest: int, start: int, precision: float = 1e-3) -> list[int]:
+    """The batches the search tried before memory predictions: doubling, then bisection."""
+    tried, fit, batch = [], 0, start
+    while batch <= largest:
+        tried.append(batch)
+        fit, batch = batch, 2 * batch
+    tried.append(batch)
+    failure = batch
+    while failure - fit > max(1.0, precision * fit):
+        batch = (fit + failure) // 2
+        tried.append(batch)
+        fit, failure = (batch, failure) if batch <= largest else (fit, batch)
+    return tried
+
+
+@pytest.mark.parametrize("largest", [1023, 399_507, 705_024])
+def test_without_a_cap_measured_the_search_is_plain_doubling_and_bisection(largest):
+    measured, cpu_tried = MeasuredTrial(linear(8_272), largest=largest), []
+
+    def cpu_like(batch):   # as a CPU trial reports: no peak, no cap
+        cpu_tried.append(batch)
+        return replace(measured(batch), peak_bytes=None, details={})
+    fake = ThresholdTrial(largest)                          # a peak, but no cap to extrapolate to
+    find_max_batch(fake, start=1000)
+    find_max_batch(cpu_like, start=1000)
+    assert fake.tried == cpu_tried == plain_search_batches(largest, 1000)
 
 
 def test_nothing_fits_is_an_answer_not_an_error():
