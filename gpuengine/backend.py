@@ -82,10 +82,11 @@ class Backend:
             self.stream.synchronize()
 
     def to_host(self, a) -> np.ndarray:
+        """A host copy, on both backends: the caller may keep it while the engine reuses the buffer."""
         if self.is_gpu and array_module(a) is not np:
             with self.stream:
                 return a.get(stream=self.stream)
-        return np.asarray(a)
+        return np.array(a, copy=True)
 
     def to_device(self, a, dtype=None):
         with self.activate():

@@ -70,6 +70,8 @@ class Gemm:
         if self._mm is not None:
             self._mm.execute(stream=self.backend.stream)
             return self.out
+        if self.backend.is_gpu:
+            raise RuntimeError("Gemm.run() after free(): its cuBLASLt plan was released")
         result = widen(self.a) @ widen(self.b)
         if self.bias is not None:
             result += widen(self.bias)
@@ -77,6 +79,7 @@ class Gemm:
         return self.out
 
     def free(self):
+        """Release the cuBLASLt plan and its workspace now rather than at garbage collection."""
         if self._mm is not None:
             self._mm.free()
             self._mm = None

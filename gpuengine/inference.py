@@ -39,21 +39,26 @@ class Predictor:
             raise ValueError(f"parameters were built for precision {params.policy.name}, "
                              f"the predictor runs {self.policy.name}")
         self.params = params
+        self._one_shot: ResidentPredictor | None = None   # predict()'s workspace, kept while the size repeats
 
     @classmethod
     def from_trainer(cls, trainer) -> "Predictor":
         return cls(trainer.net, trainer.config, trainer.params)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """One-shot: upload, allocate a workspace for len(x), run, copy back."""
+        """One-shot: upload, run, copy back. The workspace (buffers and GEMM plans) for len(x) is kept for
+        the next call of the same size; another size releases it and plans a new one."""
         x = check_features(x, self.net.input_shape, "inputs")
         if len(x) == 0:
             raise DataError("predict() got 0 samples; pass at least one row")
         with self.backend.activate():
-            resident = ResidentPredictor(self, len(x), capture=False)
-            resident.load(x)
-            y = resident.run()
-            return self.backend.to_host(y)
+            if self._one_shot is None or self._one_shot.batch != len(x):
+                if self._one_shot is not None:
+                    self._one_shot.release()
+                    self._one_shot = None
+                self._one_shot = ResidentPredictor(self, len(x), capture=False)
+            self._one_shot.load(x)
+            return self.backend.to_host(self._one_shot.run())
 
 
 class ResidentPredictor:
@@ -106,6 +111,11 @@ class ResidentPredictor:
             else:
                 self.program.run()
         return self.program.y
+
+    def release(self):
+        """Free the workspace's GEMM plans now; the workspace cannot run afterwards."""
+        self._graph = None
+        self.program.release()
 
     def synchronize(self):
         self.backend.synchronize()

@@ -116,6 +116,10 @@ class InferenceProgram:
         self._last = x
         self._xp = ctx.backend.xp
 
+    def release(self):
+        for layer in self.body:
+            layer.release()
+
     def run(self):
         for layer in self.body:
             layer.forward()

@@ -16,6 +16,11 @@ from .network import Sequential
 from .trainer import Trainer
 
 
+def samples_in_rotation(sizes: list[int], batches: int) -> int:
+    """Samples in `batches` passes taken in turn from batches of these sizes (they need not be equal)."""
+    return sum(sizes[i % len(sizes)] for i in range(batches))
+
+
 class EngineTrainRunner:
     name = "gpuengine"
 
@@ -59,7 +64,7 @@ class EngineInferRunner:
             workspace.load(x)
             self.workspaces.append(workspace)
         self.batches_per_round = batches_per_round
-        self.samples_per_round = batches_per_round * len(inputs[0])
+        self.samples_per_round = samples_in_rotation([len(x) for x in inputs], batches_per_round)
 
     def prepare(self):
         for workspace in self.workspaces:
@@ -84,10 +89,12 @@ class EngineOneShotRunner:
 
     def __init__(self, net: Sequential, inputs: list[np.ndarray], config: EngineConfig,
                  batches_per_round: int = 5, params=None):
+        if not inputs:
+            raise ValueError("inference needs at least one input batch")
         self.predictor = Predictor(net, config, params)
         self.inputs = inputs
         self.batches_per_round = batches_per_round
-        self.samples_per_round = batches_per_round * len(inputs[0])
+        self.samples_per_round = samples_in_rotation([len(x) for x in inputs], batches_per_round)
 
     def prepare(self):
         self.predictor.predict(self.inputs[0])

@@ -49,6 +49,9 @@ class Layer:
     def backward(self):
         raise NotImplementedError
 
+    def release(self):
+        """Free library plans the layer holds (cuDNN graphs are cached process-wide and stay)."""
+
     def forward_flops(self, input_shape: tuple) -> int:
         """Multiply-adds x2 per sample of the forward pass (for fraction-of-peak reports)."""
         return 0

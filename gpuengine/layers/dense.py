@@ -62,6 +62,11 @@ class Dense(Layer):
     def forward(self):
         self._forward.run()
 
+    def release(self):
+        for gemm in (self._forward, getattr(self, "_grad_w", None), getattr(self, "_grad_x", None)):
+            if gemm is not None:
+                gemm.free()
+
     def backward(self):
         self._grad_w.run()
         if self._grad_b is not None:
