@@ -21,8 +21,7 @@ from gpuengine.trainer import Trainer  # noqa: E402
 from gpuengine.workloads.cnn import (LEARNING_RATE, SEED_SHAPE, CNNShape, build_cnn, cnn_data,  # noqa: E402
                                      parameter_count)
 
-from .test_torch_parity import first_step, fixed_torch_threads, torch_adam  # noqa: E402,F401
-from .torch_compare import assert_matches_torch  # noqa: E402
+from .torch_compare import assert_matches_torch, first_step, fixed_torch_threads, torch_adam  # noqa: E402,F401
 
 SHAPE = CNNShape(size=14, filters=4, classes=6)
 SAMPLES, BATCH = 100, 24              # 4 steps per epoch, 4 samples dropped
@@ -66,7 +65,7 @@ def test_one_step_loss_gradients_and_adam_update_match_torch(fused_relu):
     first_step(trainer)
 
     rows = trainer.data.rows_of_step(0)
-    optimizer = torch_adam(model)
+    optimizer = torch_adam(model, LEARNING_RATE)
     loss = torch_cnn.cnn_loss(model(torch.from_numpy(torch_cnn.to_nchw(x[rows]))), torch.from_numpy(t[rows]))
     loss.backward()
     engine_loss = trainer.backend.to_host(trainer.state.history)[0]
@@ -89,7 +88,7 @@ def test_epoch_losses_match_torch(cuda_graph, resident):
     losses = trainer.train(epochs)
 
     spe = trainer.steps_per_epoch
-    optimizer, step_losses = torch_adam(model), []
+    optimizer, step_losses = torch_adam(model, LEARNING_RATE), []
     for step in range((epochs + 1) * spe):
         rows = batch_rows(len(x), seed, step, BATCH, spe)
         optimizer.zero_grad()

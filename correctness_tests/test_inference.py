@@ -47,6 +47,25 @@ def test_a_released_workspace_refuses_to_run():
         old.run()
 
 
+@pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible: stream ordering only exists on the GPU")
+@pytest.mark.gpu
+def test_a_device_input_written_on_another_stream_is_read_after_it_is_written():
+    import cupy
+    from gpuengine.inference import ResidentPredictor
+    predictor = Predictor(build_mlp(SHAPE), CPU.replace(device="cuda"))
+    workspace = ResidentPredictor(predictor, 4096)
+    host = inputs(4096)[0]
+    producer = cupy.cuda.Stream(non_blocking=True)
+    with producer:
+        x = cupy.zeros((4096, SHAPE.inputs), np.float32)
+        for _ in range(200):   # keep the producer busy so an unordered read would see a partial result
+            x *= 0.5
+        x += cupy.asarray(host)
+        workspace.load(x)      # called with the producer current: the engine stream must wait for it
+    got = predictor.backend.to_host(workspace.run())
+    np.testing.assert_allclose(got, predictor.predict(host), rtol=1e-4, atol=1e-5)
+
+
 def test_samples_in_rotation_counts_unequal_batches():
     assert samples_in_rotation([100, 30], 5) == 100 + 30 + 100 + 30 + 100
     assert samples_in_rotation([64], 3) == 192

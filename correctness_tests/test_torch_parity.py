@@ -21,7 +21,8 @@ from gpuengine.network import Sequential  # noqa: E402
 from gpuengine.trainer import Trainer  # noqa: E402
 from gpuengine.workloads.mlp import LEARNING_RATE, MLPShape, build_mlp, mlp_data  # noqa: E402
 
-from .torch_compare import assert_matches_torch, torch_grads, torch_loss, torch_twin  # noqa: E402
+from .torch_compare import (assert_matches_torch, first_step, fixed_torch_threads, torch_adam,  # noqa: E402,F401
+                            torch_grads, torch_loss, torch_twin)
 
 SHAPE = MLPShape(inputs=12, hidden=20)
 SAMPLES, BATCH = 200, 48             # 4 steps per epoch; the last 8 samples of each epoch dropped
@@ -30,19 +31,6 @@ RTOL, ATOL = 1e-5, 1e-7               # float32 on both sides, different summati
 
 def config(**changes) -> EngineConfig:
     return EngineConfig(device="cpu", precision="fp32", cuda_graph=0).replace(**changes)
-
-
-def torch_adam(model):
-    return torch.optim.Adam(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.999), eps=1e-8)
-
-
-@pytest.fixture(autouse=True)
-def fixed_torch_threads():
-    """Torch's CPU reductions depend on the thread count; keep it fixed for the comparison."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # -- inference -------------------------------------------------------------------------
@@ -70,14 +58,6 @@ def test_relu_network_predictions_match_torch():
 
 # -- one training step -----------------------------------------------------------------
 
-def first_step(trainer: Trainer):
-    """Exactly one training step (step 0), without the warm-up epoch `train()` would run."""
-    with trainer.backend.activate():
-        trainer.data.before_launch(0, 1)
-        trainer.step()
-        trainer.data.after_launch(0, 1)
-
-
 @pytest.mark.parametrize("fuse,resident", [(True, True), (False, True), (True, False)],
                          ids=["fused", "unfused", "streamed"])
 def test_one_step_loss_gradients_and_adam_update_match_torch(fuse, resident):
@@ -89,7 +69,7 @@ def test_one_step_loss_gradients_and_adam_update_match_torch(fuse, resident):
 
     rows = trainer.data.rows_of_step(0)
     assert len(set(rows.tolist())) == BATCH
-    optimizer = torch_adam(model)
+    optimizer = torch_adam(model, LEARNING_RATE)
     loss = torch_loss(net)(model(torch.from_numpy(x[rows])), torch.from_numpy(t[rows]))
     loss.backward()
     engine_loss = trainer.backend.to_host(trainer.state.history)[0]   # epoch 0 holds step 0 alone so far
@@ -115,7 +95,7 @@ def test_one_step_moves_every_parameter():
 
 def torch_step_losses(net, weights, x, t, steps: int, seed: int, steps_per_epoch: int) -> tuple[list[float], dict]:
     model = torch_twin(net, weights)
-    optimizer, loss_fn = torch_adam(model), torch_loss(net)
+    optimizer, loss_fn = torch_adam(model, LEARNING_RATE), torch_loss(net)
     losses = []
     for step in range(steps):
         rows = batch_rows(len(x), seed, step, BATCH, steps_per_epoch)

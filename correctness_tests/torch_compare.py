@@ -14,6 +14,7 @@ from collections import OrderedDict
 from typing import Mapping
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -79,3 +80,25 @@ def assert_matches_torch(engine: Mapping[str, np.ndarray], reference: Mapping, *
             raise AssertionError(f"{what} {name}: {int((error > bound).sum())} of {error.size} values differ; "
                                  f"worst at {tuple(int(i) for i in worst)}: engine {ours[worst]:.9g}, "
                                  f"torch {theirs[worst]:.9g} (rtol {rtol}, atol {atol})")
+
+
+def torch_adam(model: nn.Module, lr: float) -> torch.optim.Adam:
+    """torch's Adam with the engine's hyper-parameters (eps after the square root, no weight decay)."""
+    return torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8)
+
+
+def first_step(trainer):
+    """Exactly one training step (step 0), without the warm-up epoch `train()` would run."""
+    with trainer.backend.activate():
+        trainer.data.before_launch(0, 1)
+        trainer.step()
+        trainer.data.after_launch(0, 1)
+
+
+@pytest.fixture(autouse=True)
+def fixed_torch_threads():
+    """Torch's CPU reductions depend on the thread count; keep it fixed for the comparison."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 
@@ -38,9 +37,6 @@ def _maxbatch(args) -> int:
 
 
 def _info(args) -> int:
-    if importlib.util.find_spec("gpuengine.machine_info") is None:
-        print("gpuengine.machine_info is not available in this checkout", file=sys.stderr)
-        return 1
     from .backend import resolve_device
     from .config import EngineConfig
     from .machine_info import collect_machine_info, current_tier

@@ -81,6 +81,13 @@ class Backend:
         if self.is_gpu:
             self.stream.synchronize()
 
+    def wait_for_current_stream(self):
+        """Order the engine stream after the work queued so far on the caller's current CuPy stream."""
+        if self.is_gpu:
+            caller = self.xp.cuda.get_current_stream()
+            if caller.ptr != self.stream.ptr:
+                self.stream.wait_event(caller.record())
+
     def to_host(self, a) -> np.ndarray:
         """A host copy, on both backends: the caller may keep it while the engine reuses the buffer."""
         if self.is_gpu and array_module(a) is not np:

@@ -90,14 +90,20 @@ class ResidentPredictor:
         return self.program.y
 
     def load(self, x):
-        """Copy a batch (host or device array) into the workspace's input buffer."""
+        """Copy a batch (host or device array) into the workspace's input buffer.
+
+        A device array may still be being written on the caller's current stream: the engine stream
+        waits for that stream's queued work before reading it.
+        """
         if tuple(x.shape) != tuple(self.input.shape):
             raise DataError(f"input batch has shape {tuple(x.shape)}, this workspace takes {tuple(self.input.shape)}")
-        with self.backend.activate():
-            if isinstance(x, np.ndarray):
+        if isinstance(x, np.ndarray):
+            with self.backend.activate():
                 self.backend.upload(self.input, x)
-            else:
-                self.input[...] = x.astype(self.input.dtype, copy=False)
+            return
+        self.backend.wait_for_current_stream()
+        with self.backend.activate():
+            self.backend.xp.copyto(self.input, x, casting="unsafe")
 
     def memory_report(self) -> dict[str, int]:
         """Device bytes by category of the predictor's own weights and this workspace, booked before any pass."""

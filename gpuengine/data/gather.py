@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import get_kernel
-from .shuffle import DEVICE_SOURCE, half_bits
+from .shuffle import DEVICE_SOURCE, batch_rows, half_bits
 
 _SOURCE = DEVICE_SOURCE + r"""
 extern "C" __global__ void gather(const WORD_T* src_x, const float* src_t, WORD_T* out_x, float* out_t,
@@ -69,8 +69,9 @@ class DeviceGather:
 
     def run(self):
         if not self.backend.is_gpu:
-            self.out_x[...] = self.src_x[self.host_rows(int(self.state.step[0]))]
-            self.out_t[...] = self.src_t[self.host_rows(int(self.state.step[0]))]
+            rows = self.host_rows(int(self.state.step[0]))
+            np.take(self.src_x, rows, axis=0, out=self.out_x)
+            np.take(self.src_t, rows, axis=0, out=self.out_t)
             return
         self._kernel((-(-self.batch // _ROWS_PER_BLOCK),), (32 * _ROWS_PER_BLOCK,),
                      (self._src_words, self.src_t, self._out_words, self.out_t, np.int32(self._row_words),
@@ -80,7 +81,6 @@ class DeviceGather:
 
     def host_rows(self, step: int) -> np.ndarray:
         """The source rows the kernel reads at global step `step` (NumPy, for the CPU and tests)."""
-        from .shuffle import batch_rows
         if self.shuffled:
             return batch_rows(self.n, self.seed, step, self.batch, self.state.steps_per_epoch)
         return np.arange(self.batch) + (step % self.pool) * self.batch

@@ -17,8 +17,6 @@ from .gather import DeviceGather
 class ResidentDataset:
     """(x, t) on the device; `load_batch()` fills `batch_x`, `batch_t` for the current step."""
 
-    resident = True
-
     def __init__(self, backend, allocator, policy, state, x: np.ndarray, t: np.ndarray, batch: int, seed: int = 0):
         self.backend, self.state, self.batch, self.seed = backend, state, batch, seed
         self.samples = len(x)
@@ -40,9 +38,6 @@ class ResidentDataset:
     @property
     def steps_per_epoch(self) -> int:
         return self.samples // self.batch
-
-    def max_steps_per_launch(self) -> int | None:
-        return None   # any number of steps can share one graph launch
 
     def before_launch(self, first_step: int, steps: int):
         """Nothing to stage: the data is already on the device."""

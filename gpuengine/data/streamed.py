@@ -26,8 +26,6 @@ def check_streamed_launch(steps: int, pool: int):
 
 
 class StreamedDataset:
-    resident = False
-
     def __init__(self, backend, allocator, policy, state, x: np.ndarray, t: np.ndarray, batch: int,
                  seed: int = 0, pool: int = 3):
         self.backend, self.state, self.batch, self.seed, self.pool = backend, state, batch, seed, pool
@@ -59,9 +57,6 @@ class StreamedDataset:
     @property
     def steps_per_epoch(self) -> int:
         return self.samples // self.batch
-
-    def max_steps_per_launch(self) -> int:
-        return self.pool
 
     def check_launch(self, steps: int):
         check_streamed_launch(steps, self.pool)
