@@ -100,6 +100,21 @@ def test_resident_and_streamed_train_identically():
     np.testing.assert_allclose(streamed, resident, rtol=1e-6)
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused_head", "mse"])
+def test_training_is_bitwise_repeatable(fuse):
+    """No atomics in any loss or gradient: two runs agree to the last bit (losses and weights)."""
+    net = build_mlp(MLPShape(inputs=64, hidden=3000, outputs=1 if fuse else 2))
+    x, t = mlp_data(8192, MLPShape(inputs=64, hidden=3000))
+    if not fuse:
+        t = np.concatenate([t, -t], axis=1)   # two outputs: the unfused Dense + MSE path
+    runs = [Trainer(net, x, t, 2048, EngineConfig(precision="tf32", cuda_graph=1), fuse=fuse) for _ in range(2)]
+    losses = [run.train(3) for run in runs]
+    assert losses[0] == losses[1]
+    a, b = (run.params.state_dict() for run in runs)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
 def test_device_gather_reads_the_host_shuffle():
     net = build_mlp(SHAPE)
     x, t = mlp_data(1000, SHAPE)

@@ -14,6 +14,13 @@ from .kernels import get_kernel
 
 _SOURCE = r"""
 extern "C" __global__ void finish_step(long long* step) { step[0] += 1; }
+extern "C" __global__ void book_loss(const float* partials, int count, float scale, const long long* step,
+                                     long long steps_per_epoch, float* history, long long capacity) {
+    float s = 0.f;
+    for (int i = threadIdx.x; i < count; i += 32) s += partials[i];
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x == 0) history[(step[0] / steps_per_epoch) % capacity] += s * scale;
+}
 """
 HISTORY_CAPACITY = 1024  # epochs kept on the device between host reads
 
@@ -31,6 +38,7 @@ class StepState:
         self.capacity = HISTORY_CAPACITY
         if backend.is_gpu:
             self._finish = get_kernel(_SOURCE, "finish_step")
+            self._book = get_kernel(_SOURCE, "book_loss")
 
     def finish_step(self):
         """Advance the step counter (the last kernel of every training step)."""
@@ -45,6 +53,11 @@ class StepState:
     def add_loss_host(self, step: int, value: float):
         """NumPy backend: accumulate a step's loss into its epoch slot."""
         self.history[(step // self.steps_per_epoch) % self.capacity] += value
+
+    def book_partials(self, partials, count: int, scale):
+        """Add scale * sum(partials[:count]) to this step's epoch slot: one warp, a fixed order, no atomics,
+        so a loss is the same on every run (the partials are per-block sums a loss kernel wrote)."""
+        self._book((1,), (32,), (partials, np.int32(count), np.float32(scale)) + self.kernel_args())
 
     def kernel_args(self):
         """(step pointer, steps per epoch, history pointer, capacity) for loss kernels."""

@@ -5,8 +5,8 @@ For logits z (B, K) and target rows t (one-hot float32, or any rows summing to
 collapses to dL/dz = (p - t) / B (seed note 002: neither engine materialises a
 softmax Jacobian). log p = z - max - log sum exp(z - max), so no exp overflows.
 One warp per row; each block books its rows' loss into a partial sum and a
-second one-warp kernel adds the partials in a fixed order into the device loss
-history (step_state.py), so the loss is the same every run.
+second one-warp kernel (StepState.book_partials) adds them in a fixed order into
+the device loss history, so the loss is the same every run.
 """
 from __future__ import annotations
 
@@ -54,13 +54,6 @@ extern "C" __global__ void softmax_xent(const ELEM_T* z, const float* t, ELEM_T*
         partials[blockIdx.x] = s;
     }
 }
-extern "C" __global__ void book_loss(const float* partials, int blocks, float loss_scale, const long long* step,
-                                     long long steps_per_epoch, float* history, long long capacity) {
-    float s = 0.f;
-    for (int b = threadIdx.x; b < blocks; b += 32) s += partials[b];
-    s = warp_sum(s);
-    if (threadIdx.x == 0) history[(step[0] / steps_per_epoch) % capacity] += s * loss_scale;
-}
 """
 _THREADS = 256
 _MAX_BLOCKS = 1024
@@ -83,7 +76,6 @@ class SoftmaxCrossEntropy:
             self.blocks = min(-(-self.rows // (_THREADS // 32)), _MAX_BLOCKS)
             self.partials = ctx.allocator.zeros((self.blocks,), np.float32, "workspace")
             self._rows_kernel = get_kernel(_SOURCE, "softmax_xent", ELEM_T=ctype(z.dtype))
-            self._book = get_kernel(_SOURCE, "book_loss", ELEM_T=ctype(z.dtype))
         return self.dz
 
     def forward_backward(self):
@@ -93,7 +85,7 @@ class SoftmaxCrossEntropy:
         self._rows_kernel((self.blocks,), (_THREADS,), (self.z, self.target, self.dz, self.partials,
                                                          np.int32(self.rows), np.int32(self.classes),
                                                          self._grad_scale))
-        self._book((1,), (32,), (self.partials, np.int32(self.blocks), self._grad_scale) + self.state.kernel_args())
+        self.state.book_partials(self.partials, self.blocks, self._grad_scale)
 
     def _forward_backward_numpy(self):
         z = widen(self.z)
