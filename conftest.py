@@ -145,9 +145,10 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_commit_info(config, commit_info):
-    """A copy of the tree without .git (a lent GPU machine) names its commit through GATE_COMMIT_ID."""
+    """A copy of the tree whose .git is missing or stale (a lent GPU machine) names its commit through
+    GATE_COMMIT_ID: when set, it wins over what git reports there."""
     commit = os.environ.get("GATE_COMMIT_ID", "").strip()
-    if commit and commit_info.get("id") in (None, "", "unknown"):
+    if commit:
         commit_info.update(id=commit, dirty=os.environ.get("GATE_COMMIT_DIRTY", "0") == "1",
                            branch=os.environ.get("GATE_COMMIT_BRANCH", "main"), error=None)
 
