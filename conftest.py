@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -117,11 +118,25 @@ def pytest_configure(config: pytest.Config):
         raise pytest.UsageError(f"gpuengine: {exc}") from exc
     tier = current_tier(on_gpu)
     storage, notices = _route_benchmark_storage(config, engine_config, tier)
+    _name_autosave_after_gate_commit(config)
     chosen = frozenset(t for t, value in overrides.items()
                        if value is not None or os.environ.get(f"GPUENGINE_{t.upper()}", "") != "")
     config.stash[RUN_TARGET] = RunTarget(engine_config, tier, storage, notices, chosen)
     # pytest-benchmark's own check warns with every machine fact whenever clocks move; ours names what matters.
     warnings.filterwarnings("ignore", message="Benchmark machine_info is different")
+
+
+def _name_autosave_after_gate_commit(config: pytest.Config):
+    """pytest-benchmark names an autosaved run after what git says (a stale .git on a lent machine):
+    GATE_COMMIT_ID, when set, names it instead, like the run's commit_info (update_commit_info below)."""
+    commit = os.environ.get("GATE_COMMIT_ID", "").strip()
+    if commit and getattr(config.option, "benchmark_autosave", None):
+        tag = f"{commit}_{datetime.now(timezone.utc):%Y%m%d_%H%M%S}"
+        config.option.benchmark_autosave = tag + ("_uncommited-changes" if _gate_commit_dirty() else "")
+
+
+def _gate_commit_dirty() -> bool:
+    return os.environ.get("GATE_COMMIT_DIRTY", "0") == "1"
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -149,7 +164,7 @@ def pytest_benchmark_update_commit_info(config, commit_info):
     GATE_COMMIT_ID: when set, it wins over what git reports there."""
     commit = os.environ.get("GATE_COMMIT_ID", "").strip()
     if commit:
-        commit_info.update(id=commit, dirty=os.environ.get("GATE_COMMIT_DIRTY", "0") == "1",
+        commit_info.update(id=commit, dirty=_gate_commit_dirty(),
                            branch=os.environ.get("GATE_COMMIT_BRANCH", "main"), error=None)
 
 
