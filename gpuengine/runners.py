@@ -83,7 +83,7 @@ class EngineInferRunner:
 
 
 class EngineOneShotRunner:
-    """The convenience path: host array in, host array out, workspace per call."""
+    """The convenience path: host array in, host array out (upload, forward, copy back every call)."""
 
     name = "gpuengine_oneshot"
 
