@@ -242,29 +242,28 @@ def conv_forward(runtime, precision: str, window, x, w, y, bias=None, relu: bool
     return BoundGraph(runtime, graph, buffers, allocator)
 
 
-def conv_data_grad(runtime, precision: str, window, dy, w, dx, allocator=None):
-    """dx = the input gradient of conv(x, w) given its output gradient dy."""
-    buffers = {"dy": dy, "w": w, "dx": dx}
+def _single_op(runtime, precision: str, window, op: str, args: dict, out: str, buffers: dict, allocator):
+    """A graph of one cuDNN convolution op; `args` maps the op's keywords to input buffer names, the
+    first input's dtype is the graph's I/O dtype."""
 
     def define(g):
-        tensors = {name: TensorSpec.of(buffers[name]).make(g, name) for name in ("dy", "w")}
-        out = g.conv_dgrad(loss=tensors["dy"], filter=tensors["w"], **_conv_args(window))
-        TensorSpec.of(dx).mark_output(out)
-        return tensors | {"dx": out}
+        tensors = {name: TensorSpec.of(buffers[name]).make(g, name) for name in args.values()}
+        result = getattr(g, op)(**{kw: tensors[name] for kw, name in args.items()}, **_conv_args(window))
+        TensorSpec.of(buffers[out]).mark_output(result)
+        return tensors | {out: result}
 
-    graph = runtime.graph(_key("conv_dgrad", precision, window, **buffers), dy.dtype, precision, define)
+    io_dtype = buffers[next(iter(args.values()))].dtype
+    graph = runtime.graph(_key(op, precision, window, **buffers), io_dtype, precision, define)
     return BoundGraph(runtime, graph, buffers, allocator)
+
+
+def conv_data_grad(runtime, precision: str, window, dy, w, dx, allocator=None):
+    """dx = the input gradient of conv(x, w) given its output gradient dy."""
+    return _single_op(runtime, precision, window, "conv_dgrad", {"loss": "dy", "filter": "w"}, "dx",
+                      {"dy": dy, "w": w, "dx": dx}, allocator)
 
 
 def conv_weight_grad(runtime, precision: str, window, x, dy, dw, allocator=None):
     """dw (KRSC, the dtype of x and dy) = the filter gradient of conv(x, w) given dy."""
-    buffers = {"x": x, "dy": dy, "dw": dw}
-
-    def define(g):
-        tensors = {name: TensorSpec.of(buffers[name]).make(g, name) for name in ("x", "dy")}
-        out = g.conv_wgrad(image=tensors["x"], loss=tensors["dy"], **_conv_args(window))
-        TensorSpec.of(dw).mark_output(out)
-        return tensors | {"dw": out}
-
-    graph = runtime.graph(_key("conv_wgrad", precision, window, **buffers), x.dtype, precision, define)
-    return BoundGraph(runtime, graph, buffers, allocator)
+    return _single_op(runtime, precision, window, "conv_wgrad", {"image": "x", "loss": "dy"}, "dw",
+                      {"x": x, "dy": dy, "dw": dw}, allocator)

@@ -115,8 +115,8 @@ class FlatParameters:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         host = self._backend.to_host(self.master)
-        return {name: host[o:o + s].reshape(shape).copy() for name, (o, s, shape) in self.offsets.items()}
+        return {name: host[o:o + s].reshape(shape) for name, (o, s, shape) in self.offsets.items()}
 
     def grads_dict(self) -> dict[str, np.ndarray]:
-        host = self._backend.to_host(self.grad)
-        return {name: host[o:o + s].reshape(shape).copy() for name, (o, s, shape) in self.offsets.items()}
+        host = self._backend.to_host(self.grad)   # a fresh host copy: views into it are the caller's own
+        return {name: host[o:o + s].reshape(shape) for name, (o, s, shape) in self.offsets.items()}

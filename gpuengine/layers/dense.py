@@ -44,15 +44,14 @@ class Dense(Layer):
         bias = ctx.params.compute_view(f"{self.name}.bias")
         self.out = ctx.allocator.zeros((ctx.batch, self.units), ctx.policy.compute_dtype, "activations")
         self._forward = Gemm(ctx.backend, ctx.policy, self.out, x, self.weight.T, bias, ctx.allocator)
+        self._grad_w = self._grad_b = self._grad_x = None   # an inference program builds no backward
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         grad_w = ctx.params.grad_view(f"{self.name}.weight")
         self._grad_w = Gemm(ctx.backend, ctx.policy, grad_w, dy.T, self.x, allocator=ctx.allocator)
-        self._grad_b = None
         if not self.bias_grad_fused:
             self._grad_b = ColumnSum(ctx.backend, ctx.allocator, dy, ctx.params.grad_view(f"{self.name}.bias"))
-        self._grad_x = None
         if needs_input_grad:
             dx = ctx.allocator.zeros(self.x.shape, ctx.policy.compute_dtype, "activations")
             self._grad_x = Gemm(ctx.backend, ctx.policy, dx, dy, self.weight, allocator=ctx.allocator)
@@ -63,7 +62,7 @@ class Dense(Layer):
         self._forward.run()
 
     def release(self):
-        for gemm in (self._forward, getattr(self, "_grad_w", None), getattr(self, "_grad_x", None)):
+        for gemm in (self._forward, self._grad_w, self._grad_x):
             if gemm is not None:
                 gemm.free()
 
