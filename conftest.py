@@ -3,7 +3,7 @@
 - `--gpuengine-<toggle>` options override the `GPUENGINE_*` environment, which
   overrides the built-in defaults (`EngineConfig.from_env`); a bad value stops
   the session with a usage error naming the toggle.
-- The tier (`gpuengine.machine_info`) is the GPU the engine runs on, or the CPU
+- The tier (`gpuengine.bench.machine_info`) is the GPU the engine runs on, or the CPU
   tier. pytest-benchmark stores and compares runs in `baselines_store/<tier>/`
   (plus a `config-...` folder when toggles differ from the defaults), so a run
   is only ever compared with runs of the same GPU and settings.
@@ -29,7 +29,7 @@ import pytest
 
 from gpuengine.backend import get_backend, gpu_visible, resolve_device
 from gpuengine.config import ConfigError, EngineConfig
-from gpuengine.machine_info import Tier, collect_machine_info, current_tier
+from gpuengine.bench.machine_info import Tier, collect_machine_info, current_tier
 
 pytest_plugins = ("pytester",)  # the harness tests run small pytest sessions of their own
 

@@ -7,7 +7,7 @@ import pytest
 from gpuengine.backend import gpu_visible
 from gpuengine.config import EngineConfig
 from gpuengine.inference import Predictor
-from gpuengine.runners import EngineInferRunner, EngineOneShotRunner, samples_in_rotation
+from gpuengine.bench.runners import EngineInferRunner, EngineOneShotRunner, samples_in_rotation
 from gpuengine.workloads.mlp import MLPShape, build_mlp
 
 SHAPE = MLPShape(inputs=6, hidden=10)

@@ -12,11 +12,11 @@ import argparse
 import json
 import sys
 
-from .tools.trial import ENGINES, MODES, TrialSpec, parse_cap
+from .bench.maxbatch.trial import ENGINES, MODES, TrialSpec, parse_cap
 
 
 def _maxbatch(args) -> int:
-    from .tools.maxbatch import compare_max_batches, format_table
+    from .bench.maxbatch.search import compare_max_batches, format_table
     base = TrialSpec(workload=args.workload, precision=args.precision, cap_gib=args.cap_gib, shape=args.shape,
                      device=args.device)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
@@ -39,7 +39,7 @@ def _maxbatch(args) -> int:
 def _info(args) -> int:
     from .backend import resolve_device
     from .config import EngineConfig
-    from .machine_info import collect_machine_info, current_tier
+    from .bench.machine_info import collect_machine_info, current_tier
     config = EngineConfig.from_env()
     info = collect_machine_info(current_tier(resolve_device(config) == "cuda"), config)
     print(json.dumps(info, indent=2, default=str))

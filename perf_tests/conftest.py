@@ -4,7 +4,7 @@ A perf test builds its engine runner and reference runners, then calls
 
     result = compare(benchmark, engine, [ref, ...], rounds=R, precision="tf32", flops_per_sample=F)
 
-and gets a `gpuengine.benchmarking.Comparison`; the engine's rounds are what
+and gets a `gpuengine.bench.benchmarking.Comparison`; the engine's rounds are what
 pytest-benchmark stores and compares, everything else goes into the run's
 `extra_info`, and a missed ratio threshold fails the test on a GPU tier.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuengine.benchmarking import Comparison
+from gpuengine.bench.benchmarking import Comparison
 
 from .gemm_peak import measure_gemm_peak_tflops
 from .harness import alternate_rounds, record_and_gate

@@ -16,9 +16,9 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from gpuengine.benchmarking import Comparison, Runner, time_round
-from gpuengine.machine_info import Tier
-from gpuengine.thresholds import ThresholdRule, evaluate_ratios
+from gpuengine.bench.benchmarking import Comparison, Runner, time_round
+from gpuengine.bench.machine_info import Tier
+from gpuengine.bench.thresholds import ThresholdRule, evaluate_ratios
 
 
 def alternate_rounds(benchmark, engine: Runner, references: Sequence[Runner], rounds: int,

@@ -16,7 +16,7 @@ import pytest
 from gpuengine.backend import gpu_visible
 from gpuengine.config import EngineConfig
 from gpuengine.reference import tf_common
-from gpuengine.runners import EngineTrainRunner
+from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.workloads import cnn
 
 from .harness import assert_losses_descend, epoch_loss, skip_unless_selected

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from gpuengine import thresholds
-from gpuengine.benchmarking import Comparison
-from gpuengine.machine_info import CPU_TIER, NO_GPU, Tier
+from gpuengine.bench import thresholds
+from gpuengine.bench.benchmarking import Comparison
+from gpuengine.bench.machine_info import CPU_TIER, NO_GPU, Tier
 
 from .harness import alternate_rounds, record_and_gate
 

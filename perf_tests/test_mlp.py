@@ -16,7 +16,7 @@ import pytest
 
 from gpuengine.backend import gpu_visible
 from gpuengine.config import EngineConfig
-from gpuengine.runners import EngineInferRunner, EngineOneShotRunner, EngineTrainRunner
+from gpuengine.bench.runners import EngineInferRunner, EngineOneShotRunner, EngineTrainRunner
 from gpuengine.workloads import mlp
 
 from .harness import assert_losses_descend, epoch_loss, skip_unless_selected

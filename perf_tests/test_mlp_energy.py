@@ -1,7 +1,7 @@
 """Energy per training sample on the dense Rosenbrock MLP, engine vs PyTorch (seed note 004's method).
 
 Seed note 004 integrated 20 Hz power over a run and divided by the samples;
-here `gpuengine.energy.EnergyMeter` reads NVML's energy counter around a
+here `gpuengine.bench.energy.EnergyMeter` reads NVML's energy counter around a
 synchronised window (power sampling where the GPU has no counter), after one
 idle-power reading at the start, so each window yields total and active
 (idle-subtracted) joules. Every runner trains the same number of samples per
@@ -19,11 +19,11 @@ import statistics
 
 import pytest
 
-from gpuengine import nvml
-from gpuengine.benchmarking import Comparison, RatioSummary, time_round
+from gpuengine.bench import nvml
+from gpuengine.bench.benchmarking import Comparison, RatioSummary, time_round
 from gpuengine.config import EngineConfig
-from gpuengine.energy import EnergyMeter, NvmlPowerProbe, measure_idle
-from gpuengine.runners import EngineTrainRunner
+from gpuengine.bench.energy import EnergyMeter, NvmlPowerProbe, measure_idle
+from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.workloads import mlp
 
 from .harness import record_and_gate, skip_unless_selected

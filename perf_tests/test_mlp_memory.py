@@ -2,7 +2,7 @@
 
 For one training step (forward + backward + Adam) and for one inference pass
 of the dense Rosenbrock MLP in TF32, each engine variant and each reference is
-searched by `gpuengine.tools.maxbatch` (a fresh process per trial, doubling
+searched by `gpuengine.bench.maxbatch.search` (a fresh process per trial, doubling
 then bisection to 0.1%, the 6 GiB cap enforced on the allocator and measured
 from outside through NVML). The ratio engine / reference and the marginal
 bytes per sample go into the stored run's `extra_info`; ratios are gated by
@@ -18,9 +18,9 @@ from dataclasses import replace
 
 import pytest
 
-from gpuengine.benchmarking import Comparison, RatioSummary
-from gpuengine.tools.maxbatch import SearchResult, Status, SubprocessTrial, search
-from gpuengine.tools.trial import TrialSpec
+from gpuengine.bench.benchmarking import Comparison, RatioSummary
+from gpuengine.bench.maxbatch.search import SearchResult, Status, SubprocessTrial, search
+from gpuengine.bench.maxbatch.trial import TrialSpec
 
 from .harness import record_and_gate
 

@@ -6,7 +6,7 @@ the installed Keras. Precision: fp32 turns TF32 off
 (`tf.config.experimental.enable_tensor_float_32_execution`), tf32 turns it on,
 bf16 builds the model under Keras' "mixed_bfloat16" dtype policy (bf16 compute,
 float32 variables) with TF32 on. The runner satisfies
-`gpuengine.benchmarking.Runner`; its warm-up is one untimed epoch (tracing the
+`gpuengine.bench.benchmarking.Runner`; its warm-up is one untimed epoch (tracing the
 train function). The remainder of the data set that does not fill a batch is
 dropped, as the engine and the torch runners do, so every step has one shape.
 

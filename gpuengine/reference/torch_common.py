@@ -14,7 +14,7 @@ Three modes per DESIGN.md, "The references we compare against":
   CUDA-graphs docs, "Whole-network capture". The graph reads batch k of the epoch
   from a static permutation through a device offset it advances itself.
 
-Both runners satisfy `gpuengine.benchmarking.Runner`. `prepare()` warms up and
+Both runners satisfy `gpuengine.bench.benchmarking.Runner`. `prepare()` warms up and
 then restores the model's weights, buffers and optimizer state, so the first
 timed epoch starts from the given weights in every mode (parity tests rely on
 it). Losses are summed on the device; only `last_epoch_loss()` reads them

@@ -26,7 +26,7 @@ from pathlib import Path
 from .benchmarking import Comparison
 
 # The repository's file; the package is installed editable (./gate, tox), so this resolves in the checkout.
-RULES_PATH = Path(__file__).resolve().parents[1] / "baselines_store" / "thresholds.json"
+RULES_PATH = Path(__file__).resolve().parents[2] / "baselines_store" / "thresholds.json"
 TORCH_BEST = "torch_best"
 
 

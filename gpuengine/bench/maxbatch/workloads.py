@@ -18,8 +18,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..backend import GIB
-from ..config import EngineConfig
+from ...backend import GIB
+from ...config import EngineConfig
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Workload:
 
 
 def engine_train(net, x, t, batch, config, lr) -> dict:
-    from ..trainer import Trainer
+    from ...trainer import Trainer
     trainer = Trainer(net, x, t, batch, config, lr=lr)
     plan = trainer.memory_report()   # booked at construction: before the step runs
     trainer.warm_up()
@@ -68,7 +68,7 @@ def engine_train(net, x, t, batch, config, lr) -> dict:
 
 
 def engine_infer(net, x, t, batch, config, lr) -> dict:
-    from ..inference import Predictor, ResidentPredictor
+    from ...inference import Predictor, ResidentPredictor
     workspace = ResidentPredictor(Predictor(net, config), batch, capture=False)
     plan = workspace.memory_report()
     workspace.load(x)
@@ -87,19 +87,19 @@ def _mlp_data(batch: int, shape, rng: np.random.Generator):
 
 
 def _mlp_torch_train(mode, x, t, batch, precision, device, shape):
-    from ..reference.torch_mlp import mlp_train_runner
-    from ..workloads.mlp import LEARNING_RATE
+    from ...reference.torch_mlp import mlp_train_runner
+    from ...workloads.mlp import LEARNING_RATE
     return mlp_train_runner(mode, x, t, batch, precision, lr=LEARNING_RATE, device=device, hidden=shape.hidden)
 
 
 def _mlp_torch_infer(mode, x, precision, device, shape):
-    from ..reference.torch_mlp import mlp_infer_runner
+    from ...reference.torch_mlp import mlp_infer_runner
     return mlp_infer_runner(mode, [x], precision, device=device, batches_per_round=1, hidden=shape.hidden,
                             outputs=shape.outputs)
 
 
 def _mlp() -> Workload:
-    from ..workloads import mlp
+    from ...workloads import mlp
     return Workload("mlp", {"seed": mlp.SEED_SHAPE, "smoke": mlp.SMOKE_SHAPE}, mlp.build_mlp, _mlp_data,
                     _mlp_torch_train, _mlp_torch_infer, mlp.LEARNING_RATE)
 

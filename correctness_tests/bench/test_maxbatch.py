@@ -17,12 +17,12 @@ from dataclasses import replace
 import pytest
 
 from gpuengine.__main__ import main as cli_main
-from gpuengine.gpu_memory import is_out_of_memory
-from gpuengine.tools import trial as trial_module
-from gpuengine.tools.maxbatch import (MaxBatchRow, SearchResult, Status, SubprocessTrial, TrialResult,
+from gpuengine.bench.gpu_memory import is_out_of_memory
+from gpuengine.bench.maxbatch import trial as trial_module
+from gpuengine.bench.maxbatch.search import (MaxBatchRow, SearchResult, Status, SubprocessTrial, TrialResult,
                                       compare_max_batches, find_max_batch, format_table, last_json_record,
                                       predict_max_batch)
-from gpuengine.tools.trial import TrialSpec, parse_args
+from gpuengine.bench.maxbatch.trial import TrialSpec, parse_args
 
 BYTES_PER_SAMPLE, FIXED_BYTES = 8_000, 500_000_000
 

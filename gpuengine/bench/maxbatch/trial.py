@@ -1,6 +1,6 @@
 """One max-batch trial, in a process of its own: does this batch fit under the memory cap?
 
-    python -m gpuengine.tools.trial --workload mlp --mode train --engine gpuengine \
+    python -m gpuengine.bench.maxbatch.trial --workload mlp --mode train --engine gpuengine \
         --batch 400000 --precision tf32 --cap-gib 6 --batch-pool 3
 
 prints one JSON line {status, peak_bytes, measured_by, error, ...} and exits 0;
@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from ..backend import GIB
+from ...backend import GIB
 from ..gpu_memory import is_out_of_memory
 
 ENGINES = ("gpuengine", "torch_eager", "torch_compile", "torch_graph")
@@ -73,7 +73,7 @@ def parse_cap(text: str) -> float | None:
 
 
 def parse_args(argv=None) -> tuple[TrialSpec, int]:
-    p = argparse.ArgumentParser(prog="python -m gpuengine.tools.trial", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gpuengine.bench.maxbatch.trial", description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", default="mlp")
     p.add_argument("--mode", choices=MODES, default="train")
     p.add_argument("--engine", choices=ENGINES, default="gpuengine")

@@ -15,7 +15,7 @@ import importlib.util
 import re
 from dataclasses import dataclass
 
-from .config import EngineConfig
+from ..config import EngineConfig
 
 CPU_TIER = "cpu-tier"
 NO_GPU = "none (CPU tier, NumPy backend)"

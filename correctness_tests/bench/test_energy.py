@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from gpuengine import nvml
-from gpuengine.energy import (COUNTER, SAMPLED, EnergyMeter, EnergyWindowTooShort, NvmlPowerProbe, PowerSampler,
+from gpuengine.bench import nvml
+from gpuengine.bench.energy import (COUNTER, SAMPLED, EnergyMeter, EnergyWindowTooShort, NvmlPowerProbe, PowerSampler,
                               integrate_power, measure_idle)
 
 

@@ -2,7 +2,7 @@
 
 Seed note 000 asked how large a batch each engine fits on a 6 GB card, for one
 training step (forward + backward + Adam) and for one inference pass. Each
-trial runs `gpuengine.tools.trial` in a process of its own and comes back
+trial runs `gpuengine.bench.maxbatch.trial` in a process of its own and comes back
 FITS, OOM ("does not fit": an answer) or ERROR (anything else, with its
 message: never counted as OOM). The search doubles from `start` until a trial
 does not fit; then, where the fits measured their memory, it narrows the
@@ -223,7 +223,7 @@ def _exit_text(returncode: int) -> str:
 
 
 class SubprocessTrial:
-    """trial(batch) -> TrialResult, each call a fresh `python -m gpuengine.tools.trial` process."""
+    """trial(batch) -> TrialResult, each call a fresh `python -m gpuengine.bench.maxbatch.trial` process."""
 
     def __init__(self, spec: TrialSpec, timeout_s: float = TRIAL_TIMEOUT_S, python: str = sys.executable,
                  command: Callable[[int], list[str]] | None = None):
@@ -231,7 +231,7 @@ class SubprocessTrial:
         self.command = command or self.trial_command
 
     def trial_command(self, batch: int) -> list[str]:
-        return [self.python, "-m", "gpuengine.tools.trial", *self.spec.to_argv(batch)]
+        return [self.python, "-m", "gpuengine.bench.maxbatch.trial", *self.spec.to_argv(batch)]
 
     def __call__(self, batch: int) -> TrialResult:
         env = dict(os.environ)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import EngineConfig
-from .inference import Predictor, ResidentPredictor
-from .network import Sequential
-from .trainer import Trainer
+from ..config import EngineConfig
+from ..inference import Predictor, ResidentPredictor
+from ..network import Sequential
+from ..trainer import Trainer
 
 
 def samples_in_rotation(sizes: list[int], batches: int) -> int:

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from gpuengine.gpu_memory import NVML_FREE_DROP, NVML_PROCESS, PeakSampler, ProcessMemory
-from gpuengine.nvml import normalise_bus_id
+from gpuengine.bench.gpu_memory import NVML_FREE_DROP, NVML_PROCESS, PeakSampler, ProcessMemory
+from gpuengine.bench.nvml import normalise_bus_id
 
 GIB = 1 << 30
 

@@ -1,13 +1,13 @@
-"""gpuengine.thresholds: rule matching, torch_best, checks, and the repository's own rules file."""
+"""gpuengine.bench.thresholds: rule matching, torch_best, checks, and the repository's own rules file."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from gpuengine import thresholds
-from gpuengine.benchmarking import Comparison
-from gpuengine.thresholds import (TORCH_BEST, ThresholdRule, check_ratios, evaluate_ratios, load_rules, rule_for,
+from gpuengine.bench import thresholds
+from gpuengine.bench.benchmarking import Comparison
+from gpuengine.bench.thresholds import (TORCH_BEST, ThresholdRule, check_ratios, evaluate_ratios, load_rules, rule_for,
                                   threshold_for, wildcard_match)
 
 H100 = "NVIDIA H100 80GB HBM3"

@@ -1,4 +1,4 @@
-"""gpuengine.benchmarking: interleaved rounds, per-round ratios, throughput and fraction of peak.
+"""gpuengine.bench.benchmarking: interleaved rounds, per-round ratios, throughput and fraction of peak.
 
 Runners here are recording fakes with scripted round times, so every number
 the comparison reports can be checked exactly.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuengine.benchmarking import Comparison, interleave, ratio, samples_per_second, time_round
+from gpuengine.bench.benchmarking import Comparison, interleave, ratio, samples_per_second, time_round
 
 
 class RecordingRunner:

@@ -1,1 +1,0 @@
-"""Tests of gpuengine.tools and the measurement modules it uses (memory, energy)."""

@@ -1,0 +1,9 @@
+"""Benchmark support, above the engine and the references: what the perf suite measures with.
+
+- `benchmarking`: runners timed in interleaved rounds, per-round ratios, fraction of peak;
+- `runners`: the engine as runners (training epochs, resident and one-shot inference);
+- `thresholds`: the same-run ratio rules of `baselines_store/thresholds.json`;
+- `machine_info`: the run's tier and the GPU stack stored with every run;
+- `energy`, `gpu_memory`, `nvml`: energy per sample and device memory, read through NVML;
+- `maxbatch/`: the largest batch under a memory cap, one fresh process per trial.
+"""
