@@ -1,0 +1,74 @@
+"""ResNet-50 v1.5 on CIFAR-10 / CIFAR-100 (seed note 002).
+
+The network (He et al. 2016, "Deep Residual Learning", with torchvision's v1.5
+change: the stride of a downsampling bottleneck sits on its 3x3 convolution):
+conv 7x7/2 -> BN -> ReLU -> max pool 3x3/2 (padding 1) -> bottleneck stages of
+[3, 4, 6, 3] blocks (widths 64, 128, 256, 512, expansion 4) -> global average
+pool -> Dense(classes), softmax cross-entropy, Adam lr 1e-3, batch 128, 50,000
+32x32x3 images resident on the device. Convolutions under BatchNorm carry no
+bias; a block's first unit projects its shortcut with a 1x1 convolution + BN
+where the shape changes. On 32x32 inputs the stem leaves an 8x8 map and stage 4
+a 1x1 map, so the average pool is the identity there (the note omitted it; we
+keep it, implemented for any size).
+
+Parameter names are torchvision's (`conv1.weight`, `layer2.0.downsample.1.bias`,
+`fc.weight`), so the PyTorch twin maps one to one; conv weights are KRSC in the
+engine and (out, in, kh, kw) in torch. 23,528,522 parameters for 10 classes and
+23,712,932 for 100: torchvision's `resnet50(num_classes=C)` exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LEARNING_RATE = 1e-3
+TRAIN_BATCH = 128
+SAMPLES = 50_000
+WARMUP_EPOCHS = 2
+BN_MOMENTUM = 0.1    # torch's convention: running = (1 - m) running + m batch
+BN_EPSILON = 1e-5
+
+
+@dataclass(frozen=True)
+class ResNetShape:
+    size: int = 32                         # square images
+    channels: int = 3
+    classes: int = 10
+    stem_width: int = 64
+    widths: tuple = (64, 128, 256, 512)    # bottleneck width of each stage
+    blocks: tuple = (3, 4, 6, 3)           # bottlenecks per stage
+    expansion: int = 4                     # a bottleneck's output is expansion x its width
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return (self.size, self.size, self.channels)
+
+    @property
+    def features(self) -> int:
+        """Channels into the classifier."""
+        return self.widths[-1] * self.expansion
+
+    def with_classes(self, classes: int) -> "ResNetShape":
+        return ResNetShape(self.size, self.channels, classes, self.stem_width, self.widths, self.blocks,
+                           self.expansion)
+
+
+SEED_SHAPE = ResNetShape()
+CIFAR100_SHAPE = SEED_SHAPE.with_classes(100)
+# CPU tier: every kind of unit (stem, projection and identity blocks, strided 3x3s, the pool) at toy widths.
+SMOKE_SHAPE = ResNetShape(size=16, stem_width=8, widths=(4, 8), blocks=(2, 1), expansion=4)
+
+
+def parameter_count(shape: ResNetShape = SEED_SHAPE) -> int:
+    """Trainable parameters (BN scale and shift included, running statistics not), counted from the shape."""
+    count = shape.stem_width * 7 * 7 * shape.channels + 2 * shape.stem_width
+    channels = shape.stem_width
+    for stage, (width, blocks) in enumerate(zip(shape.widths, shape.blocks)):
+        out = width * shape.expansion
+        for block in range(blocks):
+            count += channels * width + 2 * width            # 1x1 reduce + BN
+            count += 9 * width * width + 2 * width           # 3x3 + BN
+            count += width * out + 2 * out                   # 1x1 expand + BN
+            if block == 0 and (channels != out or stage > 0):
+                count += channels * out + 2 * out            # projection shortcut + BN
+            channels = out
+    return count + channels * shape.classes + shape.classes
