@@ -6,6 +6,11 @@ gradient buffer of its output and returns the gradient buffer of its input (or
 None where nobody needs it). `forward()` and `backward()` then take no
 arguments and allocate nothing, so a whole step can be captured in a CUDA graph
 and replayed with the same addresses.
+
+A layer of several inputs (a residual add) sets `arity`; its shape methods
+take one per-sample shape per input, `build_forward` one buffer per input, and
+`build_backward` gets one needs-gradient flag per input and returns one
+gradient buffer (or None) per input.
 """
 from __future__ import annotations
 
@@ -23,14 +28,20 @@ class BuildContext:
     allocator: object
     params: FlatParameters | None
     batch: int
+    training: bool = True   # False: an inference program (BatchNorm then uses its running statistics)
 
 
 class Layer:
     """Base layer: no parameters, identity shapes."""
 
     name: str = ""
+    arity: int = 1   # how many earlier outputs the layer reads
 
     def param_specs(self, input_shape: tuple) -> list[ParamSpec]:
+        return []
+
+    def buffer_specs(self, input_shape: tuple) -> list[ParamSpec]:
+        """State the layer keeps but nobody trains (running statistics)."""
         return []
 
     def output_shape(self, input_shape: tuple) -> tuple:
