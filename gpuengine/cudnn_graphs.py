@@ -197,17 +197,31 @@ def runtime_for(backend) -> CudnnRuntime:
 
 
 class BoundGraph:
-    """A cached graph bound to fixed buffers: `run()` executes it, capturable, allocating nothing."""
+    """A cached graph bound to fixed buffers: `run()` executes it, capturable, allocating nothing.
 
-    def __init__(self, runtime: CudnnRuntime, graph: CudnnGraph, buffers: dict, allocator=None):
-        if buffers.keys() != graph.uids.keys():
-            raise ValueError(f"{graph.key[0]}: buffers {sorted(buffers)} given, the graph takes {sorted(graph.uids)}")
+    `host_scalars` are pass-by-value inputs (a norm's epsilon): host arrays the graph reads at launch.
+    """
+
+    def __init__(self, runtime: CudnnRuntime, graph: CudnnGraph, buffers: dict, allocator=None,
+                 host_scalars: dict | None = None, preserve: tuple = ()):
+        host_scalars = host_scalars or {}
+        if buffers.keys() | host_scalars.keys() != graph.uids.keys():
+            raise ValueError(f"{graph.key[0]}: buffers {sorted(buffers | host_scalars)} given, "
+                             f"the graph takes {sorted(graph.uids)}")
         self.runtime, self.graph = runtime, graph
         self.pointers = {graph.uids[name]: int(a.data.ptr) for name, a in buffers.items()}
-        self.buffers = buffers   # keeps the memory behind the pointers alive
+        self.pointers.update({graph.uids[name]: int(a.ctypes.data) for name, a in host_scalars.items()})
+        self.buffers = buffers | host_scalars   # keeps the memory behind the pointers alive
+        self.preserve = preserve   # buffers the graph updates in place (running statistics)
         runtime.reserve(max(graph.workspace_bytes.values()), allocator)
 
     def run(self):
+        if self.graph.plan is None and self.preserve:
+            # Autotuning executes every plan several times: undo its in-place updates, then run once for real.
+            saved = [b.copy() for b in self.preserve]
+            self.runtime.execute(self.graph, self.pointers)
+            for buffer, value in zip(self.preserve, saved):
+                buffer[...] = value
         self.runtime.execute(self.graph, self.pointers)
 
 

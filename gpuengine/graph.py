@@ -15,6 +15,7 @@ add of two different shapes). `summary()` prints the graph like Keras'
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from .layers.base import Layer
@@ -77,22 +78,25 @@ class Network:
 
     @staticmethod
     def _sorted(nodes: list[Node], by_name: dict[str, Node]) -> list[Node]:
-        """Topological order (Kahn), stable in the given order; a cycle is an error naming its nodes."""
+        """Topological order (Kahn, the earliest-given ready node first: an order that is already
+        topological is kept); a cycle is an error naming its nodes."""
+        position = {n.name: k for k, n in enumerate(nodes)}
         waiting = {n.name: sum(1 for i in n.inputs if i != INPUT) for n in nodes}
         readers: dict[str, list[str]] = {n.name: [] for n in nodes}
         for node in nodes:
             for i in node.inputs:
                 if i != INPUT:
                     readers[i].append(node.name)
-        ready = [n.name for n in nodes if waiting[n.name] == 0]
+        ready = [position[n.name] for n in nodes if waiting[n.name] == 0]
+        heapq.heapify(ready)
         order = []
         while ready:
-            name = ready.pop(0)
-            order.append(by_name[name])
-            for reader in readers[name]:
+            node = nodes[heapq.heappop(ready)]
+            order.append(node)
+            for reader in readers[node.name]:
                 waiting[reader] -= 1
                 if waiting[reader] == 0:
-                    ready.append(reader)
+                    heapq.heappush(ready, position[reader])
         if len(order) != len(nodes):
             stuck = [n.name for n in nodes if waiting[n.name] > 0]
             raise GraphError(f"the graph has a cycle through {', '.join(stuck)}")

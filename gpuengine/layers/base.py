@@ -37,10 +37,10 @@ class Layer:
     name: str = ""
     arity: int = 1   # how many earlier outputs the layer reads
 
-    def param_specs(self, input_shape: tuple) -> list[ParamSpec]:
+    def param_specs(self, *input_shapes: tuple) -> list[ParamSpec]:
         return []
 
-    def buffer_specs(self, input_shape: tuple) -> list[ParamSpec]:
+    def buffer_specs(self, *input_shapes: tuple) -> list[ParamSpec]:
         """State the layer keeps but nobody trains (running statistics)."""
         return []
 
@@ -63,7 +63,7 @@ class Layer:
     def release(self):
         """Free library plans the layer holds (cuDNN graphs are cached process-wide and stay)."""
 
-    def forward_flops(self, input_shape: tuple) -> int:
+    def forward_flops(self, *input_shapes: tuple) -> int:
         """Multiply-adds x2 per sample of the forward pass (for fraction-of-peak reports)."""
         return 0
 
