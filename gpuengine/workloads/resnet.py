@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..data.labels import training_arrays
 from ..graph import INPUT, GraphBuilder, Network
 from ..layers import (Activation, Add, BatchNorm2D, Conv2D, Dense, GlobalAveragePool2D, MaxPool2D,
                       SoftmaxCrossEntropy)
@@ -61,6 +62,13 @@ CIFAR100_SHAPE = SEED_SHAPE.with_classes(100)
 # CPU tier: every kind of unit (stem, projection and identity blocks, strided 3x3s, the pool) at toy widths,
 # each a multiple of 8 channels (cuDNN's bf16 batch norm reads 8 channels at a time).
 SMOKE_SHAPE = ResNetShape(size=16, stem_width=8, widths=(8, 16), blocks=(2, 1), expansion=4)
+
+
+def resnet_data(samples: int = SAMPLES, shape: ResNetShape = SEED_SHAPE, seed: int = 0):
+    """Generated CIFAR-like images as (x float32 (n, H, W, 3) in [0, 1], t one-hot float32 (n, classes))."""
+    from ..data.cifar import make_images
+    images, labels = make_images(samples, shape.classes, seed, shape.size)
+    return training_arrays(images, labels, shape.classes, "generated CIFAR-like images")
 
 
 def parameter_count(shape: ResNetShape = SEED_SHAPE) -> int:
