@@ -56,6 +56,7 @@ def run_layer(layer, x, dy: np.ndarray, *, device="cpu", precision="fp64", weigh
         dx = layer.build_backward(ctx, dy_dev, needs_input_grad if len(xs) == 1 else (needs_input_grad,) * len(xs))
         layer.forward()
         layer.backward()
+        layer.backward_params()
         be.synchronize()
     result = {"y": be.to_host(out).astype(np.float64)}
     named = {"dx": dx} if len(xs) == 1 else {f"dx{k}": d for k, d in enumerate(dx)}

@@ -130,14 +130,14 @@ _GRAPHS: dict[tuple, CudnnGraph] = {}   # building is slow: one graph per key, p
 
 
 class CudnnRuntime:
-    """A cuDNN handle on one backend's stream, and the workspace the graphs on that stream share."""
+    """A cuDNN handle on one stream of a backend, and the workspace the graphs on that stream share."""
 
-    def __init__(self, backend):
+    def __init__(self, backend, stream):
         cudnn = _cudnn()
-        self.backend = backend
+        self.backend, self.stream = backend, stream
         # Never destroyed: the process-wide graph cache holds plans built with this handle.
         self.handle = cudnn.create_handle()
-        cudnn.set_stream(handle=self.handle, stream=backend.stream.ptr)
+        cudnn.set_stream(handle=self.handle, stream=stream.ptr)
         self.workspace = backend.xp.empty((256,), np.uint8)
         self._retired = []   # earlier workspaces, kept alive for steps captured with them
 
@@ -159,7 +159,7 @@ class CudnnRuntime:
 
     def execute(self, graph: CudnnGraph, pointers: dict):
         if graph.plan is None:
-            if self.backend.stream.is_capturing():
+            if self.stream.is_capturing():
                 # Plans cannot be timed inside capture, and an untimed plan would be kept for good.
                 raise RuntimeError(f"cuDNN graph {graph.key[0]} {graph.key[1:]} first ran inside CUDA-graph capture: "
                                    "run it eagerly once first (the trainer's and predictor's warm-up do)")
@@ -168,7 +168,7 @@ class CudnnRuntime:
 
     def autotune(self, graph: CudnnGraph, pointers: dict):
         """Time every built plan on the live buffers (outputs are overwritten) and keep the fastest."""
-        xp, stream = self.backend.xp, self.backend.stream
+        xp, stream = self.backend.xp, self.stream
         start, stop = xp.cuda.Event(), xp.cuda.Event()
         for plan in graph.plans:
             self.reserve(graph.workspace_bytes[plan])
@@ -190,10 +190,11 @@ class CudnnRuntime:
 _RUNTIMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def runtime_for(backend) -> CudnnRuntime:
+def runtime_for(backend, side: bool = False) -> CudnnRuntime:
+    """The runtime of the backend's engine stream, or of its side stream (weight gradients)."""
     if backend not in _RUNTIMES:
-        _RUNTIMES[backend] = CudnnRuntime(backend)
-    return _RUNTIMES[backend]
+        _RUNTIMES[backend] = (CudnnRuntime(backend, backend.stream), CudnnRuntime(backend, backend.side_stream))
+    return _RUNTIMES[backend][side]
 
 
 class BoundGraph:

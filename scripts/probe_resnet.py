@@ -35,12 +35,15 @@ def layer_times(trainer, steps: int = 20) -> dict[str, float]:
             timer.start()
             program.loss.forward_backward()
             per[("loss", "fwd+bwd")] += timer.stop()
-            for summed, layer in program._backward:
+            for summed, layer, _ in program._backward:
                 timer.start()
                 if summed is not None:
                     summed.run()
                 layer.backward()
                 per[(type(layer).__name__, "bwd")] += timer.stop()
+                timer.start()
+                layer.backward_params()
+                per[(type(layer).__name__, "bwd params")] += timer.stop()
             for key, value in per.items():
                 samples[key].append(value)
     return {f"{k[0]} {k[1]}": statistics.median(v) for k, v in samples.items()}
@@ -58,14 +61,18 @@ def main(samples: int = 128 * 40):
     net = resnet.build_resnet()
     print(f"ResNet-50: {net.parameter_count():,} parameters, {len(net.nodes)} nodes, "
           f"{net.train_flops_per_sample() / 1e6:.1f} MFLOP per training sample")
-    for precision in ("tf32", "bf16"):
+    from gpuengine import cudnn_graphs, network
+    for precision, side, plans in (("tf32", True, 8), ("tf32", False, 8), ("tf32", True, 24), ("bf16", True, 8)):
+        network.SIDE_STREAM_WEIGHT_GRADS, cudnn_graphs.MAX_PLANS = side, plans
+        cudnn_graphs._GRAPHS.clear()
         start = time.perf_counter()
         trainer = Trainer(net, x, t, 128, EngineConfig(precision=precision, cuda_graph=0, profile=1))
         trainer.train(1)
-        print(f"{precision}: build + first epoch {time.perf_counter() - start:.1f} s; eager phases (ms) "
-              + ", ".join(f"{k} {v:.3f}" for k, v in trainer.last_profile.items()))
-        print("  per layer type (ms, eager, each launch timed): " + ", ".join(
-            f"{k} {v:.3f}" for k, v in sorted(layer_times(trainer).items(), key=lambda kv: -kv[1])))
+        print(f"{precision} side stream {side} plans {plans}: build + first epoch {time.perf_counter() - start:.1f} s;"
+              " eager phases (ms) " + ", ".join(f"{k} {v:.3f}" for k, v in trainer.last_profile.items()))
+        if (side, plans) == (True, 8):
+            print("  per layer type (ms, eager, each launch timed): " + ", ".join(
+                f"{k} {v:.3f}" for k, v in sorted(layer_times(trainer).items(), key=lambda kv: -kv[1])))
         runners = []
         for graph in (1, 8):
             runner = EngineTrainRunner(net, x, t, 128, EngineConfig(precision=precision, cuda_graph=graph))
@@ -77,7 +84,6 @@ def main(samples: int = 128 * 40):
         times = interleave(runners, rounds=5)
         for r in runners:
             print(f"  {r.name:18s} {samples_per_second(times[r.name], r.samples_per_round):10.0f} samples/s")
-
 
 if __name__ == "__main__":
     main(*(int(a) for a in sys.argv[1:]))

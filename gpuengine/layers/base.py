@@ -11,6 +11,12 @@ A layer of several inputs (a residual add) sets `arity`; its shape methods
 take one per-sample shape per input, `build_forward` one buffer per input, and
 `build_backward` gets one needs-gradient flag per input and returns one
 gradient buffer (or None) per input.
+
+`backward()` computes the input gradients (and, for most layers, the
+parameter gradients too); a layer whose weight gradients depend on nothing
+downstream may leave them to `backward_params()`, which the program runs right
+after `backward()`, on a side stream on a GPU, so they overlap the rest of the
+input-gradient chain.
 """
 from __future__ import annotations
 
@@ -59,6 +65,9 @@ class Layer:
 
     def backward(self):
         raise NotImplementedError
+
+    def backward_params(self):
+        """Parameter gradients left out of backward(); reads only what backward() and forward() wrote."""
 
     def release(self):
         """Free library plans the layer holds (cuDNN graphs are cached process-wide and stay)."""
