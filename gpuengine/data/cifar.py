@@ -121,9 +121,10 @@ def load_cifar(paths, variant: str = "cifar10", coarse: bool = False) -> tuple[n
 
 
 def write_cifar_batch(path, images: np.ndarray, labels: np.ndarray, variant: str = "cifar10"):
-    """Write uint8 images (n, 32, 32, 3) as a binary batch; labels (n,) for CIFAR-10, (n, 2) coarse and fine for CIFAR-100.
+    """Write uint8 images (n, 32, 32, 3) as a binary batch file.
 
-    Labels are written as given (any byte), so tests can write out-of-range ones.
+    Labels are (n,) for CIFAR-10 and (n, 2) coarse then fine for CIFAR-100,
+    written as given (any byte), so tests can write out-of-range ones.
     """
     _check_variant(variant)
     images, labels = np.asarray(images), np.asarray(labels)
