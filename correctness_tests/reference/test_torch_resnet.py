@@ -139,7 +139,7 @@ def test_layout_maps_round_trip_and_transpose_only_conv_filters():
     model = TorchResNet(SMOKE_SHAPE)
     engine = random_engine_weights(model)
     assert engine["conv1.weight"].shape == (8, 7, 7, 3)   # KRSC
-    assert engine["fc.weight"].shape == (10, 32) and engine["bn1.weight"].shape == (8,)
+    assert engine["fc.weight"].shape == (10, 64) and engine["bn1.weight"].shape == (8,)
     torch_layout = engine_to_torch(engine)
     k, r, s, c = 5, 1, 2, 2
     assert torch_layout["conv1.weight"][k, c, r, s] == engine["conv1.weight"][k, r, s, c]
@@ -167,9 +167,9 @@ def test_load_weights_sets_every_parameter():
     (lambda w: w.update({"layer3.0.conv1.weight": np.zeros((4, 1, 1, 32), np.float32)}), KeyError,
      "missing: none; unknown: layer3.0.conv1.weight"),
     (lambda w: w.update({"layer1.0.conv2.weight": w["layer1.0.conv2.weight"].transpose(0, 3, 1, 2)}), ValueError,
-     r"layer1.0.conv2.weight: expected engine shape \(4, 3, 3, 4\), got \(4, 4, 3, 3\)"),
+     r"layer1.0.conv2.weight: expected engine shape \(8, 3, 3, 8\), got \(8, 8, 3, 3\)"),
     (lambda w: w.update({"fc.weight": w["fc.weight"].T}), ValueError,
-     r"fc.weight: expected engine shape \(10, 32\), got \(32, 10\)"),
+     r"fc.weight: expected engine shape \(10, 64\), got \(64, 10\)"),
 ])
 def test_bad_weights_are_named_and_nothing_is_loaded(spoil, error, message):
     model = TorchResNet(SMOKE_SHAPE)
@@ -202,7 +202,7 @@ def test_bad_buffers_are_named_and_nothing_is_loaded():
     stats = {k: v + 1 for k, v in buffers_of(model).items()}
     with pytest.raises(KeyError, match="missing: bn1.running_var; unknown: none"):
         load_buffers(model, {k: v for k, v in stats.items() if k != "bn1.running_var"})
-    with pytest.raises(ValueError, match=r"layer1.1.bn2.running_mean: expected engine shape \(4,\), got \(5,\)"):
+    with pytest.raises(ValueError, match=r"layer1.1.bn2.running_mean: expected engine shape \(8,\), got \(5,\)"):
         load_buffers(model, {**stats, "layer1.1.bn2.running_mean": np.zeros(5, np.float32)})
     assert all(bool((b == 0).all()) for n, b in model.named_buffers() if n.endswith("running_mean"))
 
