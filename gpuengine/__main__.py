@@ -66,7 +66,11 @@ def _report(args) -> int:
     if args.markdown:
         print(markdown)
     else:
-        report = build_report(store, args.out)
+        try:
+            report = build_report(store, args.out)
+        except ImportError as exc:   # no matplotlib: the previous report stays as it was
+            print(f"python -m gpuengine report: error: {exc}", file=sys.stderr)
+            return 1
         print(f"report: {report.index} ({len(store.tiers)} tiers, {store.run_count} runs, "
               f"{len(report.figures)} figures)")
         for tier in store.tiers:

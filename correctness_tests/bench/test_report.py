@@ -8,6 +8,7 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -271,6 +272,16 @@ def test_a_readme_without_the_markers_is_an_error_before_anything_is_written(tmp
     assert cli_main(["report", "--out", str(tmp_path / "out"), "--readme", str(readme)]) == 2
     assert f"{readme}: no generated block" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and readme.read_text() == "# no generated block here\n"
+
+
+def test_without_matplotlib_the_error_names_the_extra_and_the_old_report_stays(tmp_path, monkeypatch, capsys):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "index.html").write_text("the previous report")
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)   # import matplotlib.figure now fails
+    assert cli_main(["report", "--store", str(STORE), "--out", str(tmp_path / "out")]) == 1
+    assert "pip install -e '.[report]'" in capsys.readouterr().err
+    assert (tmp_path / "out" / "index.html").read_text() == "the previous report"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]   # no scratch folder left behind
 
 
 def test_markdown_option_prints_the_readme_tables_and_writes_nothing(store, tmp_path, capsys):
