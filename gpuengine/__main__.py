@@ -53,7 +53,7 @@ def _report(args) -> int:
     from pathlib import Path
 
     from .bench.report import ReportError, build_report, load_store, markdown_report
-    from .bench.report.tables import replace_generated_block
+    from .bench.report.tables import plural, replace_generated_block
     try:
         store = load_store(args.store)
         readme = Path(args.readme).read_text() if args.readme else None
@@ -71,8 +71,8 @@ def _report(args) -> int:
         except ImportError as exc:   # no matplotlib: the previous report stays as it was
             print(f"python -m gpuengine report: error: {exc}", file=sys.stderr)
             return 1
-        print(f"report: {report.index} ({len(store.tiers)} tiers, {store.run_count} runs, "
-              f"{len(report.figures)} figures)")
+        print(f"report: {report.index} ({plural(len(store.tiers), 'tier')}, {plural(store.run_count, 'run')}, "
+              f"{plural(len(report.figures), 'figure')})")
         for tier in store.tiers:
             if tier.runs:
                 print(f"report: {tier.name}: newest run {tier.runs[-1].label} ({tier.runs[-1].date}) -> "

@@ -162,7 +162,8 @@ def test_seed_000_tables_hold_the_stored_numbers(page):
 
     limits = page.tables["Seed 000 — max batch: one training step / one inference pass under a 6 GiB cap"]
     pool = stored(H200, "test_mlp_max_batch_pool_cost")["max_batch"]
-    assert number(row(limits, "OpenNN, pool of 1")["Training (here)"]) == pool["gpuengine[streamed,pool=1]"]["max_batch"]
+    assert number(row(limits, "OpenNN, pool of 1")["Training (here)"]) == \
+        pool["gpuengine[streamed,pool=1]"]["max_batch"]
     assert number(row(limits, "OpenNN, pool of 3 (default)")["Training (here)"]) == \
         pool["gpuengine[streamed,pool=3]"]["max_batch"]
 

@@ -11,10 +11,11 @@ from html import escape
 from typing import TYPE_CHECKING
 
 from .store import Store
-from .tables import NOT_MEASURED, Table
+from .tables import NOT_MEASURED, Table, plural
 
 # Right-aligned, so that figures line up by their last digit: "38.7 M/s", "1,442,547", "2.05× (2.04–2.06)".
-NUMBER = re.compile(r"^[\d.,]+(e-?\d+)?(–[\d.,]+)?\s?(×|%|k/s|M/s|G/s|/s| W| J| GiB| MHz| TFLOP/s)?( \(.*\)| / .*)?$")
+NUMBER = re.compile(r"^[\d.,]+(e-?\d+)?(–[\d.,]+)?\s?(×|%|k/s|M/s|G/s|/s| W| J| GiB| MHz| TFLOP/s)?"
+                    r"( \(.*\)| / .*)?$")
 
 if TYPE_CHECKING:
     from .build import TierSection
@@ -67,11 +68,11 @@ def render_table(table: Table) -> str:
 
 def _tier_header(section: "TierSection") -> str:
     tier = section.tier
-    facts = "; ".join(f'{escape(series or "speed runs")}: {len(runs)}, newest <span title="{escape(str(runs[-1].path))}">'
-                      f"{escape(runs[-1].label)}</span> on {escape(runs[-1].date)}"
-                      for series, runs in tier.series().items()) or "no pytest-benchmark run"
+    facts = "; ".join(f'{escape(series or "speed runs")}: {len(runs)}, newest '
+                      f'<span title="{escape(str(runs[-1].path))}">{escape(runs[-1].label)}</span> on '
+                      f"{escape(runs[-1].date)}" for series, runs in tier.series().items()) or "no pytest-benchmark run"
     smoke = "" if tier.on_gpu else " — smoke timings only, never gating"
-    links = " · ".join(f'<a href="#{part.anchor}">{escape(part.heading)}</a>' for part in section.parts)
+    links = " · ".join(f'<a href="#{escape(part.anchor)}">{escape(part.heading)}</a>' for part in section.parts)
     return (f'<h2 id="{escape(tier.name)}">{escape(tier.title)} <small>({escape(tier.name)}/)</small>{smoke}</h2>'
             f"<p>Stored runs, {facts}.</p><p>{links}</p>")
 
@@ -81,15 +82,15 @@ def _part(part) -> str:
     if part.intro:
         chunks.append(f"<p>{escape(part.intro)}</p>")
     for figure in part.figures:
-        chunks.append(f'<figure><img src="{escape(figure.src)}" alt="{escape(figure.alt)}" loading="lazy">'
+        chunks.append(f'<figure><img src="{escape(figure.src)}" alt="{escape(figure.alt)}">'
                       f"<figcaption>{escape(figure.alt)}</figcaption></figure>")
     chunks += [render_table(table) for table in part.tables]
     return "\n".join(chunks)
 
 
 def render_page(store: Store, sections: list["TierSection"], notices: list[str]) -> str:
-    nav = "".join(f'<li><a href="#{escape(s.tier.name)}">{escape(s.tier.title)}</a> ({len(s.tier.runs)} '
-                  f'run{"s" if len(s.tier.runs) != 1 else ""})</li>' for s in sections)
+    nav = "".join(f'<li><a href="#{escape(s.tier.name)}">{escape(s.tier.title)}</a> '
+                  f"({plural(len(s.tier.runs), 'run')})</li>" for s in sections)
     skipped = "".join(f"<li>{escape(notice)}</li>" for notice in notices) or "<li>nothing</li>"
     body = "\n".join(f'<section class="tier">{_tier_header(s)}\n' + "\n".join(_part(p) for p in s.parts)
                      + "</section>" for s in sections)

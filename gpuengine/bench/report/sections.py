@@ -185,7 +185,8 @@ def energy_table(records: list[tuple[Run, Benchmark]]) -> Table:
                       f"{energy.get('avg_power_w', {}).get(runner, float('nan')):.0f} W",
                       rate(energy.get("samples_per_s", {}).get(runner)),
                       Cell(speedup_with_spread(bench.ratio(runner)) if runner != bench.engine else NONE, where))
-        table.caption += f"{bench.name}: run {run.label} ({run.date}), idle {energy.get('idle_power_w')} W. "
+    table.caption = " ".join(f"{bench.name}: run {run.label} ({run.date}), idle "
+                             f"{bench.info['energy'].get('idle_power_w')} W." for run, bench in records)
     return table
 
 

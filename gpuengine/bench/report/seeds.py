@@ -35,7 +35,7 @@ class Sources:
         return found
 
     def caption(self, keyed_on: str) -> str:
-        here = f"{self.tier.gpu}"
+        here = self.tier.gpu
         if not self.used:
             return f"{here}: no stored run holds these tests yet. Rows key on {keyed_on}."
         runs = ", ".join(f"{run.label} ({run.date}, {run.path.parent})" for run in self.used.values())
@@ -64,6 +64,18 @@ def throughput_of(runner: str) -> Callable[[Benchmark], float | None]:
 
 def ratio_of(reference: str) -> Callable[[Benchmark], float | None]:
     return lambda bench: (bench.ratio(reference) or {}).get("median")
+
+
+def rate_of(runner: str) -> Callable[[Benchmark], str]:
+    return lambda bench: rate(throughput_of(runner)(bench))
+
+
+def count_of(runner: str) -> Callable[[Benchmark], str]:
+    return lambda bench: count(throughput_of(runner)(bench))
+
+
+def speedup_over(reference: str) -> Callable[[Benchmark], str]:
+    return lambda bench: speedup(ratio_of(reference)(bench))
 
 
 def max_batch_of(variant: str) -> Callable[[Benchmark], str]:
@@ -95,10 +107,10 @@ def seed_000(tier: TierRuns) -> list[Table]:
                measured_span(wide, ratio_of("torch_graph"), speedup))
     one = result_sources.find(train.format(1))
     result.add("Training throughput (1 batch per epoch)", note("1.77 M/s", "000"), note("1.31 M/s", "000"),
-               note("1.35×", "000"), measured(one, lambda b: rate(throughput_of("engine")(b))),
-               measured(one, lambda b: rate(b.throughput("torch_eager"))),
-               measured(one, lambda b: speedup(ratio_of("torch_eager")(b))),
-               measured(one, lambda b: speedup(ratio_of("torch_graph")(b))))
+               note("1.35×", "000"), measured(one, rate_of("engine")),
+               measured(one, rate_of("torch_eager")),
+               measured(one, speedup_over("torch_eager")),
+               measured(one, speedup_over("torch_graph")))
     for mode, label, ours, theirs, ratio in (("train", "Max training batch (6 GB / 6 GiB cap)", "482,344",
                                               "399,507", "1.21×"),
                                              ("infer", "Max inference batch (6 GB / 6 GiB cap)", "524,288",
@@ -122,11 +134,11 @@ def seed_000(tier: TierRuns) -> list[Table]:
                           (32000, "1.02 M", "4.36 M", "2.79 M", "1.56×")):
         found = infer_sources.find(infer.format(batch))
         sweep.add(f"{batch:,}", *(note(text, "000") for text in noted),
-                  measured(found, lambda b: rate(b.throughput("gpuengine_oneshot"))),
-                  measured(found, lambda b: rate(throughput_of("engine")(b))),
-                  measured(found, lambda b: rate(b.throughput("torch_eager"))),
-                  measured(found, lambda b: speedup(ratio_of("torch_eager")(b))),
-                  measured(found, lambda b: speedup(ratio_of("torch_graph")(b))))
+                  measured(found, rate_of("gpuengine_oneshot")),
+                  measured(found, rate_of("engine")),
+                  measured(found, rate_of("torch_eager")),
+                  measured(found, speedup_over("torch_eager")),
+                  measured(found, speedup_over("torch_graph")))
     sweep.caption = infer_sources.caption(infer.format("<batch>"))
 
     epochs = Table("Seed 000 — training: mini-batches per epoch at batch 8000",
@@ -136,11 +148,11 @@ def seed_000(tier: TierRuns) -> list[Table]:
                             (50, "0.90 M/s", "0.69×")):
         found = train_sources.find(train.format(batches))
         epochs.add(str(batches), *(note(text, "000") for text in noted),
-                   measured(found, lambda b: rate(throughput_of("engine")(b))),
-                   measured(found, lambda b: rate(b.throughput("torch_eager"))),
-                   measured(found, lambda b: speedup(ratio_of("torch_eager")(b))),
-                   measured(found, lambda b: rate(b.throughput("torch_graph"))),
-                   measured(found, lambda b: speedup(ratio_of("torch_graph")(b))))
+                   measured(found, rate_of("engine")),
+                   measured(found, rate_of("torch_eager")),
+                   measured(found, speedup_over("torch_eager")),
+                   measured(found, rate_of("torch_graph")),
+                   measured(found, speedup_over("torch_graph")))
     epochs.caption = ("The engine at 8 training steps per CUDA graph launch, data resident. "
                       + train_sources.caption(train.format("<batches>")))
 
@@ -162,7 +174,8 @@ def seed_000(tier: TierRuns) -> list[Table]:
                 measured(pool_cost, max_batch_of("gpuengine[streamed,pool=3]")), Cell(NONE))
     batches.add(note("OpenNN, pool of 1", "000"), "gpuengine streamed, batch_pool 1", note("482,344", "000"),
                 note("524,288", "000"), measured(pool_cost, max_batch_of("gpuengine[streamed,pool=1]")), Cell(NONE))
-    batches.add(Cell(NONE), "gpuengine resident", Cell(NONE), Cell(NONE), measured(engine_train, max_batch_of("engine")),
+    batches.add(Cell(NONE), "gpuengine resident", Cell(NONE), Cell(NONE),
+                measured(engine_train, max_batch_of("engine")),
                 measured(engine_infer, max_batch_of("engine")))
     batches.caption = ("Note: capped to the card's physical 6 GB. "
                        + batch_sources.caption(f"{max_batch.format('train|infer', '<reference>')}, "
@@ -184,14 +197,14 @@ def seed_001(tier: TierRuns) -> list[Table]:
             ("torch_graph", "torch_graph", NONE, NONE, found),
             ("tf_keras (TensorFlow, Keras fit)", "tf_keras", "55,339 (0.181 s)", "134,307 (0.075 s)", with_keras))
     for label, runner, at_128, at_1024, where in rows:
-        table.add(label, note(at_128, "001"), measured(where[128], lambda b: count(throughput_of(runner)(b))),
-                  note(at_1024, "001"), measured(where[1024], lambda b: count(throughput_of(runner)(b))))
+        table.add(label, note(at_128, "001"), measured(where[128], count_of(runner)),
+                  note(at_1024, "001"), measured(where[1024], count_of(runner)))
     for label, reference, at_128, at_1024, where in (
             ("engine vs torch_eager", "torch_eager", "1.9×", "1.3×", found),
             ("engine vs torch_graph", "torch_graph", NONE, NONE, found),
             ("engine vs tf_keras", "tf_keras", "2.9–3.8× (both sizes)", "2.9–3.8× (both sizes)", with_keras)):
-        table.add(label, note(at_128, "001"), measured(where[128], lambda b: speedup(ratio_of(reference)(b))),
-                  note(at_1024, "001"), measured(where[1024], lambda b: speedup(ratio_of(reference)(b))))
+        table.add(label, note(at_128, "001"), measured(where[128], speedup_over(reference)),
+                  note(at_1024, "001"), measured(where[1024], speedup_over(reference)))
     table.caption = ("Note: RTX 3060 Laptop, fp32 with TF32, 40 timed epochs after 2 warm-up. The engine at 8 "
                      "steps per graph launch, data resident. "
                      + sources.caption(f"{train.format('128|1024')}, {keras.format('128|1024')}"))
@@ -210,11 +223,11 @@ def seed_002(tier: TierRuns) -> list[Table]:
                                   ("cifar100", "CIFAR-100", ("8,702", "5,000", "4,124", "1.7× / 2.1×"))):
         found = sources.find(pattern.format(dataset))
         table.add(label, *(note(text, "002") for text in noted),
-                  *(measured(found, lambda b: count(throughput_of(runner)(b)))
+                  *(measured(found, count_of(runner))
                     for runner in ("engine", "torch_compile", "torch_eager", "torch_graph")),
                   measured(found, lambda b: f"{speedup(ratio_of('torch_compile')(b))} / "
                                             f"{speedup(ratio_of('torch_eager')(b))}"),
-                  measured(found, lambda b: speedup(ratio_of("torch_graph")(b))))
+                  measured(found, speedup_over("torch_graph")))
     table.caption = "Note: RTX 3060 Laptop, fp32 with TF32, data resident. " + sources.caption(
         pattern.format("cifar10|cifar100"))
     return [table]
@@ -264,10 +277,10 @@ def seed_004(tier: TierRuns) -> list[Table]:
                            (256, "512", "347", "1.48×"), (384, "400", "236", "1.69×")):
         found = sources.find(pattern.format(length))
         table.add(str(length), *(note(text, "004") for text in noted),
-                  *(measured(found, lambda b: count(throughput_of(runner)(b)))
+                  *(measured(found, count_of(runner))
                     for runner in ("engine", "torch_eager", "torch_graph")),
-                  measured(found, lambda b: speedup(ratio_of("torch_eager")(b))),
-                  measured(found, lambda b: speedup(ratio_of("torch_graph")(b))))
+                  measured(found, speedup_over("torch_eager")),
+                  measured(found, speedup_over("torch_graph")))
     table.caption = "Note: RTX 3060 Laptop, fp32. " + sources.caption(pattern.format("<length>"))
 
     energy_pattern = "test_transformer_train_energy[*seq256*]"

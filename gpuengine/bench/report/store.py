@@ -117,7 +117,9 @@ class TierRuns:
 
     @property
     def on_gpu(self) -> bool:
-        return self.name != CPU_TIER
+        """As the runs recorded it (machine_info's tier), else by the folder's name."""
+        recorded = next((run.machine["tier"] for run in reversed(self.runs) if run.machine.get("tier")), None)
+        return (recorded or self.name) != CPU_TIER
 
     @property
     def title(self) -> str:

@@ -102,6 +102,10 @@ def span(values: list[float], fmt) -> str:
     return f"{low}–{high}"
 
 
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _escape_markdown(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
