@@ -309,9 +309,9 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def test_chromium_renders_the_page(built, tmp_path):
     image = pytest.importorskip("matplotlib.image", reason=NEEDS_MATPLOTLIB)
     shot = tmp_path / "page.png"
-    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2400", f"--screenshot={shot}",
-                    built.index.as_uri()], check=True, capture_output=True, timeout=120)
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2400",
+                    f"--screenshot={shot}", built.index.as_uri()], check=True, capture_output=True, timeout=120)
     pixels = image.imread(shot)[..., :3]
     assert pixels.shape[:2] == (2400, 1280)
     drawn = (abs(pixels - pixels[-1, -1]).sum(axis=-1) > 0.1).mean()   # differs from the page's background
