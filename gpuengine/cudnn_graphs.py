@@ -190,11 +190,11 @@ class CudnnRuntime:
 _RUNTIMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def runtime_for(backend, side: bool = False) -> CudnnRuntime:
-    """The runtime of the backend's engine stream, or of its side stream (weight gradients)."""
+def runtime_for(backend) -> CudnnRuntime:
+    """The runtime of the backend's engine stream."""
     if backend not in _RUNTIMES:
-        _RUNTIMES[backend] = (CudnnRuntime(backend, backend.stream), CudnnRuntime(backend, backend.side_stream))
-    return _RUNTIMES[backend][side]
+        _RUNTIMES[backend] = CudnnRuntime(backend, backend.stream)
+    return _RUNTIMES[backend]
 
 
 class BoundGraph:

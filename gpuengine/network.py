@@ -17,15 +17,11 @@ import numpy as np
 
 from .graph import INPUT, GraphBuilder, GraphError, Network, Node, Sequential
 from .layers.activations import Activation
-from .layers.base import BuildContext, Layer
+from .layers.base import BuildContext
 from .layers.dense import Dense
 from .layers.fused_head import TanhLinearMSEHead, TanhLinearOutput, fits
 from .layers.losses import MSELoss
 from .layers.merge import GradientSum
-
-# Weight gradients on the side stream, overlapping the input-gradient chain (off: one stream, to measure what
-# the overlap buys; the results are the same either way).
-SIDE_STREAM_WEIGHT_GRADS = True
 
 __all__ = ["GraphBuilder", "GraphError", "INPUT", "InferenceProgram", "Network", "Node", "Sequential",
            "TrainingProgram", "fused_head_tail"]
@@ -80,12 +76,8 @@ class TrainingProgram:
             self.loss = TanhLinearMSEHead(wiring.tail[-1].name, head_input.name)
         else:
             self.loss = copy.copy(net.loss)   # a loss holds its buffers: one per program
-        self._backend = ctx.backend
-        if ctx.backend.is_gpu:   # reused every step: a wait refers to the event's latest record
-            self._fork = ctx.backend.xp.cuda.Event(block=False, disable_timing=True)
-            self._join = ctx.backend.xp.cuda.Event(block=False, disable_timing=True)
         grads = {self.nodes[-1].name: [self.loss.build(ctx, wiring.last, batch_t, state)]}
-        self._backward = []   # (gradient sum or None, layer, has backward_params), in the order they run
+        self._backward = []   # (gradient sum or None, layer), in the order they run
         for node in reversed(self.nodes):
             layer, parts = self.layers[node.name], grads.pop(node.name)
             summed = GradientSum(ctx, parts) if len(parts) > 1 else None
@@ -97,8 +89,7 @@ class TrainingProgram:
                     raise GraphError(f"node {node.name!r} returned no gradient for its input {source!r}")
                 if need:
                     grads.setdefault(source, []).append(dx)
-            splits = type(layer).backward_params is not Layer.backward_params
-            self._backward.append((summed, layer, splits))
+            self._backward.append((summed, layer))
 
     @property
     def body(self) -> list:
@@ -110,25 +101,12 @@ class TrainingProgram:
             self.layers[node.name].forward()
 
     def loss_and_backward(self):
-        """The loss, then each node's backward; on a GPU every `backward_params()` (weight gradients)
-        goes to the side stream as soon as its layer's backward is queued, and the engine stream waits for
-        all of them at the end, so the optimizer sees every gradient (a fork and a join in a captured graph)."""
         self.loss.forward_backward()
-        backend = self._backend
-        for summed, layer, splits in self._backward:
+        for summed, layer in self._backward:
             if summed is not None:
                 summed.run()
             layer.backward()
-            if not splits:
-                continue
-            if not backend.is_gpu or not SIDE_STREAM_WEIGHT_GRADS:
-                layer.backward_params()
-                continue
-            backend.side_stream.wait_event(backend.stream.record(self._fork))
-            with backend.side_stream:
-                layer.backward_params()
-        if backend.is_gpu and SIDE_STREAM_WEIGHT_GRADS:
-            backend.stream.wait_event(backend.side_stream.record(self._join))
+            layer.backward_params()
 
 
 class InferenceProgram:

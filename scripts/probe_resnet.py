@@ -35,7 +35,7 @@ def layer_times(trainer, steps: int = 20) -> dict[str, float]:
             timer.start()
             program.loss.forward_backward()
             per[("loss", "fwd+bwd")] += timer.stop()
-            for summed, layer, _ in program._backward:
+            for summed, layer in program._backward:
                 timer.start()
                 if summed is not None:
                     summed.run()
@@ -61,18 +61,17 @@ def main(samples: int = 128 * 40):
     net = resnet.build_resnet()
     print(f"ResNet-50: {net.parameter_count():,} parameters, {len(net.nodes)} nodes, "
           f"{net.train_flops_per_sample() / 1e6:.1f} MFLOP per training sample")
-    from gpuengine import cudnn_graphs, network
-    for precision, side, plans in (("tf32", True, 8), ("tf32", False, 8), ("bf16", True, 8), ("tf32", True, 24)):
-        network.SIDE_STREAM_WEIGHT_GRADS = side
+    from gpuengine import cudnn_graphs
+    for precision, plans in (("tf32", 8), ("bf16", 8), ("tf32", 24)):
         if plans != cudnn_graphs.MAX_PLANS:   # rebuild every graph with more candidate plans to time
             cudnn_graphs.MAX_PLANS = plans
             cudnn_graphs._GRAPHS.clear()
         start = time.perf_counter()
         trainer = Trainer(net, x, t, 128, EngineConfig(precision=precision, cuda_graph=0, profile=1))
         trainer.train(1)
-        print(f"{precision} side stream {side} plans {plans}: build + first epoch {time.perf_counter() - start:.1f} s;"
+        print(f"{precision} plans {plans}: build + first epoch {time.perf_counter() - start:.1f} s;"
               " eager phases (ms) " + ", ".join(f"{k} {v:.3f}" for k, v in trainer.last_profile.items()))
-        if (side, plans) == (True, 8):
+        if plans == 8:
             print("  per layer type (ms, eager, each launch timed): " + ", ".join(
                 f"{k} {v:.3f}" for k, v in sorted(layer_times(trainer).items(), key=lambda kv: -kv[1])))
         runners = []

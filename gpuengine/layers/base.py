@@ -13,10 +13,11 @@ take one per-sample shape per input, `build_forward` one buffer per input, and
 gradient buffer (or None) per input.
 
 `backward()` computes the input gradients (and, for most layers, the
-parameter gradients too); a layer whose weight gradients depend on nothing
-downstream may leave them to `backward_params()`, which the program runs right
-after `backward()`, on a side stream on a GPU, so they overlap the rest of the
-input-gradient chain.
+parameter gradients too); a layer may leave its parameter gradients to
+`backward_params()`, which the program runs right after `backward()`.
+(Running those on a second stream beside the input-gradient chain was
+measured on an H100 for ResNet-50: 36-38k samples/s against 45k on one
+stream, so everything runs on the engine stream.)
 """
 from __future__ import annotations
 

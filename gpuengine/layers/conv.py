@@ -12,10 +12,11 @@ graph). Backward: ReLU's gradient from the saved output (one kernel), the bias
 gradient as a ColumnSum over the (N*H*W, C) gradient (deterministic; cuDNN
 9.19's reduction graph has no fp32 engine), the weight-gradient graph, and the
 data-gradient graph only where the layer below needs it; the bias and weight
-gradients are `backward_params()`, which a GPU program runs on the side stream. Under bf16 the weight
-gradient lands in a bf16 scratch that is widened into the fp32 master gradient:
-cuDNN has no bf16-in/fp32-out wgrad engine for every shape (none for one input
-channel, as in the MNIST CNN), and torch's autocast does the same. A first
+gradients are `backward_params()`, run after it. Under bf16 the weight
+gradient goes straight into the fp32 master gradient where cuDNN has a
+bf16-in/fp32-out wgrad engine, and otherwise (none for one input channel, as
+in the MNIST CNN) lands in a bf16 scratch that is widened into it, as torch's
+autocast does. A first
 layer with few filter taps (no input gradient; MNIST's 3x3x1) replaces all of
 that with direct_wgrad.py's single fused pass.
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import widen
-from ..cudnn_graphs import conv_data_grad, conv_forward, conv_weight_grad, runtime_for
+from ..cudnn_graphs import CudnnUnsupported, conv_data_grad, conv_forward, conv_weight_grad, runtime_for
 from ..params import ParamSpec
 from ..reductions import ColumnSum
 from . import direct_wgrad
@@ -101,11 +102,15 @@ class Conv2D(Layer):
         if ctx.backend.is_gpu:
             precision = ctx.policy.name
             self.grad_w_compute = self.grad_w
-            if self.dz.dtype != self.grad_w.dtype:
+            try:   # bf16 data straight into the float32 master gradient where cuDNN has an engine for it
+                self._grad_w = conv_weight_grad(runtime_for(ctx.backend), precision, self.window, self.x, self.dz,
+                                                self.grad_w, ctx.allocator)
+            except CudnnUnsupported:
+                if self.dz.dtype == self.grad_w.dtype:
+                    raise
                 self.grad_w_compute = ctx.allocator.zeros(self.grad_w.shape, self.dz.dtype, "workspace")
-            # The weight gradient runs on the side stream (backward_params), beside the data-gradient chain.
-            self._grad_w = conv_weight_grad(runtime_for(ctx.backend, side=True), precision, self.window, self.x,
-                                            self.dz, self.grad_w_compute, ctx.allocator)
+                self._grad_w = conv_weight_grad(runtime_for(ctx.backend), precision, self.window, self.x, self.dz,
+                                                self.grad_w_compute, ctx.allocator)
             if self.dx is not None:
                 self._grad_x = conv_data_grad(runtime_for(ctx.backend), precision, self.window, self.dz, self.weight,
                                               self.dx, ctx.allocator)
