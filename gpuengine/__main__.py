@@ -5,6 +5,9 @@
         memory cap, for the engine and each PyTorch reference, as a table
     python -m gpuengine info
         the machine facts every stored benchmark run records
+    python -m gpuengine gatepower [study|calibrate] [--sessions N] [--trials T] [--levels 0,5,10] ...
+        the regression gate's false-alarm and detection rates under injected slowdowns, or
+        each perf test's run-to-run noise for noise.json (gpuengine/bench/gatepower/cli.py)
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import argparse
 import json
 import sys
 
+from .bench.gatepower import cli as gatepower_cli
 from .bench.maxbatch.trial import ENGINES, MODES, TrialSpec, parse_cap
 
 
@@ -71,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     mb.set_defaults(run=_maxbatch)
     info = commands.add_parser("info", help="GPU, driver, CUDA, cuDNN, clocks and power limit of this machine")
     info.set_defaults(run=_info)
+    gatepower_cli.add_parser(commands)
     return parser
 
 
