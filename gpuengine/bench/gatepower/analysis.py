@@ -81,8 +81,8 @@ def analyse_test(test: TrialSet, noise: NoiseTable) -> dict:
     entry["observed_run_to_run_sd"] = round(measured.observed_run_sd, 5)
     model = detectable_slowdown(measured.between_run_sd, measured.round_sd, test.rounds)
     entry["smallest_detectable_95pct_model"] = None if math.isinf(model) else round(model, 4)   # None: never
-    entry["meets_targets"] = bool(entry["false_alarm_rate"] <= ALPHA
-                                  and detection.get(TARGET_SLOWDOWN, 0.0) >= TARGET_POWER)
+    entry["meets_targets"] = (None if TARGET_SLOWDOWN not in detection   # None: the 5% level was not run
+                              else entry["false_alarm_rate"] <= ALPHA and detection[TARGET_SLOWDOWN] >= TARGET_POWER)
     return entry
 
 
@@ -97,7 +97,8 @@ def summarise_families(tests: dict[str, dict]) -> dict[str, dict]:
                 family[key] = max(family.get(key, 0.0), value)
             elif key.startswith("detection_rate_"):
                 family[key] = min(family.get(key, 1.0), value)
-        family["meets_targets"] = family.get("meets_targets", True) and entry["meets_targets"]
+        if entry["meets_targets"] is not None:
+            family["meets_targets"] = family.get("meets_targets", True) and entry["meets_targets"]
     return families
 
 
@@ -117,6 +118,6 @@ def format_table(tests: dict[str, dict]) -> str:
         rows.append([name.split("::")[-1], f"{e['false_alarm_rate']:.1%} of {e['pairs']['0pct']}"]
                     + [f"{e[k]:.0%}" for k in keys]
                     + [f"{_percent(smallest, 0)} / {_percent(e['smallest_detectable_95pct_model'], 1)}",
-                       "met" if e["meets_targets"] else "missed"])
+                       {True: "met", False: "missed", None: "5% not run"}[e["meets_targets"]]])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)

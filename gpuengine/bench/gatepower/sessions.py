@@ -38,7 +38,7 @@ class SessionPlan:
     timeout_s: float | None
 
     def command(self) -> list[str]:
-        args = [sys.executable, "-m", "pytest", "perf_tests", "-p", "no:cacheprovider", "-q", "-rfE",
+        args = [sys.executable, "-m", "pytest", "perf_tests", "-p", "no:cacheprovider", "-q", "-rfEs",
                 "--benchmark-disable", "-m", self.marker, "--noise-file", str(self.noise_file)]
         if self.keyword:
             args += ["-k", self.keyword]
