@@ -113,7 +113,12 @@ def pytest_sessionstart(session):
     if state is None or not state.compare or state.storage is None:
         return
     if bench_session is not None and bench_session.compare is not True:   # runs named on the command line
-        runs = [read_run(state.storage / path, state.storage) for path in bench_session.compared_mapping]
+        runs = []
+        for path in bench_session.compared_mapping:
+            try:
+                runs.append(read_run(state.storage / path, state.storage))
+            except JsonFileError as exc:
+                state.unreadable.append(UnreadableRun(state.storage / path, str(path), str(exc)))
         runs.sort(key=lambda run: run.saved_at)
     else:
         runs, state.unreadable = scan(state.storage)

@@ -1,9 +1,9 @@
 """The stored-run regression rule: did the engine get slower than in its baseline run, beyond the noise?
 
 Two signals per perf test, both from per-round samples of one run:
-- the engine's speed-up over `torch_graph` (else the fastest torch reference
+- the engine's time over `torch_graph`'s (else the fastest torch reference
   measured), round by round in the same process, so machine drift cancels:
-  the ratio of this run's ratios to the baseline's ("ratio-of-ratios");
+  this run's per-round ratios against the baseline's ("ratio-of-ratios");
 - the engine's own round time per sample, which says whether the engine
   moved at all (a faster reference also lowers the ratio).
 Each signal is oriented "larger = slower" in log space. A test regressed when
@@ -14,10 +14,11 @@ the engine time, where both runs have it, confirms (slower, p < ALPHA).
 The minimum effect is asv's "factor" made per test: max(MIN_EFFECT, z(1-ALPHA)
 x the sd of the difference of two run medians), each run's sd being the
 learned run-to-run noise (noise.json, `between_run_sd`) plus its own rounds'
-spread as the median's variance (pi/2 sd^2 / n). Rounds on one process agree
-far better than runs in two processes (H200 runs: 0.1% vs 0.2-1.7%), so the
-rank test alone would cry wolf; the learned noise is what keeps false alarms
-near ALPHA, and the rank test what keeps a few odd rounds from deciding.
+spread as the median's variance (pi/2 sd^2 / n). Rounds of one process agree
+far better than runs of two (stored H200 runs of the graph-captured tests:
+0.05-0.4% within a run, 0.2-1.7% between runs), so the rank test alone would
+cry wolf; the learned noise is what keeps false alarms near ALPHA, and the
+rank test what keeps a few odd rounds from deciding.
 """
 from __future__ import annotations
 

@@ -41,10 +41,12 @@ def _signal(trial: Trial) -> np.ndarray:
 def _achieved(test: TrialSet, level: float) -> float | None:
     """Median over sessions of the engine's time at `level` over its time unchanged, in the same session."""
     shifts = []
+    if any(t.samples.time_cost is None for t in test.trials):
+        return None
     for session in sorted({t.session for t in test.trials}):
         base = [float(np.median(t.samples.time_cost)) for t in test.at(0.0) if t.session == session]
         slow = [float(np.median(t.samples.time_cost)) for t in test.at(level) if t.session == session]
-        if base and slow and test.trials[0].samples.time_cost is not None:
+        if base and slow:
             shifts.append(math.expm1(statistics.median(slow) - statistics.median(base)))
     return round(statistics.median(shifts), 4) if shifts else None
 

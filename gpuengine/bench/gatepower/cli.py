@@ -85,6 +85,8 @@ def main(args) -> int:
     trials = args.trials or (3 if study else 2)
     levels = args.levels if study else "0"
     parse_levels(levels)   # a bad --levels stops here, not in every session
+    if args.keep_trials and args.keep_trials.exists() and any(args.keep_trials.iterdir()):
+        raise SystemExit(f"gatepower: --keep-trials {args.keep_trials} is not empty: old trials would mix in")
     tier = _tier()
     store = args.store or REPO / "baselines_store" / tier.name
     noise_path = store / NOISE_FILE

@@ -98,8 +98,9 @@ def file_name(nodeid: str) -> str:
 
 def run_trials(nodeid: str, workload: str, engine, references, rounds: int, study: StudySettings) -> Path:
     """Trials of `rounds` rounds per level, written to the session's folder; the delay is 0 afterwards."""
-    base_ms, probe_us, ms_per_us = delay_slope(engine)
-    delays = {level: level * base_ms / ms_per_us for level in study.levels}
+    # a calibration runs the unchanged engine only: no delay to size
+    base_ms, probe_us, ms_per_us = delay_slope(engine) if any(study.levels) else (None, None, None)
+    delays = {level: level * base_ms / ms_per_us if level else 0.0 for level in study.levels}
     runners = [*references, engine]    # the gate's order: references, then the engine, round by round
     samples = {runner.name: runner.samples_per_round for runner in runners}
     trials = []
