@@ -8,9 +8,11 @@
 
 Time budget: a session costs start-up (imports, compilation, capture) plus,
 per test, the gate's own rounds and `trials x levels` trials of the same
-rounds. On one H100 a study of the three MLP/CNN cases at the defaults
-(2 sessions x 3 trials x 3 levels) takes a few minutes; a calibration costs
-about `sessions` quick-tier runs. `--budget-min` stops starting sessions
+rounds. A study of the three MLP/CNN cases at the defaults (2 sessions x
+3 trials x 3 levels) is sized for a few minutes on one H100 (estimated from
+the stored H200 round times, not yet timed on a GPU); a calibration costs
+about `sessions` quick-tier runs (`-m gatepower` calibrates the study's cases
+only, about as long as the study). `--budget-min` stops starting sessions
 once the next would overrun it; `--sessions`, `--trials`, `--levels`, `-k`,
 `--rounds` shrink the work, `--session-timeout` bounds one session.
 """
@@ -39,7 +41,7 @@ CALIBRATE_MARKER = "perf_workload and not slow"   # every case planned by perf_t
 
 def add_parser(commands) -> None:
     parser = commands.add_parser("gatepower", help="measure the regression gate's power; calibrate its noise",
-                                 description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", nargs="?", choices=("study", "calibrate"), default="study")
     parser.add_argument("--sessions", type=int, help="separate pytest processes (default: study 2, calibrate 3)")
     parser.add_argument("--trials", type=int, help="trials per level and session (default: study 3, calibrate 2)")
@@ -84,13 +86,16 @@ def main(args) -> int:
     sessions = args.sessions or (2 if study else 3)
     trials = args.trials or (3 if study else 2)
     levels = args.levels if study else "0"
-    parse_levels(levels)   # a bad --levels stops here, not in every session
     if args.keep_trials and args.keep_trials.exists() and any(args.keep_trials.iterdir()):
         raise SystemExit(f"gatepower: --keep-trials {args.keep_trials} is not empty: old trials would mix in")
     tier = _tier()
     store = args.store or REPO / "baselines_store" / tier.name
     noise_path = store / NOISE_FILE
-    noise = NoiseTable.load(noise_path)   # a broken noise.json stops here with its position
+    try:   # a bad --levels or a broken noise.json stops here, once, not in every session
+        parse_levels(levels)
+        noise = NoiseTable.load(noise_path)
+    except ValueError as exc:
+        raise SystemExit(f"gatepower: {exc}") from None
     plan = SessionPlan(args.marker or (STUDY_MARKER if study else CALIBRATE_MARKER), args.keyword, levels, trials,
                        args.rounds, args.full, noise_path, args.session_timeout)
     started, date = time.monotonic(), datetime.now(timezone.utc)
