@@ -86,6 +86,9 @@ def main(args) -> int:
     sessions = args.sessions or (2 if study else 3)
     trials = args.trials or (3 if study else 2)
     levels = args.levels if study else "0"
+    if sessions * trials < 2:
+        raise SystemExit("gatepower: sessions x trials must be >= 2: one run has no run-to-run spread to learn "
+                         "and no pair to judge")
     if args.keep_trials and args.keep_trials.exists() and any(args.keep_trials.iterdir()):
         raise SystemExit(f"gatepower: --keep-trials {args.keep_trials} is not empty: old trials would mix in")
     tier = _tier()
@@ -126,7 +129,8 @@ def main(args) -> int:
         "sessions": len(results), "sessions_asked": sessions, "session_status": [r.returncode for r in results],
         "trials": trials, "levels_pct": levels, "rounds": args.rounds or "the gate's own (noise.json, budget)",
         "seconds": round(time.monotonic() - started, 1),
-        "rule": {"alpha": ALPHA, "min_effect": MIN_EFFECT, "noise_file": str(noise_path),
+        "rule": {"alpha": ALPHA, "min_effect": MIN_EFFECT,
+                 "noise_file": str(noise_path.relative_to(REPO) if noise_path.is_relative_to(REPO) else noise_path),
                  "noise_calibrated": bool(noise.tests)},
         "targets": {"false_alarm_rate_max": ALPHA, f"detection_rate_{analysis.level_key(TARGET_SLOWDOWN)}_min":
                     TARGET_POWER},
