@@ -80,25 +80,33 @@ def directional_check(objective: Callable[[Point], float], point: Point, gradien
     return pairs
 
 
-def check_layer_backward(layer, x: np.ndarray, weights: Point | None = None, *, needs_input_grad: bool = True,
-                         seed: int = 0, **tolerances) -> list[tuple]:
-    """Check a layer's dx (when it makes one) and every parameter gradient against f = sum(y * dy)."""
+def check_layer_backward(layer, x, weights: Point | None = None, *, needs_input_grad: bool = True,
+                         training: bool = True, buffers: Point | None = None, seed: int = 0,
+                         **tolerances) -> list[tuple]:
+    """Check a layer's input gradients (when it makes them) and every parameter gradient against f = sum(y * dy).
+
+    `x` is a tuple of arrays for a layer of several inputs (their gradients are named x0, x1, ...).
+    """
     rng = np.random.default_rng(seed)
-    specs = layer.param_specs(tuple(x.shape[1:]))
-    weights = random_weights(specs, rng) if weights is None else weights
-    dy = rng.standard_normal((x.shape[0],) + layer.output_shape(tuple(x.shape[1:])))
-    base = run_layer(layer, x, dy, precision=CHECK_PRECISION, weights=weights or None,
-                     needs_input_grad=needs_input_grad)
-    if needs_input_grad != ("dx" in base):
-        raise AssertionError(f"needs_input_grad={needs_input_grad} but dx {'is' if 'dx' in base else 'is not'} made")
+    xs = x if isinstance(x, tuple) else (x,)
+    names = ["x"] if len(xs) == 1 else [f"x{k}" for k in range(len(xs))]
+    shapes = [tuple(a.shape[1:]) for a in xs]
+    weights = random_weights(layer.param_specs(*shapes), rng) if weights is None else weights
+    dy = rng.standard_normal((xs[0].shape[0],) + tuple(layer.output_shape(*shapes)))
+    options = dict(precision=CHECK_PRECISION, training=training, buffers=buffers)
+    base = run_layer(layer, x, dy, weights=weights or None, needs_input_grad=needs_input_grad, **options)
+    made = [f"d{n}" in base for n in names]
+    if any(made) != needs_input_grad:
+        raise AssertionError(f"needs_input_grad={needs_input_grad} but input gradients made: {made}")
     point, gradient = dict(weights), {n: base[f"grad:{n}"] for n in weights}
-    if needs_input_grad:   # without dx, x is held fixed and only the parameters move
-        point["x"], gradient["x"] = x, base["dx"]
+    if needs_input_grad:   # without input gradients, the inputs are held fixed and only the parameters move
+        point.update(zip(names, xs))
+        gradient.update({n: base[f"d{n}"] for n in names})
 
     def objective(p: Point) -> float:
-        x_p = p.get("x", x)
-        params = {n: a for n, a in p.items() if n != "x"}
-        y = run_layer(layer, x_p, dy, precision=CHECK_PRECISION, weights=params or None)["y"]
+        moved = tuple(p.get(n, a) for n, a in zip(names, xs))
+        params = {n: a for n, a in p.items() if n not in names}
+        y = run_layer(layer, moved if len(xs) > 1 else moved[0], dy, weights=params or None, **options)["y"]
         return float((y * dy).sum())
 
     return directional_check(objective, point, gradient, seed=seed, **tolerances)

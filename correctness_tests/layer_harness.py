@@ -18,15 +18,17 @@ from gpuengine.precision import CHECK_PRECISION, policy_for
 from gpuengine.step_state import StepState
 
 
-def make_context(device: str, precision: str, batch: int, specs, weights: dict | None):
+def make_context(device: str, precision: str, batch: int, specs, weights: dict | None, buffer_specs=(),
+                 training: bool = True):
     backend = Backend(device)
     policy = policy_for(precision)
     allocator = Allocator(backend)
     with backend.activate():
-        params = FlatParameters(specs, allocator, policy, seed=0) if specs else None
+        params = (FlatParameters(specs, allocator, policy, seed=0, buffer_specs=buffer_specs)
+                  if specs or buffer_specs else None)
         if params is not None and weights is not None:
             params.load(weights)
-    return BuildContext(backend, policy, allocator, params, batch)
+    return BuildContext(backend, policy, allocator, params, batch, training)
 
 
 def _stage(ctx, host: np.ndarray, dtype, category: str):
@@ -36,26 +38,32 @@ def _stage(ctx, host: np.ndarray, dtype, category: str):
     return buf
 
 
-def run_layer(layer, x: np.ndarray, dy: np.ndarray, *, device="cpu", precision="fp64",
-              weights: dict | None = None, needs_input_grad=True) -> dict:
-    """Forward then backward of `layer` on x with output gradient dy; host copies of everything."""
-    batch = x.shape[0]
-    specs = layer.param_specs(tuple(x.shape[1:]))
-    ctx = make_context(device, precision, batch, specs, weights)
+def run_layer(layer, x, dy: np.ndarray, *, device="cpu", precision="fp64", weights: dict | None = None,
+              needs_input_grad=True, training: bool = True, buffers: dict | None = None) -> dict:
+    """Forward then backward of `layer` on x (a tuple of arrays for a layer of several inputs) with output
+    gradient dy; host copies of everything: y, dx (dx0, dx1, ... for several inputs), grads, buffers."""
+    xs = x if isinstance(x, tuple) else (x,)
+    batch, shapes = xs[0].shape[0], [tuple(a.shape[1:]) for a in xs]
+    ctx = make_context(device, precision, batch, layer.param_specs(*shapes), weights, layer.buffer_specs(*shapes),
+                       training)
     be = ctx.backend
     with be.activate():
-        x_dev = _stage(ctx, x, ctx.policy.compute_dtype, "batch")
-        out = layer.build_forward(ctx, x_dev)
+        if buffers is not None:
+            ctx.params.load_buffers(buffers)
+        x_dev = [_stage(ctx, a, ctx.policy.compute_dtype, "batch") for a in xs]
+        out = layer.build_forward(ctx, *x_dev)
         dy_dev = _stage(ctx, dy.reshape(out.shape), out.dtype, "activations")
-        dx = layer.build_backward(ctx, dy_dev, needs_input_grad)
+        dx = layer.build_backward(ctx, dy_dev, needs_input_grad if len(xs) == 1 else (needs_input_grad,) * len(xs))
         layer.forward()
         layer.backward()
+        layer.backward_params()
         be.synchronize()
     result = {"y": be.to_host(out).astype(np.float64)}
-    if dx is not None:
-        result["dx"] = be.to_host(dx).astype(np.float64)
+    named = {"dx": dx} if len(xs) == 1 else {f"dx{k}": d for k, d in enumerate(dx)}
+    result.update({name: be.to_host(d).astype(np.float64) for name, d in named.items() if d is not None})
     if ctx.params is not None:
         result.update({f"grad:{k}": v.astype(np.float64) for k, v in ctx.params.grads_dict().items()})
+        result.update({f"buffer:{k}": v.astype(np.float64) for k, v in ctx.params.buffers_dict().items()})
     return result
 
 
@@ -79,7 +87,7 @@ def run_loss(loss, y: np.ndarray, t: np.ndarray, *, device="cpu", precision="fp6
 def run_network(net, x: np.ndarray, t: np.ndarray, *, device="cpu", precision="fp64", weights: dict | None = None,
                 fuse=True) -> dict:
     """One forward, loss and backward of a whole network on the batch (x, t): its loss and parameter grads."""
-    ctx = make_context(device, precision, x.shape[0], net.param_specs(), weights)
+    ctx = make_context(device, precision, x.shape[0], net.param_specs(), weights, net.buffer_specs())
     be = ctx.backend
     with be.activate():
         state = _step_state(ctx)
@@ -91,6 +99,7 @@ def run_network(net, x: np.ndarray, t: np.ndarray, *, device="cpu", precision="f
         be.synchronize()
     result = {"loss": float(be.to_host(state.history)[0]), "fused": program.fused}
     result.update({f"grad:{k}": v.astype(np.float64) for k, v in ctx.params.grads_dict().items()})
+    result.update({f"buffer:{k}": v.astype(np.float64) for k, v in ctx.params.buffers_dict().items()})
     return result
 
 

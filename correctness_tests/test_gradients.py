@@ -15,7 +15,7 @@ from gpuengine.layers import Dense, MSELoss, ReLU, Tanh
 from gpuengine.layers.activations import Activation
 from gpuengine.layers.fused_head import TanhLinearMSEHead
 from gpuengine.memory import Allocator
-from gpuengine.network import Sequential
+from gpuengine.network import Sequential, fused_head_tail
 from gpuengine.params import ParamSpec
 from gpuengine.reductions import ColumnSum
 from gpuengine.workloads.mlp import MLPShape, build_mlp
@@ -182,5 +182,5 @@ def test_relu_network_with_several_outputs():
     rng = np.random.default_rng(2)
     x, t = rng.standard_normal((BATCH, WIDTH)), rng.standard_normal((BATCH, 3))
     weights = random_weights(net.param_specs(), rng)
-    assert not net.fused_head_pattern()
+    assert fused_head_tail(net) is None
     assert_not_trivial(check_backward(net, x, t, weights))

@@ -35,7 +35,7 @@ def to_numpy(value) -> np.ndarray:
 def torch_twin(net, weights: Mapping[str, np.ndarray], dtype=torch.float32) -> nn.Sequential:
     """The torch module computing what `net` computes, holding `weights` (engine names and layouts)."""
     modules = OrderedDict()
-    for layer, shape in zip(net.layers, net.shapes):
+    for layer, shape in ((node.layer, net.shapes[node.inputs[0]]) for node in net.nodes):
         if isinstance(layer, Dense):
             modules[layer.name] = nn.Linear(shape[0], layer.units, dtype=dtype)
         elif isinstance(layer, Activation):

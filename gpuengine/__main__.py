@@ -5,6 +5,9 @@
         memory cap, for the engine and each PyTorch reference, as a table
     python -m gpuengine info
         the machine facts every stored benchmark run records
+    python -m gpuengine report [--store baselines_store] [--out report] [--markdown] [--readme README.md]
+        the report of every stored run: report/index.html and its figures; --markdown prints the
+        README's results tables instead, --readme PATH also rewrites PATH's generated block with them
     python -m gpuengine gatepower [study|calibrate] [--sessions N] [--trials T] [--levels 0,5,10] ...
         the regression gate's false-alarm and detection rates under injected slowdowns, or
         each perf test's run-to-run noise for noise.json (gpuengine/bench/gatepower/cli.py)
@@ -50,6 +53,42 @@ def _info(args) -> int:
     return 0
 
 
+def _report(args) -> int:
+    from pathlib import Path
+
+    from .bench.report import ReportError, build_report, load_store, markdown_report
+    from .bench.report.tables import plural, replace_generated_block
+    try:
+        store = load_store(args.store)
+        readme = Path(args.readme).read_text() if args.readme else None
+        markdown = markdown_report(store)
+        # Checked before anything is written: a README without the markers stops the command whole.
+        refreshed = replace_generated_block(readme, markdown, args.readme) if args.readme else None
+    except (ReportError, OSError, ValueError) as exc:
+        print(f"python -m gpuengine report: error: {exc}", file=sys.stderr)
+        return 2
+    if args.markdown:
+        print(markdown)
+    else:
+        try:
+            report = build_report(store, args.out)
+        except ImportError as exc:   # no matplotlib: the previous report stays as it was
+            print(f"python -m gpuengine report: error: {exc}", file=sys.stderr)
+            return 1
+        print(f"report: {report.index} ({plural(len(store.tiers), 'tier')}, {plural(store.run_count, 'run')}, "
+              f"{plural(len(report.figures), 'figure')})")
+        for tier in store.tiers:
+            if tier.runs:
+                print(f"report: {tier.name}: newest run {tier.runs[-1].label} ({tier.runs[-1].date}) -> "
+                      f"{report.index}#{tier.name}")
+        for notice in report.notices:
+            print(f"report: skipped: {notice}")
+    if refreshed is not None and refreshed != readme:
+        Path(args.readme).write_text(refreshed)
+        print(f"report: {args.readme}: generated block refreshed", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m gpuengine", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -75,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     mb.set_defaults(run=_maxbatch)
     info = commands.add_parser("info", help="GPU, driver, CUDA, cuDNN, clocks and power limit of this machine")
     info.set_defaults(run=_info)
+    report = commands.add_parser("report", help="HTML report with figures of the stored runs (or the README's tables)")
+    report.add_argument("--store", default="baselines_store", help="the stored runs (default: baselines_store)")
+    report.add_argument("--out", default="report", help="folder of index.html and figures/ (default: report)")
+    report.add_argument("--markdown", action="store_true",
+                        help="print the README's results tables (Markdown) instead of writing the page")
+    report.add_argument("--readme", metavar="PATH", help="also rewrite the generated block of PATH with those tables")
+    report.set_defaults(run=_report)
     gatepower_cli.add_parser(commands)
     return parser
 

@@ -62,11 +62,13 @@ class Backend:
         if self.is_gpu:
             import cupy
             self.xp = cupy
-            # Graph capture needs a non-default stream; every engine kernel runs here.
+            # Graph capture needs a non-default stream; every engine kernel runs here, except the weight
+            # gradients, which run on a side stream beside the input-gradient chain (network.py).
             self.stream = cupy.cuda.Stream(non_blocking=True)
+            self.side_stream = cupy.cuda.Stream(non_blocking=True)
         else:
             self.xp = np
-            self.stream = None
+            self.stream = self.side_stream = None
 
     def __repr__(self):
         return f"Backend({self.device})"

@@ -130,14 +130,14 @@ _GRAPHS: dict[tuple, CudnnGraph] = {}   # building is slow: one graph per key, p
 
 
 class CudnnRuntime:
-    """A cuDNN handle on one backend's stream, and the workspace the graphs on that stream share."""
+    """A cuDNN handle on one stream of a backend, and the workspace the graphs on that stream share."""
 
-    def __init__(self, backend):
+    def __init__(self, backend, stream):
         cudnn = _cudnn()
-        self.backend = backend
+        self.backend, self.stream = backend, stream
         # Never destroyed: the process-wide graph cache holds plans built with this handle.
         self.handle = cudnn.create_handle()
-        cudnn.set_stream(handle=self.handle, stream=backend.stream.ptr)
+        cudnn.set_stream(handle=self.handle, stream=stream.ptr)
         self.workspace = backend.xp.empty((256,), np.uint8)
         self._retired = []   # earlier workspaces, kept alive for steps captured with them
 
@@ -159,7 +159,7 @@ class CudnnRuntime:
 
     def execute(self, graph: CudnnGraph, pointers: dict):
         if graph.plan is None:
-            if self.backend.stream.is_capturing():
+            if self.stream.is_capturing():
                 # Plans cannot be timed inside capture, and an untimed plan would be kept for good.
                 raise RuntimeError(f"cuDNN graph {graph.key[0]} {graph.key[1:]} first ran inside CUDA-graph capture: "
                                    "run it eagerly once first (the trainer's and predictor's warm-up do)")
@@ -168,7 +168,7 @@ class CudnnRuntime:
 
     def autotune(self, graph: CudnnGraph, pointers: dict):
         """Time every built plan on the live buffers (outputs are overwritten) and keep the fastest."""
-        xp, stream = self.backend.xp, self.backend.stream
+        xp, stream = self.backend.xp, self.stream
         start, stop = xp.cuda.Event(), xp.cuda.Event()
         for plan in graph.plans:
             self.reserve(graph.workspace_bytes[plan])
@@ -190,24 +190,39 @@ class CudnnRuntime:
 _RUNTIMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def runtime_for(backend) -> CudnnRuntime:
+def runtime_for(backend, side: bool = False) -> CudnnRuntime:
+    """The runtime of the backend's engine stream, or of its side stream (weight gradients)."""
     if backend not in _RUNTIMES:
-        _RUNTIMES[backend] = CudnnRuntime(backend)
-    return _RUNTIMES[backend]
+        _RUNTIMES[backend] = (CudnnRuntime(backend, backend.stream), CudnnRuntime(backend, backend.side_stream))
+    return _RUNTIMES[backend][side]
 
 
 class BoundGraph:
-    """A cached graph bound to fixed buffers: `run()` executes it, capturable, allocating nothing."""
+    """A cached graph bound to fixed buffers: `run()` executes it, capturable, allocating nothing.
 
-    def __init__(self, runtime: CudnnRuntime, graph: CudnnGraph, buffers: dict, allocator=None):
-        if buffers.keys() != graph.uids.keys():
-            raise ValueError(f"{graph.key[0]}: buffers {sorted(buffers)} given, the graph takes {sorted(graph.uids)}")
+    `host_scalars` are pass-by-value inputs (a norm's epsilon): host arrays the graph reads at launch.
+    """
+
+    def __init__(self, runtime: CudnnRuntime, graph: CudnnGraph, buffers: dict, allocator=None,
+                 host_scalars: dict | None = None, preserve: tuple = ()):
+        host_scalars = host_scalars or {}
+        if buffers.keys() | host_scalars.keys() != graph.uids.keys():
+            raise ValueError(f"{graph.key[0]}: buffers {sorted(buffers | host_scalars)} given, "
+                             f"the graph takes {sorted(graph.uids)}")
         self.runtime, self.graph = runtime, graph
         self.pointers = {graph.uids[name]: int(a.data.ptr) for name, a in buffers.items()}
-        self.buffers = buffers   # keeps the memory behind the pointers alive
+        self.pointers.update({graph.uids[name]: int(a.ctypes.data) for name, a in host_scalars.items()})
+        self.buffers = buffers | host_scalars   # keeps the memory behind the pointers alive
+        self.preserve = preserve   # buffers the graph updates in place (running statistics)
         runtime.reserve(max(graph.workspace_bytes.values()), allocator)
 
     def run(self):
+        if self.graph.plan is None and self.preserve:
+            # Autotuning executes every plan several times: undo its in-place updates, then run once for real.
+            saved = [b.copy() for b in self.preserve]
+            self.runtime.execute(self.graph, self.pointers)
+            for buffer, value in zip(self.preserve, saved):
+                buffer[...] = value
         self.runtime.execute(self.graph, self.pointers)
 
 

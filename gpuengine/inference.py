@@ -18,7 +18,7 @@ from .data.checks import DataError, check_features
 from .injected_delay import for_backend as injected_delay_for
 from .layers.base import BuildContext
 from .memory import Allocator, merge_reports
-from .network import InferenceProgram, Sequential
+from .network import InferenceProgram, Network
 from .params import FlatParameters
 from .precision import policy_for
 
@@ -26,7 +26,7 @@ from .precision import policy_for
 class Predictor:
     """Forward passes of `net` with the given parameters (or fresh Glorot ones)."""
 
-    def __init__(self, net: Sequential, config: EngineConfig | None = None, params: FlatParameters | None = None,
+    def __init__(self, net: Network, config: EngineConfig | None = None, params: FlatParameters | None = None,
                  seed: int = 0):
         self.net = net
         self.config = config or EngineConfig.from_env()
@@ -35,7 +35,8 @@ class Predictor:
         self.allocator = Allocator(self.backend)   # books the weights it owns (none when given a trainer's)
         if params is None:
             with self.backend.activate():
-                params = FlatParameters(net.param_specs(), self.allocator, self.policy, seed, training=False)
+                params = FlatParameters(net.param_specs(), self.allocator, self.policy, seed, training=False,
+                                        buffer_specs=net.buffer_specs())
         elif params.policy != self.policy:
             raise ValueError(f"parameters were built for precision {params.policy.name}, "
                              f"the predictor runs {self.policy.name}")
@@ -75,7 +76,7 @@ class ResidentPredictor:
         with backend.activate():
             self.input = self.allocator.zeros((self.batch,) + predictor.net.input_shape,
                                               predictor.policy.compute_dtype, "batch")
-            ctx = BuildContext(backend, predictor.policy, self.allocator, predictor.params, self.batch)
+            ctx = BuildContext(backend, predictor.policy, self.allocator, predictor.params, self.batch, training=False)
             self.program = InferenceProgram(predictor.net, ctx, self.input)
             self.injected_delay = injected_delay_for(backend)   # None unless the gatepower study armed it
         capture = predictor.config.cuda_graph > 0 if capture is None else capture

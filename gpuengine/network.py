@@ -1,10 +1,13 @@
-"""A network: a sequence of layers and a loss, built into static training and
-inference programs for one batch size.
+"""A network graph (`graph.py`) built into static training and inference programs for one batch size.
 
-`Sequential` only describes the network (layers, loss, per-sample input shape).
-`build_training` wires it onto buffers: forward chain, loss (or a fused head
-where `fused_head.py`'s pattern applies), backward chain; `build_inference`
-wires the forward chain alone. Both allocate everything up front.
+`TrainingProgram` wires the forward pass node by node in topological order,
+the loss (or the fused regression head where `fused_head.py`'s pattern ends
+the graph), then the backward pass in reverse order: each node's output
+gradient is the sum of what its readers hand back. One reader's gradient is
+used as it is; several (a residual block's input, read by the branch and the
+shortcut) are added by one `GradientSum` pass just before the node's backward.
+`InferenceProgram` wires the forward pass alone. Both allocate everything up
+front, so their calls can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -12,108 +15,132 @@ import copy
 
 import numpy as np
 
+from .graph import INPUT, GraphBuilder, GraphError, Network, Node, Sequential
 from .layers.activations import Activation
 from .layers.base import BuildContext, Layer
 from .layers.dense import Dense
 from .layers.fused_head import TanhLinearMSEHead, TanhLinearOutput, fits
 from .layers.losses import MSELoss
-from .params import ParamSpec
+from .layers.merge import GradientSum
+
+# Weight gradients on the side stream, overlapping the input-gradient chain (off: one stream, to measure what
+# the overlap buys; the results are the same either way).
+SIDE_STREAM_WEIGHT_GRADS = True
+
+__all__ = ["GraphBuilder", "GraphError", "INPUT", "InferenceProgram", "Network", "Node", "Sequential",
+           "TrainingProgram", "fused_head_tail"]
 
 
-class Sequential:
-    def __init__(self, layers: list[Layer], loss, input_shape: tuple):
-        if not layers:
-            raise ValueError("a network needs at least one layer")
-        self.layers, self.loss, self.input_shape = list(layers), loss, tuple(input_shape)
-        counts: dict[str, int] = {}
-        for layer in self.layers:
-            if not layer.name:
-                prefix = type(layer).__name__.lower()
-                counts[prefix] = counts.get(prefix, 0) + 1
-                layer.name = f"{prefix}{counts[prefix]}"
-        self.shapes = [self.input_shape]
-        for layer in self.layers:
-            self.shapes.append(layer.output_shape(self.shapes[-1]))
-
-    @property
-    def output_shape(self) -> tuple:
-        return self.shapes[-1]
-
-    def param_specs(self) -> list[ParamSpec]:
-        return [s for layer, shape in zip(self.layers, self.shapes) for s in layer.param_specs(shape)]
-
-    def parameter_count(self) -> int:
-        return sum(s.size for s in self.param_specs())
-
-    def forward_flops_per_sample(self) -> int:
-        return sum(layer.forward_flops(shape) for layer, shape in zip(self.layers, self.shapes))
-
-    def train_flops_per_sample(self) -> int:
-        """Forward + weight gradients + input gradients except the first layer's (x needs none)."""
-        flops = [layer.forward_flops(shape) for layer, shape in zip(self.layers, self.shapes)]
-        return sum(flops) * 3 - flops[0]
-
-    def fused_head_pattern(self) -> bool:
-        """... Dense(H) -> tanh -> Dense(1) with MSE: the fused regression head applies."""
-        if len(self.layers) < 3 or not isinstance(self.loss, MSELoss):
-            return False
-        prev, act, last = self.layers[-3:]
-        return (isinstance(prev, Dense) and isinstance(act, Activation) and act.kind == "tanh"
-                and isinstance(last, Dense) and last.units == 1 and fits(prev.units))
+def fused_head_tail(net: Network) -> list[Node] | None:
+    """... Dense(H) -> tanh -> Dense(1) with MSE ending the graph as a chain: those three nodes, else None."""
+    if not isinstance(net.loss, MSELoss):
+        return None
+    tail = net.chain_tail(3)
+    if tail is None:
+        return None
+    prev, act, last = (n.layer for n in tail)
+    fused = (isinstance(prev, Dense) and isinstance(act, Activation) and act.kind == "tanh"
+             and isinstance(last, Dense) and last.units == 1 and fits(prev.units))
+    return tail if fused else None
 
 
-def _fresh_copies(layers: list[Layer]) -> list[Layer]:
+def _fresh_copy(layer):
     """Each program wires its own shallow copies, so training and inference can coexist."""
-    fresh = [copy.copy(layer) for layer in layers]
-    for layer in fresh:
-        if isinstance(layer, Dense):
-            layer.bias_grad_fused = False
+    fresh = copy.copy(layer)
+    if isinstance(fresh, Dense):
+        fresh.bias_grad_fused = False
     return fresh
 
 
-def _build_forward_chain(net: Sequential, ctx: BuildContext, batch_x, fuse: bool):
-    """(fused?, the layers run one by one, their last output); the fused tail is left to the caller."""
-    fused = fuse and net.fused_head_pattern()
-    body = _fresh_copies(net.layers[:-2] if fused else net.layers)
-    x = batch_x
-    for layer in body:
-        x = layer.build_forward(ctx, x)
-    return fused, body, x
+class _ForwardWiring:
+    """The forward pass of every node but a fused tail's last two: layers in order and their outputs."""
+
+    def __init__(self, net: Network, ctx: BuildContext, batch_x, fuse: bool):
+        self.tail = fused_head_tail(net) if fuse else None
+        self.fused = self.tail is not None
+        skipped = {n.name for n in self.tail[1:]} if self.fused else set()
+        self.nodes = [n for n in net.nodes if n.name not in skipped]
+        self.layers = {n.name: _fresh_copy(n.layer) for n in self.nodes}
+        self.outputs = {INPUT: batch_x}
+        for node in self.nodes:
+            inputs = [self.outputs[i] for i in node.inputs]
+            self.outputs[node.name] = self.layers[node.name].build_forward(ctx, *inputs)
+        self.last = self.outputs[self.nodes[-1].name]
 
 
 class TrainingProgram:
     """The static buffers and calls of one training step (without data and optimizer)."""
 
-    def __init__(self, net: Sequential, ctx: BuildContext, batch_x, batch_t, state, fuse: bool = True):
-        self.fused, body, x = _build_forward_chain(net, ctx, batch_x, fuse)
-        self.body = body
+    def __init__(self, net: Network, ctx: BuildContext, batch_x, batch_t, state, fuse: bool = True):
+        wiring = _ForwardWiring(net, ctx, batch_x, fuse)
+        self.fused, self.nodes, self.layers = wiring.fused, wiring.nodes, wiring.layers
         if self.fused:
-            body[-1].bias_grad_fused = True   # the head computes db of the dense layer feeding it
-            self.loss = TanhLinearMSEHead(net.layers[-1].name, body[-1].name)
+            head_input = wiring.layers[wiring.tail[0].name]
+            head_input.bias_grad_fused = True   # the head computes db of the dense layer feeding it
+            self.loss = TanhLinearMSEHead(wiring.tail[-1].name, head_input.name)
         else:
             self.loss = copy.copy(net.loss)   # a loss holds its buffers: one per program
-        dy = self.loss.build(ctx, x, batch_t, state)
-        for i in reversed(range(len(body))):
-            dy = body[i].build_backward(ctx, dy, needs_input_grad=i > 0)
+        self._backend = ctx.backend
+        if ctx.backend.is_gpu:   # reused every step: a wait refers to the event's latest record
+            self._fork = ctx.backend.xp.cuda.Event(block=False, disable_timing=True)
+            self._join = ctx.backend.xp.cuda.Event(block=False, disable_timing=True)
+        grads = {self.nodes[-1].name: [self.loss.build(ctx, wiring.last, batch_t, state)]}
+        self._backward = []   # (gradient sum or None, layer, has backward_params), in the order they run
+        for node in reversed(self.nodes):
+            layer, parts = self.layers[node.name], grads.pop(node.name)
+            summed = GradientSum(ctx, parts) if len(parts) > 1 else None
+            dy = summed.out if summed else parts[0]
+            needs = tuple(i != INPUT for i in node.inputs)
+            result = layer.build_backward(ctx, dy, needs[0] if layer.arity == 1 else needs)
+            for source, need, dx in zip(node.inputs, needs, (result,) if layer.arity == 1 else result):
+                if need and dx is None:
+                    raise GraphError(f"node {node.name!r} returned no gradient for its input {source!r}")
+                if need:
+                    grads.setdefault(source, []).append(dx)
+            splits = type(layer).backward_params is not Layer.backward_params
+            self._backward.append((summed, layer, splits))
+
+    @property
+    def body(self) -> list:
+        """The layers run one by one in the forward pass, in order."""
+        return [self.layers[n.name] for n in self.nodes]
 
     def forward(self):
-        for layer in self.body:
-            layer.forward()
+        for node in self.nodes:
+            self.layers[node.name].forward()
 
     def loss_and_backward(self):
+        """The loss, then each node's backward; on a GPU every `backward_params()` (weight gradients)
+        goes to the side stream as soon as its layer's backward is queued, and the engine stream waits for
+        all of them at the end, so the optimizer sees every gradient (a fork and a join in a captured graph)."""
         self.loss.forward_backward()
-        for layer in reversed(self.body):
+        backend = self._backend
+        for summed, layer, splits in self._backward:
+            if summed is not None:
+                summed.run()
             layer.backward()
+            if not splits:
+                continue
+            if not backend.is_gpu or not SIDE_STREAM_WEIGHT_GRADS:
+                layer.backward_params()
+                continue
+            backend.side_stream.wait_event(backend.stream.record(self._fork))
+            with backend.side_stream:
+                layer.backward_params()
+        if backend.is_gpu and SIDE_STREAM_WEIGHT_GRADS:
+            backend.stream.wait_event(backend.side_stream.record(self._join))
 
 
 class InferenceProgram:
-    """Forward chain into a float32 (B, outputs) result; the tanh->Dense(1) tail fused."""
+    """Forward pass into a float32 (B, outputs) result; the tanh->Dense(1) tail fused."""
 
-    def __init__(self, net: Sequential, ctx: BuildContext, batch_x, fuse: bool = True):
-        self.fused, self.body, x = _build_forward_chain(net, ctx, batch_x, fuse)
+    def __init__(self, net: Network, ctx: BuildContext, batch_x, fuse: bool = True):
+        wiring = _ForwardWiring(net, ctx, batch_x, fuse)
+        self.fused, self.body = wiring.fused, [wiring.layers[n.name] for n in wiring.nodes]
         self.y = ctx.allocator.zeros((ctx.batch,) + net.output_shape, np.float32, "activations")
-        self._tail = TanhLinearOutput(ctx.backend, ctx.params, net.layers[-1].name, x, self.y) if self.fused else None
-        self._last = x
+        self._tail = (TanhLinearOutput(ctx.backend, ctx.params, wiring.tail[-1].name, wiring.last, self.y)
+                      if self.fused else None)
+        self._last = wiring.last
         self._xp = ctx.backend.xp
 
     def release(self):

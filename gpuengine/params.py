@@ -8,6 +8,8 @@ Glorot & Bengio 2010: limit = sqrt(6 / (fan_in + fan_out)); biases zero).
 Each view starts on a 256-byte boundary (fp32; 128 bytes for bf16 copies):
 cuDNN frontend tensors and vectorised kernels assume aligned pointers, and
 the padding between views stays zero (zero gradients leave Adam at zero).
+Layer state that is not trained (BatchNorm's running mean and variance) lives
+in one more flat float32 buffer beside them, `buffers`, which Adam never sees.
 """
 from __future__ import annotations
 
@@ -45,8 +47,9 @@ def initial_value(spec: ParamSpec, rng: np.random.Generator) -> np.ndarray:
 class FlatParameters:
     """Named views into flat master, gradient, moment and compute-copy buffers."""
 
-    def __init__(self, specs: list[ParamSpec], allocator, policy, seed: int = 0, training: bool = True):
-        names = [s.name for s in specs]
+    def __init__(self, specs: list[ParamSpec], allocator, policy, seed: int = 0, training: bool = True,
+                 buffer_specs: list[ParamSpec] = ()):
+        names = [s.name for s in list(specs) + list(buffer_specs)]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate parameter names in {names}")
         self.specs = list(specs)
@@ -62,9 +65,14 @@ class FlatParameters:
             self.moment2 = allocator.zeros((self.size,), policy.master_dtype, "optimizer")
         self.compute = (allocator.zeros((self.size,), policy.compute_dtype, "parameters")
                         if policy.needs_compute_copy else self.master)
+        self.buffer_specs = list(buffer_specs)
+        self.buffer_offsets, buffer_size = self.layout(self.buffer_specs)
+        self.buffers = allocator.zeros((buffer_size,), np.float32, "parameters")
         self._backend = allocator.backend
         rng = np.random.default_rng(seed)
         self.load({s.name: initial_value(s, rng) for s in specs})
+        if self.buffer_specs:
+            self.load_buffers({s.name: initial_value(s, rng) for s in self.buffer_specs})
 
     @staticmethod
     def layout(specs: list[ParamSpec]) -> tuple[dict, int]:
@@ -76,15 +84,20 @@ class FlatParameters:
         return offsets, offset
 
     @classmethod
-    def planned_bytes(cls, specs: list[ParamSpec], policy, training: bool = True) -> int:
-        """What the constructor allocates: master, (gradient, two moments,) compute copy, padding included."""
+    def planned_bytes(cls, specs: list[ParamSpec], policy, training: bool = True,
+                      buffer_specs: list[ParamSpec] = ()) -> int:
+        """What the constructor allocates: master, (gradient, two moments,) compute copy, buffers, padding included."""
         size = cls.layout(specs)[1]
         copy = policy.compute_dtype.itemsize if policy.needs_compute_copy else 0
-        return size * ((4 if training else 1) * policy.master_dtype.itemsize + copy)
+        return size * ((4 if training else 1) * policy.master_dtype.itemsize + copy) + 4 * cls.layout(buffer_specs)[1]
 
-    def _view(self, flat, name):
-        offset, size, shape = self.offsets[name]
+    def _view(self, flat, name, offsets=None):
+        offset, size, shape = (self.offsets if offsets is None else offsets)[name]
         return flat[offset:offset + size].reshape(shape)
+
+    def buffer_view(self, name):
+        """A non-trained float32 state tensor (BatchNorm running statistics)."""
+        return self._view(self.buffers, name, self.buffer_offsets)
 
     def master_view(self, name):
         return self._view(self.master, name)
@@ -96,27 +109,44 @@ class FlatParameters:
         """What GEMMs read: the bf16 copy under bf16, the master otherwise."""
         return self._view(self.compute, name)
 
-    def load(self, values: dict[str, np.ndarray]):
-        """Set parameters from host arrays (shapes checked) and refresh the compute copy."""
-        missing = set(self.offsets) - set(values)
-        unknown = set(values) - set(self.offsets)
+    @staticmethod
+    def _packed(values: dict, offsets: dict, size: int, dtype, what: str) -> np.ndarray:
+        """One host array in the flat layout of `offsets`; every name present, every shape exact."""
+        missing, unknown = set(offsets) - set(values), set(values) - set(offsets)
         if missing or unknown:
-            raise ValueError(f"parameter names differ: missing {sorted(missing)}, unknown {sorted(unknown)}")
-        host = np.zeros(self.size, self.master.dtype)
-        for name, (offset, size, shape) in self.offsets.items():
-            value = np.asarray(values[name], dtype=self.master.dtype)
+            raise ValueError(f"{what} names differ: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        host = np.zeros(size, dtype)
+        for name, (offset, count, shape) in offsets.items():
+            value = np.asarray(values[name], dtype=dtype)
             if value.shape != tuple(shape):
                 raise ValueError(f"{name}: shape {value.shape} given, {tuple(shape)} expected")
-            host[offset:offset + size] = value.ravel()
+            host[offset:offset + count] = value.ravel()
+        return host
+
+    def load(self, values: dict[str, np.ndarray]):
+        """Set parameters from host arrays (shapes checked) and refresh the compute copy."""
+        host = self._packed(values, self.offsets, self.size, self.master.dtype, "parameter")
         with self._backend.activate():
             self._backend.upload(self.master, host)   # straight into the buffer: no pooled temporary
             if self.compute is not self.master:
                 self._backend.xp.copyto(self.compute, self.master, casting="unsafe")
 
+    def load_buffers(self, values: dict[str, np.ndarray]):
+        """Set the non-trained state (running statistics) from host arrays."""
+        host = self._packed(values, self.buffer_offsets, self.buffers.size, np.float32, "buffer")
+        with self._backend.activate():
+            self._backend.upload(self.buffers, host)
+
+    @staticmethod
+    def _unpacked(host: np.ndarray, offsets: dict) -> dict[str, np.ndarray]:
+        return {name: host[o:o + s].reshape(shape) for name, (o, s, shape) in offsets.items()}
+
     def state_dict(self) -> dict[str, np.ndarray]:
-        host = self._backend.to_host(self.master)
-        return {name: host[o:o + s].reshape(shape) for name, (o, s, shape) in self.offsets.items()}
+        return self._unpacked(self._backend.to_host(self.master), self.offsets)
 
     def grads_dict(self) -> dict[str, np.ndarray]:
-        host = self._backend.to_host(self.grad)   # a fresh host copy: views into it are the caller's own
-        return {name: host[o:o + s].reshape(shape) for name, (o, s, shape) in self.offsets.items()}
+        # A fresh host copy: views into it are the caller's own.
+        return self._unpacked(self._backend.to_host(self.grad), self.offsets)
+
+    def buffers_dict(self) -> dict[str, np.ndarray]:
+        return self._unpacked(self._backend.to_host(self.buffers), self.buffer_offsets)

@@ -23,7 +23,7 @@ from .data.streamed import StreamedDataset, check_streamed_launch
 from .injected_delay import for_backend as injected_delay_for
 from .layers.base import BuildContext
 from .memory import Allocator
-from .network import Sequential, TrainingProgram
+from .network import Network, TrainingProgram
 from .optim import Adam
 from .params import FlatParameters
 from .precision import policy_for
@@ -34,7 +34,7 @@ PROFILE_STEPS = 10   # steps a profiled train() times, at least (whole epochs)
 
 
 class Trainer:
-    def __init__(self, net: Sequential, x: np.ndarray, t: np.ndarray, batch: int, config: EngineConfig | None = None,
+    def __init__(self, net: Network, x: np.ndarray, t: np.ndarray, batch: int, config: EngineConfig | None = None,
                  lr: float = 1e-3, seed: int = 0, fuse: bool = True):
         self.config = config or EngineConfig.from_env()
         self.net = net
@@ -42,13 +42,14 @@ class Trainer:
         self.batch = check_batch(batch, len(x))
         self.backend = backend = get_backend(self.config)
         self.policy = policy_for(self.config.precision)
-        self._check_vram_cap(net.param_specs())
+        self._check_vram_cap(net.param_specs(), net.buffer_specs())
         if not self.config.resident_data and self.config.cuda_graph:
             check_streamed_launch(self.config.cuda_graph, self.config.batch_pool)
         self.allocator = Allocator(backend)
         steps_per_epoch = len(x) // self.batch
         with backend.activate():
-            self.params = FlatParameters(net.param_specs(), self.allocator, self.policy, seed)
+            self.params = FlatParameters(net.param_specs(), self.allocator, self.policy, seed,
+                                         buffer_specs=net.buffer_specs())
             self.state = StepState(backend, self.allocator, steps_per_epoch)
             source = ResidentDataset if self.config.resident_data else StreamedDataset
             extra = {} if self.config.resident_data else {"pool": self.config.batch_pool}
@@ -62,10 +63,10 @@ class Trainer:
         self.warmed_up = False
         self.last_profile: dict[str, float] | None = None
 
-    def _check_vram_cap(self, specs):
+    def _check_vram_cap(self, specs, buffer_specs):
         """Refuse, before allocating anything, a cap too small for the weights, gradients and Adam moments."""
         cap = self.config.vram_cap_gib
-        needed = FlatParameters.planned_bytes(specs, self.policy)
+        needed = FlatParameters.planned_bytes(specs, self.policy, buffer_specs=buffer_specs)
         if cap is not None and needed > cap * GIB:
             raise ConfigError(f"vram_cap_gib={cap} ({int(cap * GIB)} bytes) is smaller than the model: its parameters, "
                               f"gradients and Adam moments alone need {needed} bytes ({needed / GIB:.3g} GiB)")
@@ -94,7 +95,8 @@ class Trainer:
     def _graph(self, steps: int) -> GraphCapturedStep:
         if steps not in self.graphs:
             buffers = {"batch_x": self.data.batch_x, "batch_t": self.data.batch_t, "params": self.params.master,
-                       "grads": self.params.grad, "step": self.state.step, "history": self.state.history}
+                       "grads": self.params.grad, "buffers": self.params.buffers, "step": self.state.step,
+                       "history": self.state.history}
             graph = GraphCapturedStep(self.backend, self.step, steps, buffers)
             graph.capture()
             self.graphs[steps] = graph

@@ -5,5 +5,6 @@
 - `thresholds`: the same-run ratio rules of `baselines_store/thresholds.json`;
 - `machine_info`: the run's tier and the GPU stack stored with every run;
 - `energy`, `gpu_memory`, `nvml`: energy per sample and device memory, read through NVML;
-- `maxbatch/`: the largest batch under a memory cap, one fresh process per trial.
+- `maxbatch/`: the largest batch under a memory cap, one fresh process per trial;
+- `report/`: the HTML report, figures and README tables built from the stored runs.
 """

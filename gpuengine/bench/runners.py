@@ -12,7 +12,7 @@ import numpy as np
 
 from ..config import EngineConfig
 from ..inference import Predictor, ResidentPredictor
-from ..network import Sequential
+from ..network import Network
 from ..trainer import Trainer
 
 
@@ -24,7 +24,7 @@ def samples_in_rotation(sizes: list[int], batches: int) -> int:
 class EngineTrainRunner:
     name = "gpuengine"
 
-    def __init__(self, net: Sequential, x: np.ndarray, t: np.ndarray, batch: int, config: EngineConfig,
+    def __init__(self, net: Network, x: np.ndarray, t: np.ndarray, batch: int, config: EngineConfig,
                  epochs_per_round: int = 1, lr: float = 1e-3, seed: int = 0):
         self.trainer = Trainer(net, x, t, batch, config, lr=lr, seed=seed)
         self.epochs_per_round = epochs_per_round
@@ -53,7 +53,7 @@ class EngineInferRunner:
 
     name = "gpuengine"
 
-    def __init__(self, net: Sequential, inputs: list[np.ndarray], config: EngineConfig,
+    def __init__(self, net: Network, inputs: list[np.ndarray], config: EngineConfig,
                  batches_per_round: int = 20, params=None):
         if not inputs:
             raise ValueError("inference needs at least one input batch")
@@ -87,7 +87,7 @@ class EngineOneShotRunner:
 
     name = "gpuengine_oneshot"
 
-    def __init__(self, net: Sequential, inputs: list[np.ndarray], config: EngineConfig,
+    def __init__(self, net: Network, inputs: list[np.ndarray], config: EngineConfig,
                  batches_per_round: int = 5, params=None):
         if not inputs:
             raise ValueError("inference needs at least one input batch")

@@ -21,8 +21,9 @@ from pathlib import Path
 from .json_files import JsonFileError, load_json
 
 HISTORY = "history"
+GATEPOWER = "gatepower"   # python -m gpuengine gatepower's studies
 # Folders inside a tier folder that hold something other than its baselines.
-RESERVED = (HISTORY, "slow", "gatepower", "maxbatch")
+RESERVED = (HISTORY, "slow", GATEPOWER, "maxbatch")
 RUN_GLOB = "[0-9][0-9][0-9][0-9]_*.json"
 
 

@@ -95,13 +95,16 @@ def write_bmp(path, image: np.ndarray):
 def load_bmp_folder(root, image_shape: tuple) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """A folder of class subfolders of BMPs: (x float32 (n, H, W, C) in [0, 1], t one-hot, class names).
 
-    Classes are the subfolders in sorted order; each must hold at least one .bmp,
-    and every image must be `image_shape` = (H, W, C) with C 1 or 3.
+    Classes are the subfolders sorted by name, or by number when every name is a
+    whole number (so folder "10" is label 10, not 2); each must hold at least one
+    .bmp, and every image must be `image_shape` = (H, W, C) with C 1 or 3.
     """
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"{root}: no such folder of class subfolders")
-    classes = sorted(p for p in root.iterdir() if p.is_dir())
+    folders = [p for p in root.iterdir() if p.is_dir()]
+    numbered = all(p.name.isdecimal() for p in folders)
+    classes = sorted(folders, key=(lambda p: (int(p.name), p.name)) if numbered else None)
     if not classes:
         raise DataError(f"{root}: no class subfolders (expected one folder of .bmp files per class)")
     images, labels = [], []

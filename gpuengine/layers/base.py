@@ -6,6 +6,17 @@ gradient buffer of its output and returns the gradient buffer of its input (or
 None where nobody needs it). `forward()` and `backward()` then take no
 arguments and allocate nothing, so a whole step can be captured in a CUDA graph
 and replayed with the same addresses.
+
+A layer of several inputs (a residual add) sets `arity`; its shape methods
+take one per-sample shape per input, `build_forward` one buffer per input, and
+`build_backward` gets one needs-gradient flag per input and returns one
+gradient buffer (or None) per input.
+
+`backward()` computes the input gradients (and, for most layers, the
+parameter gradients too); a layer whose weight gradients depend on nothing
+downstream may leave them to `backward_params()`, which the program runs right
+after `backward()`, on a side stream on a GPU, so they overlap the rest of the
+input-gradient chain.
 """
 from __future__ import annotations
 
@@ -23,14 +34,20 @@ class BuildContext:
     allocator: object
     params: FlatParameters | None
     batch: int
+    training: bool = True   # False: an inference program (BatchNorm then uses its running statistics)
 
 
 class Layer:
     """Base layer: no parameters, identity shapes."""
 
     name: str = ""
+    arity: int = 1   # how many earlier outputs the layer reads
 
-    def param_specs(self, input_shape: tuple) -> list[ParamSpec]:
+    def param_specs(self, *input_shapes: tuple) -> list[ParamSpec]:
+        return []
+
+    def buffer_specs(self, *input_shapes: tuple) -> list[ParamSpec]:
+        """State the layer keeps but nobody trains (running statistics)."""
         return []
 
     def output_shape(self, input_shape: tuple) -> tuple:
@@ -49,10 +66,13 @@ class Layer:
     def backward(self):
         raise NotImplementedError
 
+    def backward_params(self):
+        """Parameter gradients left out of backward(); reads only what backward() and forward() wrote."""
+
     def release(self):
         """Free library plans the layer holds (cuDNN graphs are cached process-wide and stay)."""
 
-    def forward_flops(self, input_shape: tuple) -> int:
+    def forward_flops(self, *input_shapes: tuple) -> int:
         """Multiply-adds x2 per sample of the forward pass (for fraction-of-peak reports)."""
         return 0
 

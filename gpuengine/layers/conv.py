@@ -11,7 +11,8 @@ activation (seed note 001: conv + bias + ReLU fused into a single forward
 graph). Backward: ReLU's gradient from the saved output (one kernel), the bias
 gradient as a ColumnSum over the (N*H*W, C) gradient (deterministic; cuDNN
 9.19's reduction graph has no fp32 engine), the weight-gradient graph, and the
-data-gradient graph only where the layer below needs it. Under bf16 the weight
+data-gradient graph only where the layer below needs it; the bias and weight
+gradients are `backward_params()`, which a GPU program runs on the side stream. Under bf16 the weight
 gradient lands in a bf16 scratch that is widened into the fp32 master gradient:
 cuDNN has no bf16-in/fp32-out wgrad engine for every shape (none for one input
 channel, as in the MNIST CNN), and torch's autocast does the same. A first
@@ -98,15 +99,16 @@ class Conv2D(Layer):
         if self.use_bias:
             self._grad_b = ColumnSum(ctx.backend, ctx.allocator, self.dz.reshape(-1, self.filters), grad_b)
         if ctx.backend.is_gpu:
-            runtime, precision = runtime_for(ctx.backend), ctx.policy.name
+            precision = ctx.policy.name
             self.grad_w_compute = self.grad_w
             if self.dz.dtype != self.grad_w.dtype:
                 self.grad_w_compute = ctx.allocator.zeros(self.grad_w.shape, self.dz.dtype, "workspace")
-            self._grad_w = conv_weight_grad(runtime, precision, self.window, self.x, self.dz, self.grad_w_compute,
-                                            ctx.allocator)
+            # The weight gradient runs on the side stream (backward_params), beside the data-gradient chain.
+            self._grad_w = conv_weight_grad(runtime_for(ctx.backend, side=True), precision, self.window, self.x,
+                                            self.dz, self.grad_w_compute, ctx.allocator)
             if self.dx is not None:
-                self._grad_x = conv_data_grad(runtime, precision, self.window, self.dz, self.weight, self.dx,
-                                              ctx.allocator)
+                self._grad_x = conv_data_grad(runtime_for(ctx.backend), precision, self.window, self.dz, self.weight,
+                                              self.dx, ctx.allocator)
         return self.dx
 
     def forward(self):
@@ -122,23 +124,30 @@ class Conv2D(Layer):
         self.out[...] = z.astype(self.out.dtype)
 
     def backward(self):
+        """The activation's gradient and the data gradient: the chain the layers below wait for."""
         if self._direct is not None:
-            self._direct.run()
             return
         if self.activation:
             activation_backward(self.backend, self.activation, self.out, self.dy, self.dz)
+        if self.dx is None:
+            return
+        if self.backend.is_gpu:
+            self._grad_x.run()
+            return
+        grad_cols = np.tensordot(widen(self.dz), widen(self.weight), axes=([3], [0]))   # (N, Ho, Wo, kh, kw, C)
+        self.dx[...] = add_windows(grad_cols, self.window).astype(self.dx.dtype)
+
+    def backward_params(self):
+        """Bias and weight gradients from the saved input and dz."""
+        if self._direct is not None:
+            self._direct.run()
+            return
         if self._grad_b is not None:
             self._grad_b.run()
         if self.backend.is_gpu:
             self._grad_w.run()
             if self.grad_w_compute is not self.grad_w:
                 self.backend.xp.copyto(self.grad_w, self.grad_w_compute)
-            if self._grad_x is not None:
-                self._grad_x.run()
             return
-        dz = widen(self.dz)
         cols = windows(pad(widen(self.x), self.window), self.window)   # (N, Ho, Wo, kh, kw, C)
-        self.grad_w[...] = np.tensordot(dz, cols, axes=([0, 1, 2], [0, 1, 2]))
-        if self.dx is not None:
-            grad_cols = np.tensordot(dz, widen(self.weight), axes=([3], [0]))   # (N, Ho, Wo, kh, kw, C)
-            self.dx[...] = add_windows(grad_cols, self.window).astype(self.dx.dtype)
+        self.grad_w[...] = np.tensordot(widen(self.dz), cols, axes=([0, 1, 2], [0, 1, 2]))

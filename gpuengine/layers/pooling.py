@@ -134,3 +134,85 @@ class MaxPool2D(Layer):
         np.put_along_axis(grad, self.argmax[:, :, :, None, :], widen(self.dy)[:, :, :, None, :], axis=3)
         self.dx[...] = add_windows(grad.reshape(n, out_h, out_w, kh, kw, c), self.window).astype(self.dx.dtype)
 
+
+
+_AVERAGE_SOURCE = r"""
+// x (N, HW, C) -> y (N, C): one thread per (n, c), so a warp reads 32 consecutive channels of one pixel.
+extern "C" __global__ void average_forward(const ELEM_T* x, ELEM_T* y, int total) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        const int ch = i % CHANNELS, b = i / CHANNELS;
+        float s = 0.f;
+        for (int p = 0; p < PIXELS; ++p) s += load_f(x, ((long long)b * PIXELS + p) * CHANNELS + ch);
+        store_f(y, i, s * (1.f / PIXELS));
+    }
+}
+extern "C" __global__ void average_backward(const ELEM_T* dy, ELEM_T* dx, int total) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        const int ch = i % CHANNELS, b = i / (CHANNELS * PIXELS);
+        store_f(dx, i, load_f(dy, b * CHANNELS + ch) * (1.f / PIXELS));
+    }
+}
+"""
+
+
+class GlobalAveragePool2D(Layer):
+    """(H, W, C) samples -> (C,): the mean over the map (ResNet's avgpool before the classifier).
+
+    On a 1x1 map (ResNet-50 on 32x32 inputs) the mean is the map itself: output and input gradient
+    are views, no kernel runs (seed note 002 omitted the pool for this reason).
+    """
+
+    def __init__(self, name: str = ""):
+        self.name = name
+
+    def output_shape(self, input_shape):
+        if len(input_shape) != 3:
+            raise ValueError(f"{self.name}: GlobalAveragePool2D takes (height, width, channels) samples, "
+                             f"got {input_shape}")
+        return (input_shape[2],)
+
+    def build_forward(self, ctx: BuildContext, x):
+        self.backend, self.x = ctx.backend, x
+        n, h, w, c = x.shape
+        if x.size >= 2 ** 31:
+            raise ValueError(f"{self.name}: {x.shape} is too large for 32-bit indices; use a smaller batch")
+        self.identity = h * w == 1
+        if self.identity:
+            self.out = x.reshape(n, c)
+            return self.out
+        self.out = ctx.allocator.zeros((n, c), x.dtype, "activations")
+        if ctx.backend.is_gpu:
+            defines = dict(ELEM_T=ctype(x.dtype), CHANNELS=c, PIXELS=h * w)
+            self._forward = get_kernel(_AVERAGE_SOURCE, "average_forward", **defines)
+            self._backward = get_kernel(_AVERAGE_SOURCE, "average_backward", **defines)
+        return self.out
+
+    def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
+        self.dy = dy
+        if not needs_input_grad:
+            self.dx = None
+        elif self.identity:
+            self.dx = dy.reshape(self.x.shape)
+        else:
+            self.dx = ctx.allocator.zeros(self.x.shape, self.x.dtype, "activations")
+        return self.dx
+
+    def forward(self):
+        if self.identity:
+            return
+        if self.backend.is_gpu:
+            grid, block = launch_shape(self.out.size)
+            self._forward(grid, block, (self.x, self.out, np.int32(self.out.size)))
+            return
+        self.out[...] = widen(self.x).mean(axis=(1, 2)).astype(self.out.dtype)
+
+    def backward(self):
+        if self.dx is None or self.identity:
+            return
+        if self.backend.is_gpu:
+            grid, block = launch_shape(self.dx.size)
+            self._backward(grid, block, (self.dy, self.dx, np.int32(self.dx.size)))
+            return
+        n, h, w, c = self.x.shape
+        grad = widen(self.dy)[:, None, None, :] / (h * w)
+        self.dx[...] = np.broadcast_to(grad, self.x.shape).astype(self.dx.dtype)

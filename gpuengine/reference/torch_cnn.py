@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..workloads.cnn import SEED_SHAPE, CNNShape
-from .torch_common import TorchTrainRunner
+from .torch_common import TorchTrainRunner, host_array, to_nchw
 
 
 class TorchCNN(nn.Module):
@@ -63,7 +63,7 @@ def engine_to_torch(weights: Mapping[str, np.ndarray], shape: CNNShape = SEED_SH
 
 def torch_to_engine(weights: Mapping, shape: CNNShape = SEED_SHAPE) -> dict[str, np.ndarray]:
     """Torch-layout parameters or gradients (tensors or arrays) in the engine's layouts."""
-    host = {k: (v.detach().cpu().float().numpy() if torch.is_tensor(v) else np.asarray(v)) for k, v in weights.items()}
+    host = {k: host_array(v) for k, v in weights.items()}
     dense = np.empty_like(host["dense.weight"])
     dense[:, _dense_columns(shape)] = host["dense.weight"]
     return {"conv.weight": host["conv.weight"].transpose(0, 2, 3, 1).copy(), "conv.bias": host["conv.bias"],
@@ -80,11 +80,6 @@ def load_weights(model: TorchCNN, weights: Mapping[str, np.ndarray]) -> None:
         if value.shape != tuple(params[key].shape):
             raise ValueError(f"{key}: expected torch shape {tuple(params[key].shape)}, got {value.shape}")
         params[key].copy_(torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32)))
-
-
-def to_nchw(x: np.ndarray) -> np.ndarray:
-    """Engine NHWC images as the NCHW array torch modules take."""
-    return np.ascontiguousarray(np.asarray(x, dtype=np.float32).transpose(0, 3, 1, 2))
 
 
 def build_model(shape: CNNShape = SEED_SHAPE, weights: Mapping[str, np.ndarray] | None = None,

@@ -14,6 +14,9 @@ Three modes per DESIGN.md, "The references we compare against":
   CUDA-graphs docs, "Whole-network capture". The graph reads batch k of the epoch
   from a static permutation through a device offset it advances itself.
 
+The twins share two conversions from here: NHWC engine images to NCHW
+(`to_nchw`), and tensors or arrays to host arrays (`host_array`).
+
 Both runners satisfy `gpuengine.bench.benchmarking.Runner`. `prepare()` warms up and
 then restores the model's weights, buffers and optimizer state, so the first
 timed epoch starts from the given weights in every mode (parity tests rely on
@@ -82,6 +85,21 @@ def to_device(array, device: torch.device) -> torch.Tensor:
         array = np.require(array, requirements=["C_CONTIGUOUS", "WRITEABLE"])
     tensor = torch.from_numpy(array) if isinstance(array, np.ndarray) else array
     return tensor.to(device).contiguous()
+
+
+def to_nchw(x: np.ndarray) -> np.ndarray:
+    """Engine NHWC images as the float32 NCHW array torch modules take."""
+    return np.ascontiguousarray(np.asarray(x, dtype=np.float32).transpose(0, 3, 1, 2))
+
+
+def host_array(value) -> np.ndarray:
+    """A tensor (any device) or array as a NumPy array; bf16 and fp16 tensors widen to float32."""
+    if not torch.is_tensor(value):
+        return np.asarray(value)
+    value = value.detach().cpu()
+    if value.is_floating_point() and value.dtype not in (torch.float32, torch.float64):
+        value = value.float()   # NumPy has no bfloat16
+    return value.numpy()
 
 
 class _TorchRunner:

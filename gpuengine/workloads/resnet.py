@@ -20,6 +20,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..data.labels import training_arrays
+from ..graph import INPUT, GraphBuilder, Network
+from ..layers import (Activation, Add, BatchNorm2D, Conv2D, Dense, GlobalAveragePool2D, MaxPool2D,
+                      SoftmaxCrossEntropy)
+
 LEARNING_RATE = 1e-3
 TRAIN_BATCH = 128
 SAMPLES = 50_000
@@ -54,8 +59,16 @@ class ResNetShape:
 
 SEED_SHAPE = ResNetShape()
 CIFAR100_SHAPE = SEED_SHAPE.with_classes(100)
-# CPU tier: every kind of unit (stem, projection and identity blocks, strided 3x3s, the pool) at toy widths.
-SMOKE_SHAPE = ResNetShape(size=16, stem_width=8, widths=(4, 8), blocks=(2, 1), expansion=4)
+# CPU tier: every kind of unit (stem, projection and identity blocks, strided 3x3s, the pool) at toy widths,
+# each a multiple of 8 channels (cuDNN's bf16 batch norm reads 8 channels at a time).
+SMOKE_SHAPE = ResNetShape(size=16, stem_width=8, widths=(8, 16), blocks=(2, 1), expansion=4)
+
+
+def resnet_data(samples: int = SAMPLES, shape: ResNetShape = SEED_SHAPE, seed: int = 0):
+    """Generated CIFAR-like images as (x float32 (n, H, W, 3) in [0, 1], t one-hot float32 (n, classes))."""
+    from ..data.cifar import make_images
+    images, labels = make_images(samples, shape.classes, seed, shape.size)
+    return training_arrays(images, labels, shape.classes, "generated CIFAR-like images")
 
 
 def parameter_count(shape: ResNetShape = SEED_SHAPE) -> int:
@@ -72,3 +85,50 @@ def parameter_count(shape: ResNetShape = SEED_SHAPE) -> int:
                 count += channels * out + 2 * out            # projection shortcut + BN
             channels = out
     return count + channels * shape.classes + shape.classes
+
+
+def _bn(activation=None, residual=False) -> BatchNorm2D:
+    return BatchNorm2D(activation, residual, momentum=BN_MOMENTUM, epsilon=BN_EPSILON)
+
+
+def _block_end(b: GraphBuilder, branch: str, shortcut: str, prefix: str, fused: bool) -> str:
+    """relu(bn3(branch) + shortcut): one fused node, or BN, Add and ReLU nodes of their own (same math)."""
+    if fused:
+        return b.add(_bn("relu", residual=True), branch, shortcut, name=f"{prefix}.bn3")
+    normalized = b.add(_bn(), branch, name=f"{prefix}.bn3")
+    summed = b.add(Add(), normalized, shortcut, name=f"{prefix}.add")
+    return b.add(Activation("relu"), summed, name=f"{prefix}.relu")
+
+
+def _bottleneck(b: GraphBuilder, x: str, prefix: str, width: int, out: int, stride: int, project: bool,
+                fused: bool) -> str:
+    """1x1 reduce -> 3x3 (the stride, v1.5) -> 1x1 expand, plus the identity or a projected shortcut."""
+    h = b.add(Conv2D(width, 1, padding=0, use_bias=False), x, name=f"{prefix}.conv1")
+    h = b.add(_bn("relu"), h, name=f"{prefix}.bn1")
+    h = b.add(Conv2D(width, 3, stride=stride, padding=1, use_bias=False), h, name=f"{prefix}.conv2")
+    h = b.add(_bn("relu"), h, name=f"{prefix}.bn2")
+    h = b.add(Conv2D(out, 1, padding=0, use_bias=False), h, name=f"{prefix}.conv3")
+    shortcut = x
+    if project:
+        shortcut = b.add(Conv2D(out, 1, stride=stride, padding=0, use_bias=False), x, name=f"{prefix}.downsample.0")
+        shortcut = b.add(_bn(), shortcut, name=f"{prefix}.downsample.1")
+    return _block_end(b, h, shortcut, prefix, fused)
+
+
+def build_resnet(shape: ResNetShape = SEED_SHAPE, fused: bool = True) -> Network:
+    """The network of `shape`; `fused=False` runs each block's BN, add and ReLU as separate nodes."""
+    b = GraphBuilder(shape.image_shape)
+    x = b.add(Conv2D(shape.stem_width, 7, stride=2, padding=3, use_bias=False), INPUT, name="conv1")
+    x = b.add(_bn("relu"), x, name="bn1")
+    x = b.add(MaxPool2D(3, stride=2, padding=1), x, name="maxpool")
+    channels = shape.stem_width
+    for stage, (width, blocks) in enumerate(zip(shape.widths, shape.blocks)):
+        out = width * shape.expansion
+        for block in range(blocks):
+            stride = 2 if block == 0 and stage > 0 else 1
+            project = block == 0 and (channels != out or stride != 1)
+            x = _bottleneck(b, x, f"layer{stage + 1}.{block}", width, out, stride, project, fused)
+            channels = out
+    x = b.add(GlobalAveragePool2D(), x, name="avgpool")
+    b.add(Dense(shape.classes), x, name="fc")
+    return b.network(SoftmaxCrossEntropy())

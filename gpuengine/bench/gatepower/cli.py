@@ -30,6 +30,7 @@ from pathlib import Path
 from ..json_files import write_json
 from ..noise import NOISE_FILE, NoiseTable
 from ..regression import ALPHA, MIN_EFFECT, TARGET_POWER, TARGET_SLOWDOWN
+from ..stored_runs import GATEPOWER
 from . import analysis, calibration
 from .sessions import REPO, SessionPlan, run_sessions
 from .trials import parse_levels, read_trials
@@ -136,7 +137,7 @@ def main(args) -> int:
                     TARGET_POWER},
         "tests": figures, "families": analysis.summarise_families(figures),
     }
-    path = write_json(store / "gatepower" / f"{date:%Y%m%d_%H%M%S}_{commit[:10]}.json", record)
+    path = write_json(store / GATEPOWER / f"{date:%Y%m%d_%H%M%S}_{commit[:10]}.json", record)
     print(analysis.format_table(figures))
     print(f"\n{len(figures)} tests, {len(results)} sessions x {trials} trials: written to {path}")
     return 1 if failed else 0

@@ -1,0 +1,336 @@
+"""gpuengine.bench.report: the page and figures built from the committed runs, the seed tables read back
+against the stored JSON, the README's generated block, bad stores, and (where Chromium is) a screenshot."""
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from gpuengine.__main__ import main as cli_main
+from gpuengine.bench.report import ReportError, build_report, load_store, markdown_report
+from gpuengine.bench.report.seeds import seed_tables
+from gpuengine.bench.report.tables import GENERATED_BEGIN, GENERATED_END, generated_block
+
+REPO = Path(__file__).resolve().parents[2]
+STORE = REPO / "baselines_store"
+H200 = STORE / "nvidia-h200"
+NEEDS_MATPLOTLIB = "the report extra (matplotlib) is not installed: pip install -e '.[report]' (./gate installs it)"
+VOID = {"meta", "img", "br", "hr", "link", "input", "source", "col", "wbr"}
+
+
+class Page(HTMLParser):
+    """Checks the nesting of the page's tags and collects its images and tables (caption -> rows of cell text)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.images, self.tables, self.errors = [], [], {}, []
+        self._caption = self._row = self._cell = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag not in VOID:
+            self.stack.append(tag)
+        if tag == "img":
+            self.images.append(dict(attrs)["src"])
+        elif tag == "caption":
+            self._caption = ""
+        elif tag == "tr":
+            self._row = []
+        elif tag in ("td", "th"):
+            self._cell = ""
+
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+            return
+        self.stack.pop()
+        if tag == "caption":
+            self.tables[self._caption] = []
+            self._current, self._caption = self._caption, None
+        elif tag in ("td", "th"):
+            self._row.append(self._cell)
+            self._cell = None
+        elif tag == "tr":
+            self.tables[self._current].append(self._row)
+
+    def handle_data(self, data):
+        if self._caption is not None:
+            self._caption += data
+        elif self._cell is not None:
+            self._cell += data
+
+
+def parse_page(path: Path) -> Page:
+    page = Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    page.close()
+    assert not page.errors and not page.stack, (page.errors, page.stack)
+    return page
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def number(text: str) -> float:
+    """A table's figure back as a number: '38.7 M/s', '1,442,547', '3.97×', '37.0%'."""
+    match = re.fullmatch(r"([\d,.]+)\s*(k/s|M/s|G/s|/s|×|%)?", text.strip())
+    assert match, f"not a single figure: {text!r}"
+    scale = {"k/s": 1e3, "M/s": 1e6, "G/s": 1e9, "%": 1e-2}.get(match.group(2), 1.0)
+    return float(match.group(1).replace(",", "")) * scale
+
+
+def stored(tier_folder: Path, test: str) -> dict:
+    """extra_info of `test` in the newest run of the folder that holds it, read straight from the JSON files."""
+    runs = [json.loads(p.read_text()) for p in tier_folder.rglob("[0-9][0-9][0-9][0-9]_*.json")
+            if "history" not in p.parts]   # runs that failed the gate are no results
+    holding = [(run["datetime"], b) for run in runs for b in run["benchmarks"] if b["name"] == test]
+    assert holding, f"no stored run of {tier_folder} holds {test}"
+    return max(holding, key=lambda pair: pair[0])[1]["extra_info"]
+
+
+def row(table: list[list[str]], first: str) -> dict[str, str]:
+    header = table[0]
+    matches = [r for r in table[1:] if r[0] == first]
+    assert len(matches) == 1, f"{first!r}: {len(matches)} rows"
+    return dict(zip(header, matches[0]))
+
+
+@pytest.fixture(scope="module")
+def store():
+    return load_store(STORE)
+
+
+@pytest.fixture(scope="module")
+def built(store, tmp_path_factory):
+    pytest.importorskip("matplotlib", reason=NEEDS_MATPLOTLIB)
+    return build_report(store, tmp_path_factory.mktemp("built") / "report")
+
+
+@pytest.fixture(scope="module")
+def page(built):
+    return parse_page(built.index)
+
+
+def test_page_parses_and_every_figure_is_a_sane_png(built, page):
+    assert page.images, "the page shows no figure"
+    for src in page.images:
+        figure = built.index.parent / src
+        assert figure.is_file(), f"{src} is referenced but missing"
+        width, height = png_size(figure)
+        assert 300 <= width <= 4000 and 200 <= height <= 6000, f"{src}: {width}x{height} px"
+        assert figure.stat().st_size > 5_000, f"{src}: {figure.stat().st_size} bytes, an empty plot?"
+    on_disk = {str(p.relative_to(built.index.parent)) for p in (built.index.parent / "figures").rglob("*.png")}
+    assert on_disk == set(page.images), "figures on disk and on the page differ"
+
+
+def test_seed_000_tables_hold_the_stored_numbers(page):
+    result = page.tables["Seed 000 — the result: dense MLP 1000→1000 tanh→1, TF32"]
+    train = stored(H200, "test_mlp_train[tf32-graph8-resident-bpe1]")
+    cells = row(result, "Training throughput (1 batch per epoch)")
+    assert number(cells["gpuengine (NVIDIA H200)"]) == pytest.approx(train["samples_per_s"]["gpuengine"], rel=5e-3)
+    assert number(cells["torch_eager (NVIDIA H200)"]) == pytest.approx(train["samples_per_s"]["torch_eager"], rel=5e-3)
+    assert number(cells["vs torch_graph"]) == pytest.approx(train["ratios"]["torch_graph"]["median"], abs=5e-3)
+    assert cells["OpenNN (note)"] == "1.77 M/s" and cells["OpenNN vs PyTorch (note)"] == "1.35×"
+    batch = stored(H200, "test_mlp_max_batch[tf32-cap6-train-torch_eager]")
+    cells = row(result, "Max training batch (6 GB / 6 GiB cap)")
+    assert number(cells["gpuengine (NVIDIA H200)"]) == batch["max_batch"]["gpuengine[resident]"]["max_batch"]
+    assert number(cells["torch_eager (NVIDIA H200)"]) == batch["max_batch"]["torch_eager"]["max_batch"]
+    assert number(cells["vs torch_eager"]) == pytest.approx(batch["ratio"], abs=5e-3)
+
+    sweep = page.tables["Seed 000 — inference: keep everything on the device (samples/s)"]
+    for batch_size in (512, 2000, 8000, 32000):
+        info, cells = stored(H200, f"test_mlp_infer[tf32-resident-b{batch_size}]"), row(sweep, f"{batch_size:,}")
+        assert number(cells["gpuengine resident"]) == pytest.approx(info["samples_per_s"]["gpuengine"], rel=5e-3)
+        assert number(cells["gpuengine one-shot"]) == pytest.approx(info["samples_per_s"]["gpuengine_oneshot"],
+                                                                    rel=5e-3)
+        assert number(cells["vs torch_eager"]) == pytest.approx(info["ratios"]["torch_eager"]["median"], abs=5e-3)
+
+    epochs = page.tables["Seed 000 — training: mini-batches per epoch at batch 8000"]
+    for batches in (1, 4, 12, 50):
+        info, cells = stored(H200, f"test_mlp_train[tf32-graph8-resident-bpe{batches}]"), row(epochs, str(batches))
+        assert number(cells["gpuengine"]) == pytest.approx(info["samples_per_s"]["gpuengine"], rel=5e-3)
+        assert number(cells["vs torch_graph"]) == pytest.approx(info["ratios"]["torch_graph"]["median"], abs=5e-3)
+
+    limits = page.tables["Seed 000 — max batch: one training step / one inference pass under a 6 GiB cap"]
+    pool = stored(H200, "test_mlp_max_batch_pool_cost")["max_batch"]
+    assert number(row(limits, "OpenNN, pool of 1")["Training (here)"]) == \
+        pool["gpuengine[streamed,pool=1]"]["max_batch"]
+    assert number(row(limits, "OpenNN, pool of 3 (default)")["Training (here)"]) == \
+        pool["gpuengine[streamed,pool=3]"]["max_batch"]
+
+
+def test_seed_001_to_004_tables_hold_the_stored_numbers_or_say_not_measured(page):
+    cnn = page.tables["Seed 001 — CNN training throughput (samples/s; note: epoch wall time in parentheses)"]
+    for batch, column in ((128, "Batch 128 (NVIDIA H200)"), (1024, "Batch 1,024 (NVIDIA H200)")):
+        info = stored(H200, f"test_cnn_train[tf32-graph8-resident-b{batch}]")
+        assert number(row(cnn, "gpuengine (OpenNN in the note)")[column]) == round(info["samples_per_s"]["gpuengine"])
+        assert number(row(cnn, "torch_graph")[column]) == round(info["samples_per_s"]["torch_graph"])
+        assert number(row(cnn, "engine vs torch_eager")[column]) == pytest.approx(
+            info["ratios"]["torch_eager"]["median"], abs=5e-3)
+        assert row(cnn, "tf_keras (TensorFlow, Keras fit)")[column] == "not measured yet"   # no Keras run stored
+    resnet = page.tables["Seed 002 — ResNet-50 training throughput, batch 128 (samples/s)"]
+    assert row(resnet, "CIFAR-10")["OpenNN, CUDA graph (note)"] == "8,433"
+    assert row(resnet, "CIFAR-100")["gpuengine"] == "not measured yet"
+    zoo = page.tables["Seed 003 — model zoo training, batch 16 of 224×224 (ms per batch, lower is better)"]
+    assert [r[2] for r in zoo[1:11]][:3] == ["56.846", "36.954", "27.592"]
+    assert all(cell == "not measured yet" for r in zoo[11:] for cell in r[2:])
+    transformer = next(t for caption, t in page.tables.items() if caption.startswith("Seed 004 — Transformer"))
+    assert row(transformer, "384")["ratio (note)"] == "1.69×" and row(transformer, "384")["gpuengine"] == \
+        "not measured yet"
+
+
+def test_a_stored_run_fills_its_seed_row_by_itself(tmp_path):
+    """A ResNet record (shaped like the CNN's) appears in seed 002's table without touching the report."""
+    run = json.loads(next((H200 / "Linux-CPython-3.12-64bit").glob("0004_*.json")).read_text())
+    cnn = next(b for b in run["benchmarks"] if b["name"] == "test_cnn_train[tf32-graph8-resident-b128]")
+    resnet = copy.deepcopy(cnn)
+    resnet["name"] = "test_resnet_train[cifar10-tf32-graph8-resident-b128]"
+    resnet["extra_info"]["samples_per_s"]["gpuengine"] = 9876.0
+    run["benchmarks"] = [resnet]
+    (tmp_path / "nvidia-h200").mkdir()
+    (tmp_path / "nvidia-h200" / "0001_resnet.json").write_text(json.dumps(run))
+    table = next(t for t in seed_tables(load_store(tmp_path).tiers[0]) if t.title.startswith("Seed 002"))
+    cifar10 = {column: cell.text for column, cell in zip(table.columns, table.rows[0])}
+    assert cifar10["gpuengine"] == "9,876"
+    assert number(cifar10["vs torch_graph"]) == pytest.approx(cnn["extra_info"]["ratios"]["torch_graph"]["median"],
+                                                               abs=5e-3)
+    assert [cell.text for cell in table.rows[1]][5] == "not measured yet"   # CIFAR-100: still no run
+
+
+def test_readme_block_is_the_markdown_of_the_stored_runs(store):
+    readme = (REPO / "README.md").read_text()
+    assert generated_block(readme) == markdown_report(store).strip(), \
+        "README.md's results block differs from the stored runs: run ./gate report and commit README.md"
+
+
+def test_committed_report_is_built_from_the_committed_runs(built):
+    committed = REPO / "report" / "index.html"
+    assert committed.read_text(encoding="utf-8") == built.index.read_text(encoding="utf-8"), \
+        "report/ is stale: run ./gate report and commit report/"
+
+
+def messy_store(root: Path) -> Path:
+    """One good run (two benchmarks of the committed CPU-tier run), a file that does not parse, another tool's run."""
+    source = json.loads(next((STORE / "cpu-tier").rglob("0001_*.json")).read_text())
+    good = dict(source, benchmarks=[b for b in source["benchmarks"] if b["name"].startswith("test_mlp_infer")])
+    tier = root / "store" / "nvidia-test" / "Linux-CPython-3.11-64bit"
+    tier.mkdir(parents=True)
+    (tier / "0001_good.json").write_text(json.dumps(good))
+    (tier / "0002_broken.json").write_text('{"benchmarks": [')
+    foreign = dict(source, benchmarks=[dict(b, extra_info={}) for b in source["benchmarks"][:2]])
+    (tier / "0003_foreign.json").write_text(json.dumps(foreign))
+    return root / "store"
+
+
+@pytest.fixture(scope="module")
+def messy(tmp_path_factory):
+    pytest.importorskip("matplotlib", reason=NEEDS_MATPLOTLIB)
+    root = tmp_path_factory.mktemp("messy")
+    store = messy_store(root)
+    return root, cli_main(["report", "--store", str(store), "--out", str(root / "out")])
+
+
+def test_bad_runs_are_skipped_with_their_reasons_and_the_report_builds(messy, capsys):
+    root, code = messy
+    assert code == 0
+    page = (root / "out" / "index.html").read_text()
+    assert "0002_broken.json: does not parse as JSON (line 1, column" in page
+    assert "0003_foreign.json: no benchmark carries extra_info" in page
+    assert "one stored run (0001 d225a9f), no history yet" in page
+    assert "test_mlp_infer[fp32-resident-b64]" in page   # the good run is reported
+    parse_page(root / "out" / "index.html")
+
+
+def test_the_gates_own_files_are_no_results(tmp_path):
+    store = messy_store(tmp_path)
+    tier = store / "nvidia-test"
+    good = next(tier.rglob("0001_good.json"))
+    (tier / "history" / good.parent.name).mkdir(parents=True)
+    shutil.copy(good, tier / "history" / good.parent.name / "0001_failed.json")   # a run that failed the gate
+    (tier / "noise.json").write_text('{"format": 1, "calibration": {}, "tests": {}}')
+    (tier / "gatepower").mkdir()
+    (tier / "gatepower" / "20261124_000000_abc.json").write_text('{"format": 1, "tests": {}}')
+    loaded = load_store(store)
+    assert [run.path.name for tier in loaded.tiers for run in tier.runs] == ["0001_good.json"]
+    assert not [line for line in loaded.skipped if "history" in line or "noise" in line or "gatepower" in line]
+
+
+def test_an_empty_store_builds_an_empty_report(tmp_path, capsys):
+    (tmp_path / "store").mkdir()
+    assert cli_main(["report", "--store", str(tmp_path / "store"), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "no stored runs at all" in out and "thresholds.json: not in the store" in out
+    assert "none: the store holds no runs" in (tmp_path / "out" / "index.html").read_text()
+
+
+def test_a_missing_store_is_an_error_naming_it_and_writes_nothing(tmp_path, capsys):
+    missing = tmp_path / "no-such-store"
+    assert cli_main(["report", "--store", str(missing), "--out", str(tmp_path / "out")]) == 2
+    assert f"{missing}: no such store folder" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ReportError, match="no such store folder"):
+        load_store(missing)
+
+
+def test_a_readme_without_the_markers_is_an_error_before_anything_is_written(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("# no generated block here\n")
+    assert cli_main(["report", "--out", str(tmp_path / "out"), "--readme", str(readme)]) == 2
+    assert f"{readme}: no generated block" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and readme.read_text() == "# no generated block here\n"
+
+
+def test_without_matplotlib_the_error_names_the_extra_and_the_old_report_stays(tmp_path, monkeypatch, capsys):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "index.html").write_text("the previous report")
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)   # import matplotlib.figure now fails
+    assert cli_main(["report", "--store", str(STORE), "--out", str(tmp_path / "out")]) == 1
+    assert "pip install -e '.[report]'" in capsys.readouterr().err
+    assert (tmp_path / "out" / "index.html").read_text() == "the previous report"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]   # no scratch folder left behind
+
+
+def test_markdown_option_prints_the_readme_tables_and_writes_nothing(store, tmp_path, capsys):
+    assert cli_main(["report", "--store", str(STORE), "--out", str(tmp_path / "out"), "--markdown"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.strip() == markdown_report(store).strip() and printed.startswith("### NVIDIA H200")
+    assert not (tmp_path / "out").exists()
+
+
+def test_readme_option_rewrites_only_the_generated_block(store, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\n{GENERATED_BEGIN}\nstale\n{GENERATED_END}\n\ntail\n")
+    assert cli_main(["report", "--store", str(STORE), "--markdown", "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("# title\n\n") and text.endswith(f"{GENERATED_END}\n\ntail\n")
+    assert generated_block(text) == markdown_report(store).strip()
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian package `chromium`); CI machines "
+                                             "have none, so the screenshot check runs only where it is installed")
+def test_chromium_renders_the_page(built, tmp_path):
+    image = pytest.importorskip("matplotlib.image", reason=NEEDS_MATPLOTLIB)
+    shot = tmp_path / "page.png"
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2400",
+                    f"--screenshot={shot}", built.index.as_uri()], check=True, capture_output=True, timeout=120)
+    pixels = image.imread(shot)[..., :3]
+    assert pixels.shape[:2] == (2400, 1280)
+    drawn = (abs(pixels - pixels[-1, -1]).sum(axis=-1) > 0.1).mean()   # differs from the page's background
+    # The page's own colours are greys and pale tints; strongly coloured pixels are the figures' bars.
+    coloured = ((pixels.max(axis=-1) - pixels.min(axis=-1)) > 0.4).mean()
+    assert drawn > 0.05, f"a blank page: {drawn:.1%} of it differs from the background"
+    assert coloured > 0.01, f"no figure rendered: {coloured:.2%} of the pixels are coloured"

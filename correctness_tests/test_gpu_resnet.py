@@ -1,0 +1,136 @@
+"""On a GPU: BatchNorm, the residual pieces and whole ResNets agree with the NumPy backend.
+
+The NumPy BatchNorm, Add, GradientSum and average pool are checked against
+finite differences and PyTorch on the CPU (test_resnet_gradients.py,
+test_resnet_torch_parity.py); these tests carry that trust to the cuDNN
+batch-norm graphs (BN + ReLU, BN + add + ReLU, dReLU + dBN), the inference and
+element-wise kernels, whole training steps of a reduced ResNet, their captured
+replay, and the fused block end against the unfused one.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuengine.backend import gpu_visible
+from gpuengine.config import EngineConfig
+from gpuengine.inference import Predictor
+from gpuengine.layers import BatchNorm2D, GlobalAveragePool2D
+from gpuengine.trainer import Trainer
+from gpuengine.workloads import resnet
+
+from .gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group
+from .layer_harness import run_layer, run_network
+from .test_gpu_conv import normal, representable
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
+
+PRECISIONS = ["fp32", "tf32", "bf16"]
+BN_CASES = {"plain": dict(), "relu": dict(activation="relu"), "add-relu": dict(activation="relu", residual=True),
+            "add": dict(residual=True)}
+# Batch statistics over N*H*W values: bf16 inputs and outputs round at 8 bits, the sums stay float32.
+BN_TOLERANCE = {"fp32": 1e-4, "tf32": 1e-4, "bf16": 3e-2}
+
+
+def bn_weights(channels: int, precision: str) -> dict:
+    rng = np.random.default_rng(3)
+    return {"bn.weight": representable(1.0 + 0.2 * rng.standard_normal(channels), precision),
+            "bn.bias": representable(0.2 * rng.standard_normal(channels), precision)}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("case", BN_CASES, ids=list(BN_CASES))
+@pytest.mark.parametrize("shape", [(8, 8, 64), (1, 1, 2048), (4, 4, 256)], ids=["8x8x64", "1x1x2048", "4x4x256"])
+def test_batchnorm_training_matches_numpy(case, precision, shape):
+    """y, dx (and the residual's gradient), dgamma, dbeta and the updated running statistics."""
+    batch = 32
+    x = normal(1, (batch,) + shape, precision) * 2.0 + 0.5
+    inputs = (x, normal(2, (batch,) + shape, precision)) if BN_CASES[case].get("residual") else x
+    dy = normal(4, (batch,) + shape, precision)
+    weights = bn_weights(shape[2], precision)
+    cpu = run_layer(BatchNorm2D(name="bn", **BN_CASES[case]), inputs, dy, precision="fp32", weights=weights)
+    gpu = run_layer(BatchNorm2D(name="bn", **BN_CASES[case]), inputs, dy, device="cuda", precision=precision,
+                    weights=weights)
+    assert_close(gpu, cpu, BN_TOLERANCE[precision])
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 64), (1, 1, 512), (7, 5, 3)])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_global_average_pool_matches_numpy(shape, precision):
+    x, dy = normal(5, (16,) + shape, precision), normal(6, (16, shape[2]), precision)
+    cpu = run_layer(GlobalAveragePool2D(name="gap"), x, dy, precision="fp32")
+    gpu = run_layer(GlobalAveragePool2D(name="gap"), x, dy, device="cuda", precision=precision)
+    assert_close(gpu, cpu, TOLERANCE[precision] if precision == "bf16" else 1e-6)
+
+
+def smoke_batch(shape=resnet.SMOKE_SHAPE, batch: int = 32, seed: int = 7):
+    rng = np.random.default_rng(seed)
+    x = rng.random((batch,) + shape.image_shape)
+    return x, np.eye(shape.classes)[rng.integers(0, shape.classes, batch)]
+
+
+# A whole step compounds roundings through 18 layers: looser than one layer's.
+STEP_TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "bf16": 5e-2}
+
+
+def smoke_weights(net, precision: str) -> dict:
+    x, t = smoke_batch()
+    state = Trainer(net, x, t, 32, EngineConfig(device="cpu")).params.state_dict()
+    return {k: representable(v, precision) for k, v in state.items()}
+
+
+def numeric(result: dict) -> dict:
+    return {k: np.asarray(v, dtype=np.float64) for k, v in result.items() if k != "fused"}
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-block-end", "unfused-block-end"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_reduced_resnet_step_matches_numpy(precision, fused):
+    """Loss, every parameter gradient and every running statistic of one step of the reduced ResNet."""
+    net = resnet.build_resnet(resnet.SMOKE_SHAPE, fused=fused)
+    x, t = smoke_batch()
+    weights = smoke_weights(net, precision)
+    cpu = run_network(net, x, t, precision="fp32", weights=weights)
+    gpu = run_network(resnet.build_resnet(resnet.SMOKE_SHAPE, fused=fused), x, t, device="cuda",
+                      precision=precision, weights=weights)
+    assert_close(numeric(gpu), numeric(cpu), STEP_TOLERANCE[precision])
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_fused_block_end_equals_the_unfused_sequence(precision):
+    """relu(BN(x) + shortcut) as one cuDNN graph against BN, Add and ReLU as three nodes, on the GPU."""
+    x, t = smoke_batch()
+    weights = smoke_weights(resnet.build_resnet(resnet.SMOKE_SHAPE), precision)
+    fused, unfused = (numeric(run_network(resnet.build_resnet(resnet.SMOKE_SHAPE, fused=f), x, t, device="cuda",
+                                          precision=precision, weights=weights)) for f in (True, False))
+    assert_close(fused, unfused, {"fp32": 1e-4, "tf32": 1e-3, "bf16": 3e-2}[precision])
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_captured_replay_trains_exactly_like_eager(precision):
+    x, t = smoke_batch(batch=256)
+    losses = losses_by_graph_group(resnet.build_resnet(resnet.SMOKE_SHAPE), x, t, 32, precision, (0, 1, 8), 3)
+    assert losses[0] == losses[1] == losses[8]
+    assert losses[0][-1] < losses[0][0]
+
+
+def test_inference_with_running_statistics_matches_numpy():
+    """After training, the inference program normalizes with the running statistics (bn_inference kernel)."""
+    net = resnet.build_resnet(resnet.SMOKE_SHAPE)
+    x, t = smoke_batch(batch=128)
+    gpu_trainer = Trainer(net, x, t, 32, EngineConfig(precision="fp32", cuda_graph=1))
+    gpu_trainer.train(2)
+    cpu = Predictor(resnet.build_resnet(resnet.SMOKE_SHAPE), EngineConfig(device="cpu", precision="fp32"))
+    cpu.params.load(gpu_trainer.params.state_dict())
+    cpu.params.load_buffers(gpu_trainer.params.buffers_dict())
+    running = gpu_trainer.params.buffers_dict()
+    assert not np.allclose(running["bn1.running_mean"], 0.0), "training must have moved the running mean"
+    gpu_out = Predictor.from_trainer(gpu_trainer).predict(x[:64].astype(np.float32))
+    assert_close({"logits": gpu_out}, {"logits": cpu.predict(x[:64].astype(np.float32))}, 1e-4)
+
+
+def test_resnet_steady_state_allocates_nothing():
+    x, t = smoke_batch(batch=128)
+    configs = [EngineConfig(precision=p, cuda_graph=g) for p in ("tf32", "bf16") for g in (0, 8)]
+    assert_steady_state_allocates_nothing(resnet.build_resnet(resnet.SMOKE_SHAPE), x, t, 32, configs)

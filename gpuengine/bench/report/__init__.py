@@ -1,0 +1,14 @@
+"""The report of the stored runs: a static HTML page with PNG figures, and the README's Markdown tables.
+
+- `store`: reading `baselines_store/` (every tier, run and maxbatch table; what was skipped and why);
+- `tables`: cells that name their source, the number formats, Markdown and the README's generated block;
+- `seeds`: the seed notes' headline tables in their own layouts, the note's numbers beside this GPU's;
+- `sections`: per workload, by precision, peak, max batch, energy, history and machine tables;
+- `figures`: the PNGs (matplotlib, Agg); `html`: the page; `build`: all of it into `<out>/`.
+
+    python -m gpuengine report [--store baselines_store] [--out report] [--markdown] [--readme README.md]
+"""
+from .build import Report, build_report, markdown_report
+from .store import ReportError, load_store
+
+__all__ = ["Report", "ReportError", "build_report", "load_store", "markdown_report"]

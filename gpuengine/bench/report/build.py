@@ -1,0 +1,181 @@
+"""Building the report: the parts of each tier's section, the figures, the page, and the README's Markdown.
+
+`build_report` writes `<out>/index.html` and `<out>/figures/<tier>/*.png` from a store, through a
+scratch folder beside `<out>` that replaces the old page and figures only once everything is drawn,
+so a failure leaves the previous report whole. What it left out, and why, is in `Report.notices`
+(and on the page); only a store that does not exist stops it (`ReportError`).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import figures, html, sections
+from .seeds import seed_tables
+from .store import Store, TierRuns, load_store
+from .tables import Table, to_markdown
+
+INDEX = "index.html"
+FIGURES = "figures"
+
+
+@dataclass(frozen=True)
+class FigureRef:
+    src: str    # relative to the page
+    alt: str
+
+
+@dataclass
+class Part:
+    """One heading of a tier's section: what it says, its figures and its tables."""
+
+    anchor: str
+    heading: str
+    intro: str = ""
+    figures: list[FigureRef] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+
+
+@dataclass
+class TierSection:
+    tier: TierRuns
+    parts: list[Part]
+
+
+@dataclass(frozen=True)
+class Report:
+    index: Path
+    figures: list[Path]
+    notices: list[str]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
+
+
+class _Drawer:
+    """Draws a tier's figures into the scratch folder and names them relative to the page."""
+
+    def __init__(self, root: Path, tier: TierRuns):
+        self.root, self.tier, self.drawn = root, tier, []
+
+    def __call__(self, part: Part, name: str, alt: str, draw, *args) -> None:
+        rel = f"{FIGURES}/{self.tier.name}/{_slug(name)}.png"
+        if draw(*args, self.root / rel) is not None:
+            self.drawn.append(self.root / rel)
+            part.figures.append(FigureRef(rel, alt))
+
+
+def _history_parts(store: Store, tier: TierRuns, draw: _Drawer, notices: list[str]) -> list[Part]:
+    parts = []
+    for series, runs in tier.series().items():
+        name = series or "speed runs"
+        part = Part(f"{tier.name}-history-{_slug(name)}", f"History: {name}",
+                    f"{len(runs)} stored runs of {tier.name}/{series}, oldest first; one point per run.")
+        if len(runs) < 2:
+            notices.append(f"{tier.name}/{series}: one stored run ({runs[0].label}), no history yet")
+            part.intro = f"One stored run ({runs[0].label}, {runs[0].date}): no history yet."
+            parts.append(part)
+            continue
+        functions = dict.fromkeys(b.function for run in runs for b in run.benchmarks.values() if b.samples_per_s)
+        for function in functions:
+            draw(part, f"history-{name}-{function}", f"history of {function} in {name}", figures.history_figure,
+                 function, runs, store, tier.gpu)
+        if functions:
+            part.tables.append(sections.history_table(runs, store, tier.gpu))
+        if any(b.info.get("max_batch") for run in runs for b in run.benchmarks.values()):
+            part.tables.append(sections.max_batch_history(runs))
+        parts.append(part)
+    return parts
+
+
+def tier_section(store: Store, tier: TierRuns, root: Path, notices: list[str]) -> tuple[TierSection, list[Path]]:
+    draw = _Drawer(root, tier)
+    stand = Part(f"{tier.name}-summary", "Where the engine stands",
+                 "Speed-up over each PyTorch reference measured in the same run: the engine and the references "
+                 "alternate round by round; bars are the median of per-round ratios, whiskers the lowest and "
+                 "highest round.")
+    if tier.on_gpu:
+        stand.tables.append(sections.summary_table(tier))
+        draw(stand, "speedup", f"engine speed-up over PyTorch on {tier.title}", figures.speedup_figure, tier)
+    else:
+        stand.intro = ("The CPU tier times smoke shapes on NumPy, not the notes' workloads: see each workload "
+                       "below; these timings never gate.")
+    seeds = Part(f"{tier.name}-seeds", "The seed notes' headline tables",
+                 "Each note's table in its own layout: the note's numbers (RTX 3060 Laptop), then this GPU's. "
+                 "Hover a number for the test and run it comes from.")
+    if tier.on_gpu:
+        seeds.tables = seed_tables(tier)
+    else:
+        seeds.intro = "The CPU tier runs smoke shapes, not the notes' workloads: the seed tables are for GPU tiers."
+    workloads = Part(f"{tier.name}-workloads", "Per workload: the engine and every reference")
+    for function, (run, benchmarks) in sections.timed_workloads(tier).items():
+        draw(workloads, f"workload-{function}", f"{function}: samples/s and speed-ups", figures.workload_figure,
+             function, run, benchmarks)
+        workloads.tables.append(sections.workload_table(function, run, benchmarks))
+    peak = Part(f"{tier.name}-peak", "Fraction of the measured peak", tables=[sections.peak_table(tier)])
+    draw(peak, "peak", "fraction of the measured GEMM peak per workload and precision", figures.peak_figure, tier)
+    if not peak.tables[0].rows:
+        peak.intro, peak.tables = "No stored run of this tier measured a peak (the CPU tier does not).", []
+    memory = Part(f"{tier.name}-memory", "Max batch and energy per sample",
+                  tables=sections.maxbatch_file_tables(tier))
+    found = sections.max_batch_records(tier)
+    if found:
+        memory.tables.insert(0, sections.max_batch_table(*found))
+        draw(memory, "max-batch", "largest batch under the memory cap", figures.max_batch_figure, found[1])
+    energy = sections.energy_records(tier)
+    if energy:
+        memory.tables.append(sections.energy_table(energy))
+        draw(memory, "energy", "energy per training sample", figures.energy_figure, energy)
+    if not memory.tables:
+        memory.intro = "No stored run of this tier holds max-batch searches or energy readings."
+    machines = Part(f"{tier.name}-machines", "Machine facts of each run", tables=[sections.machine_table(tier)])
+    parts = [stand, seeds, workloads, peak, memory, *_history_parts(store, tier, draw, notices), machines]
+    return TierSection(tier, parts), draw.drawn
+
+
+def _publish(scratch: Path, out: Path) -> None:
+    """Swap the scratch page and figures in for the old ones; nothing else in `out` is touched."""
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / FIGURES).exists():
+        shutil.rmtree(out / FIGURES)
+    if (scratch / FIGURES).exists():
+        os.replace(scratch / FIGURES, out / FIGURES)
+    os.replace(scratch / INDEX, out / INDEX)
+
+
+def build_report(store: Store | Path | str, out: Path | str) -> Report:
+    """The page and figures of `store` (a loaded Store or its folder) in `out`."""
+    store = store if isinstance(store, Store) else load_store(store)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    notices = list(store.skipped)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as scratch_dir:
+        scratch = Path(scratch_dir)
+        tier_sections, drawn = [], []
+        for tier in store.tiers:
+            section, figure_files = tier_section(store, tier, scratch, notices)
+            tier_sections.append(section)
+            drawn += figure_files
+        (scratch / INDEX).write_text(html.render_page(store, tier_sections, notices), encoding="utf-8")
+        _publish(scratch, out)
+    return Report(out / INDEX, [out / p.relative_to(scratch) for p in drawn], notices)
+
+
+def markdown_report(store: Store) -> str:
+    """The README's results: per GPU tier, the speed-up summary, the seed tables and the energy readings."""
+    blocks = []
+    for tier in store.tiers:
+        if not tier.on_gpu:
+            continue
+        blocks.append(f"### {tier.gpu} (`baselines_store/{tier.name}/`)")
+        tables = [sections.summary_table(tier), *seed_tables(tier)]
+        energy = sections.energy_records(tier)
+        if energy:
+            tables.append(sections.energy_table(energy))
+        blocks += [to_markdown(table) for table in tables]
+    return "\n\n".join(blocks) if blocks else "No GPU tier has a stored run yet."

@@ -1,0 +1,264 @@
+"""Reading `baselines_store/`: every stored run of every tier, and what could not be read, with why.
+
+The layout is baselines_store/README.md's: `<store>/<tier>/[<series>/]<machine id>/NNNN_<name>.json`,
+where a series (`slow`, `config-<toggles>`) is a folder of runs with a history of its own. A run is
+pytest-benchmark's JSON file (`machine_info`, `commit_info`, `datetime`, and per benchmark `stats` and
+the suite's `extra_info`: `gpuengine.bench.benchmarking.Comparison.extra_info` plus what a test adds).
+Tables of `python -m gpuengine maxbatch --json` (a JSON list) sit in a tier too. A file that is neither,
+does not parse, or carries no `extra_info` is skipped with its reason; only a missing store is an error.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from ..machine_info import CPU_TIER
+from ..noise import NOISE_FILE
+from ..stored_runs import GATEPOWER, HISTORY
+from ..thresholds import ThresholdRule, load_rules, wildcard_match
+
+ENGINE = "gpuengine"
+THRESHOLDS_FILE = "thresholds.json"
+MACHINE_ID = re.compile(r"^[A-Za-z]+-[A-Za-z]+-\d+\.\d+-\d+bit$")  # pytest-benchmark's folder per OS/Python
+MAXBATCH_KEYS = {"workload", "mode", "engine", "reference", "ratio", "engine_search", "reference_search"}
+HARNESS_SELF_TEST = "perf_tests/test_harness_smoke.py::"   # stand-in runners, stored by older runs: no workload
+GATE_FOLDERS = {HISTORY, GATEPOWER}
+
+
+class ReportError(Exception):
+    """Input the report cannot be built from at all; the message names it."""
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One test of one run: pytest-benchmark's engine median and the suite's extra_info."""
+
+    name: str                # test name with its parameter id, e.g. test_mlp_train[tf32-graph8-resident-bpe1]
+    median_s: float | None   # the engine's median round, what --benchmark-compare gates
+    info: dict
+
+    @property
+    def function(self) -> str:
+        return self.name.split("[", 1)[0]
+
+    @property
+    def case(self) -> str:
+        """The parameter id alone ('' for an unparametrised test)."""
+        return self.name[len(self.function) + 1:-1] if "[" in self.name else ""
+
+    @property
+    def precision(self) -> str | None:
+        return self.info.get("precision")
+
+    @property
+    def samples_per_s(self) -> dict:
+        return self.info.get("samples_per_s") or {}
+
+    @property
+    def ratios(self) -> dict:
+        return self.info.get("ratios") or {}
+
+    @property
+    def engine(self) -> str:
+        """The runner whose rounds are the benchmark: the one every ratio is taken against."""
+        others = [name for name in self.samples_per_s if name not in self.ratios]
+        return others[0] if len(others) == 1 else ENGINE
+
+    def throughput(self, runner: str) -> float | None:
+        return self.samples_per_s.get(runner)
+
+    def ratio(self, reference: str) -> dict | None:
+        """{"median", "low", "high", "spread", ...} of the engine's speed-up over `reference`."""
+        return self.ratios.get(reference)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One stored pytest-benchmark run."""
+
+    path: Path          # relative to the store
+    tier: str
+    series: str         # "" for the speed runs; "slow", "config-..." for folders with a history of their own
+    number: str         # pytest-benchmark's NNNN counter
+    commit: str
+    dirty: bool
+    when: datetime
+    machine: dict
+    benchmarks: dict[str, Benchmark]
+
+    @property
+    def short_commit(self) -> str:
+        return self.commit[:7] or "no commit"
+
+    @property
+    def label(self) -> str:
+        return f"{self.number} {self.short_commit}{'+dirty' if self.dirty else ''}"
+
+    @property
+    def date(self) -> str:
+        return self.when.strftime("%Y-%m-%d %H:%M")
+
+
+@dataclass(frozen=True)
+class MaxBatchTable:
+    """A `python -m gpuengine maxbatch --json` file: one row per (mode, engine variant, reference)."""
+
+    path: Path
+    rows: list[dict]
+
+
+@dataclass
+class TierRuns:
+    """Every run of one tier, oldest first."""
+
+    name: str
+    runs: list[Run] = field(default_factory=list)
+    maxbatch_tables: list[MaxBatchTable] = field(default_factory=list)
+
+    @property
+    def on_gpu(self) -> bool:
+        """As the runs recorded it (machine_info's tier), else by the folder's name."""
+        recorded = next((run.machine["tier"] for run in reversed(self.runs) if run.machine.get("tier")), None)
+        return (recorded or self.name) != CPU_TIER
+
+    @property
+    def title(self) -> str:
+        return self.gpu if self.on_gpu else "CPU tier (NumPy backend)"
+
+    @property
+    def gpu(self) -> str:
+        """The GPU's name as its newest run recorded it (the tier's folder name if none did)."""
+        for run in reversed(self.runs):
+            if run.machine.get("gpu"):
+                return run.machine["gpu"]
+        return self.name
+
+    def series(self) -> dict[str, list[Run]]:
+        grouped: dict[str, list[Run]] = {}
+        for run in self.runs:
+            grouped.setdefault(run.series, []).append(run)
+        return grouped
+
+    def find(self, pattern: str, precision: str | None = None) -> tuple[Run, Benchmark] | None:
+        """The newest run holding a test that matches `pattern` (`*`, `?`); of its matches, the fastest engine."""
+        for run in reversed(self.runs):
+            matches = [b for b in run.benchmarks.values() if wildcard_match(pattern, b.name)
+                       and (precision is None or b.precision == precision)]
+            if matches:
+                return run, max(matches, key=lambda b: b.throughput(b.engine) or 0.0)
+        return None
+
+
+@dataclass
+class Store:
+    path: Path
+    tiers: list[TierRuns]   # GPU tiers by name, then the CPU tier
+    rules: list[ThresholdRule]
+    skipped: list[str]      # "<file>: <why>" for everything read and left out
+
+    @property
+    def run_count(self) -> int:
+        return sum(len(tier.runs) for tier in self.tiers)
+
+
+def _series_of(parts: tuple[str, ...]) -> str:
+    """The folders between the tier and the file, less pytest-benchmark's machine-id folder."""
+    return "/".join(part for part in parts if not MACHINE_ID.match(part))
+
+
+def _benchmarks(entries, where: str, skipped: list[str]) -> dict[str, Benchmark]:
+    benchmarks = {}
+    for i, entry in enumerate(entries):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str):
+            skipped.append(f"{where}: benchmark {i} has no 'name'; left out")
+            continue
+        if str(entry.get("fullname", "")).startswith(HARNESS_SELF_TEST):
+            skipped.append(f"{where}: {name} is the harness's self-test with stand-in runners, not a workload; "
+                           "left out")
+            continue
+        info = entry.get("extra_info")
+        if not isinstance(info, dict) or not info:
+            skipped.append(f"{where}: {name} has no extra_info; left out")
+            continue
+        median = (entry.get("stats") or {}).get("median")
+        benchmarks[name] = Benchmark(name, median if isinstance(median, (int, float)) else None, info)
+    return benchmarks
+
+
+def _run(data: dict, rel: Path, tier: str, skipped: list[str]) -> Run | None:
+    where = str(rel)
+    if not isinstance(data.get("benchmarks"), list):
+        skipped.append(f"{where}: not a pytest-benchmark run (no 'benchmarks' list); skipped")
+        return None
+    try:
+        when = datetime.fromisoformat(data["datetime"])
+    except (KeyError, TypeError, ValueError):
+        skipped.append(f"{where}: no valid 'datetime' (pytest-benchmark writes one); skipped")
+        return None
+    benchmarks = _benchmarks(data["benchmarks"], where, skipped)
+    if not benchmarks:
+        skipped.append(f"{where}: no benchmark carries extra_info (another tool's pytest-benchmark file?); skipped")
+        return None
+    commit = data.get("commit_info") or {}
+    return Run(rel, tier, _series_of(rel.parts[1:-1]), rel.name.split("_", 1)[0], str(commit.get("id") or ""),
+               bool(commit.get("dirty")), when, data.get("machine_info") or {}, benchmarks)
+
+
+def _read_tier(store: Path, folder: Path, skipped: list[str]) -> TierRuns:
+    tier = TierRuns(folder.name)
+    for file in sorted(folder.rglob("*.json")):
+        rel = file.relative_to(store)
+        if rel.name == NOISE_FILE or GATE_FOLDERS & set(rel.parts):
+            continue   # the regression gate's own files: failed runs (history/), noise, power studies: no results
+        try:
+            data = json.loads(file.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            where = f"line {exc.lineno}, column {exc.colno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError) \
+                else str(exc)
+            skipped.append(f"{rel}: does not parse as JSON ({where}); skipped")
+            continue
+        if isinstance(data, list) and data and all(isinstance(r, dict) and MAXBATCH_KEYS <= set(r) for r in data):
+            tier.maxbatch_tables.append(MaxBatchTable(rel, data))
+        elif isinstance(data, dict):
+            run = _run(data, rel, tier.name, skipped)
+            if run is not None:
+                tier.runs.append(run)
+        else:
+            skipped.append(f"{rel}: neither a pytest-benchmark run nor a maxbatch table; skipped")
+    tier.runs.sort(key=lambda run: (run.when, str(run.path)))
+    return tier
+
+
+def _rules(store: Path, skipped: list[str]) -> list[ThresholdRule]:
+    path = store / THRESHOLDS_FILE
+    if not path.exists():
+        skipped.append(f"{THRESHOLDS_FILE}: not in the store; no thresholds drawn")
+        return []
+    try:
+        return load_rules(path)
+    except (ValueError, TypeError) as exc:   # json.JSONDecodeError is a ValueError
+        skipped.append(f"{THRESHOLDS_FILE}: {exc}; no thresholds drawn")
+        return []
+
+
+def load_store(path: Path | str) -> Store:
+    """Every tier of the store at `path`; raises ReportError when `path` is not a folder."""
+    store = Path(path)
+    if not store.is_dir():
+        raise ReportError(f"{store}: no such store folder" if not store.exists() else f"{store}: not a folder")
+    skipped: list[str] = []
+    tiers = []
+    for folder in sorted(p for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        tier = _read_tier(store, folder, skipped)
+        if tier.runs or tier.maxbatch_tables:
+            tiers.append(tier)
+        else:
+            skipped.append(f"{folder.name}/: no stored runs; no section for this tier")
+    if not tiers:
+        skipped.append(f"{store}: no stored runs at all; the report is empty")
+    tiers.sort(key=lambda tier: (not tier.on_gpu, tier.name))
+    return Store(store, tiers, _rules(store, skipped), skipped)

@@ -1,0 +1,76 @@
+"""Where branches meet: the residual `Add` layer, and the sum of several gradients of one output.
+
+Add (He et al. 2016, the identity shortcut y = F(x) + x) takes two outputs of
+one shape. Its backward computes nothing: the gradient of a sum reaches both
+addends unchanged, so both input gradients are the output gradient's buffer.
+`GradientSum` is the other half: an output read by several nodes gets the sum
+of their gradients, one element-wise pass over all of them (accumulated in
+float32, stored in the compute dtype).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import widen
+from ..kernels import ctype, get_kernel
+from .activations import launch_shape
+from .base import BuildContext, Layer
+
+_SOURCE = r"""
+extern "C" __global__ void add2(const ELEM_T* a, const ELEM_T* b, ELEM_T* out, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        store_f(out, i, load_f(a, i) + load_f(b, i));
+}
+"""
+
+
+def add_into(backend, a, b, out):
+    """out = a + b element-wise (out may be a or b)."""
+    if not backend.is_gpu:
+        out[...] = (widen(a) + widen(b)).astype(out.dtype)
+        return
+    grid, block = launch_shape(out.size)
+    get_kernel(_SOURCE, "add2", ELEM_T=ctype(out.dtype))(grid, block, (a, b, out, np.int64(out.size)))
+
+
+class Add(Layer):
+    """y = a + b for two inputs of one shape."""
+
+    arity = 2
+
+    def __init__(self, name: str = ""):
+        self.name = name
+
+    def output_shape(self, a_shape, b_shape):
+        if tuple(a_shape) != tuple(b_shape):
+            raise ValueError(f"Add needs inputs of one shape, got {tuple(a_shape)} and {tuple(b_shape)}")
+        return tuple(a_shape)
+
+    def build_forward(self, ctx: BuildContext, a, b):
+        self.backend, self.a, self.b = ctx.backend, a, b
+        self.out = ctx.allocator.zeros(a.shape, a.dtype, "activations")
+        return self.out
+
+    def build_backward(self, ctx: BuildContext, dy, needs_input_grad):
+        return tuple(dy if need else None for need in needs_input_grad)
+
+    def forward(self):
+        add_into(self.backend, self.a, self.b, self.out)
+
+    def backward(self):
+        """Nothing to compute: both input gradients are the output gradient."""
+
+
+class GradientSum:
+    """`out` = the sum of the gradient buffers `parts` (two or more, one shape)."""
+
+    def __init__(self, ctx: BuildContext, parts: list):
+        if len(parts) < 2 or len({tuple(p.shape) for p in parts}) != 1:
+            raise ValueError(f"GradientSum adds two or more gradients of one shape, got {[p.shape for p in parts]}")
+        self.backend, self.parts = ctx.backend, list(parts)
+        self.out = ctx.allocator.zeros(parts[0].shape, parts[0].dtype, "activations")
+
+    def run(self):
+        add_into(self.backend, self.parts[0], self.parts[1], self.out)
+        for part in self.parts[2:]:
+            add_into(self.backend, self.out, part, self.out)

@@ -1,0 +1,94 @@
+"""Seed note 002's ResNet-50 v1.5 on CIFAR-10/100 at batch 128: engine vs PyTorch, measured in one run.
+
+The precision sweep (fp32, tf32, bf16; CIFAR-10 and, at tf32 and bf16, the
+CIFAR-100 head) runs at the engine's best toggles (8 steps per graph launch,
+data resident) against all three PyTorch references; the toggle sweep (eager,
+1 step per launch, streamed data) at tf32 on CIFAR-10 against torch_graph and
+torch_eager (torch.compile of ResNet-50 takes about a minute per model, and
+the precision sweep already measures it). bf16 cases also time the engine at
+tf32 in the same rounds (`gpuengine_tf32`), so the issue's bf16 >= 1.3x tf32
+target is a same-run ratio too. The protocol is the note's: 2 warm-up epochs,
+then timed epochs, every runner alternating round by round; each test checks
+that the loss descends on every side. The data are generated 32x32x3 images
+(data/cifar.py), 12,800 of them resident on the GPU (the note's 50,000 make
+each round four times longer and measure the same steps). Without a GPU the
+same tests train a reduced ResNet on the NumPy backend: a smoke test.
+"""
+from __future__ import annotations
+
+import pytest
+
+from gpuengine.backend import gpu_visible
+from gpuengine.bench.runners import EngineTrainRunner
+from gpuengine.config import EngineConfig
+from gpuengine.workloads import resnet
+
+from . import plan
+from .harness import assert_losses_descend, epoch_loss, skip_unless_selected
+
+pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
+from gpuengine.reference import torch_resnet  # noqa: E402  (needs torch)
+
+ON_GPU = gpu_visible()
+DEVICE = "cuda" if ON_GPU else "cpu"
+SHAPES = {"cifar10": resnet.SEED_SHAPE, "cifar100": resnet.CIFAR100_SHAPE} if ON_GPU else \
+    {"cifar10": resnet.SMOKE_SHAPE, "cifar100": resnet.SMOKE_SHAPE.with_classes(100)}
+SAMPLES = 12_800 if ON_GPU else 64
+BATCH = resnet.TRAIN_BATCH if ON_GPU else 16
+ROUNDS = 5 if ON_GPU else 2
+ALL_REFERENCES = ("torch_eager", "torch_compile", "torch_graph") if ON_GPU else ("torch_eager",)
+TOGGLE_REFERENCES = ("torch_eager", "torch_graph") if ON_GPU else ("torch_eager",)
+
+# (dataset, precision, cuda_graph, resident)
+if ON_GPU:
+    ALL_CASES = ([("cifar10", p, 8, True) for p in ("tf32", "fp32", "bf16")]
+                 + [("cifar100", p, 8, True) for p in ("tf32", "bf16")]
+                 + [("cifar10", "tf32", g, r) for g, r in ((0, True), (1, True), (1, False), (8, False))])
+    # Quick tier (perf_tests/plan.py): every precision on CIFAR-10 at the best toggles, the default toggles
+    # (graph1) and the streamed loader; the CIFAR-100 head, eager and graph1-streamed run nightly (--full).
+    QUICK = [("cifar10", p, 8, True) for p in ("tf32", "fp32", "bf16")] + [
+        ("cifar10", "tf32", 1, True), ("cifar10", "tf32", 8, False)]
+else:
+    ALL_CASES = QUICK = [("cifar10", "fp32", 1, True), ("cifar100", "fp32", 0, False)]
+
+
+def case_id(case):
+    dataset, precision, graph, resident = case
+    return f"{dataset}-{precision}-graph{graph}-{'resident' if resident else 'streamed'}-b{BATCH}"
+
+
+CASES = plan.cases("resnet_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=120)
+
+
+def engine_runner(shape, x, t, precision: str, graph: int, resident: bool, name: str = "gpuengine"):
+    # Streamed data prefetch one buffer per captured step, so a launch of 8 steps needs a pool of 8.
+    config = EngineConfig(precision=precision, cuda_graph=graph, resident_data=resident, batch_pool=max(3, graph),
+                          device=DEVICE)
+    runner = EngineTrainRunner(resnet.build_resnet(shape), x, t, BATCH, config, lr=resnet.LEARNING_RATE)
+    runner.name = name
+    return runner
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_resnet_train(case, benchmark, compare, run_target):
+    dataset, precision, graph, resident = case
+    skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
+    shape = SHAPES[dataset]
+    x, t = resnet.resnet_data(SAMPLES, shape)
+    engine = engine_runner(shape, x, t, precision, graph, resident)
+    weights, buffers = engine.trainer.params.state_dict(), engine.trainer.params.buffers_dict()
+    best_toggles = graph == 8 and resident
+    modes = ALL_REFERENCES if best_toggles else TOGGLE_REFERENCES
+    refs = [torch_resnet.resnet_train_runner(mode, x, t, BATCH, precision, lr=resnet.LEARNING_RATE, device=DEVICE,
+                                             shape=shape, weights=weights, buffers=buffers) for mode in modes]
+    if precision == "bf16" and ON_GPU:
+        refs.append(engine_runner(shape, x, t, "tf32", graph, resident, name="gpuengine_tf32"))
+    runners = [engine] + refs
+    for runner in runners:
+        assert runner.parameter_count() == resnet.parameter_count(shape), runner.name
+        runner.prepare()
+    first = {r.name: epoch_loss(r) for r in runners}
+    compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision, warmup_rounds=resnet.WARMUP_EPOCHS,
+            flops_per_sample=resnet.build_resnet(shape).train_flops_per_sample())
+    last = {r.name: epoch_loss(r) for r in runners}
+    assert_losses_descend(benchmark, first, last)
