@@ -16,6 +16,7 @@ import pytest
 
 from gpuengine.bench.benchmarking import Comparison
 from gpuengine.bench.gatepower import trials as study_trials
+from gpuengine.bench.regression import choose_reference
 
 from .gemm_peak import measure_gemm_peak_tflops
 from .harness import alternate_rounds, record_and_gate, warm_up
@@ -57,8 +58,9 @@ def compare(request, run_target, gemm_peak_tflops, gate_test):
         benchmark.extra_info["rounds_choice"] = choice.as_dict()
         record_and_gate(benchmark, comparison, request.node.name, precision, run_target.tier, gate_test=gate_test)
         if gate_test and gate_test.study:
-            study_trials.run_trials(gate_test.fullname, gate_test.workload, engine, references, choice.rounds,
-                                    gate_test.study)
+            read = choose_reference({name: summary.median for name, summary in comparison.ratios.items()})
+            study_trials.run_trials(gate_test.fullname, gate_test.workload, engine,
+                                    [ref for ref in references if ref.name == read], choice.rounds, gate_test.study)
         return comparison
 
     return run

@@ -93,10 +93,11 @@ def test_trials_on_a_cpu_engine_slow_it_by_the_injected_level(monkeypatch, tmp_p
     monkeypatch.setenv(injected_delay.GUARD_ENV, str(tmp_path))
     monkeypatch.setenv(injected_delay.DELAY_ENV, "0")
     monkeypatch.setenv(trials.LEVELS_ENV, "0,100")
-    monkeypatch.setenv(trials.TRIALS_ENV, "2")
+    monkeypatch.setenv(trials.TRIALS_ENV, "10")
+    monkeypatch.setenv(trials.BUDGET_ENV, "0.001")    # spent after the first trial: stops at MIN_TRIALS
     monkeypatch.setattr(injected_delay, "_delays", {})
     study = trials.settings()
-    assert study.levels == (0.0, 1.0) and study.trials == 2 and study.rounds is None
+    assert study.levels == (0.0, 1.0) and study.trials == 10 and study.rounds is None and study.budget_s == 0.001
     x, t = mlp.mlp_data(128, mlp.SMOKE_SHAPE)
     engine = EngineTrainRunner(mlp.build_mlp(mlp.SMOKE_SHAPE), x, t, 32, EngineConfig(precision="fp32", device="cpu"))
     engine.prepare()
@@ -120,10 +121,11 @@ def test_levels_and_trial_files_refuse_bad_input(tmp_path):
 
 
 def test_sessions_get_the_guard_and_the_settings(tmp_path):
-    plan = SessionPlan("gatepower and not slow", "mlp", "0,5,10", 3, 7, False, tmp_path / "noise.json", None)
+    plan = SessionPlan("gatepower and not slow", "mlp", "0,5,10", 3, 60.0, 7, False, tmp_path / "noise.json", None)
     env = plan.environment(tmp_path / "s1")
     assert env[injected_delay.GUARD_ENV] == str(tmp_path / "s1") and env[injected_delay.DELAY_ENV] == "0"
     assert env[trials.LEVELS_ENV] == "0,5,10" and env[trials.TRIALS_ENV] == "3" and env[trials.ROUNDS_ENV] == "7"
+    assert env[trials.BUDGET_ENV] == "60.0"
     command = plan.command()
     assert command[command.index("-m", 3) + 1] == "gatepower and not slow" and "--benchmark-disable" in command
 

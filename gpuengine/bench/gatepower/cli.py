@@ -6,15 +6,18 @@
     python -m gpuengine gatepower calibrate       the unchanged engine, every quick-tier perf test, in several
                                                   sessions -> each test's run-to-run noise in noise.json
 
-Time budget: a session costs start-up (imports, compilation, capture) plus,
-per test, the gate's own rounds and `trials x levels` trials of the same
-rounds. A study of the three MLP/CNN cases at the defaults (2 sessions x
-3 trials x 3 levels) is sized for a few minutes on one H100 (estimated from
-the stored H200 round times, not yet timed on a GPU); a calibration costs
-about `sessions` quick-tier runs (`-m gatepower` calibrates the study's cases
-only, about as long as the study). `--budget-min` stops starting sessions
-once the next would overrun it; `--sessions`, `--trials`, `--levels`, `-k`,
-`--rounds` shrink the work, `--session-timeout` bounds one session.
+Time budget: a session costs start-up (imports, torch.compile, capture) plus,
+per test, the gate's own rounds and up to `--trials` trials (each: the test's
+rounds at every level, the engine alternating with torch_graph), stopped at
+`--trial-budget` seconds per test after two. Estimated from the stored H200
+round times (not yet timed on a GPU): a study session of the MLP, CNN and
+ResNet cases takes about 5-6 minutes on one H100, most of it compiling the
+references, so the default 2 sessions take about 12 (`-k "not resnet"`:
+about 5); a calibration costs about `sessions` quick-tier runs
+(`-m gatepower` calibrates the study's cases only, about as long as the
+study). `--budget-min` stops starting sessions once the next would overrun
+it; `--sessions`, `--trials`, `--trial-budget`, `--levels`, `-k`, `--rounds`
+shrink the work, `--session-timeout` bounds one session.
 """
 from __future__ import annotations
 
@@ -45,7 +48,10 @@ def add_parser(commands) -> None:
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", nargs="?", choices=("study", "calibrate"), default="study")
     parser.add_argument("--sessions", type=int, help="separate pytest processes (default: study 2, calibrate 3)")
-    parser.add_argument("--trials", type=int, help="trials per level and session (default: study 3, calibrate 2)")
+    parser.add_argument("--trials", type=int, help="at most this many trials per test and session "
+                                                   "(default: study 10, calibrate 4)")
+    parser.add_argument("--trial-budget", type=float, default=60.0,
+                        help="seconds of trials per test and session; at least 2 trials run (default 60)")
     parser.add_argument("--levels", default="0,5,10", help="study: injected slowdowns in %%, 0 first (default 0,5,10)")
     parser.add_argument("-m", "--marker", help=f"pytest -m of the tests (default: study {STUDY_MARKER!r}, "
                                                f"calibrate {CALIBRATE_MARKER!r})")
@@ -85,7 +91,7 @@ def _log(line: str):
 def main(args) -> int:
     study = args.action == "study"
     sessions = args.sessions or (2 if study else 3)
-    trials = args.trials or (3 if study else 2)
+    trials = args.trials or (10 if study else 4)
     levels = args.levels if study else "0"
     if sessions * trials < 2:
         raise SystemExit("gatepower: sessions x trials must be >= 2: one run has no run-to-run spread to learn "
@@ -101,7 +107,7 @@ def main(args) -> int:
     except ValueError as exc:
         raise SystemExit(f"gatepower: {exc}") from None
     plan = SessionPlan(args.marker or (STUDY_MARKER if study else CALIBRATE_MARKER), args.keyword, levels, trials,
-                       args.rounds, args.full, noise_path, args.session_timeout)
+                       args.trial_budget, args.rounds, args.full, noise_path, args.session_timeout)
     started, date = time.monotonic(), datetime.now(timezone.utc)
     with tempfile.TemporaryDirectory(prefix="gatepower-") as scratch:
         work = args.keep_trials or Path(scratch)

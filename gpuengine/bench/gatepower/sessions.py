@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from ... import injected_delay
-from .trials import LEVELS_ENV, ROUNDS_ENV, TRIALS_ENV
+from .trials import BUDGET_ENV, LEVELS_ENV, ROUNDS_ENV, TRIALS_ENV
 
 REPO = Path(__file__).resolve().parents[3]   # the package is installed editable (./gate, tox): the checkout
 
@@ -31,7 +31,8 @@ class SessionPlan:
     marker: str                 # pytest -m expression
     keyword: str | None         # pytest -k expression
     levels_pct: str             # "0,5,10"
-    trials: int
+    trials: int                 # at most, per test and session
+    trial_budget_s: float       # seconds of trials per test and session (at least two trials run)
     rounds: int | None          # None: the gate's own rounds (noise.json, budget)
     full: bool                  # the nightly tier's cases and rounds
     noise_file: Path
@@ -47,7 +48,7 @@ class SessionPlan:
     def environment(self, out_dir: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != ROUNDS_ENV}
         env.update({injected_delay.GUARD_ENV: str(out_dir), injected_delay.DELAY_ENV: "0",
-                    LEVELS_ENV: self.levels_pct, TRIALS_ENV: str(self.trials)})
+                    LEVELS_ENV: self.levels_pct, TRIALS_ENV: str(self.trials), BUDGET_ENV: str(self.trial_budget_s)})
         if self.rounds is not None:
             env[ROUNDS_ENV] = str(self.rounds)
         return env

@@ -2,15 +2,18 @@
 
 Active only in the pytest sessions `python -m gpuengine gatepower` starts:
 GATEPOWER_STUDY names the session's output folder and arms the injected
-delay (gpuengine/injected_delay.py); GATEPOWER_LEVELS_PCT, GATEPOWER_TRIALS and
-GATEPOWER_ROUNDS say what to run. After a perf test's own measurement, the
-per-step delay that makes the engine `level` slower is found by timing the
-engine alone at a probe delay (the added time is linear in the delay; the
-probe grows until it moves a round by >= 5%). Each trial then times the
-test's rounds with the references alternating as the gate does, the levels
-interleaved (0, 5%, 10%, then rotated) so that drift within the process hits
-every level alike. One trial is one "run" to the decision rule; the command
-pairs trials across sessions (analysis.py) or learns noise from them
+delay (gpuengine/injected_delay.py); GATEPOWER_LEVELS_PCT, GATEPOWER_TRIALS,
+GATEPOWER_TRIAL_BUDGET_S and GATEPOWER_ROUNDS say what to run. After a perf
+test's own measurement, the per-step delay that makes the engine `level`
+slower is found by timing the engine alone at a probe delay (the added time
+is linear in the delay; the probe grows until it moves a round by >= 5%).
+Each trial then times the test's rounds, the engine alternating round by
+round with the one reference the rule reads (torch_graph where measured; the
+other references only add time), the levels interleaved (0, 5%, 10%, then
+rotated) so that drift within the process hits every level alike. Trials
+stop at GATEPOWER_TRIALS or when the next would overrun the test's budget,
+after at least MIN_TRIALS. One trial is one "run" to the decision rule; the
+command pairs trials across sessions (analysis.py) or learns noise from them
 (calibration.py).
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +33,8 @@ from ..regression import RunSamples
 LEVELS_ENV = "GATEPOWER_LEVELS_PCT"
 TRIALS_ENV = "GATEPOWER_TRIALS"
 ROUNDS_ENV = "GATEPOWER_ROUNDS"
+BUDGET_ENV = "GATEPOWER_TRIAL_BUDGET_S"
+MIN_TRIALS = 2        # a pair of unchanged trials at least, in every session
 PROBE_START_US = 8.0
 PROBE_MAX_US = 100_000.0
 PROBE_ROUNDS = 3
@@ -40,7 +46,8 @@ KEPT = ("ratios", "engine_round_ms", "engine_samples_per_round")   # the extra_i
 class StudySettings:
     out_dir: Path
     levels: tuple[float, ...]   # slowdowns as fractions, 0 first
-    trials: int
+    trials: int                 # at most, per level
+    budget_s: float | None      # seconds of trials per test and session (after MIN_TRIALS)
     rounds: int | None          # forced rounds per trial (None: the gate's own choice)
 
 
@@ -60,14 +67,15 @@ def settings() -> StudySettings | None:
     if not injected_delay.armed():
         return None
     try:
-        trials = int(os.environ.get(TRIALS_ENV, "2"))
+        trials = int(os.environ.get(TRIALS_ENV, str(MIN_TRIALS)))
         rounds = int(os.environ[ROUNDS_ENV]) if os.environ.get(ROUNDS_ENV) else None
+        budget = float(os.environ[BUDGET_ENV]) if os.environ.get(BUDGET_ENV) else None
     except ValueError:
-        raise ValueError(f"{TRIALS_ENV} and {ROUNDS_ENV} must be whole numbers") from None
-    if trials < 1 or (rounds is not None and rounds < 1):
-        raise ValueError(f"{TRIALS_ENV}={trials}, {ROUNDS_ENV}={rounds}: both must be >= 1")
+        raise ValueError(f"{TRIALS_ENV} and {ROUNDS_ENV} must be whole numbers, {BUDGET_ENV} seconds") from None
+    if trials < 1 or (rounds is not None and rounds < 1) or (budget is not None and not budget > 0):
+        raise ValueError(f"{TRIALS_ENV}={trials}, {ROUNDS_ENV}={rounds}, {BUDGET_ENV}={budget}: all must be > 0")
     return StudySettings(Path(os.environ[injected_delay.GUARD_ENV]), parse_levels(os.environ.get(LEVELS_ENV, "0")),
-                         trials, rounds)
+                         trials, budget, rounds)
 
 
 def _engine_ms(engine) -> float:
@@ -97,19 +105,25 @@ def file_name(nodeid: str) -> str:
 
 
 def run_trials(nodeid: str, workload: str, engine, references, rounds: int, study: StudySettings) -> Path:
-    """Trials of `rounds` rounds per level, written to the session's folder; the delay is 0 afterwards."""
+    """Trials of `rounds` rounds per level, written to the session's folder; the delay is 0 afterwards.
+
+    `references`: the one the rule reads (or none, where the test measures no torch reference)."""
     # a calibration runs the unchanged engine only: no delay to size
     base_ms, probe_us, ms_per_us = delay_slope(engine) if any(study.levels) else (None, None, None)
     delays = {level: level * base_ms / ms_per_us if level else 0.0 for level in study.levels}
     runners = [*references, engine]    # the gate's order: references, then the engine, round by round
     samples = {runner.name: runner.samples_per_round for runner in runners}
     trials = []
+    started = time.monotonic()
     try:
         for trial in range(study.trials):
+            spent = time.monotonic() - started
+            if trial >= MIN_TRIALS and study.budget_s and spent + spent / trial > study.budget_s:
+                break
             shift = trial % len(study.levels)
             for level in study.levels[shift:] + study.levels[:shift]:
-                injected_delay.set_delay_us(delays[level])
-                info = Comparison.from_times(engine.name, interleave(runners, rounds, 1), samples).extra_info()
+                injected_delay.set_delay_us(delays[level])   # a device scalar: no warm-up round needed
+                info = Comparison.from_times(engine.name, interleave(runners, rounds, 0), samples).extra_info()
                 trials.append({"trial": trial, "level": level, "delay_us": round(delays[level], 3),
                                "extra_info": {key: info[key] for key in KEPT}})
     finally:
