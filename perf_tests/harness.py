@@ -32,8 +32,8 @@ def _prepare(engine: Runner, references: Sequence[Runner]):
 
 
 def warm_up(engine: Runner, references: Sequence[Runner], warmup_rounds: int) -> float | None:
-    """Untimed-for-the-record warm-up rounds, references then engine; the median ms of one such round of all
-    runners (what a timed round will cost, for the rounds budget), None without warm-up rounds."""
+    """Warm-up rounds, references then engine, not recorded; returns the median ms of one round of all
+    runners (what a timed round will cost: the rounds budget needs it), None without warm-up rounds."""
     if warmup_rounds < 0:
         raise ValueError(f"warmup_rounds={warmup_rounds}: need warmup_rounds >= 0")
     _prepare(engine, references)
