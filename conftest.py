@@ -10,7 +10,9 @@
 - `--benchmark-compare` with no stored run yet is dropped with a header
   notice (this run becomes the first baseline) instead of failing the session
   at its end; on the CPU tier `--benchmark-compare-fail` is dropped, because
-  CPU timings are smoke only.
+  CPU timings are smoke only. Which stored run each test compares with, and
+  whether this run is saved as a baseline or as history, is
+  perf_tests/gate_plugin.py's (registered below).
 - When the stored run compared against was measured on another GPU stack
   (driver, CUDA, cuDNN, library versions, toggles), the header says which
   facts changed, instead of pytest-benchmark's dump of every machine fact
@@ -23,15 +25,17 @@ import os
 import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 
 from gpuengine.backend import get_backend, gpu_visible, resolve_device
 from gpuengine.config import ConfigError, EngineConfig
 from gpuengine.bench.machine_info import Tier, collect_machine_info, current_tier
+from gpuengine.bench.stored_runs import run_files
 
-pytest_plugins = ("pytester",)  # the harness tests run small pytest sessions of their own
+# pytester: the harness tests run small pytest sessions of their own; gate_plugin: per-test baselines,
+# saving by outcome, tiers, the stored-run check.
+pytest_plugins = ("pytester", "perf_tests.gate_plugin")
 
 BASELINES_DIR = "baselines_store"
 GPU_SKIP_REASON = "no CUDA GPU visible (CuPy missing or no device): GPU-only test"
@@ -79,13 +83,6 @@ def _config_variant(config: EngineConfig) -> str | None:
     return "config-" + "+".join(changed) if changed else None
 
 
-def _has_stored_run(folder: Path) -> bool:
-    """Whether pytest-benchmark's `--benchmark-compare` (latest run) would find anything in `folder`."""
-    from pytest_benchmark.utils import get_machine_id
-    pattern = "[0-9][0-9][0-9][0-9]_*.json"
-    return any((folder / get_machine_id()).glob(pattern)) or any(folder.glob(pattern))
-
-
 def _route_benchmark_storage(config: pytest.Config, engine_config: EngineConfig, tier: Tier):
     """Point pytest-benchmark at this tier's folder; runs before its own (trylast) configure reads the options."""
     option = config.option
@@ -102,7 +99,7 @@ def _route_benchmark_storage(config: pytest.Config, engine_config: EngineConfig,
             # run only, and a run of them alone would hide the speed baseline from the next `gate perf`.
             folder = folder / "slow"
         option.benchmark_storage = f"file://{folder}"
-        if option.benchmark_compare is True and not _has_stored_run(folder):
+        if option.benchmark_compare is True and not run_files(folder):
             option.benchmark_compare = []
             option.benchmark_compare_fail = None
             notices.append(f"no stored run in {folder.relative_to(config.rootpath)} yet: nothing to compare "
@@ -122,6 +119,8 @@ def pytest_configure(config: pytest.Config):
         raise pytest.UsageError(f"gpuengine: {exc}") from exc
     tier = current_tier(on_gpu)
     storage, notices = _route_benchmark_storage(config, engine_config, tier)
+    from perf_tests import gate_plugin   # registered through pytest_plugins above (imported there first)
+    gate_plugin.configure(config, tier)
     _name_autosave_after_gate_commit(config)
     chosen = frozenset(t for t, value in overrides.items()
                        if value is not None or os.environ.get(f"GPUENGINE_{t.upper()}", "") != "")

@@ -8,6 +8,9 @@
     python -m gpuengine report [--store baselines_store] [--out report] [--markdown] [--readme README.md]
         the report of every stored run: report/index.html and its figures; --markdown prints the
         README's results tables instead, --readme PATH also rewrites PATH's generated block with them
+    python -m gpuengine gatepower [study|calibrate] [--sessions N] [--trials T] [--levels 0,5,10] ...
+        the regression gate's false-alarm and detection rates under injected slowdowns, or
+        each perf test's run-to-run noise for noise.json (gpuengine/bench/gatepower/cli.py)
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import argparse
 import json
 import sys
 
+from .bench.gatepower import cli as gatepower_cli
 from .bench.maxbatch.trial import ENGINES, MODES, TrialSpec, parse_cap
 
 
@@ -117,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the README's results tables (Markdown) instead of writing the page")
     report.add_argument("--readme", metavar="PATH", help="also rewrite the generated block of PATH with those tables")
     report.set_defaults(run=_report)
+    gatepower_cli.add_parser(commands)
     return parser
 
 

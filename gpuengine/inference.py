@@ -15,6 +15,7 @@ from .backend import get_backend
 from .capture import GraphCapturedStep
 from .config import EngineConfig
 from .data.checks import DataError, check_features
+from .injected_delay import for_backend as injected_delay_for
 from .layers.base import BuildContext
 from .memory import Allocator, merge_reports
 from .network import InferenceProgram, Network
@@ -77,13 +78,14 @@ class ResidentPredictor:
                                               predictor.policy.compute_dtype, "batch")
             ctx = BuildContext(backend, predictor.policy, self.allocator, predictor.params, self.batch, training=False)
             self.program = InferenceProgram(predictor.net, ctx, self.input)
+            self.injected_delay = injected_delay_for(backend)   # None unless the gatepower study armed it
         capture = predictor.config.cuda_graph > 0 if capture is None else capture
         self._graph = None
         if capture and backend.is_gpu:
             with backend.activate():
-                self.program.run()   # warm-up: compile kernels and plans before capture
-                self._graph = GraphCapturedStep(backend, self.program.run, 1, {"input": self.input,
-                                                                               "output": self.program.y})
+                self._forward()   # warm-up: compile kernels and plans before capture
+                self._graph = GraphCapturedStep(backend, self._forward, 1, {"input": self.input,
+                                                                            "output": self.program.y})
                 self._graph.capture()
 
     @property
@@ -110,13 +112,18 @@ class ResidentPredictor:
         """Device bytes by category of the predictor's own weights and this workspace, booked before any pass."""
         return merge_reports(self.predictor.allocator.report(), self.allocator.report())
 
+    def _forward(self):
+        self.program.run()
+        if self.injected_delay is not None:
+            self.injected_delay.wait()
+
     def run(self):
         """Forward pass on the current input; the output stays on the device."""
         with self.backend.activate():
             if self._graph is not None:
                 self._graph.launch()
             else:
-                self.program.run()
+                self._forward()
         return self.program.y
 
     def release(self):

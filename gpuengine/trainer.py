@@ -20,6 +20,7 @@ from .config import ConfigError, EngineConfig
 from .data.checks import check_batch, check_training_data
 from .data.resident import ResidentDataset
 from .data.streamed import StreamedDataset, check_streamed_launch
+from .injected_delay import for_backend as injected_delay_for
 from .layers.base import BuildContext
 from .memory import Allocator
 from .network import Network, TrainingProgram
@@ -56,6 +57,7 @@ class Trainer:
             ctx = BuildContext(backend, self.policy, self.allocator, self.params, self.batch)
             self.program = TrainingProgram(net, ctx, self.data.batch_x, self.data.batch_t, self.state, fuse)
             self.optimizer = Adam(backend, self.allocator, self.params, self.state, lr)
+            self.injected_delay = injected_delay_for(backend)   # None unless the gatepower study armed it
         self.steps_done = 0          # host mirror of the device step counter
         self.graphs: dict[int, GraphCapturedStep] = {}
         self.warmed_up = False
@@ -80,6 +82,8 @@ class Trainer:
         self.program.loss_and_backward()
         self.optimizer.step()
         self.state.finish_step()
+        if self.injected_delay is not None:
+            self.injected_delay.wait()
 
     def _run_eager(self, steps: int):
         for _ in range(steps):

@@ -5,17 +5,22 @@ A perf test builds its engine runner and reference runners, then calls
     result = compare(benchmark, engine, [ref, ...], rounds=R, precision="tf32", flops_per_sample=F)
 
 and gets a `gpuengine.bench.benchmarking.Comparison`; the engine's rounds are what
-pytest-benchmark stores and compares, everything else goes into the run's
-`extra_info`, and a missed ratio threshold fails the test on a GPU tier.
+pytest-benchmark stores, everything else goes into the run's `extra_info`, and
+on a GPU tier a missed ratio threshold or a regression against the test's
+stored baseline fails the test. In a gatepower study session the same test
+then runs the study's trials (gpuengine/bench/gatepower/trials.py).
 """
 from __future__ import annotations
 
 import pytest
 
 from gpuengine.bench.benchmarking import Comparison
+from gpuengine.bench.gatepower import trials as study_trials
+from gpuengine.bench.regression import choose_reference
 
 from .gemm_peak import measure_gemm_peak_tflops
-from .harness import alternate_rounds, record_and_gate
+from .harness import alternate_rounds, record_and_gate, warm_up
+from .plan import RoundsChoice
 
 
 @pytest.fixture(scope="session")
@@ -34,18 +39,28 @@ def gemm_peak_tflops(on_gpu):
 
 
 @pytest.fixture
-def compare(request, run_target, gemm_peak_tflops):
-    """compare(benchmark, engine, references, *, rounds, precision=None, flops_per_sample=None, warmup_rounds=1)."""
+def compare(request, run_target, gemm_peak_tflops, gate_test):
+    """compare(benchmark, engine, references, *, rounds, precision=None, flops_per_sample=None, warmup_rounds=1).
+
+    `rounds` is the test's default: the gate plugin may choose others (noise.json, budget, --full).
+    """
 
     def run(benchmark, engine, references, *, rounds: int, precision: str | None = None,
             flops_per_sample: float | None = None, warmup_rounds: int = 1) -> Comparison:
         precision = precision or run_target.config.precision
-        times = alternate_rounds(benchmark, engine, references, rounds, warmup_rounds)
+        round_set_ms = warm_up(engine, references, warmup_rounds)
+        choice = gate_test.rounds(rounds, round_set_ms) if gate_test else RoundsChoice(rounds, "the test's default")
+        times = alternate_rounds(benchmark, engine, references, choice.rounds, warmup_rounds=0)
         samples = {runner.name: runner.samples_per_round for runner in (engine, *references)}
         # Measured after the timed rounds, so the peak's heat and allocations never sit inside them.
         peak = gemm_peak_tflops(precision) if flops_per_sample else None
         comparison = Comparison.from_times(engine.name, times, samples, flops_per_sample, peak)
-        record_and_gate(benchmark, comparison, request.node.name, precision, run_target.tier)
+        benchmark.extra_info["rounds_choice"] = choice.as_dict()
+        record_and_gate(benchmark, comparison, request.node.name, precision, run_target.tier, gate_test=gate_test)
+        if gate_test and gate_test.study:
+            read = choose_reference({name: summary.median for name, summary in comparison.ratios.items()})
+            study_trials.run_trials(gate_test.fullname, gate_test.workload, engine,
+                                    [ref for ref in references if ref.name == read], choice.rounds, gate_test.study)
         return comparison
 
     return run

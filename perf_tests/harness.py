@@ -7,7 +7,9 @@ honestly") while pytest-benchmark stores and compares the engine's rounds.
 Both sides are timed by `benchmarking.time_round` (drain the device before
 each clock read). With benchmarks disabled (xdist, --benchmark-disable),
 pedantic would run a single round, so the same alternation runs without it and
-ratios are still measured and gated. Timing gates only on a GPU tier.
+ratios are still measured and gated. Timing gates only on a GPU tier: a ratio
+below its threshold, or a regression against the test's stored baseline run
+(gpuengine/bench/regression.py's rule, through perf_tests/gate_plugin.py).
 """
 from __future__ import annotations
 
@@ -21,17 +23,31 @@ from gpuengine.bench.machine_info import Tier
 from gpuengine.bench.thresholds import ThresholdRule, evaluate_ratios
 
 
-def alternate_rounds(benchmark, engine: Runner, references: Sequence[Runner], rounds: int,
-                     warmup_rounds: int) -> dict[str, list[float]]:
-    """Per-runner round times in ms after warm-up; the engine's rounds are also pytest-benchmark's."""
+def _prepare(engine: Runner, references: Sequence[Runner]):
     names = [runner.name for runner in (engine, *references)]
     if len(set(names)) != len(names):
         raise ValueError(f"runner names must be unique, got {names}")
-    if rounds < 1 or warmup_rounds < 0:
-        raise ValueError(f"rounds={rounds}, warmup_rounds={warmup_rounds}: need rounds >= 1, warmup_rounds >= 0")
     for runner in (engine, *references):
         runner.prepare()
-    times: dict[str, list[float]] = {name: [] for name in names}
+
+
+def warm_up(engine: Runner, references: Sequence[Runner], warmup_rounds: int) -> float | None:
+    """Warm-up rounds, references then engine, not recorded; returns the median ms of one round of all
+    runners (what a timed round will cost: the rounds budget needs it), None without warm-up rounds."""
+    if warmup_rounds < 0:
+        raise ValueError(f"warmup_rounds={warmup_rounds}: need warmup_rounds >= 0")
+    _prepare(engine, references)
+    sets = [sum(time_round(runner) for runner in (*references, engine)) for _ in range(warmup_rounds)]
+    return float(np.median(sets)) if sets else None
+
+
+def alternate_rounds(benchmark, engine: Runner, references: Sequence[Runner], rounds: int,
+                     warmup_rounds: int) -> dict[str, list[float]]:
+    """Per-runner round times in ms after warm-up; the engine's rounds are also pytest-benchmark's."""
+    if rounds < 1 or warmup_rounds < 0:
+        raise ValueError(f"rounds={rounds}, warmup_rounds={warmup_rounds}: need rounds >= 1, warmup_rounds >= 0")
+    _prepare(engine, references)
+    times: dict[str, list[float]] = {runner.name: [] for runner in (engine, *references)}
 
     def references_round():
         for reference in references:
@@ -51,8 +67,9 @@ def alternate_rounds(benchmark, engine: Runner, references: Sequence[Runner], ro
 
 
 def record_and_gate(benchmark, comparison: Comparison, test_name: str, precision: str, tier: Tier,
-                    rules: list[ThresholdRule] | None = None) -> list:
-    """Store the comparison with the run; fail the test on a missed ratio threshold, on a GPU tier only."""
+                    rules: list[ThresholdRule] | None = None, gate_test=None) -> list:
+    """Store the comparison with the run; on a GPU tier, fail the test on a missed ratio threshold or, with
+    `gate_test` (perf_tests/gate_plugin.py), on a regression against its stored baseline run."""
     checks = evaluate_ratios(comparison, tier.gpu_label, test_name, rules)
     missed = [check for check in checks if not check.passed]
     benchmark.extra_info.update(comparison.extra_info())
@@ -62,10 +79,17 @@ def record_and_gate(benchmark, comparison: Comparison, test_name: str, precision
         "timing_gated": tier.on_gpu,
         "ratio_checks": [check.as_dict() for check in checks],
     })
-    if missed and tier.on_gpu:
+    failures = []
+    if missed:
         lines = "\n  ".join(check.describe() for check in missed)
-        pytest.fail(f"{test_name} on {tier.gpu_name}: engine below its same-run ratio threshold:\n  {lines}",
-                    pytrace=False)
+        failures.append(f"{test_name} on {tier.gpu_label}: engine below its same-run ratio threshold:\n  {lines}")
+    outcome = gate_test.check(benchmark.extra_info) if gate_test is not None else None
+    if outcome is not None:
+        benchmark.extra_info["stored_run_check"] = outcome.record
+        if outcome.failure:
+            failures.append(f"Performance has regressed:\n\t{outcome.failure}")
+    if failures and tier.on_gpu:
+        pytest.fail("\n".join(failures), pytrace=False)
     return missed
 
 

@@ -7,7 +7,8 @@ plan autotuning, graph capture, then warm-up rounds), then timed epochs, the
 engine and each reference alternating round by round (perf_tests/conftest.py's
 `compare`). Every test also checks that the loss descends on every side. On a
 machine without a GPU the same tests run a small CNN on the NumPy backend: a
-smoke test of the harness, never a timing gate.
+smoke test of the harness, never a timing gate. Cases and rounds of the quick
+and nightly tiers come through perf_tests/plan.py.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from gpuengine.reference import tf_common
 from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.workloads import cnn
 
+from . import plan
 from .harness import assert_losses_descend, epoch_loss, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
@@ -36,15 +38,23 @@ REFERENCES = ("torch_eager", "torch_compile", "torch_graph") if ON_GPU else ("to
 # (precision, cuda_graph, resident, batch): the precision sweep at the engine's best
 # toggles; the toggle sweep at tf32.
 if ON_GPU:
-    CASES = ([(p, 8, True, b) for p in ("tf32", "fp32", "bf16") for b in BATCHES]
-             + [("tf32", g, r, b) for g in (0, 1, 8) for r in (True, False) for b in BATCHES if (g, r) != (8, True)])
+    ALL_CASES = ([(p, 8, True, b) for p in ("tf32", "fp32", "bf16") for b in BATCHES]
+                 + [("tf32", g, r, b) for g in (0, 1, 8) for r in (True, False) for b in BATCHES
+                    if (g, r) != (8, True)])
+    # Quick tier: the precision sweep at both batches; of the toggles at batch 128 (where per-step overhead
+    # shows), the default (graph1), eager (graph0) and the streamed loader (graph8-streamed).
+    QUICK = [(p, 8, True, b) for p in ("tf32", "fp32", "bf16") for b in BATCHES] + [
+        ("tf32", 1, True, 128), ("tf32", 0, True, 128), ("tf32", 8, False, 128)]
 else:
-    CASES = [("fp32", 1, True, 32), ("fp32", 0, False, 128), ("bf16", 8, False, 32)]
+    ALL_CASES = QUICK = [("fp32", 1, True, 32), ("fp32", 0, False, 128), ("bf16", 8, False, 32)]
 
 
 def case_id(case):
     precision, graph, resident, batch = case
     return f"{precision}-graph{graph}-{'resident' if resident else 'streamed'}-b{batch}"
+
+
+CASES = plan.cases("cnn_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=60)
 
 
 def epochs_per_round(batch: int) -> int:
@@ -72,7 +82,7 @@ def compare_and_check_descent(benchmark, compare, engine, refs, precision):
     assert_losses_descend(benchmark, first, last)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+@pytest.mark.parametrize("case", CASES)
 def test_cnn_train(case, benchmark, compare, run_target):
     precision, graph, resident, batch = case
     skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
@@ -85,11 +95,12 @@ def test_cnn_train(case, benchmark, compare, run_target):
     compare_and_check_descent(benchmark, compare, engine, refs, precision)
 
 
-KERAS_CASES = [("tf32" if ON_GPU else "fp32", 8 if ON_GPU else 1, True, b) for b in BATCHES]
+KERAS = [("tf32" if ON_GPU else "fp32", 8 if ON_GPU else 1, True, b) for b in BATCHES]
+KERAS_CASES = plan.cases("cnn_train_vs_keras", KERAS, quick=KERAS, ids=case_id, budget_s=30)
 
 
 @pytest.mark.tf
-@pytest.mark.parametrize("case", KERAS_CASES, ids=[case_id(c) for c in KERAS_CASES])
+@pytest.mark.parametrize("case", KERAS_CASES)
 def test_cnn_train_vs_keras(case, benchmark, compare, run_target):
     reason = tf_common.tensorflow_unavailable()
     if reason:

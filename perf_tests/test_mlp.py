@@ -5,7 +5,8 @@ the engine's toggles; inference at batches 512..32000, resident and one-shot.
 Engine and references alternate round by round (perf_tests/conftest.py's
 `compare`); each training test also checks that the loss descends on every
 side, and each inference test that the engine's outputs match a float64
-forward pass with the same weights.
+forward pass with the same weights. Cases and rounds of the quick and nightly
+tiers come through perf_tests/plan.py.
 On a machine without a GPU the same tests run tiny shapes on the NumPy
 backend: a smoke test of the harness, never a timing gate.
 """
@@ -19,6 +20,7 @@ from gpuengine.config import EngineConfig
 from gpuengine.bench.runners import EngineInferRunner, EngineOneShotRunner, EngineTrainRunner
 from gpuengine.workloads import mlp
 
+from . import plan
 from .harness import assert_losses_descend, epoch_loss, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
@@ -36,15 +38,22 @@ REFERENCES = ("torch_eager", "torch_compile", "torch_graph") if ON_GPU else ("to
 # (precision, cuda_graph, resident, batches per epoch): the precision sweep runs
 # at the engine's best toggles; the toggle sweep at tf32, 12 batches per epoch.
 if ON_GPU:
-    TRAIN_CASES = ([(p, 8, True, bpe) for p in ("tf32", "fp32", "bf16") for bpe in mlp.BATCHES_PER_EPOCH]
-                   + [("tf32", g, r, 12) for g in (0, 1, 8) for r in (True, False) if (g, r) != (8, True)])
+    ALL_TRAIN_CASES = ([(p, 8, True, bpe) for p in ("tf32", "fp32", "bf16") for bpe in mlp.BATCHES_PER_EPOCH]
+                       + [("tf32", g, r, 12) for g in (0, 1, 8) for r in (True, False) if (g, r) != (8, True)])
+    # Quick tier: every precision at 1 and 12 batches per epoch; of the toggles, the default (graph1),
+    # eager (graph0) and the streamed loader (graph8-streamed): each path a regression could hide in.
+    QUICK_TRAIN = [(p, 8, True, bpe) for p in ("tf32", "fp32", "bf16") for bpe in (1, 12)] + [
+        ("tf32", 1, True, 12), ("tf32", 0, True, 12), ("tf32", 8, False, 12)]
 else:
-    TRAIN_CASES = [("fp32", 1, True, 1), ("fp32", 0, False, 4), ("bf16", 2, True, 4)]
+    ALL_TRAIN_CASES = QUICK_TRAIN = [("fp32", 1, True, 1), ("fp32", 0, False, 4), ("bf16", 2, True, 4)]
 
 
 def train_id(case):
     precision, graph, resident, bpe = case
     return f"{precision}-graph{graph}-{'resident' if resident else 'streamed'}-bpe{bpe}"
+
+
+TRAIN_CASES = plan.cases("mlp_train", ALL_TRAIN_CASES, quick=QUICK_TRAIN, ids=train_id, budget_s=60)
 
 
 def numpy_forward(weights: dict, x: np.ndarray) -> np.ndarray:
@@ -53,7 +62,7 @@ def numpy_forward(weights: dict, x: np.ndarray) -> np.ndarray:
     return h @ weights["dense2.weight"].T + weights["dense2.bias"]
 
 
-@pytest.mark.parametrize("case", TRAIN_CASES, ids=[train_id(c) for c in TRAIN_CASES])
+@pytest.mark.parametrize("case", TRAIN_CASES)
 def test_mlp_train(case, benchmark, compare, run_target):
     precision, graph, resident, bpe = case
     skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
@@ -79,10 +88,15 @@ def test_mlp_train(case, benchmark, compare, run_target):
     assert_losses_descend(benchmark, first, last)
 
 
-INFER_CASES = [(p, b) for p in (("tf32", "fp32", "bf16") if ON_GPU else ("fp32",)) for b in INFER_BATCHES]
+# Quick tier: every precision at the smallest batch (launch-bound) and at 8000 (GEMM-bound).
+INFER_CASES = plan.cases("mlp_infer", [(p, b) for p in (("tf32", "fp32", "bf16") if ON_GPU else ("fp32",))
+                                       for b in INFER_BATCHES],
+                         quick=lambda case: not ON_GPU or case[1] in (512, 8000),
+                         ids=lambda case: f"{case[0]}-resident-b{case[1]}", budget_s=30,
+                         study=("tf32", 8000) if ON_GPU else None)
 
 
-@pytest.mark.parametrize("case", INFER_CASES, ids=[f"{p}-resident-b{b}" for p, b in INFER_CASES])
+@pytest.mark.parametrize("case", INFER_CASES)
 def test_mlp_infer(case, benchmark, compare, run_target):
     precision, batch = case
     skip_unless_selected(run_target, precision=precision)

@@ -23,6 +23,7 @@ from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.config import EngineConfig
 from gpuengine.workloads import resnet
 
+from . import plan
 from .harness import assert_losses_descend, epoch_loss, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
@@ -40,16 +41,23 @@ TOGGLE_REFERENCES = ("torch_eager", "torch_graph") if ON_GPU else ("torch_eager"
 
 # (dataset, precision, cuda_graph, resident)
 if ON_GPU:
-    CASES = ([("cifar10", p, 8, True) for p in ("tf32", "fp32", "bf16")]
-             + [("cifar100", p, 8, True) for p in ("tf32", "bf16")]
-             + [("cifar10", "tf32", g, r) for g, r in ((0, True), (1, True), (1, False), (8, False))])
+    ALL_CASES = ([("cifar10", p, 8, True) for p in ("tf32", "fp32", "bf16")]
+                 + [("cifar100", p, 8, True) for p in ("tf32", "bf16")]
+                 + [("cifar10", "tf32", g, r) for g, r in ((0, True), (1, True), (1, False), (8, False))])
+    # Quick tier (perf_tests/plan.py): every precision on CIFAR-10 at the best toggles, the default toggles
+    # (graph1) and the streamed loader; the CIFAR-100 head, eager and graph1-streamed run nightly (--full).
+    QUICK = [("cifar10", p, 8, True) for p in ("tf32", "fp32", "bf16")] + [
+        ("cifar10", "tf32", 1, True), ("cifar10", "tf32", 8, False)]
 else:
-    CASES = [("cifar10", "fp32", 1, True), ("cifar100", "fp32", 0, False)]
+    ALL_CASES = QUICK = [("cifar10", "fp32", 1, True), ("cifar100", "fp32", 0, False)]
 
 
 def case_id(case):
     dataset, precision, graph, resident = case
     return f"{dataset}-{precision}-graph{graph}-{'resident' if resident else 'streamed'}-b{BATCH}"
+
+
+CASES = plan.cases("resnet_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=120)
 
 
 def engine_runner(shape, x, t, precision: str, graph: int, resident: bool, name: str = "gpuengine"):
@@ -61,7 +69,7 @@ def engine_runner(shape, x, t, precision: str, graph: int, resident: bool, name:
     return runner
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+@pytest.mark.parametrize("case", CASES)
 def test_resnet_train(case, benchmark, compare, run_target):
     dataset, precision, graph, resident = case
     skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)

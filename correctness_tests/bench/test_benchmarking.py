@@ -134,6 +134,8 @@ def test_extra_info_is_what_a_stored_run_needs():
     assert info["ratios"]["torch_eager"]["median"] == pytest.approx(3.0)
     assert info["fraction_of_peak"]["gpuengine"] == pytest.approx(0.5)
     assert info["peak_tflops_measured"] == 2.0
+    # the engine's own rounds travel with the run: the stored-run check's second signal
+    assert info["engine_round_ms"] == [1.0] * 3 and info["engine_samples_per_round"] == 1000
 
 
 def test_comparison_refuses_mismatched_rounds():

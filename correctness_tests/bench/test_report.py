@@ -91,7 +91,8 @@ def number(text: str) -> float:
 
 def stored(tier_folder: Path, test: str) -> dict:
     """extra_info of `test` in the newest run of the folder that holds it, read straight from the JSON files."""
-    runs = [json.loads(p.read_text()) for p in tier_folder.rglob("[0-9][0-9][0-9][0-9]_*.json")]
+    runs = [json.loads(p.read_text()) for p in tier_folder.rglob("[0-9][0-9][0-9][0-9]_*.json")
+            if "history" not in p.parts]   # runs that failed the gate are no results
     holding = [(run["datetime"], b) for run in runs for b in run["benchmarks"] if b["name"] == test]
     assert holding, f"no stored run of {tier_folder} holds {test}"
     return max(holding, key=lambda pair: pair[0])[1]["extra_info"]
@@ -248,6 +249,20 @@ def test_bad_runs_are_skipped_with_their_reasons_and_the_report_builds(messy, ca
     assert "one stored run (0001 d225a9f), no history yet" in page
     assert "test_mlp_infer[fp32-resident-b64]" in page   # the good run is reported
     parse_page(root / "out" / "index.html")
+
+
+def test_the_gates_own_files_are_no_results(tmp_path):
+    store = messy_store(tmp_path)
+    tier = store / "nvidia-test"
+    good = next(tier.rglob("0001_good.json"))
+    (tier / "history" / good.parent.name).mkdir(parents=True)
+    shutil.copy(good, tier / "history" / good.parent.name / "0001_failed.json")   # a run that failed the gate
+    (tier / "noise.json").write_text('{"format": 1, "calibration": {}, "tests": {}}')
+    (tier / "gatepower").mkdir()
+    (tier / "gatepower" / "20261124_000000_abc.json").write_text('{"format": 1, "tests": {}}')
+    loaded = load_store(store)
+    assert [run.path.name for tier in loaded.tiers for run in tier.runs] == ["0001_good.json"]
+    assert not [line for line in loaded.skipped if "history" in line or "noise" in line or "gatepower" in line]
 
 
 def test_an_empty_store_builds_an_empty_report(tmp_path, capsys):

@@ -7,6 +7,7 @@ import pytest
 
 from gpuengine.bench import thresholds
 from gpuengine.bench.benchmarking import Comparison
+from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.thresholds import (TORCH_BEST, ThresholdRule, check_ratios, evaluate_ratios, load_rules, rule_for,
                                   threshold_for, wildcard_match)
 
@@ -104,6 +105,15 @@ def test_load_rules_names_the_broken_rule(tmp_path, broken, message):
 def test_load_rules_wants_a_list(tmp_path):
     with pytest.raises(ValueError, match="JSON list"):
         load_rules(write_rules(tmp_path, {"gpu": "*"}))
+
+
+def test_a_corrupt_rules_file_is_one_error_naming_the_file_and_position(tmp_path):
+    path = tmp_path / "thresholds.json"
+    path.write_text('[\n  {"gpu": "*", "test": "t",}\n]')
+    with pytest.raises(JsonFileError, match=r"thresholds.json: not valid JSON at line 2, column 28: "):
+        load_rules(path)
+    with pytest.raises(JsonFileError, match=r"absent.json: no such file"):
+        load_rules(tmp_path / "absent.json")
 
 
 def test_default_path_is_read_at_call_time(tmp_path, monkeypatch):

@@ -142,6 +142,9 @@ class Comparison:
             "median_round_ms": {n: round(statistics.median(ms), 4) for n, ms in self.times_ms.items()},
             "ratios": {n: r.as_dict() for n, r in self.ratios.items()},
         }
+        if self.engine in self.times_ms:   # the engine's own rounds: the stored-run check's second signal
+            info["engine_round_ms"] = [round(ms, 6) for ms in self.times_ms[self.engine]]
+            info["engine_samples_per_round"] = self.samples_per_round[self.engine]
         if self.flops_per_sample is not None:
             info["flops_per_sample"] = self.flops_per_sample
             info["achieved_tflops"] = {n: round(self.achieved_tflops(n), 2) for n in self.times_ms}

@@ -18,12 +18,12 @@ reference time over engine time, so 1.2 means the engine is 1.2x as fast.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .benchmarking import Comparison
+from .json_files import JsonFileError, load_json
 
 # The repository's file; the package is installed editable (./gate, tox), so this resolves in the checkout.
 RULES_PATH = Path(__file__).resolve().parents[2] / "baselines_store" / "thresholds.json"
@@ -76,23 +76,24 @@ def _rule_from(entry, where: str) -> ThresholdRule:
     expected = {f.name for f in fields(ThresholdRule)}
     if not isinstance(entry, dict) or set(entry) != expected:
         keys = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
-        raise ValueError(f"{where}: a rule has exactly the keys {sorted(expected)}, got {keys}")
+        raise JsonFileError(f"{where}: a rule has exactly the keys {sorted(expected)}, got {keys}")
     for key in ("gpu", "test", "reference", "why"):
         if not isinstance(entry[key], str) or not entry[key]:
-            raise ValueError(f"{where}: {key!r} must be a non-empty string, got {entry[key]!r}")
+            raise JsonFileError(f"{where}: {key!r} must be a non-empty string, got {entry[key]!r}")
     min_ratio = entry["min_ratio"]
     if min_ratio is not None and (isinstance(min_ratio, bool) or not isinstance(min_ratio, (int, float))
                                   or not min_ratio > 0):
-        raise ValueError(f"{where}: 'min_ratio' must be a positive number or null, got {min_ratio!r}")
+        raise JsonFileError(f"{where}: 'min_ratio' must be a positive number or null, got {min_ratio!r}")
     return ThresholdRule(**entry)
 
 
 def load_rules(path: Path | str | None = None) -> list[ThresholdRule]:
-    """The rules of `path` (default: RULES_PATH, read when called), validated."""
+    """The rules of `path` (default: RULES_PATH, read when called), validated: JsonFileError names the file
+    and the line and column (bad JSON) or the rule (bad content)."""
     path = Path(RULES_PATH if path is None else path)
-    entries = json.loads(path.read_text())
+    entries = load_json(path)
     if not isinstance(entries, list):
-        raise ValueError(f"{path}: expected a JSON list of rules, got {type(entries).__name__}")
+        raise JsonFileError(f"{path}: expected a JSON list of rules, got {type(entries).__name__}")
     return [_rule_from(entry, f"{path}, rule {i}") for i, entry in enumerate(entries)]
 
 

@@ -16,6 +16,8 @@ from datetime import datetime
 from pathlib import Path
 
 from ..machine_info import CPU_TIER
+from ..noise import NOISE_FILE
+from ..stored_runs import GATEPOWER, HISTORY
 from ..thresholds import ThresholdRule, load_rules, wildcard_match
 
 ENGINE = "gpuengine"
@@ -23,6 +25,7 @@ THRESHOLDS_FILE = "thresholds.json"
 MACHINE_ID = re.compile(r"^[A-Za-z]+-[A-Za-z]+-\d+\.\d+-\d+bit$")  # pytest-benchmark's folder per OS/Python
 MAXBATCH_KEYS = {"workload", "mode", "engine", "reference", "ratio", "engine_search", "reference_search"}
 HARNESS_SELF_TEST = "perf_tests/test_harness_smoke.py::"   # stand-in runners, stored by older runs: no workload
+GATE_FOLDERS = {HISTORY, GATEPOWER}
 
 
 class ReportError(Exception):
@@ -209,6 +212,8 @@ def _read_tier(store: Path, folder: Path, skipped: list[str]) -> TierRuns:
     tier = TierRuns(folder.name)
     for file in sorted(folder.rglob("*.json")):
         rel = file.relative_to(store)
+        if rel.name == NOISE_FILE or GATE_FOLDERS & set(rel.parts):
+            continue   # the regression gate's own files: failed runs (history/), noise, power studies: no results
         try:
             data = json.loads(file.read_text())
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -1,0 +1,149 @@
+"""`python -m gpuengine gatepower [study|calibrate]`: the gate's power study and its noise calibration.
+
+    python -m gpuengine gatepower                 A/A and injected 5%/10% slowdowns on the `gatepower` case
+                                                  of each workload: false-alarm and detection rates per test,
+                                                  -> baselines_store/<tier>/gatepower/<date>_<commit>.json
+    python -m gpuengine gatepower calibrate       the unchanged engine, every quick-tier perf test, in several
+                                                  sessions -> each test's run-to-run noise in noise.json
+
+Time budget: a session costs start-up (imports, torch.compile, capture) plus,
+per test, the gate's own rounds and up to `--trials` trials (each: the test's
+rounds at every level, the engine alternating with torch_graph), stopped at
+`--trial-budget` seconds per test after two. Estimated from the stored H200
+round times (not yet timed on a GPU): a study session of the MLP, CNN and
+ResNet cases takes about 5-6 minutes on one H100, most of it compiling the
+references, so the default 2 sessions take about 12 (`-k "not resnet"`:
+about 5); a calibration costs about `sessions` quick-tier runs
+(`-m gatepower` calibrates the study's cases only, about as long as the
+study). `--budget-min` stops starting sessions once the next would overrun
+it; `--sessions`, `--trials`, `--trial-budget`, `--levels`, `-k`, `--rounds`
+shrink the work, `--session-timeout` bounds one session.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..json_files import write_json
+from ..noise import NOISE_FILE, NoiseTable
+from ..regression import ALPHA, MIN_EFFECT, TARGET_POWER, TARGET_SLOWDOWN
+from ..stored_runs import GATEPOWER
+from . import analysis, calibration
+from .sessions import REPO, SessionPlan, run_sessions
+from .trials import parse_levels, read_trials
+
+FORMAT = 1
+STUDY_MARKER = "gatepower and not slow"
+CALIBRATE_MARKER = "perf_workload and not slow"   # every case planned by perf_tests/plan.py
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser("gatepower", help="measure the regression gate's power; calibrate its noise",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", nargs="?", choices=("study", "calibrate"), default="study")
+    parser.add_argument("--sessions", type=int, help="separate pytest processes (default: study 2, calibrate 3)")
+    parser.add_argument("--trials", type=int, help="at most this many trials per test and session "
+                                                   "(default: study 10, calibrate 4)")
+    parser.add_argument("--trial-budget", type=float, default=60.0,
+                        help="seconds of trials per test and session; at least 2 trials run (default 60)")
+    parser.add_argument("--levels", default="0,5,10", help="study: injected slowdowns in %%, 0 first (default 0,5,10)")
+    parser.add_argument("-m", "--marker", help=f"pytest -m of the tests (default: study {STUDY_MARKER!r}, "
+                                               f"calibrate {CALIBRATE_MARKER!r})")
+    parser.add_argument("-k", "--keyword", help="pytest -k to narrow the tests")
+    parser.add_argument("--full", action="store_true", help="the nightly tier's cases and rounds")
+    parser.add_argument("--rounds", type=int, help="rounds per trial (default: the gate's own choice)")
+    parser.add_argument("--budget-min", type=float, help="stop starting sessions once the next would overrun this")
+    parser.add_argument("--session-timeout", type=float, help="seconds before one session is stopped")
+    parser.add_argument("--store", type=Path, help="tier folder for noise.json and gatepower/ "
+                                                   "(default baselines_store/<tier>)")
+    parser.add_argument("--keep-trials", type=Path, help="keep the raw trial files and session logs here")
+    parser.set_defaults(run=main)
+
+
+def _commit() -> str:
+    commit = os.environ.get("GATE_COMMIT_ID", "").strip()
+    if commit:
+        return commit
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unversioned"
+
+
+def _tier():
+    from ...backend import resolve_device
+    from ...config import EngineConfig
+    from ..machine_info import current_tier
+    return current_tier(resolve_device(EngineConfig.from_env()) == "cuda")
+
+
+def _log(line: str):
+    print(line, file=sys.stderr, flush=True)
+
+
+def main(args) -> int:
+    study = args.action == "study"
+    sessions = args.sessions or (2 if study else 3)
+    trials = args.trials or (10 if study else 4)
+    levels = args.levels if study else "0"
+    if sessions * trials < 2:
+        raise SystemExit("gatepower: sessions x trials must be >= 2: one run has no run-to-run spread to learn "
+                         "and no pair to judge")
+    if args.keep_trials and args.keep_trials.exists() and any(args.keep_trials.iterdir()):
+        raise SystemExit(f"gatepower: --keep-trials {args.keep_trials} is not empty: old trials would mix in")
+    tier = _tier()
+    store = args.store or REPO / "baselines_store" / tier.name
+    noise_path = store / NOISE_FILE
+    try:   # a bad --levels or a broken noise.json stops here, once, not in every session
+        parse_levels(levels)
+        noise = NoiseTable.load(noise_path)
+    except ValueError as exc:
+        raise SystemExit(f"gatepower: {exc}") from None
+    plan = SessionPlan(args.marker or (STUDY_MARKER if study else CALIBRATE_MARKER), args.keyword, levels, trials,
+                       args.trial_budget, args.rounds, args.full, noise_path, args.session_timeout)
+    started, date = time.monotonic(), datetime.now(timezone.utc)
+    with tempfile.TemporaryDirectory(prefix="gatepower-") as scratch:
+        work = args.keep_trials or Path(scratch)
+        results = run_sessions(plan, sessions, work, args.budget_min * 60 if args.budget_min else None, _log)
+        tests = read_trials([r.out_dir for r in results])
+    failed = [r for r in results if r.returncode != 0]
+    for r in failed:
+        _log(f"gatepower: session {r.index} exited with status {r.returncode}; see {r.log}"
+             + ("" if args.keep_trials else " (--keep-trials DIR keeps the logs)"))
+    if not tests:
+        _log("gatepower: no test wrote trials (none selected, or every one failed or skipped)")
+        return 1
+    commit = _commit()
+    if not study:
+        learned = calibration.calibrate(tests, f"{date:%Y-%m-%d} at {commit[:10]}")
+        calibration_info = {"date": date.isoformat(timespec="seconds"), "commit": commit, "sessions": len(results),
+                            "trials": trials, "marker": plan.marker, "keyword": args.keyword, "full": args.full}
+        path = noise.updated(learned, calibration_info).save(tier.name)
+        print(calibration.format_table(learned))
+        print(f"\nnoise of {len(learned)} tests written to {path}")
+        return 1 if failed else 0
+    figures = {name: analysis.analyse_test(test, noise) for name, test in sorted(tests.items())}
+    record = {
+        "format": FORMAT, "tier": tier.name, "gpu": tier.gpu_label, "commit": commit,
+        "date": date.isoformat(timespec="seconds"), "command": ["python", "-m", "gpuengine", *sys.argv[1:]],
+        "sessions": len(results), "sessions_asked": sessions, "session_status": [r.returncode for r in results],
+        "trials": trials, "levels_pct": levels, "rounds": args.rounds or "the gate's own (noise.json, budget)",
+        "seconds": round(time.monotonic() - started, 1),
+        "rule": {"alpha": ALPHA, "min_effect": MIN_EFFECT,
+                 "noise_file": str(noise_path.relative_to(REPO) if noise_path.is_relative_to(REPO) else noise_path),
+                 "noise_calibrated": bool(noise.tests)},
+        "targets": {"false_alarm_rate_max": ALPHA, f"detection_rate_{analysis.level_key(TARGET_SLOWDOWN)}_min":
+                    TARGET_POWER},
+        "tests": figures, "families": analysis.summarise_families(figures),
+    }
+    path = write_json(store / GATEPOWER / f"{date:%Y%m%d_%H%M%S}_{commit[:10]}.json", record)
+    print(analysis.format_table(figures))
+    print(f"\n{len(figures)} tests, {len(results)} sessions x {trials} trials: written to {path}")
+    return 1 if failed else 0

@@ -1,0 +1,52 @@
+"""Reading and writing the suite's JSON files (thresholds, noise, stored runs) with errors that name the place.
+
+A broken file is one error naming the file and the position (line, column)
+or the field, never a bare `JSONDecodeError` traceback; a file is written
+whole to a temporary name and then renamed, so a crash never leaves half a
+file behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+class JsonFileError(ValueError):
+    """A JSON file of the suite is missing, unreadable or malformed; the message names the file and place."""
+
+
+def load_json(path: Path | str):
+    """The parsed content of `path`, or JsonFileError naming the file and the line/column of the fault."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise JsonFileError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise JsonFileError(f"{path}: cannot be read ({exc})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JsonFileError(f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+
+
+def write_json(path: Path | str, content) -> Path:
+    """Write `content` to `path` atomically (temporary file, then rename); parent folders are created."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(content, indent=1) + "\n", encoding="utf-8")
+    os.replace(partial, path)
+    return path
+
+
+def require_number(value, where: str, minimum: float | None = None, allow_none: bool = False):
+    """`value` as a float, or JsonFileError saying which field is wrong and what it holds."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise JsonFileError(f"{where} must be a number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise JsonFileError(f"{where} must be >= {minimum}, got {value!r}")
+    return float(value)

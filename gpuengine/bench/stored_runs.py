@@ -1,0 +1,106 @@
+"""Stored pytest-benchmark runs of one tier folder, and the newest stored result of each test.
+
+Layout (pytest-benchmark's own file format and names, so every stored run
+stays readable by its tools):
+
+    <folder>/<machine id>/NNNN_<name>.json      baselines: runs that passed the gate, or saved on purpose
+    <folder>/history/<machine id>/NNNN_*.json   every other saved run (failed, interrupted): kept, never compared
+
+A test is compared with the newest baseline run that contains it, in any
+machine-id folder (the machine id names the Python version, which does not
+move a same-run ratio), so a run of a few tests (`-k`) never hides the
+others' baselines. A run that cannot be read is returned with the reason,
+so the caller can name it instead of silently skipping it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .json_files import JsonFileError, load_json
+
+HISTORY = "history"
+GATEPOWER = "gatepower"   # python -m gpuengine gatepower's studies
+# Folders inside a tier folder that hold something other than its baselines.
+RESERVED = (HISTORY, "slow", GATEPOWER, "maxbatch")
+RUN_GLOB = "[0-9][0-9][0-9][0-9]_*.json"
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    path: Path
+    label: str                    # machine id / file name: how messages name the run
+    saved_at: datetime
+    benchmarks: dict[str, dict]   # fullname (pytest node id) -> the stored benchmark
+    machine_info: dict
+
+
+@dataclass(frozen=True)
+class UnreadableRun:
+    path: Path
+    label: str
+    reason: str
+
+
+def history_folder(folder: Path | str) -> Path:
+    return Path(folder) / HISTORY
+
+
+def run_files(folder: Path | str) -> list[Path]:
+    """Every baseline run file of `folder`: directly in it or in a machine-id folder, not in reserved ones."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    files = list(folder.glob(RUN_GLOB))
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+        if sub.name not in RESERVED and not sub.name.startswith("config-"):
+            files += sub.glob(RUN_GLOB)
+    return sorted(files)
+
+
+def _label(path: Path, folder: Path) -> str:
+    return str(path.relative_to(folder))
+
+
+def read_run(path: Path, folder: Path) -> StoredRun:
+    """One stored run, or JsonFileError naming the file and what is wrong with it."""
+    content = load_json(path)
+    if not isinstance(content, dict) or not isinstance(content.get("benchmarks"), list):
+        raise JsonFileError(f"{path}: not a pytest-benchmark run (no \"benchmarks\" list)")
+    try:
+        saved_at = datetime.fromisoformat(str(content.get("datetime")))
+    except ValueError:
+        raise JsonFileError(f"{path}: \"datetime\" is {content.get('datetime')!r}, not an ISO date") from None
+    benchmarks = {}
+    for i, bench in enumerate(content["benchmarks"]):
+        if not isinstance(bench, dict) or not isinstance(bench.get("fullname"), str) \
+                or not isinstance(bench.get("stats"), dict) or not isinstance(bench.get("extra_info", {}), dict):
+            raise JsonFileError(f"{path}: benchmarks[{i}] lacks a fullname, its stats or a valid extra_info")
+        benchmarks[bench["fullname"]] = bench
+    if saved_at.tzinfo is not None:   # pytest-benchmark writes UTC with an offset; older files may be naive UTC
+        saved_at = saved_at.astimezone(timezone.utc).replace(tzinfo=None)
+    return StoredRun(path, _label(path, folder), saved_at, benchmarks,
+                     content.get("machine_info") or {})
+
+
+def scan(folder: Path | str) -> tuple[list[StoredRun], list[UnreadableRun]]:
+    """The readable baseline runs of `folder`, oldest first, and the unreadable ones with their reasons."""
+    folder = Path(folder)
+    runs, unreadable = [], []
+    for path in run_files(folder):
+        try:
+            runs.append(read_run(path, folder))
+        except JsonFileError as exc:
+            unreadable.append(UnreadableRun(path, _label(path, folder), str(exc)))
+    runs.sort(key=lambda run: (run.saved_at, run.path.name))
+    return runs, unreadable
+
+
+def newest_per_test(runs: list[StoredRun]) -> dict[str, StoredRun]:
+    """For each test any run contains, the newest run containing it (`runs` oldest first, as scan returns)."""
+    newest: dict[str, StoredRun] = {}
+    for run in runs:
+        for fullname in run.benchmarks:
+            newest[fullname] = run
+    return newest

@@ -1,0 +1,238 @@
+"""The gate's pytest plugin: per-test baselines, where a run is saved, tiers, and the stored-run check.
+
+- Each test is compared with the newest stored baseline result *for that
+  test* (gpuengine/bench/stored_runs.py) in this tier's storage folder, so a
+  partial run (`-k`) never hides the other tests' baselines; pytest-benchmark's
+  compare table is fed the same per-test runs. An unreadable stored run is
+  named in the header, and the summary says which run each test used.
+- A saved run (`--benchmark-autosave`, `--benchmark-save`) becomes a baseline
+  only when the session passed, or with `--save-baseline`; otherwise it is
+  kept apart under `<storage>/history/`, never compared against.
+- `--full` runs the nightly tier; the quick tier deselects `nightly` cases
+  (perf_tests/plan.py). Rounds per test come from noise.json and the budget.
+- A broken thresholds.json or noise.json stops the session with one error
+  naming the file and the position; so does an injected slowdown
+  (gpuengine/injected_delay.py) outside a gatepower study session, and any
+  saving inside one.
+Root conftest.py registers this plugin and calls `configure` with the tier.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from gpuengine import injected_delay
+from gpuengine.bench.gatepower import trials as study_trials
+from gpuengine.bench.json_files import JsonFileError
+from gpuengine.bench.machine_info import Tier
+from gpuengine.bench.noise import NOISE_FILE, NoiseTable
+from gpuengine.bench.regression import REGRESSED, Decision, RunSamples, decide
+from gpuengine.bench.stored_runs import StoredRun, UnreadableRun, history_folder, newest_per_test, read_run, scan
+from gpuengine.bench.thresholds import load_rules
+
+from . import plan
+
+NO_BASELINE = "no baseline"
+
+
+@dataclass
+class GateState:
+    tier: Tier
+    storage: Path | None      # the file storage folder of this run's baselines (None: not file storage)
+    full: bool
+    compare: bool             # --benchmark-compare: each test is checked against its stored baseline
+    noise: NoiseTable
+    study: study_trials.StudySettings | None
+    baselines: dict[str, StoredRun] = field(default_factory=dict)
+    unreadable: list[UnreadableRun] = field(default_factory=list)
+    checked: list[tuple[str, str, str]] = field(default_factory=list)   # (test, verdict, summary line)
+    notices: list[str] = field(default_factory=list)
+    saved_to_history: Path | None = None
+
+
+GATE = pytest.StashKey[GateState]()
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("gpuengine gate", "stored baselines, tiers and the stored-run check")
+    group.addoption("--full", action="store_true", default=False,
+                    help="nightly tier: every perf case, twice the rounds (default: the quick tier)")
+    group.addoption("--save-baseline", action="store_true", default=False,
+                    help="save this run as a baseline even if it fails (default: only a passing run is one)")
+    group.addoption("--noise-file", metavar="PATH", default=None,
+                    help="learned per-test noise (default: baselines_store/<tier>/noise.json)")
+
+
+def _storage_folder(option) -> Path | None:
+    uri = getattr(option, "benchmark_storage", None)
+    if uri is None:
+        return None
+    if uri.startswith("file://"):
+        return Path(uri[len("file://"):]).resolve()
+    return None if "://" in uri else Path(uri).resolve()
+
+
+def _usage_error(exc: Exception):
+    raise pytest.UsageError(f"gpuengine: {exc}") from exc
+
+
+def configure(config: pytest.Config, tier: Tier):
+    """Validate the files the gate reads, settle saving and the study; called by the root conftest."""
+    option = config.option
+    for marker in plan.MARKERS:
+        config.addinivalue_line("markers", marker)
+    try:
+        load_rules()
+        noise = NoiseTable.load(config.getoption("noise_file")
+                                or config.rootpath / "baselines_store" / tier.name / NOISE_FILE)
+        study = study_trials.settings()
+    except (JsonFileError, injected_delay.InjectionRefused, ValueError) as exc:
+        _usage_error(exc)
+    saving = getattr(option, "benchmark_save", None) or getattr(option, "benchmark_autosave", None)
+    if study is not None and (saving or config.getoption("save_baseline")):
+        raise pytest.UsageError("gpuengine: a gatepower study session injects slowdowns; its runs are never saved")
+    if config.getoption("save_baseline") and not saving and hasattr(option, "benchmark_autosave"):
+        from pytest_benchmark.utils import get_tag
+        option.benchmark_autosave = get_tag()
+    state = GateState(tier, _storage_folder(option), config.getoption("full"),
+                      bool(getattr(option, "benchmark_compare", None)), noise, study)
+    if study is not None:
+        state.notices.append(f"gatepower study session: injected slowdowns, trials written to {study.out_dir}")
+    elif saving and state.storage is not None:
+        state.notices.append(f"a passing run is saved as a baseline; a failing one under "
+                             f"{history_folder(state.storage)} (--save-baseline: a baseline anyway)")
+    config.stash[GATE] = state
+
+
+def pytest_sessionstart(session):
+    """Pick each test's newest stored baseline; pytest-benchmark's compare table gets the same runs."""
+    state = session.config.stash.get(GATE, None)
+    bench_session = getattr(session.config, "_benchmarksession", None)
+    if state is None or not state.compare or state.storage is None:
+        return
+    if bench_session is not None and bench_session.compare is not True:   # runs named on the command line
+        runs = []
+        for path in bench_session.compared_mapping:
+            try:
+                runs.append(read_run(state.storage / path, state.storage))
+            except JsonFileError as exc:
+                state.unreadable.append(UnreadableRun(state.storage / path, str(path), str(exc)))
+        runs.sort(key=lambda run: run.saved_at)
+    else:
+        runs, state.unreadable = scan(state.storage)
+    state.baselines = newest_per_test(runs)
+    for bad in state.unreadable:
+        state.notices.append(f"stored run {bad.label} is unreadable and skipped: {bad.reason}; each test compares "
+                             "with its newest readable result instead (named per test in the summary)")
+    if bench_session is not None:
+        mapping: dict = {}
+        for fullname, run in state.baselines.items():
+            mapping.setdefault(run.path.relative_to(state.storage), {})[fullname] = run.benchmarks[fullname]
+        bench_session.compared_mapping = mapping
+
+
+def pytest_report_header(config) -> list[str]:
+    state = config.stash.get(GATE, None)
+    if state is None:
+        return []
+    tier = "nightly tier (--full): every case" if state.full else "quick tier: nightly cases deselected (--full)"
+    lines = [f"gpuengine gate: {tier}; noise: {state.noise.path.name if state.noise.tests else 'not calibrated'}"]
+    if state.compare and state.baselines:
+        used = sorted({run.label for run in state.baselines.values()})
+        lines.append(f"gpuengine gate: {len(state.baselines)} tests have a stored baseline, in {len(used)} runs "
+                     f"(newest: {max(state.baselines.values(), key=lambda r: r.saved_at).label})")
+    return lines + [f"gpuengine gate: {notice}" for notice in state.notices]
+
+
+def pytest_collection_modifyitems(config, items):
+    state = config.stash.get(GATE, None)
+    if state is None or state.full:
+        return
+    nightly = [item for item in items if item.get_closest_marker(plan.NIGHTLY)]
+    if nightly:
+        items[:] = [item for item in items if not item.get_closest_marker(plan.NIGHTLY)]
+        config.hook.pytest_deselected(items=nightly)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    """Before pytest-benchmark saves (in its own sessionfinish): a run that did not pass goes to history."""
+    state = session.config.stash.get(GATE, None)
+    bench_session = getattr(session.config, "_benchmarksession", None)
+    if (state is not None and bench_session is not None and state.storage is not None
+            and (bench_session.save or bench_session.autosave) and bench_session.benchmarks
+            and exitstatus != 0 and not session.config.getoption("save_baseline")):
+        from pytest_benchmark.storage.file import FileStorage
+        bench_session.storage = FileStorage(history_folder(state.storage), logger=bench_session.logger,
+                                            default_machine_id=bench_session.machine_id)
+        state.saved_to_history = history_folder(state.storage)
+    yield
+
+
+def pytest_terminal_summary(terminalreporter):
+    state = terminalreporter.config.stash.get(GATE, None)
+    if state is None or not (state.checked or state.saved_to_history):
+        return
+    terminalreporter.section("gpuengine stored-run check")
+    for _, _, line in sorted(state.checked):
+        terminalreporter.write_line(line)
+    regressed = [line for _, verdict, line in sorted(state.checked) if verdict == REGRESSED]
+    if regressed:
+        gated = "" if state.tier.on_gpu else " (CPU tier: recorded, not gated)"
+        terminalreporter.write_line(f"Performance has regressed{gated}:")
+        for line in regressed:
+            terminalreporter.write_line(f"\t{line}")
+    if state.saved_to_history:
+        terminalreporter.write_line(f"this run did not pass: saved under {state.saved_to_history}, not as a baseline "
+                                    "(./gate perf --save-baseline stores a run as a baseline on purpose)")
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    record: dict           # what goes into extra_info["stored_run_check"]
+    failure: str | None    # the pytest-benchmark-style line when the test regressed
+
+
+class GateTest:
+    """What the gate knows about one perf test: its rounds and its stored-run check."""
+
+    def __init__(self, state: GateState, node):
+        self.state, self.fullname = state, node.nodeid
+        self.study = state.study                    # set in gatepower study sessions only
+        self._workload = node.get_closest_marker(plan.WORKLOAD)
+        self.workload = self._workload.args[0] if self._workload else node.originalname
+
+    def rounds(self, requested: int, round_set_ms: float | None) -> plan.RoundsChoice:
+        entry = self.state.noise.tests.get(self.fullname)
+        budget = None
+        if self._workload is not None and self.state.tier.on_gpu:
+            budget = self._workload.kwargs["budget_s"] / self._workload.kwargs["quick_cases"]
+        forced = self.state.study.rounds if self.state.study else None
+        return plan.rounds_for(requested, recommended=entry.recommended_rounds if entry else None,
+                               full=self.state.full, test_budget_s=budget, round_set_ms=round_set_ms, forced=forced)
+
+    def check(self, extra_info: dict) -> CheckOutcome | None:
+        """The stored-run check of this run's extra_info; None when the run compares with nothing."""
+        if not self.state.compare:
+            return None
+        run = self.state.baselines.get(self.fullname)
+        if run is None:
+            self.state.checked.append((self.fullname, NO_BASELINE, f"{NO_BASELINE:16}{self.fullname}"))
+            return CheckOutcome({"verdict": NO_BASELINE, "reason": "no stored baseline run has this test yet"}, None)
+        current = RunSamples.from_extra_info(extra_info)
+        baseline = RunSamples.from_extra_info(run.benchmarks[self.fullname].get("extra_info", {}), current.reference)
+        decision: Decision = decide(current, baseline, self.state.noise.levels(self.fullname))
+        line = decision.describe(self.fullname, run.label)
+        self.state.checked.append((self.fullname, decision.verdict, f"{decision.verdict:16}{line}"))
+        record = {"baseline_run": run.label, **decision.as_dict()}
+        return CheckOutcome(record, line if decision.verdict == REGRESSED else None)
+
+
+@pytest.fixture
+def gate_test(request) -> GateTest | None:
+    """This test's rounds and stored-run check (None where the plugin is not configured)."""
+    state = request.config.stash.get(GATE, None)
+    return None if state is None else GateTest(state, request.node)
+

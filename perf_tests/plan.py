@@ -1,0 +1,97 @@
+"""The suite's two tiers: which cases each perf test runs, and how many rounds it times.
+
+`./gate perf` is the quick tier: every workload and precision, the toggle
+sweeps thinned to the cases a regression would show in, each test's rounds
+chosen from its learned noise (`baselines_store/<tier>/noise.json`) to reach
+the gate's power target, within its workload's time budget. `./gate perf
+--full` is the nightly tier: every case, twice the rounds. A perf module hands
+its full case list to `cases()` once,
+
+    CASES = plan.cases("cnn_train", ALL_CASES, quick=lambda c: ..., ids=case_id, budget_s=90)
+
+    @pytest.mark.parametrize("case", CASES)
+    def test_cnn_train(case, benchmark, compare, ...): ...
+
+and its `compare(...)` call asks `rounds_for` (through the gate plugin) how
+many rounds to time; nothing else in a module decides either. `budget_s` is
+the quick tier's seconds of timed rounds for all of the workload's quick cases
+on one GPU (set-up, compilation and capture come on top); the quick tier of
+the whole suite is meant to stay within 10 minutes on one H100 (issue 11).
+The first quick case (or `study=`) is the one `python -m gpuengine gatepower`
+measures for the workload.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Collection, Sequence
+
+import pytest
+
+from gpuengine.bench.regression import MIN_ROUNDS
+
+NIGHTLY = "nightly"           # marker: a case only the full tier runs
+STUDY = "gatepower"           # marker: the case the gatepower study measures for its workload
+WORKLOAD = "perf_workload"    # marker: the workload a case belongs to, with its time budget
+FULL_ROUNDS_FACTOR = 2
+
+MARKERS = (
+    f"{NIGHTLY}: a perf case of the nightly tier only (./gate perf --full runs it)",
+    f"{STUDY}: the case of its workload that python -m gpuengine gatepower measures",
+    f"{WORKLOAD}(name, budget_s, quick_cases): the workload of a perf case and its quick-tier time budget",
+)
+
+
+def cases(workload: str, full_cases: Sequence, *, quick: Callable[[object], bool] | Collection,
+          ids: Callable[[object], str], budget_s: float, study=None) -> list:
+    """`full_cases` as pytest params: the quick tier's marked with the workload, the others `nightly`."""
+    full = list(full_cases)
+    if not full:
+        raise ValueError(f"{workload}: no cases")
+    in_quick = [bool(quick(case)) if callable(quick) else case in quick for case in full]
+    if not any(in_quick):
+        raise ValueError(f"{workload}: the quick tier keeps none of its {len(full)} cases")
+    if not budget_s > 0:
+        raise ValueError(f"{workload}: budget_s must be > 0 seconds, got {budget_s}")
+    study = full[in_quick.index(True)] if study is None else study
+    if study not in full or not in_quick[full.index(study)]:
+        raise ValueError(f"{workload}: the study case {study!r} is not one of its quick cases")
+    workload_mark = getattr(pytest.mark, WORKLOAD)(workload, budget_s=budget_s, quick_cases=sum(in_quick))
+    params = []
+    for case, keep in zip(full, in_quick):
+        marks = [workload_mark] + ([] if keep else [getattr(pytest.mark, NIGHTLY)])
+        if case == study:
+            marks.append(getattr(pytest.mark, STUDY))
+        params.append(pytest.param(case, id=ids(case), marks=marks))
+    return params
+
+
+@dataclass(frozen=True)
+class RoundsChoice:
+    rounds: int
+    why: str
+
+    def as_dict(self) -> dict:
+        return {"rounds": self.rounds, "why": self.why}
+
+
+def rounds_for(requested: int, *, recommended: int | None, full: bool, test_budget_s: float | None,
+               round_set_ms: float | None, forced: int | None = None) -> RoundsChoice:
+    """The rounds to time: learned (noise.json) or the module's default; doubled nightly; within budget quick.
+
+    A budget never cuts below MIN_ROUNDS (fewer cannot reach the rank test's significance), unless the
+    test asked for fewer itself (the CPU tier's smoke rounds).
+    """
+    if requested < 1:
+        raise ValueError(f"rounds={requested}: at least one timed round is needed")
+    if forced is not None:
+        return RoundsChoice(forced, "forced by the gatepower study (--rounds)")
+    base, why = (recommended, "noise.json's power target") if recommended else (requested, "the test's default")
+    if full:
+        return RoundsChoice(max(base, requested) * FULL_ROUNDS_FACTOR, f"{why}, x{FULL_ROUNDS_FACTOR} (--full)")
+    if test_budget_s and round_set_ms:
+        affordable = int(test_budget_s * 1e3 // round_set_ms)
+        if affordable < base:
+            floor = min(base, MIN_ROUNDS)
+            return RoundsChoice(max(affordable, floor), f"{why}, cut to the workload's budget "
+                                                        f"({test_budget_s:.1f} s for this case)")
+    return RoundsChoice(base, why)

@@ -1,0 +1,209 @@
+"""The gate on any machine: tiers and rounds (plan.py), and the stored-baseline defects of issue 11, fixed.
+
+The plugin tests run small pytest sessions of their own (as test_harness_smoke
+does) on the CPU tier, with the suite's two conftests and tiny NumPy runners:
+a partial run, a failing run, a corrupt stored run, a corrupt thresholds.json,
+each as a user would meet them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from datetime import datetime
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gpuengine.bench.benchmarking import Comparison
+from gpuengine.bench.machine_info import Tier
+from gpuengine.bench.noise import NoiseTable
+from gpuengine.bench.regression import MIN_ROUNDS, REGRESSED
+from gpuengine.bench.stored_runs import StoredRun
+
+from . import plan
+from .gate_plugin import GateState, GateTest
+from .harness import record_and_gate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def ids(case):
+    return f"c{case}"
+
+
+def test_cases_mark_the_quick_tier_the_nightly_rest_and_one_study_case():
+    params = plan.cases("w", [1, 2, 3, 4], quick=lambda c: c % 2 == 0, ids=ids, budget_s=30)
+    marks = {p.id: sorted(m.name for m in p.marks) for p in params}
+    assert marks == {"c1": [plan.NIGHTLY, plan.WORKLOAD], "c2": [plan.STUDY, plan.WORKLOAD],
+                     "c3": [plan.NIGHTLY, plan.WORKLOAD], "c4": [plan.WORKLOAD]}
+    workload = next(m for m in params[0].marks if m.name == plan.WORKLOAD)
+    assert workload.args == ("w",) and workload.kwargs == {"budget_s": 30, "quick_cases": 2}
+    chosen = plan.cases("w", [1, 2, 3], quick=[2, 3], ids=ids, budget_s=30, study=3)
+    assert [p.id for p in chosen if any(m.name == plan.STUDY for m in p.marks)] == ["c3"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(quick=[]), "keeps none"),
+    (dict(quick=[1], study=2), "not one of its quick cases"),
+    (dict(quick=[1], budget_s=0), "budget_s must be > 0"),
+])
+def test_cases_refuse_a_plan_that_cannot_work(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        plan.cases("w", [1, 2], ids=ids, **{"budget_s": 10, **kwargs})
+
+
+def test_rounds_come_from_noise_then_budget_then_tier():
+    def rounds(requested=7, **kw):
+        return plan.rounds_for(requested, **{"recommended": None, "full": False, "test_budget_s": None,
+                                             "round_set_ms": None, **kw}).rounds
+
+    assert rounds() == 7
+    assert rounds(recommended=12) == 12
+    assert rounds(recommended=12, test_budget_s=1.0, round_set_ms=100) == 10     # 1 s of 100 ms round sets
+    assert rounds(recommended=12, test_budget_s=0.1, round_set_ms=100) == MIN_ROUNDS   # never below the rank test's
+    assert rounds(requested=2, test_budget_s=0.1, round_set_ms=100) == 2     # the CPU tier's own smoke rounds
+    assert rounds(recommended=12, full=True) == 24 and rounds(full=True) == 14
+    assert rounds(recommended=12, forced=3) == 3
+    with pytest.raises(ValueError, match="at least one"):
+        rounds(requested=0)
+
+
+SESSION_TESTS = textwrap.dedent("""
+    import os
+    from perf_tests.test_harness_smoke import engine_and_references
+
+    def test_a(benchmark, compare):
+        compare(benchmark, *engine_and_references(), rounds=3, precision="fp32")
+
+    def test_b(benchmark, compare):
+        compare(benchmark, *engine_and_references(), rounds=3, precision="fp32")
+
+    def test_c(benchmark, compare):
+        compare(benchmark, *engine_and_references(), rounds=3, precision="fp32")
+        assert os.environ.get("FAIL_C") != "1", "test_c fails on request"
+""")
+
+
+@pytest.fixture
+def session(pytester, monkeypatch):
+    """run(*args) -> result of a pytest session of SESSION_TESTS on the CPU tier, saving and comparing."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    for name in [k for k in os.environ if k.startswith(("GPUENGINE_", "GATEPOWER_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("GPUENGINE_DEVICE", "cpu")
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    pytester.makeconftest((REPO / "conftest.py").read_text()
+                          + "\nfrom perf_tests.conftest import compare, gemm_peak_tflops  # noqa: F401\n")
+    pytester.makepyfile(test_gate=SESSION_TESTS)
+
+    def run(*args):
+        return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--benchmark-autosave",
+                                             "--benchmark-compare", "-rA", *args)
+    return run
+
+
+def stored(folder: Path) -> dict[str, dict]:
+    """File name -> {test name: stored_run_check} of every run file under `folder`."""
+    out = {}
+    for path in sorted(folder.rglob("[0-9][0-9][0-9][0-9]_*.json")):
+        run = json.loads(path.read_text())
+        out[str(path.relative_to(folder))] = {b["name"]: b["extra_info"].get("stored_run_check", {}).get("baseline_run")
+                                              for b in run["benchmarks"]}
+    return out
+
+
+def test_partial_failing_and_corrupt_runs_do_not_spoil_the_baselines(session, pytester, monkeypatch):
+    from pytest_benchmark.utils import get_machine_id
+    tier = pytester.path / "baselines_store" / "cpu-tier"
+    machine = get_machine_id()
+
+    session("-k", "test_a or test_b").assert_outcomes(passed=2)          # 0001: a, b
+    session("-k", "test_a").assert_outcomes(passed=1)                    # 0002: a only, a partial run
+    runs = sorted((tier / machine).glob("*.json"))
+    assert [p.name[:4] for p in runs] == ["0001", "0002"]
+    (tier / machine / "0003_corrupt.json").write_text('{"benchmarks": [')   # a run cut short
+
+    monkeypatch.setenv("FAIL_C", "1")
+    failing = session()
+    failing.assert_outcomes(passed=2, failed=1)
+    failing.stdout.fnmatch_lines([
+        f"gpuengine gate: stored run {machine}/0003_corrupt.json is unreadable and skipped: *not valid JSON at line 1*",
+        "*gpuengine stored-run check*",
+        f"not significant*test_gate.py::test_a ({machine}/0002_*",   # its own newest result: the partial run
+        f"not significant*test_gate.py::test_b ({machine}/0001_*",   # the partial run did not hide b's baseline
+        "no baseline*test_gate.py::test_c",
+        "this run did not pass: saved under *history*, not as a baseline*"])
+    (history,) = (tier / "history" / machine).glob("*.json")            # kept, apart from the baselines
+    assert stored(tier / "history")[f"{machine}/{history.name}"] == {
+        "test_a": f"{machine}/{runs[1].name}", "test_b": f"{machine}/{runs[0].name}", "test_c": None}
+    assert len(list((tier / machine).glob("*.json"))) == 3               # 0001, 0002, the corrupt 0003
+
+    session("-k", "test_c", "--save-baseline").assert_outcomes(failed=1)   # stored as a baseline on purpose
+    assert [p.name[:4] for p in sorted((tier / machine).glob("*.json"))] == ["0001", "0002", "0003", "0004"]
+    monkeypatch.delenv("FAIL_C")
+    session("-k", "test_c").stdout.fnmatch_lines([f"not significant*test_gate.py::test_c ({machine}/0004_*"])
+
+
+def test_a_corrupt_thresholds_or_noise_file_is_one_error_naming_it(session, pytester):
+    bad = pytester.path / "bad.json"
+    bad.write_text('[\n  {"gpu": "*",,}\n]')
+    pytester.makeconftest((REPO / "conftest.py").read_text()
+                          + "\nimport gpuengine.bench.thresholds as _t; _t.RULES_PATH = __import__('pathlib').Path("
+                          + repr(str(bad)) + ")\nfrom perf_tests.conftest import compare, gemm_peak_tflops  # noqa\n")
+    result = session()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*gpuengine: {bad}: not valid JSON at line 2, column 15: *"])
+    assert "Traceback" not in result.stderr.str() and "JSONDecodeError" not in result.stdout.str()
+    bad.write_text("[]")
+    noise = pytester.path / "noise.json"
+    noise.write_text('{"format": 1, "calibration": {}, "tests": {"x": 3}}')
+    result = session("--noise-file", str(noise))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert f"gpuengine: {noise}: tests['x'] must be an object with exactly the keys" in result.stderr.str()
+
+
+def test_the_injected_delay_is_refused_outside_a_study_and_a_study_never_saves(session, monkeypatch, tmp_path):
+    monkeypatch.setenv("GATEPOWER_INJECT_DELAY_US", "10")
+    refused = session()
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*GATEPOWER_INJECT_DELAY_US is set but GATEPOWER_STUDY is not*"])
+    monkeypatch.setenv("GATEPOWER_STUDY", str(tmp_path))
+    saving = session()
+    assert saving.ret == pytest.ExitCode.USAGE_ERROR
+    saving.stderr.fnmatch_lines(["*a gatepower study session injects slowdowns; its runs are never saved*"])
+
+
+def gate_state(tier: Tier, baseline_info: dict) -> GateState:
+    run = StoredRun(Path("run.json"), "Linux-CPython-3.12-64bit/0004_abc.json", datetime(2026, 11, 21),
+                    {FULLNAME: {"fullname": FULLNAME, "stats": {}, "extra_info": baseline_info}}, {})
+    return GateState(tier, None, False, True, NoiseTable(Path("noise.json"), {}, {}), None, {FULLNAME: run})
+
+
+FULLNAME = "perf_tests/test_x.py::test_x[tf32]"
+GPU = Tier("nvidia-h100-80gb-hbm3", "NVIDIA H100 80GB HBM3")
+
+
+def comparison_at(engine_ms: float) -> Comparison:
+    """Seven rounds: the engine at `engine_ms` (+-0.2%), torch_graph steady at 2 ms."""
+    jitter = [1.0, 1.002, 0.998, 1.001, 0.999, 1.0015, 0.9985]
+    return Comparison.from_times("gpuengine", {"gpuengine": [engine_ms * j for j in jitter],
+                                               "torch_graph": [2.0 * j for j in reversed(jitter)]},
+                                 {"gpuengine": 1000, "torch_graph": 1000})
+
+
+def test_a_regression_against_the_stored_run_fails_a_gpu_test_in_pytest_benchmark_style():
+    node = SimpleNamespace(nodeid=FULLNAME, originalname="test_x", get_closest_marker=lambda name: None)
+    gate = GateTest(gate_state(GPU, comparison_at(1.0).extra_info()), node)
+    bench = SimpleNamespace(extra_info={})
+    with pytest.raises(pytest.fail.Exception) as failure:
+        record_and_gate(bench, comparison_at(1.10), "test_x[tf32]", "tf32", GPU, rules=[], gate_test=gate)
+    assert str(failure.value).startswith(
+        f"Performance has regressed:\n\t{FULLNAME} (Linux-CPython-3.12-64bit/0004_abc.json) - "
+        "Field 'engine time / torch_graph time' has failed RankTest+MinEffect: +10.0%")
+    check = bench.extra_info["stored_run_check"]
+    assert check["verdict"] == REGRESSED and check["baseline_run"] == "Linux-CPython-3.12-64bit/0004_abc.json"
+    steady = SimpleNamespace(extra_info={})
+    record_and_gate(steady, comparison_at(1.0), "test_x[tf32]", "tf32", GPU, rules=[], gate_test=gate)
+    assert steady.extra_info["stored_run_check"]["verdict"] == "not significant"   # a pass, said as such
