@@ -132,6 +132,36 @@ def test_a_missed_threshold_fails_on_a_gpu_tier():
     assert bench.extra_info["timing_gated"] is True
 
 
+def test_a_missed_threshold_can_be_deferred_to_the_end_of_the_test():
+    bench, deferred = SimpleNamespace(extra_info={}), []
+    gpu = Tier("nvidia-h100-80gb-hbm3", "NVIDIA H100 80GB HBM3")
+    missed = record_and_gate(bench, scripted_comparison(), "test_x[tf32]", "tf32", gpu, [MISSED_RULE],
+                             defer_to=deferred)
+    assert [check.reference for check in missed] == ["torch_graph"]
+    assert len(deferred) == 1 and "torch_graph: 1.100x, threshold 1.2x (target)" in deferred[0]
+
+
+DEFERRED_TEST = textwrap.dedent("""
+    from perf_tests.conftest import GATE_FAILURES
+
+    def test_missed_a_ratio(request):
+        request.node.stash.setdefault(GATE_FAILURES, []).append("engine below its same-run ratio threshold")
+        print("the body's own checks ran")
+
+    def test_met_every_ratio(request):
+        request.node.stash.setdefault(GATE_FAILURES, [])
+""")
+
+
+def test_deferred_gate_failures_fail_the_test_after_its_body_ran(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    pytester.makeconftest("from perf_tests.conftest import pytest_runtest_call  # noqa: F401\n")
+    pytester.makepyfile(test_deferred=DEFERRED_TEST)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", "-p", "no:benchmark")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*the body's own checks ran*", "*engine below its same-run ratio threshold*"])
+
+
 def test_a_missed_threshold_is_only_recorded_on_the_cpu_tier():
     bench = SimpleNamespace(extra_info={})
     missed = record_and_gate(bench, scripted_comparison(), "test_x[tf32]", "tf32", Tier(CPU_TIER, None), [MISSED_RULE])
