@@ -78,6 +78,7 @@ class TrainingProgram:
             self.loss = copy.copy(net.loss)   # a loss holds its buffers: one per program
         grads = {self.nodes[-1].name: [self.loss.build(ctx, wiring.last, batch_t, state)]}
         self._backward = []   # (gradient sum or None, layer), in the order they run
+        self.backward_nodes = []   # their node names, same order (data parallel: which step completes which gradient)
         for node in reversed(self.nodes):
             layer, parts = self.layers[node.name], grads.pop(node.name)
             summed = GradientSum(ctx, parts) if len(parts) > 1 else None
@@ -90,6 +91,7 @@ class TrainingProgram:
                 if need:
                     grads.setdefault(source, []).append(dx)
             self._backward.append((summed, layer))
+            self.backward_nodes.append(node.name)
 
     @property
     def body(self) -> list:
@@ -100,13 +102,16 @@ class TrainingProgram:
         for node in self.nodes:
             self.layers[node.name].forward()
 
-    def loss_and_backward(self):
+    def loss_and_backward(self, after_params=None):
+        """after_params(i), if given, runs once backward step i has written its parameters' gradients."""
         self.loss.forward_backward()
-        for summed, layer in self._backward:
+        for index, (summed, layer) in enumerate(self._backward):
             if summed is not None:
                 summed.run()
             layer.backward()
             layer.backward_params()
+            if after_params is not None:
+                after_params(index)
 
 
 class InferenceProgram:

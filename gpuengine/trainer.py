@@ -10,6 +10,7 @@ once per `train()` call; every buffer is allocated at construction.
 """
 from __future__ import annotations
 
+import functools
 import statistics
 
 import numpy as np
@@ -35,7 +36,9 @@ PROFILE_STEPS = 10   # steps a profiled train() times, at least (whole epochs)
 
 class Trainer:
     def __init__(self, net: Network, x: np.ndarray, t: np.ndarray, batch: int, config: EngineConfig | None = None,
-                 lr: float = 1e-3, seed: int = 0, fuse: bool = True):
+                 lr: float = 1e-3, seed: int = 0, fuse: bool = True, sync=None):
+        """sync: a `parallel.GradientSync` for data-parallel training (batch is then the global batch,
+        split over the ranks); None trains in this process alone."""
         self.config = config or EngineConfig.from_env()
         self.net = net
         x, t = check_training_data(x, t, net.input_shape, net.output_shape)
@@ -47,17 +50,25 @@ class Trainer:
             check_streamed_launch(self.config.cuda_graph, self.config.batch_pool)
         self.allocator = Allocator(backend)
         steps_per_epoch = len(x) // self.batch
+        local_batch, shard = (self.batch, {}) if sync is None else (sync.local_batch(self.batch), sync.shard)
         with backend.activate():
             self.params = FlatParameters(net.param_specs(), self.allocator, self.policy, seed,
                                          buffer_specs=net.buffer_specs())
             self.state = StepState(backend, self.allocator, steps_per_epoch)
             source = ResidentDataset if self.config.resident_data else StreamedDataset
             extra = {} if self.config.resident_data else {"pool": self.config.batch_pool}
-            self.data = source(backend, self.allocator, self.policy, self.state, x, t, self.batch, seed, **extra)
-            ctx = BuildContext(backend, self.policy, self.allocator, self.params, self.batch)
+            self.data = source(backend, self.allocator, self.policy, self.state, x, t, local_batch, seed,
+                               **extra, **shard)
+            ctx = BuildContext(backend, self.policy, self.allocator, self.params, local_batch)
             self.program = TrainingProgram(net, ctx, self.data.batch_x, self.data.batch_t, self.state, fuse)
             self.optimizer = Adam(backend, self.allocator, self.params, self.state, lr)
             self.injected_delay = injected_delay_for(backend)   # None unless the gatepower study armed it
+        self.sync = sync
+        self._loss_and_backward = self.program.loss_and_backward
+        if sync is not None:
+            run = {"batch": self.batch, "samples": len(x), "seed": seed, "precision": self.config.precision, "lr": lr}
+            sync.attach(net, self.program, self.params, backend, run)
+            self._loss_and_backward = functools.partial(sync.loss_and_backward, self.program)
         self.steps_done = 0          # host mirror of the device step counter
         self.graphs: dict[int, GraphCapturedStep] = {}
         self.warmed_up = False
@@ -79,7 +90,7 @@ class Trainer:
         """One training step, enqueued on the engine stream (capturable)."""
         self.data.load_batch()
         self.program.forward()
-        self.program.loss_and_backward()
+        self._loss_and_backward()
         self.optimizer.step()
         self.state.finish_step()
         if self.injected_delay is not None:
@@ -162,7 +173,7 @@ class Trainer:
     def profile(self, steps: int = 10) -> dict[str, float]:
         """Median device milliseconds of each phase of an eager step (runs real steps)."""
         phases = {"gather": self.data.load_batch, "forward": self.program.forward,
-                  "loss_backward": self.program.loss_and_backward, "optimizer": self.optimizer.step}
+                  "loss_backward": self._loss_and_backward, "optimizer": self.optimizer.step}
         timer = self.backend.timer()
         samples: dict[str, list[float]] = {name: [] for name in PHASES}
         with self.backend.activate():

@@ -3,7 +3,8 @@
 One kernel, two row maps. SHUFFLED: the row of batch position i at global step
 s is the epoch's Feistel permutation of (s mod steps_per_epoch) * B + i (see
 shuffle.py), read from the device step counter, so it runs inside a captured
-graph. RING: the row is slot (s mod pool) of the host-streamed loader's device
+graph; under data parallelism B is the global batch and rank r reads positions
+r * b .. r * b + b - 1 of it (b its own batch). RING: the row is slot (s mod pool) of the host-streamed loader's device
 ring. Rows are copied as 16-byte or 4-byte words; targets ride along.
 """
 from __future__ import annotations
@@ -16,7 +17,8 @@ from .shuffle import DEVICE_SOURCE, batch_rows, half_bits
 _SOURCE = DEVICE_SOURCE + r"""
 extern "C" __global__ void gather(const WORD_T* src_x, const float* src_t, WORD_T* out_x, float* out_t,
                                   int row_words, int target_width, const long long* step, long long steps_per_epoch,
-                                  int batch, unsigned int n, unsigned int half, unsigned int seed, int pool) {
+                                  int batch, unsigned int n, unsigned int half, unsigned int seed, int pool,
+                                  unsigned int global_batch, unsigned int rank_offset) {
     // One warp per batch row, 8 rows per block: many 16-byte copies in flight.
     const int lane = threadIdx.x & 31;
     const int i = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -26,7 +28,8 @@ extern "C" __global__ void gather(const WORD_T* src_x, const float* src_t, WORD_
     if (SHUFFLED) {
         const unsigned int epoch = (unsigned int)(s / steps_per_epoch);
         const unsigned int position = (unsigned int)(s % steps_per_epoch);
-        row = feistel_permute(position * (unsigned int)batch + (unsigned int)i, n, half, epoch_key(seed, epoch));
+        row = feistel_permute(position * global_batch + rank_offset + (unsigned int)i, n, half,
+                              epoch_key(seed, epoch));
     } else {
         row = (long long)(s % pool) * batch + i;
     }
@@ -56,12 +59,14 @@ def as_words(a):
 class DeviceGather:
     """Gathers one batch per step from `src_x`/`src_t` into `out_x`/`out_t` on the device."""
 
-    def __init__(self, backend, state, src_x, src_t, out_x, out_t, *, shuffled: bool, seed: int = 0, pool: int = 1):
+    def __init__(self, backend, state, src_x, src_t, out_x, out_t, *, shuffled: bool, seed: int = 0, pool: int = 1,
+                 rank: int = 0, world: int = 1):
         self.backend, self.state = backend, state
         self.src_x, self.src_t, self.out_x, self.out_t = src_x, src_t, out_x, out_t
         self.batch = out_x.shape[0]
         self.n = src_x.shape[0]
         self.shuffled, self.seed, self.pool = shuffled, seed, pool
+        self.rank, self.world = rank, world
         if backend.is_gpu:
             self._src_words, word_type, self._row_words = as_words(src_x)
             self._out_words, _, _ = as_words(out_x)
@@ -77,10 +82,11 @@ class DeviceGather:
                      (self._src_words, self.src_t, self._out_words, self.out_t, np.int32(self._row_words),
                       np.int32(self.out_t.shape[1]), self.state.step, np.int64(self.state.steps_per_epoch),
                       np.int32(self.batch), np.uint32(self.n), np.uint32(half_bits(self.n)),
-                      np.uint32(self.seed & 0xFFFFFFFF), np.int32(self.pool)))
+                      np.uint32(self.seed & 0xFFFFFFFF), np.int32(self.pool),
+                      np.uint32(self.batch * self.world), np.uint32(self.rank * self.batch)))
 
     def host_rows(self, step: int) -> np.ndarray:
         """The source rows the kernel reads at global step `step` (NumPy, for the CPU and tests)."""
         if self.shuffled:
-            return batch_rows(self.n, self.seed, step, self.batch, self.state.steps_per_epoch)
+            return batch_rows(self.n, self.seed, step, self.batch, self.state.steps_per_epoch, self.rank, self.world)
         return np.arange(self.batch) + (step % self.pool) * self.batch

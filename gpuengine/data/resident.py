@@ -17,8 +17,11 @@ from .gather import DeviceGather
 class ResidentDataset:
     """(x, t) on the device; `load_batch()` fills `batch_x`, `batch_t` for the current step."""
 
-    def __init__(self, backend, allocator, policy, state, x: np.ndarray, t: np.ndarray, batch: int, seed: int = 0):
+    def __init__(self, backend, allocator, policy, state, x: np.ndarray, t: np.ndarray, batch: int, seed: int = 0,
+                 rank: int = 0, world: int = 1):
+        # batch: this rank's rows of a global batch of batch * world (data parallel; world 1 otherwise)
         self.backend, self.state, self.batch, self.seed = backend, state, batch, seed
+        self.rank, self.world = rank, world
         self.samples = len(x)
         self.x = allocator.zeros(x.shape, policy.compute_dtype, "batch")
         self.t = allocator.zeros(t.shape, np.float32, "batch")
@@ -33,11 +36,11 @@ class ResidentDataset:
         self.batch_x = allocator.zeros((batch,) + x.shape[1:], policy.compute_dtype, "batch")
         self.batch_t = allocator.zeros((batch,) + t.shape[1:], np.float32, "batch")
         self._gather = DeviceGather(backend, state, self.x, self.t, self.batch_x, self.batch_t,
-                                    shuffled=True, seed=seed)
+                                    shuffled=True, seed=seed, rank=rank, world=world)
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.samples // self.batch
+        return self.samples // (self.batch * self.world)
 
     def before_launch(self, first_step: int, steps: int):
         """Nothing to stage: the data is already on the device."""

@@ -86,7 +86,10 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     return permute(np.arange(n), n, epoch_key(seed, epoch))
 
 
-def batch_rows(n: int, seed: int, step: int, batch: int, steps_per_epoch: int) -> np.ndarray:
-    """Dataset rows of global training step `step`."""
+def batch_rows(n: int, seed: int, step: int, batch: int, steps_per_epoch: int, rank: int = 0,
+               world: int = 1) -> np.ndarray:
+    """Dataset rows of global training step `step`: rank `rank`'s slice of `batch` rows of the global batch
+    of `batch * world` rows (data parallel: the same permutation on every rank, each takes its own part)."""
     epoch, position = divmod(step, steps_per_epoch)
-    return permute(np.arange(position * batch, (position + 1) * batch), n, epoch_key(seed, epoch))
+    first = position * batch * world + rank * batch
+    return permute(np.arange(first, first + batch), n, epoch_key(seed, epoch))

@@ -27,8 +27,10 @@ def check_streamed_launch(steps: int, pool: int):
 
 class StreamedDataset:
     def __init__(self, backend, allocator, policy, state, x: np.ndarray, t: np.ndarray, batch: int,
-                 seed: int = 0, pool: int = 3):
+                 seed: int = 0, pool: int = 3, rank: int = 0, world: int = 1):
+        # batch: this rank's rows of a global batch of batch * world (data parallel; world 1 otherwise)
         self.backend, self.state, self.batch, self.seed, self.pool = backend, state, batch, seed, pool
+        self.rank, self.world = rank, world
         self.samples = len(x)
         self.host_x = np.ascontiguousarray(x.astype(policy.compute_dtype, copy=False))
         self.host_t = np.ascontiguousarray(t.astype(np.float32, copy=False))
@@ -56,7 +58,7 @@ class StreamedDataset:
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.samples // self.batch
+        return self.samples // (self.batch * self.world)
 
     def check_launch(self, steps: int):
         check_streamed_launch(steps, self.pool)
@@ -65,7 +67,7 @@ class StreamedDataset:
         slot = step % self.pool
         if self._staged.get(slot) == step:
             return
-        rows = batch_rows(self.samples, self.seed, step, self.batch, self.steps_per_epoch)
+        rows = batch_rows(self.samples, self.seed, step, self.batch, self.steps_per_epoch, self.rank, self.world)
         part = slice(slot * self.batch, (slot + 1) * self.batch)
         if not self.backend.is_gpu:
             np.take(self.host_x, rows, axis=0, out=self.ring_x[part])
@@ -103,4 +105,4 @@ class StreamedDataset:
             self._gather.run()
 
     def rows_of_step(self, step: int) -> np.ndarray:
-        return batch_rows(self.samples, self.seed, step, self.batch, self.steps_per_epoch)
+        return batch_rows(self.samples, self.seed, step, self.batch, self.steps_per_epoch, self.rank, self.world)

@@ -1,0 +1,107 @@
+"""`python -m gpuengine.launch --gpus N <script.py | workload> [args...]`: one process per GPU, data parallel.
+
+Each child gets the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: a free loopback port), plus
+NCCL_NVLS_ENABLE=0 (NVLink multicast can take the lent hosts' GPUs out of
+service), and imports the same gpuengine as the launcher. A workload name
+(mlp, cnn) runs `gpuengine.parallel.workload`. When a rank exits with an
+error or dies, the others are stopped and the launcher exits with an error
+naming that rank: no rank waits forever on a peer that is gone.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WORKLOADS = ("mlp", "cnn")
+POLL_S = 0.05
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(rank: int, world: int, port: int, base=None) -> dict:
+    env = dict(os.environ if base is None else base)
+    package_root = str(Path(__file__).resolve().parent.parent)   # children import this very gpuengine
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
+    return env
+
+
+def command_for(target: str, args: list[str]) -> list[str]:
+    if target in WORKLOADS:
+        return [sys.executable, "-m", "gpuengine.parallel.workload", target, *args]
+    if not Path(target).is_file():
+        raise SystemExit(f"gpuengine.launch: {target!r} is neither a script file nor a workload ({', '.join(WORKLOADS)})")
+    return [sys.executable, target, *args]
+
+
+def stop(procs: dict[int, subprocess.Popen], grace_s: float) -> list[int]:
+    """Terminate the ranks still running, kill those that outlive the grace period; the ranks stopped."""
+    running = [r for r, p in procs.items() if p.poll() is None]
+    for r in running:
+        procs[r].send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for r in running:
+        try:
+            procs[r].wait(max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            procs[r].kill()
+            procs[r].wait()
+    return running
+
+
+def launch(world: int, command: list[str], grace_s: float = 5.0, timeout_s: float | None = None) -> int:
+    """Run `command` as `world` ranks; 0 when every rank succeeded, else the failed rank's exit status (or 1)."""
+    if world < 1:
+        raise SystemExit(f"gpuengine.launch: --gpus must be >= 1, got {world}")
+    port = free_port()
+    procs = {r: subprocess.Popen(command, env=child_env(r, world, port)) for r in range(world)}
+    started = time.monotonic()
+    try:
+        while True:
+            codes = {r: p.poll() for r, p in procs.items()}
+            failed = [r for r, c in codes.items() if c not in (None, 0)]
+            if failed:
+                rank, code = failed[0], codes[failed[0]]
+                stopped = stop(procs, grace_s)
+                how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+                others = f"; stopped rank(s) {', '.join(map(str, stopped))}" if stopped else ""
+                print(f"gpuengine.launch: rank {rank} failed ({how}){others}", file=sys.stderr, flush=True)
+                return code if code > 0 else 1
+            if all(c == 0 for c in codes.values()):
+                return 0
+            if timeout_s is not None and time.monotonic() - started > timeout_s:
+                stopped = stop(procs, grace_s)
+                print(f"gpuengine.launch: timed out after {timeout_s:g} s; stopped rank(s) "
+                      f"{', '.join(map(str, stopped))}", file=sys.stderr, flush=True)
+                return 1
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        stop(procs, grace_s)
+        raise
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpuengine.launch", description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, required=True, help="processes to start, one per GPU")
+    parser.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
+    parser.add_argument("--grace", type=float, default=5.0, help="seconds a stopped rank gets before SIGKILL")
+    parser.add_argument("target", help="a Python script, or a workload: " + ", ".join(WORKLOADS))
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")
+    args = parser.parse_args(argv)
+    return launch(args.gpus, command_for(args.target, args.args), args.grace, args.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""A seed workload trained data parallel, one rank of it: what `python -m gpuengine.launch --gpus N mlp` runs.
+
+Every rank builds the same network and data, trains `--epochs` epochs at the
+global `--batch`, and rank 0 prints the epoch losses averaged over ranks.
+`--out DIR` has every rank write DIR/rank<r>.npz (its losses, the averaged
+losses and its final weights): the parity test compares them with one process.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from ..config import EngineConfig
+from ..trainer import Trainer
+from ..workloads.cnn import SMOKE_SHAPE as CNN_SMOKE, build_cnn, cnn_data
+from ..workloads.mlp import MLPShape, build_mlp, mlp_data
+from .sync import data_parallel
+
+
+def build(name: str, samples: int, inputs: int, hidden: int):
+    """(network, x, t) of workload `name` (the CPU-tier sizes unless told)."""
+    if name == "mlp":
+        shape = MLPShape(inputs=inputs, hidden=hidden)
+        return (build_mlp(shape),) + tuple(mlp_data(samples, shape))
+    if name == "cnn":
+        return (build_cnn(CNN_SMOKE),) + tuple(cnn_data(samples, CNN_SMOKE))
+    raise ValueError(f"unknown workload {name!r}: mlp or cnn")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpuengine.parallel.workload")
+    parser.add_argument("workload", choices=("mlp", "cnn"))
+    parser.add_argument("--samples", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=64, help="global batch, split over the ranks")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--inputs", type=int, default=32, help="mlp: input features")
+    parser.add_argument("--hidden", type=int, default=48, help="mlp: hidden units")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bucket-bytes", type=int, default=None, help="gradient bucket size (DDP's 25 MiB)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    config = EngineConfig.from_env()
+    extra = {} if args.bucket_bytes is None else {"bucket_bytes": args.bucket_bytes}
+    sync = data_parallel(config, **extra)
+    net, x, t = build(args.workload, args.samples, args.inputs, args.hidden)
+    trainer = Trainer(net, x, t, args.batch, config, seed=args.seed, sync=sync)
+    losses = trainer.train(args.epochs)
+    mean = sync.mean_over_ranks(losses)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        np.savez(args.out / f"rank{sync.group.rank}.npz", losses=np.array(losses), mean_losses=np.array(mean),
+                 buckets=np.array(len(sync.buckets)), **trainer.params.state_dict())
+    if sync.group.is_root:
+        print(f"{args.workload}: {sync.group.world_size} ranks, global batch {args.batch}, "
+              f"epoch losses {' '.join(f'{v:.6g}' for v in mean)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
