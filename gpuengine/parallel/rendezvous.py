@@ -9,6 +9,7 @@ imported here only: a single-process engine never needs it.
 """
 from __future__ import annotations
 
+import atexit
 import json
 from datetime import timedelta
 
@@ -29,6 +30,8 @@ class Rendezvous:
         self.store = TCPStore(group.master_addr, group.master_port, group.world_size, group.is_root,
                               timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
         self._round = 0
+        self._closed = False
+        atexit.register(self.close)   # rank 0 hosts the store: it must outlive every rank's last read
 
     def _key(self, name: str, round_: int, rank: int) -> str:
         return f"{name}/{round_}/{rank}"
@@ -37,6 +40,7 @@ class Rendezvous:
         try:
             return self.store.get(key)
         except Exception as exc:   # the store raises DistStoreError (a RuntimeError) on timeout or a lost master
+            self._closed = True   # a peer is gone: nobody is left to wait for at exit
             raise RendezvousError(f"rank {self.group.rank}: no word from rank {rank} within {self.timeout_s:g} s "
                                   f"({key}): it died, raised, or never started ({exc})") from None
 
@@ -62,6 +66,16 @@ class Rendezvous:
             self.store.set(key, blob)
             return blob
         return self._get(key, 0)
+
+    def close(self):
+        """Say this rank is done with the store; rank 0 (its host) waits for every rank before going."""
+        if self._closed:
+            return
+        self._closed = True
+        self.store.set(f"closed/{self.group.rank}", b"1")
+        if self.group.is_root:
+            for rank in range(1, self.group.world_size):
+                self._get(f"closed/{rank}", rank)
 
     def check_same_config(self, fingerprint: dict):
         """Refuse to start unless every rank describes the same run: a mismatch names the rank and the field."""

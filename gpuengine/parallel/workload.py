@@ -55,6 +55,7 @@ def main(argv=None) -> int:
     if sync.group.is_root:
         print(f"{args.workload}: {sync.group.world_size} ranks, global batch {args.batch}, "
               f"epoch losses {' '.join(f'{v:.6g}' for v in mean)}", flush=True)
+    sync.rendezvous.close()
     return 0
 
 

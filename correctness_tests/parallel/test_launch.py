@@ -1,0 +1,120 @@
+"""The launcher end to end: N ranks train like one process at the same global batch; a failing rank is named.
+
+The CPU tier runs the ranks as processes with the store all-reduce; the gpu-marked
+test runs the same comparison over NCCL on two GPUs.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch.distributed", reason="the rendezvous uses torch's TCPStore; torch is not installed")
+
+from gpuengine.config import EngineConfig  # noqa: E402
+from gpuengine.launch import child_env  # noqa: E402
+from gpuengine.parallel.workload import build  # noqa: E402
+from gpuengine.trainer import Trainer  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+CPU = {"GPUENGINE_DEVICE": "cpu", "GPUENGINE_PRECISION": "fp32"}
+SIZES = {"mlp": dict(samples=256, batch=32, epochs=3), "cnn": dict(samples=64, batch=16, epochs=2)}
+
+
+def launch(args, env_extra, timeout=120):
+    env = dict(os.environ, **env_extra)
+    return subprocess.run([sys.executable, "-m", "gpuengine.launch", *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def single_process(workload, env_extra, samples, batch, epochs):
+    config = EngineConfig.from_env(dict(env_extra))
+    net, x, t = build(workload, samples, 32, 48)
+    trainer = Trainer(net, x, t, batch, config)
+    return trainer.train(epochs), trainer.params.state_dict()
+
+
+def assert_same_training(out: Path, world: int, losses, weights):
+    ranks = [np.load(out / f"rank{r}.npz") for r in range(world)]
+    np.testing.assert_allclose(ranks[0]["mean_losses"], losses, rtol=1e-5)
+    for name, value in weights.items():
+        for r, saved in enumerate(ranks):
+            np.testing.assert_array_equal(saved[name], ranks[0][name], err_msg=f"rank {r} drifted from rank 0")
+        np.testing.assert_allclose(ranks[0][name], value, rtol=1e-5, atol=1e-5 * np.abs(value).max(), err_msg=name)
+    return ranks
+
+
+@pytest.mark.parametrize("workload,world,env", [
+    ("mlp", 2, {}), ("mlp", 2, {"GPUENGINE_CUDA_GRAPH": "2"}), ("mlp", 4, {"GPUENGINE_RESIDENT_DATA": "0"}),
+    ("cnn", 2, {})])
+def test_n_ranks_at_global_batch_b_train_like_one_process_at_b(tmp_path, workload, world, env):
+    env = dict(CPU, **env)
+    size = SIZES[workload]
+    result = launch(["--gpus", world, workload, "--out", tmp_path, "--bucket-bytes", 600,
+                     *[f"--{k}={v}" for k, v in size.items()]], env)
+    assert result.returncode == 0, result.stderr
+    assert f"{workload}: {world} ranks, global batch {size['batch']}" in result.stdout
+    ranks = assert_same_training(tmp_path, world, *single_process(workload, env, **size))
+    assert int(ranks[0]["buckets"]) > 1, "the small bucket cap must split the gradients"
+
+
+FAILING = """
+import os, signal, sys, time
+from gpuengine.parallel import data_parallel
+sync = data_parallel(timeout_s=120)        # rank 0 then waits on rank 1 far longer than the test allows
+if os.environ["RANK"] == "1":
+    {failure}
+sync.rendezvous.all_gather("never", b"x")
+"""
+
+
+@pytest.mark.parametrize("failure,expected", [
+    ('raise RuntimeError("rank 1 broke")', "rank 1 failed (exit status 1); stopped rank(s) 0"),
+    ("os.kill(os.getpid(), signal.SIGKILL)", "rank 1 failed (killed by signal 9); stopped rank(s) 0")])
+def test_a_rank_that_raises_or_dies_stops_the_others_and_is_named(tmp_path, failure, expected):
+    script = tmp_path / "fails.py"
+    script.write_text(FAILING.format(failure=failure))
+    started = time.monotonic()
+    result = launch(["--gpus", 2, "--grace", 2, script], CPU, timeout=60)
+    assert result.returncode != 0
+    assert expected in result.stderr
+    assert time.monotonic() - started < 30, "the surviving rank must not wait out its 120 s rendezvous timeout"
+
+
+def test_an_unknown_target_is_refused():
+    result = launch(["--gpus", 2, "no_such_script.py"], CPU)
+    assert result.returncode != 0 and "'no_such_script.py' is neither a script file nor a workload" in result.stderr
+
+
+def test_children_get_the_launcher_variables_and_nvlink_multicast_off():
+    env = child_env(1, 3, 29511, base={"NCCL_NVLS_ENABLE": "1", "PYTHONPATH": "elsewhere"})
+    assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                                "NCCL_NVLS_ENABLE")} == \
+        {"RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511",
+         "NCCL_NVLS_ENABLE": "0"}
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(REPO), "elsewhere"]
+
+
+def gpu_count() -> int:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:   # no cupy or no driver: no GPUs
+        return 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_count() < 2, reason="NCCL data parallel needs at least 2 visible GPUs")
+@pytest.mark.parametrize("graph", ["0", "4"])
+def test_two_gpus_over_nccl_train_like_one_gpu(tmp_path, graph):
+    env = {"GPUENGINE_DEVICE": "cuda", "GPUENGINE_PRECISION": "fp32", "GPUENGINE_CUDA_GRAPH": graph}
+    size = dict(samples=512, batch=64, epochs=3)
+    result = launch(["--gpus", 2, "mlp", "--out", tmp_path, "--bucket-bytes", 600,
+                     *[f"--{k}={v}" for k, v in size.items()]], env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert_same_training(tmp_path, 2, *single_process("mlp", env, **size))
