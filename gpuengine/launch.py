@@ -42,7 +42,8 @@ def command_for(target: str, args: list[str]) -> list[str]:
     if target in WORKLOADS:
         return [sys.executable, "-m", "gpuengine.parallel.workload", target, *args]
     if not Path(target).is_file():
-        raise SystemExit(f"gpuengine.launch: {target!r} is neither a script file nor a workload ({', '.join(WORKLOADS)})")
+        raise SystemExit(f"gpuengine.launch: {target!r} is neither a script file nor a workload "
+                         f"({', '.join(WORKLOADS)})")
     return [sys.executable, target, *args]
 
 

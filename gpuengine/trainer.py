@@ -6,7 +6,9 @@ trainer captures N steps per graph and replays it; a remainder of fewer than N
 steps replays a captured single step. A warm-up epoch runs eagerly first
 (kernel compilation, cuBLASLt plans, allocator), then graphs are captured, so
 `train()` starts on an epoch boundary. Losses stay on the device and are read
-once per `train()` call; every buffer is allocated at construction.
+once per `train()` call; every buffer is allocated at construction. Data
+parallel (parallel/sync.py): the optional gradient sync's hook runs after each
+backward step, and the all-reduced gradients are waited for before Adam.
 """
 from __future__ import annotations
 
@@ -37,8 +39,9 @@ PROFILE_STEPS = 10   # steps a profiled train() times, at least (whole epochs)
 class Trainer:
     def __init__(self, net: Network, x: np.ndarray, t: np.ndarray, batch: int, config: EngineConfig | None = None,
                  lr: float = 1e-3, seed: int = 0, fuse: bool = True, sync=None):
-        """sync: a `parallel.GradientSync` for data-parallel training (batch is then the global batch,
-        split over the ranks); None trains in this process alone."""
+        """sync: a `parallel.GradientSync` for data-parallel training (batch is then the global batch, split
+        over the ranks; `train()` returns this rank's losses, `sync.mean_over_ranks` the global ones);
+        None trains in this process alone, with no extra work in the step."""
         self.config = config or EngineConfig.from_env()
         self.net = net
         x, t = check_training_data(x, t, net.input_shape, net.output_shape)

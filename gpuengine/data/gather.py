@@ -4,8 +4,9 @@ One kernel, two row maps. SHUFFLED: the row of batch position i at global step
 s is the epoch's Feistel permutation of (s mod steps_per_epoch) * B + i (see
 shuffle.py), read from the device step counter, so it runs inside a captured
 graph; under data parallelism B is the global batch and rank r reads positions
-r * b .. r * b + b - 1 of it (b its own batch). RING: the row is slot (s mod pool) of the host-streamed loader's device
-ring. Rows are copied as 16-byte or 4-byte words; targets ride along.
+r * b .. r * b + b - 1 of it (b its own batch). RING: the row is slot (s mod
+pool) of the host-streamed loader's device ring. Rows are copied as 16-byte or
+4-byte words; targets ride along.
 """
 from __future__ import annotations
 

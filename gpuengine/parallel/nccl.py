@@ -31,7 +31,11 @@ def use_local_device(group: ProcessGroup):
 class NcclAllReduce(AllReduce):
     def __init__(self, rendezvous: Rendezvous, backend):
         import cupy
-        from cupy.cuda import nccl
+        try:
+            from cupy.cuda import nccl
+        except ImportError as exc:   # CuPy built or installed without NCCL
+            raise RuntimeError(f"data parallel on GPUs needs NCCL through cupy.cuda.nccl, which failed to import "
+                               f"({exc}); install the NCCL wheel matching CuPy's CUDA (e.g. nvidia-nccl-cu12)") from exc
         group = rendezvous.group
         self.world_size, self.backend, self._nccl = group.world_size, backend, nccl
         unique_id = nccl.get_unique_id() if group.is_root else None
