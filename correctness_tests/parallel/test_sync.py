@@ -54,3 +54,19 @@ def test_a_global_batch_the_ranks_cannot_split_is_refused():
     _, errors = run_ranks(2, body)
     assert all(isinstance(e, ConfigError) and "global batch 15 is not divisible by WORLD_SIZE=2" in str(e)
                for e in errors)
+
+
+def test_attaching_hands_every_rank_rank_0s_weights():
+    def body(rank, rdv):
+        local = trainer(seed=rank)          # different initial weights on each rank
+        sync = GradientSync(rdv.group, rdv, StoreAllReduce(rdv))
+        sync.attach(local.net, local.program, local.params, local.backend, {"batch": 16})
+        return local.params.state_dict()
+
+    results, errors = run_ranks(2, body)
+    assert errors == [None, None]
+    rank0_weights, rank1_own = trainer(seed=0).params.state_dict(), trainer(seed=1).params.state_dict()
+    assert not np.array_equal(rank1_own["dense1.weight"], rank0_weights["dense1.weight"])   # the test means it
+    for name, value in rank0_weights.items():
+        for weights in results:
+            np.testing.assert_array_equal(weights[name], value, err_msg=name)
