@@ -86,3 +86,9 @@ def test_a_rank_that_never_comes_is_named_after_the_timeout():
     _, errors = run_ranks(2, body, timeout_s=1.0)
     assert isinstance(errors[0], RendezvousError)
     assert "no word from rank 1 within 1 s" in str(errors[0])
+
+
+def test_a_store_nobody_hosts_is_named_by_address():
+    with pytest.raises(RendezvousError, match=r"rank 1 could not reach the rendezvous store at "
+                                              r"MASTER_ADDR:MASTER_PORT=127\.0\.0\.1:\d+"):
+        Rendezvous(ProcessGroup(1, 2, 1, "127.0.0.1", free_port()), timeout_s=1.0)

@@ -27,8 +27,13 @@ class Rendezvous:
     def __init__(self, group: ProcessGroup, timeout_s: float = DEFAULT_TIMEOUT_S):
         from torch.distributed import TCPStore
         self.group, self.timeout_s = group, timeout_s
-        self.store = TCPStore(group.master_addr, group.master_port, group.world_size, group.is_root,
-                              timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+        try:
+            self.store = TCPStore(group.master_addr, group.master_port, group.world_size, group.is_root,
+                                  timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+        except Exception as exc:   # port taken (rank 0), or no store came up there within the timeout
+            role = "host" if group.is_root else "reach"
+            raise RendezvousError(f"rank {group.rank} could not {role} the rendezvous store at MASTER_ADDR:"
+                                  f"MASTER_PORT={group.master_addr}:{group.master_port} ({exc})") from None
         self._round = 0
         self._closed = False
         atexit.register(self.close)   # rank 0 hosts the store: it must outlive every rank's last read
