@@ -16,9 +16,8 @@ gradients are `backward_params()`, run after it. Under bf16 the weight
 gradient goes straight into the fp32 master gradient where cuDNN has a
 bf16-in/fp32-out wgrad engine, and otherwise (none for one input channel, as
 in the MNIST CNN) lands in a bf16 scratch that is widened into it, as torch's
-autocast does. A first
-layer with few filter taps (no input gradient; MNIST's 3x3x1) replaces all of
-that with direct_wgrad.py's single fused pass.
+autocast does. A first layer with few filter taps (no input gradient; MNIST's
+3x3x1) replaces all of that with direct_wgrad.py's single fused pass.
 """
 from __future__ import annotations
 
