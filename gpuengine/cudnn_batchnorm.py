@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cudnn_graphs import BoundGraph, TensorSpec, _cudnn, _data_type
+from .cudnn_graphs import BoundGraph, TensorSpec, _cudnn, _data_type, graph_key
 
 
 _SCALAR = dict(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1])
@@ -27,10 +27,6 @@ _SCALAR = dict(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1])
 def _host_scalars(**values: float) -> dict:
     """Pass-by-value float32 scalars (epsilon, momentum) as host arrays the bound graph keeps alive."""
     return {name: np.array([value], np.float32) for name, value in values.items()}
-
-
-def _key(op: str, precision: str, buffers: dict, extra: tuple) -> tuple:
-    return (op, precision) + tuple((name, TensorSpec.of(a)) for name, a in sorted(buffers.items())) + extra
 
 
 def batchnorm_forward(runtime, precision: str, x, scale, bias, running_mean, running_var, y, saved_mean,
@@ -65,7 +61,7 @@ def batchnorm_forward(runtime, precision: str, x, scale, bias, running_mean, run
 
     buffers = inputs | outputs | {"next_running_mean": running_mean, "next_running_var": running_var}
     scalar_key = tuple((name, float(a[0])) for name, a in sorted(scalars.items()))
-    key = _key("batchnorm_fwd", precision, inputs | outputs, (("relu", relu),) + scalar_key)
+    key = graph_key("batchnorm_fwd", precision, None, **inputs, **outputs) + (("relu", relu),) + scalar_key
     graph = runtime.graph(key, x.dtype, precision, define)
     return BoundGraph(runtime, graph, buffers, allocator, host_scalars=scalars, preserve=(running_mean, running_var))
 
@@ -96,5 +92,5 @@ def batchnorm_backward(runtime, precision: str, dy, x, scale, saved_mean, saved_
         return t | {"dx": d_x, "dscale": d_scale, "dbias": d_bias} | ({"dz": grad} if dz is not None else {})
 
     buffers = inputs | outputs
-    graph = runtime.graph(_key("batchnorm_bwd", precision, buffers, ()), dy.dtype, precision, define)
+    graph = runtime.graph(graph_key("batchnorm_bwd", precision, None, **buffers), dy.dtype, precision, define)
     return BoundGraph(runtime, graph, buffers, allocator)

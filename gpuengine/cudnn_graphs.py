@@ -134,14 +134,14 @@ _GRAPHS: dict[tuple, CudnnGraph] = {}   # building is slow: one graph per key, p
 
 
 class CudnnRuntime:
-    """A cuDNN handle on one stream of a backend, and the workspace the graphs on that stream share."""
+    """A cuDNN handle on a backend's engine stream, and the workspace the graphs on that stream share."""
 
-    def __init__(self, backend, stream):
+    def __init__(self, backend):
         cudnn = _cudnn()
-        self.backend, self.stream = backend, stream
+        self.backend, self.stream = backend, backend.stream
         # Never destroyed: the process-wide graph cache holds plans built with this handle.
         self.handle = cudnn.create_handle()
-        cudnn.set_stream(handle=self.handle, stream=stream.ptr)
+        cudnn.set_stream(handle=self.handle, stream=self.stream.ptr)
         self.workspace = backend.xp.empty((256,), np.uint8)
         self._retired = []   # earlier workspaces, kept alive for steps captured with them
 
@@ -222,7 +222,7 @@ _RUNTIMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def runtime_for(backend) -> CudnnRuntime:
     """The runtime of the backend's engine stream."""
     if backend not in _RUNTIMES:
-        _RUNTIMES[backend] = CudnnRuntime(backend, backend.stream)
+        _RUNTIMES[backend] = CudnnRuntime(backend)
     return _RUNTIMES[backend]
 
 
@@ -263,7 +263,7 @@ def _conv_args(window) -> dict:
                 dilation=[1, 1], compute_data_type=_cudnn().data_type.FLOAT)
 
 
-def _key(op: str, precision: str, window, **buffers) -> tuple:
+def graph_key(op: str, precision: str, window, **buffers) -> tuple:
     return (op, precision, window) + tuple((name, TensorSpec.of(a)) for name, a in sorted(buffers.items()))
 
 
@@ -281,7 +281,7 @@ def conv_forward(runtime, precision: str, window, x, w, y, bias=None, relu: bool
         TensorSpec.of(y).mark_output(out)
         return tensors | {"y": out}
 
-    graph = runtime.graph(_key("conv_fprop", precision, window, **buffers) + (("relu", relu),), x.dtype, precision,
+    graph = runtime.graph(graph_key("conv_fprop", precision, window, **buffers) + (("relu", relu),), x.dtype, precision,
                           define)
     return BoundGraph(runtime, graph, buffers, allocator)
 
@@ -297,7 +297,7 @@ def _single_op(runtime, precision: str, window, op: str, args: dict, out: str, b
         return tensors | {out: result}
 
     io_dtype = buffers[next(iter(args.values()))].dtype
-    graph = runtime.graph(_key(op, precision, window, **buffers), io_dtype, precision, define)
+    graph = runtime.graph(graph_key(op, precision, window, **buffers), io_dtype, precision, define)
     return BoundGraph(runtime, graph, buffers, allocator)
 
 

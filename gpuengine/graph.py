@@ -144,7 +144,7 @@ class Network:
     def train_flops_per_sample(self) -> int:
         """Forward + weight gradients + input gradients, except where a layer reads only the data (x needs none)."""
         flops = self._flops()
-        data_only = sum(f for n in self.nodes if set(n.inputs) == {INPUT} for f in [flops[n.name]])
+        data_only = sum(flops[n.name] for n in self.nodes if set(n.inputs) == {INPUT})
         return 3 * sum(flops.values()) - data_only
 
     def chain_tail(self, length: int) -> list[Node] | None:

@@ -77,8 +77,7 @@ class TrainingProgram:
         else:
             self.loss = copy.copy(net.loss)   # a loss holds its buffers: one per program
         grads = {self.nodes[-1].name: [self.loss.build(ctx, wiring.last, batch_t, state)]}
-        self._backward = []   # (gradient sum or None, layer), in the order they run
-        self.backward_nodes = []   # their node names, same order (data parallel: which step completes which gradient)
+        self._backward = []   # (gradient sum or None, layer, node name), in the order they run
         for node in reversed(self.nodes):
             layer, parts = self.layers[node.name], grads.pop(node.name)
             summed = GradientSum(ctx, parts) if len(parts) > 1 else None
@@ -90,8 +89,12 @@ class TrainingProgram:
                     raise GraphError(f"node {node.name!r} returned no gradient for its input {source!r}")
                 if need:
                     grads.setdefault(source, []).append(dx)
-            self._backward.append((summed, layer))
-            self.backward_nodes.append(node.name)
+            self._backward.append((summed, layer, node.name))
+
+    @property
+    def backward_nodes(self) -> list[str]:
+        """Node names in the order backward runs them (data parallel: which step completes which gradient)."""
+        return [name for _, _, name in self._backward]
 
     @property
     def body(self) -> list:
@@ -105,7 +108,7 @@ class TrainingProgram:
     def loss_and_backward(self, after_params=None):
         """after_params(i), if given, runs once backward step i has written its parameters' gradients."""
         self.loss.forward_backward()
-        for index, (summed, layer) in enumerate(self._backward):
+        for index, (summed, layer, _) in enumerate(self._backward):
             if summed is not None:
                 summed.run()
             layer.backward()

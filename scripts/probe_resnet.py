@@ -35,7 +35,7 @@ def layer_times(trainer, steps: int = 20) -> dict[str, float]:
             timer.start()
             program.loss.forward_backward()
             per[("loss", "fwd+bwd")] += timer.stop()
-            for summed, layer in program._backward:
+            for summed, layer, _ in program._backward:
                 timer.start()
                 if summed is not None:
                     summed.run()
