@@ -78,7 +78,10 @@ def main(out: str | None = None, precision: str = "tf32"):
         runner._graph.replay()
 
     reference = trace(reference_step, STEPS)
-    result = {"precision": precision, "engine": engine, "torch_graph": reference}
+    bns = [layer for layer in trainer.program.layers.values() if type(layer).__name__ == "BatchNorm2D"]
+    fallbacks = {"bn_layers": len(bns), "forward_tail_kernel": sum(b._tail is not None for b in bns),
+                 "backward_relu_kernel": sum(bool(getattr(b, "_drelu_here", False)) for b in bns)}
+    result = {"precision": precision, "bn_fallbacks": fallbacks, "engine": engine, "torch_graph": reference}
     text = json.dumps(result, indent=1)
     print(text)
     if out:
