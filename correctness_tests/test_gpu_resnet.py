@@ -130,6 +130,19 @@ def test_fused_block_end_equals_the_unfused_sequence(precision):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
+def test_every_relu_batchnorm_fuses_its_gradient(precision):
+    """ResNet's BN + ReLU layers carry the ReLU's bit mask to a fused dReLU + dBN graph: no separate kernels."""
+    x, t = smoke_batch(batch=64)
+    trainer = Trainer(resnet.build_resnet(resnet.SMOKE_SHAPE), x, t, 32, EngineConfig(precision=precision))
+    bns = [layer for layer in trainer.program.layers.values() if isinstance(layer, BatchNorm2D)]
+    relu = [bn for bn in bns if bn.activation == "relu"]
+    assert relu and len(relu) < len(bns)   # the projection shortcuts' BN has no ReLU
+    unfused = [bn.name for bn in bns if bn._tail is not None or bn._drelu_here or
+               (bn.activation == "relu") != (bn.mask is not None)]
+    assert unfused == []
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
 def test_captured_replay_trains_exactly_like_eager(precision):
     x, t = smoke_batch(batch=256)
     losses = losses_by_graph_group(resnet.build_resnet(resnet.SMOKE_SHAPE), x, t, 32, precision, (0, 1, 8), 3)
