@@ -44,7 +44,7 @@ class Trainer:
         None trains in this process alone, with no extra work in the step."""
         self.config = config or EngineConfig.from_env()
         self.net = net
-        x, t = check_training_data(x, t, net.input_shape, net.output_shape)
+        x, t = check_training_data(x, t, net.input_shape, net.target_shape)
         self.batch = check_batch(batch, len(x))
         self.backend = backend = get_backend(self.config)
         self.policy = policy_for(self.config.precision)

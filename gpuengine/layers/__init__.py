@@ -1,14 +1,21 @@
 """Layers: each with forward and backward side by side."""
 from .activations import Activation, ReLU, Tanh
+from .attention import MultiHeadAttention
 from .base import BuildContext, Layer
 from .batchnorm import BatchNorm2D
 from .conv import Conv2D
 from .cross_entropy import SoftmaxCrossEntropy
 from .dense import Dense
+from .embedding import TokenEmbedding
 from .flatten import Flatten
+from .layernorm import LayerNorm
+from .linear import Linear
 from .losses import MSELoss
 from .merge import Add
 from .pooling import GlobalAveragePool2D, MaxPool2D
+from .positional import SinusoidalPositionalEncoding
+from .token_cross_entropy import TokenCrossEntropy
 
 __all__ = ["Activation", "Add", "BatchNorm2D", "BuildContext", "Conv2D", "Dense", "Flatten", "GlobalAveragePool2D",
-           "Layer", "MSELoss", "MaxPool2D", "ReLU", "SoftmaxCrossEntropy", "Tanh"]
+           "Layer", "LayerNorm", "Linear", "MSELoss", "MaxPool2D", "MultiHeadAttention", "ReLU",
+           "SinusoidalPositionalEncoding", "SoftmaxCrossEntropy", "Tanh", "TokenCrossEntropy", "TokenEmbedding"]
