@@ -87,8 +87,10 @@ def numeric(result: dict) -> dict:
 # activation to 8 bits and BN on 4x4 maps of 32 samples magnifies it: measured on an H100 (2026-11-23), the
 # whole gradient's cosine to float32 is 0.970-0.972, and rounding the BN output before the residual add
 # (unfused) instead of after (fused) alone moves it to 0.992; the per-layer bf16 tests above are the tight ones.
+# TF32 (10-bit products): 0.99889 fused and unfused alike (H100, 2026-11-23, the cuDNN plans autotuning kept
+# that run; fp32 passes its 1e-3 element-wise check on the same data), so the bar is 0.998, not the 0.9995 guessed.
 FORWARD_TOLERANCE = {"fp32": 1e-3, "tf32": 2e-3, "bf16": 3e-2}
-GRADIENT_COSINE = {"tf32": 0.9995, "bf16": 0.95}
+GRADIENT_COSINE = {"tf32": 0.998, "bf16": 0.95}
 
 
 def assert_step_close(gpu: dict, reference: dict, precision: str, fp32_tolerance: float):
