@@ -16,8 +16,10 @@ k = s mod pool, for step s:
      worker has queued it, then makes the compute stream wait on `copied`;
   5. `release` after that launch records `consumed` and hands out step s + pool.
 
-A worker's exception stops the ring and surfaces from the next `acquire` as a
-`LoaderError` naming the step and rows, with the exception as its cause.
+A worker's exception stops the hand-out; the steps before the failed one are
+still delivered, and the `acquire` that needs the failed step raises a
+`LoaderError` naming the step and rows, with the exception as its cause, after
+stopping the workers.
 `close()` stops and joins the workers (threads start at the first `acquire`).
 """
 from __future__ import annotations
@@ -90,17 +92,16 @@ class BatchRing:
         stream ordered after it. Waits on the workers (never on the device) while a batch is not in yet."""
         if not 1 <= steps <= self.pool:
             raise DataError(f"a launch of {steps} steps cannot read from a ring of {self.pool} slots")
+        last = first + steps - 1
         with self._lock:
             if first != self._released + 1:
                 self._restart(first)
             self._hand_out(self._released + self.pool)
             for step in range(first, first + steps):
                 slot = step % self.pool
-                while self._usable() and not (self._slot_step[slot] == step and self._pending[slot] == 0):
+                while self._serves(last) and not (self._slot_step[slot] == step and self._pending[slot] == 0):
                     self._changed.wait()
-                if not self._usable():
-                    break
-        self._raise_if_broken()
+        self._raise_unless_serving(last)
         for step in range(first, first + steps):
             self.uploads.compute_waits(step % self.pool)
 
@@ -110,7 +111,7 @@ class BatchRing:
         for step in range(first, first + steps):
             self.uploads.mark_consumed(step % self.pool)
         with self._lock:
-            if not self._usable():
+            if self._closed:
                 return
             self._released = first + steps - 1
             self._hand_out(self._released + self.pool)
@@ -132,18 +133,19 @@ class BatchRing:
 
     # -- under the lock -----------------------------------------------------------------
 
-    def _usable(self) -> bool:
-        return not self._closed and self._failure is None
+    def _serves(self, step: int) -> bool:
+        """Open, and no worker failed on this step or an earlier one."""
+        return not self._closed and (self._failure is None or self._failure[0] > step)
 
     def _restart(self, first: int):
         """A launch out of sequence: let handed-out shares finish, then hand out from `first`."""
-        while self._usable() and any(self._pending):
+        while not self._closed and any(self._pending):
             self._changed.wait()
         self._slot_step = [None] * self.pool
         self._next, self._released = first, first - 1
 
     def _hand_out(self, last: int):
-        if not self._usable():
+        if self._closed or self._failure is not None:
             return
         if not self._threads:
             self._start_workers()
@@ -162,10 +164,10 @@ class BatchRing:
 
     # -- outside the lock -----------------------------------------------------------------
 
-    def _raise_if_broken(self):
+    def _raise_unless_serving(self, step: int):
         with self._lock:
             failure, closed = self._failure, self._closed
-        if failure is not None:
+        if failure is not None and failure[0] <= step:
             self.close()
             step, lo, hi, error = failure
             raise LoaderError(f"{self.name}: a worker failed gathering step {step} (batch rows {lo}..{hi - 1}): "
@@ -186,16 +188,16 @@ class BatchRing:
                 return
             step, slot, lo, hi = task
             error = start_error
-            if error is None and self._usable():
+            if error is None and self._serves(step):
                 try:
                     self._fill(step, slot, lo, hi)
                 except Exception as caught:
                     error = caught
             with self._lock:
-                if error is not None and self._failure is None:
+                if error is not None and (self._failure is None or step < self._failure[0]):
                     self._failure = (step, lo, hi, error)
                 self._pending[slot] -= 1
-                if self._pending[slot] == 0 and self._usable():
+                if self._pending[slot] == 0 and self._serves(step):
                     self.uploads.mark_uploaded(slot)
                 self._changed.notify_all()
 
