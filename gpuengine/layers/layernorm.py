@@ -18,10 +18,6 @@ from ..reductions import ColumnSum
 from .base import BuildContext, Layer
 
 _SOURCE = r"""
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 extern "C" __global__ void layernorm_fwd(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* beta, ELEM_T* y,
                                          float* mean, float* rstd, int rows, int dim, float eps) {
     const int lane = threadIdx.x & 31;

@@ -18,14 +18,6 @@ from ..backend import widen
 from ..kernels import ctype, get_kernel
 
 _SOURCE = r"""
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 extern "C" __global__ void count_tokens(const float* t, int rows, int pad_id, float* inv_count) {
     __shared__ float warp_counts[32];
     float n = 0.f;
