@@ -15,6 +15,7 @@ import pytest
 
 from gpuengine.layers import AdaptiveAveragePool2D, Conv2D, Dropout, ReLU6
 from gpuengine.layers.dropout import philox_words
+from gpuengine.params import initial_value
 
 from .gradient_check import assert_not_trivial, check_backward
 from .layer_harness import make_context, run_layer
@@ -161,3 +162,12 @@ def test_adaptive_average_pool_to_the_maps_own_size_is_a_view():
     out = run_layer(AdaptiveAveragePool2D(6, name="pool"), x, dy)
     np.testing.assert_array_equal(out["y"], x)
     np.testing.assert_array_equal(out["dx"], dy)
+
+
+def test_he_fan_out_init_has_torchvisions_spread_and_bad_inits_are_refused():
+    layer = Conv2D(256, 3, padding=1, init="he_fan_out", name="conv")
+    (spec, _) = layer.param_specs((8, 8, 64))
+    weights = initial_value(spec, np.random.default_rng(12))
+    assert abs(weights.std() / np.sqrt(2.0 / (3 * 3 * 256)) - 1) < 0.02 and abs(weights.mean()) < 1e-3
+    with pytest.raises(ValueError, match="Conv2D init 'uniform' is not one of"):
+        Conv2D(4, init="uniform")

@@ -8,9 +8,11 @@ MobileNetV2, Sandler et al. 2018) splits the input channels and the filters
 into `groups` blocks, block g of the filters reading block g of the input
 only. The cuDNN graph API has no group count: it infers the groups from the
 image's channels over the filter's (in_channels / groups), the convention of
-PyTorch's cuDNN v8 path too, so the same graphs serve every group count. Glorot/Xavier uniform init with
-fan_in = kh kw in and fan_out = kh kw out (torch's xavier_uniform_, Keras'
-glorot_uniform), zero bias.
+PyTorch's cuDNN v8 path too, so the same graphs serve every group count.
+Glorot/Xavier uniform init with fan_in = kh kw in / groups and fan_out = kh kw
+out (torch's xavier_uniform_, Keras' glorot_uniform), or `init="he_fan_out"`
+(torchvision's kaiming_normal_ in fan-out mode, for deep stacks without batch
+norm such as VGG), zero bias.
 
 Forward is one cuDNN graph: conv, + bias, + ReLU when the layer asks for the
 activation (seed note 001: conv + bias + ReLU fused into a single forward
@@ -39,11 +41,12 @@ from .base import BuildContext, Layer
 from .geometry import add_windows, pad, resolve_window, windows
 
 ACTIVATIONS = (None, "relu")   # what a cuDNN forward graph fuses after the bias
+INITS = ("glorot", "he_fan_out")
 
 
 class Conv2D(Layer):
     def __init__(self, filters: int, kernel_size=3, stride=1, padding="same", activation: str | None = None,
-                 use_bias: bool = True, groups: int = 1, name: str = ""):
+                 use_bias: bool = True, groups: int = 1, init: str = "glorot", name: str = ""):
         for what, value in (("filters", filters), ("groups", groups)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"Conv2D {what} must be a whole number >= 1, got {value!r}")
@@ -51,6 +54,9 @@ class Conv2D(Layer):
             raise ValueError(f"Conv2D filters={filters} is not a multiple of groups={groups}")
         if activation not in ACTIVATIONS:
             raise ValueError(f"Conv2D activation {activation!r} is not fused; use one of {ACTIVATIONS}")
+        if init not in INITS:
+            raise ValueError(f"Conv2D init {init!r} is not one of {INITS}")
+        self.init = init
         self.filters, self.kernel_size, self.stride, self.padding = int(filters), kernel_size, stride, padding
         self.activation, self.use_bias, self.groups, self.name = activation, use_bias, int(groups), name
         resolve_window("Conv2D", (1 << 20, 1 << 20), kernel_size, stride, padding)   # bad arguments fail here
@@ -66,7 +72,7 @@ class Conv2D(Layer):
         window = self._window(input_shape)
         kh, kw = window.kernel
         channels = input_shape[2] // self.groups   # each filter reads its group's channels
-        specs = [ParamSpec(f"{self.name}.weight", (self.filters, kh, kw, channels), "glorot",
+        specs = [ParamSpec(f"{self.name}.weight", (self.filters, kh, kw, channels), self.init,
                            kh * kw * channels, kh * kw * self.filters)]
         if self.use_bias:
             specs.append(ParamSpec(f"{self.name}.bias", (self.filters,), "zeros"))

@@ -205,21 +205,21 @@ def load_engine_state(model: nn.Module, net: Network, weights: Mapping, buffers:
     return model
 
 
-def zoo_train_runner(mode: str, name: str, x: np.ndarray, t: np.ndarray, batch_size: int, precision: str,
+def zoo_train_runner(mode: str, network: str, x: np.ndarray, t: np.ndarray, batch_size: int, precision: str,
                      weights: Mapping, buffers: Mapping, reduced: bool = False, torchvision: bool = True,
                      lr: float = zoo.LEARNING_RATE, device: str = "cuda", seed: int = 0,
                      runner=TorchTrainRunner, **runner_options) -> TorchTrainRunner:
-    """A PyTorch runner of zoo network `name` on engine arrays, starting from the engine's weights.
+    """A PyTorch runner of zoo network `network` on engine arrays, starting from the engine's weights.
 
     torchvision's model where `torchvision` (full size only), else the hand-written twin; channels-last
     except in torch_eager (DESIGN.md). `runner` picks the runner class (torch_host_batches.py streams
     batches from pinned host memory); `runner_options` go to it.
     """
-    entry = zoo.zoo_net(name)
+    entry = zoo.zoo_net(network)
     shape = entry.shape(reduced)
     if torchvision and reduced:
         raise ValueError("torchvision builds the full-size networks only; the reduced variants use the twins")
-    model = torchvision_model(name, shape.classes) if torchvision else twin_model(name, shape)
+    model = torchvision_model(network, shape.classes) if torchvision else twin_model(network, shape)
     load_engine_state(model, entry.network(reduced), weights, buffers)
     channels_last = runner_options.pop("channels_last", mode != "torch_eager")
     return runner(mode, model, nn.functional.cross_entropy, to_nchw(x), t.astype(np.float32, copy=False),

@@ -23,7 +23,9 @@ mobilenet_v2 3,504,872).
 - ResNet-18 and ResNet-50: workloads/resnet.py at 224x224 (basic and
   bottleneck blocks).
 
-Dropout uses torchvision's rates; `dropout=False` leaves those nodes out (the
+Convolutions are He-initialised in fan-out mode as torchvision's are (VGG has
+no batch norm, and Glorot's variance halving at each of its 13 ReLUs left the
+reduced VGG untrainable); dense layers keep Glorot. Dropout uses torchvision's rates; `dropout=False` leaves those nodes out (the
 parity tests: torch in eval mode or dropout off computes the same function).
 Every network also has a reduced variant (small images, narrow layers, 10
 classes) of the same structure for the CPU tier. The data are generated
@@ -80,7 +82,9 @@ class MobileNetShape:
 
 
 def _conv_relu(b: GraphBuilder, x: str, filters: int, kernel: int, stride: int, padding: int, name: str) -> str:
-    return b.add(Conv2D(filters, kernel, stride=stride, padding=padding, activation="relu"), x, name=name)
+    """Conv + bias + ReLU, He-initialised as torchvision does (Glorot's variance halves at every ReLU)."""
+    return b.add(Conv2D(filters, kernel, stride=stride, padding=padding, activation="relu", init="he_fan_out"), x,
+                 name=name)
 
 
 def _classifier(b: GraphBuilder, x: str, layers: list, dropout: bool) -> str:
@@ -145,8 +149,8 @@ def _bn(activation=None, residual=False) -> BatchNorm2D:
 def _conv_bn_relu6(b: GraphBuilder, x: str, filters: int, kernel: int, stride: int, prefix: str,
                    groups: int = 1) -> str:
     """torchvision's Conv2dNormActivation: conv (no bias) `prefix.0`, BN `prefix.1`, ReLU6 `prefix.2`."""
-    x = b.add(Conv2D(filters, kernel, stride=stride, padding=(kernel - 1) // 2, use_bias=False, groups=groups), x,
-              name=f"{prefix}.0")
+    x = b.add(Conv2D(filters, kernel, stride=stride, padding=(kernel - 1) // 2, use_bias=False, groups=groups,
+                     init="he_fan_out"), x, name=f"{prefix}.0")
     x = b.add(_bn(), x, name=f"{prefix}.1")
     return b.add(Activation("relu6"), x, name=f"{prefix}.2")
 
@@ -159,7 +163,7 @@ def _inverted_residual(b: GraphBuilder, x: str, prefix: str, channels: int, out:
         h = _conv_bn_relu6(b, h, hidden, 1, 1, f"{prefix}.conv.0")
         unit = 1
     h = _conv_bn_relu6(b, h, hidden, 3, stride, f"{prefix}.conv.{unit}", groups=hidden)   # depthwise
-    h = b.add(Conv2D(out, 1, padding=0, use_bias=False), h, name=f"{prefix}.conv.{unit + 1}")
+    h = b.add(Conv2D(out, 1, padding=0, use_bias=False, init="he_fan_out"), h, name=f"{prefix}.conv.{unit + 1}")
     if stride == 1 and channels == out:   # the residual add, fused into the projection's BN
         return b.add(_bn(residual=True), h, x, name=f"{prefix}.conv.{unit + 2}")
     return b.add(_bn(), h, name=f"{prefix}.conv.{unit + 2}")
@@ -205,13 +209,14 @@ def _resnet(shape: resnet.ResNetShape, dropout: bool = True) -> Network:
 
 # Reduced variants: every kind of node at toy widths (multiples of 8: cuDNN's bf16 batch norm reads 8 channels
 # at a time); AlexNet's 96x96 input leaves a 2x2 map that the adaptive pool spreads over 6x6, VGG's a 1x1 map.
+# Their dropout is 0.1: at 0.5 a 64-unit classifier learns too slowly for the CPU tier's few steps.
 ZOO = {
     "alexnet": ZooNet("alexnet", build_alexnet, AlexNetShape(),
-                      AlexNetShape(size=96, classes=10, widths=(8, 16, 16, 8, 8), hidden=32), 61_100_840),
+                      AlexNetShape(size=96, classes=10, widths=(8, 16, 16, 8, 8), hidden=64, dropout=0.1), 61_100_840),
     "resnet18": ZooNet("resnet18", _resnet, resnet.RESNET18_224, resnet.BASIC_SMOKE_SHAPE, 11_689_512),
     "resnet50": ZooNet("resnet50", _resnet, resnet.RESNET50_224, resnet.SMOKE_SHAPE, 25_557_032),
     "vgg16": ZooNet("vgg16", build_vgg16, VGGShape(),
-                    VGGShape(size=32, classes=10, widths=(8, 8, 16, 16, 16), hidden=32), 138_357_544),
+                    VGGShape(size=32, classes=10, widths=(8, 8, 16, 16, 16), hidden=64, dropout=0.1), 138_357_544),
     "mobilenet_v2": ZooNet("mobilenet_v2", build_mobilenet_v2, MobileNetShape(),
                            MobileNetShape(size=32, classes=10, width_mult=0.25, last_channel=64), 3_504_872),
 }
