@@ -9,6 +9,8 @@ draws a fresh mask.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -62,8 +64,11 @@ def test_alexnet_and_vgg_pool_224_maps_without_resampling():
 
 @pytest.mark.parametrize("name", zoo.NAMES)
 def test_reduced_network_parameter_gradients(name):
-    net = zoo.zoo_net(name).network(reduced=True)
+    """(MobileNetV2 at 32x32: on its 64x64 maps some ReLU6 input lies within a step of a clip point.)"""
     shape = zoo.zoo_net(name).reduced
+    if name == "mobilenet_v2":
+        shape = replace(shape, size=32)
+    net = zoo.zoo_net(name).build(shape, True)
     rng = np.random.default_rng(1)
     x = rng.random((3, shape.size, shape.size, 3))
     t = np.eye(shape.classes)[rng.integers(0, shape.classes, 3)]

@@ -208,7 +208,8 @@ def _resnet(shape: resnet.ResNetShape, dropout: bool = True) -> Network:
 
 
 # Reduced variants: every kind of node at toy widths (multiples of 8: cuDNN's bf16 batch norm reads 8 channels
-# at a time); AlexNet's 96x96 input leaves a 2x2 map that the adaptive pool spreads over 6x6, VGG's a 1x1 map.
+# at a time); AlexNet's 96x96 input leaves a 2x2 map that the adaptive pool spreads over 6x6, VGG's a 1x1 map;
+# MobileNetV2 at 64x64 keeps 2x2 maps at its end (batch norm over 1x1 maps of a few samples would not learn).
 # Their dropout is 0.1: at 0.5 a 64-unit classifier learns too slowly for the CPU tier's few steps.
 ZOO = {
     "alexnet": ZooNet("alexnet", build_alexnet, AlexNetShape(),
@@ -218,7 +219,7 @@ ZOO = {
     "vgg16": ZooNet("vgg16", build_vgg16, VGGShape(),
                     VGGShape(size=32, classes=10, widths=(8, 8, 16, 16, 16), hidden=64, dropout=0.1), 138_357_544),
     "mobilenet_v2": ZooNet("mobilenet_v2", build_mobilenet_v2, MobileNetShape(),
-                           MobileNetShape(size=32, classes=10, width_mult=0.25, last_channel=64), 3_504_872),
+                           MobileNetShape(size=64, classes=10, width_mult=0.5, last_channel=64), 3_504_872),
 }
 
 
