@@ -9,7 +9,9 @@ references are torchvision's own models in channels-last (torch_eager in
 NCHW, as written): the TF32 resident case races all three PyTorch modes, the
 others torch_graph (whole step captured, fused capturable Adam), and a
 streamed case also races the streamed torch_graph (`torch_graph_streamed`).
-The issue's target, engine ms/batch <= 0.8x torch_graph channels-last at
+Keras' applications (`tf_keras`, streaming from host arrays through `fit`)
+join the TF32 streamed cases where TensorFlow runs (not on the GPU machines
+here). The issue's target, engine ms/batch <= 0.8x torch_graph channels-last at
 TF32 streamed, is a ratio rule in baselines_store/thresholds.json. Each test
 records ms per batch for every side (`ms_per_batch`) and checks that every
 side's loss descends over the timed epochs. Adam lr 1e-4 (zoo.LEARNING_RATE)
@@ -33,6 +35,7 @@ from .harness import assert_losses_descend, epoch_loss, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_zoo  # noqa: E402  (needs torch)
+from gpuengine.reference import tf_zoo  # noqa: E402
 from gpuengine.reference.torch_host_batches import PinnedHostBatchRunner  # noqa: E402
 
 ON_GPU = gpu_visible()
@@ -98,9 +101,16 @@ def test_zoo_train(case, benchmark, compare, run_target):
     weights, buffers = engine.trainer.params.state_dict(), engine.trainer.params.buffers_dict() or None
     refs = [torch_runner(mode, streamed, name, x, t, precision, weights, buffers)
             for mode, streamed in references(precision, resident)]
+    for runner in refs:
+        assert runner.parameter_count() == entry.network(REDUCED).parameter_count(), runner.name
+    # Keras' applications at full size where TensorFlow runs (their own initial weights and, for ResNet-50 and
+    # MobileNetV2, their own architectures: tf_zoo.KERAS_PARAMETERS); why not, recorded otherwise.
+    keras_reason = "the CPU tier trains reduced networks" if REDUCED else tf_zoo.keras_unavailable(name)
+    if keras_reason is None and precision == "tf32" and not resident:
+        refs.append(tf_zoo.zoo_fit_runner(name, x, t, BATCH, precision, lr=LR))
+    benchmark.extra_info["tf_keras"] = keras_reason or "run"
     runners = [engine] + refs
     for runner in runners:
-        assert runner.parameter_count() == entry.network(REDUCED).parameter_count(), runner.name
         runner.prepare()
     first = {r.name: epoch_loss(r) for r in runners}
     comparison = compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision,
