@@ -97,7 +97,7 @@ class Dropout(Layer):
         self.threshold = keep_threshold(self.p)
         if ctx.backend.is_gpu:
             self._mask = get_kernel(_SOURCE, "dropout_mask", ELEM_T=ctype(x.dtype))
-            self._advance = get_kernel(_SOURCE, "dropout_advance")
+            self._advance = get_kernel(_SOURCE, "dropout_advance", ELEM_T=ctype(x.dtype))   # one module, one compile
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
