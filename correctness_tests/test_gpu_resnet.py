@@ -87,8 +87,10 @@ def numeric(result: dict) -> dict:
 # activation to 8 bits and BN on 4x4 maps of 32 samples magnifies it: measured on an H100 (2026-11-23), the
 # whole gradient's cosine to float32 is 0.970-0.972, and rounding the BN output before the residual add
 # (unfused) instead of after (fused) alone moves it to 0.992; the per-layer bf16 tests above are the tight ones.
+# TF32 (10-bit products): 0.99889 fused and unfused alike (H100, 2026-11-23, the cuDNN plans autotuning kept
+# that run; fp32 passes its 1e-3 element-wise check on the same data), so the bar is 0.998, not the 0.9995 guessed.
 FORWARD_TOLERANCE = {"fp32": 1e-3, "tf32": 2e-3, "bf16": 3e-2}
-GRADIENT_COSINE = {"tf32": 0.9995, "bf16": 0.95}
+GRADIENT_COSINE = {"tf32": 0.998, "bf16": 0.95}
 
 
 def assert_step_close(gpu: dict, reference: dict, precision: str, fp32_tolerance: float):
@@ -127,6 +129,19 @@ def test_fused_block_end_equals_the_unfused_sequence(precision):
     fused, unfused = (numeric(run_network(resnet.build_resnet(resnet.SMOKE_SHAPE, fused=f), x, t, device="cuda",
                                           precision=precision, weights=weights)) for f in (True, False))
     assert_step_close(fused, unfused, precision, 1e-4)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_every_relu_batchnorm_fuses_its_gradient(precision):
+    """ResNet's BN + ReLU layers carry the ReLU's bit mask to a fused dReLU + dBN graph: no separate kernels."""
+    x, t = smoke_batch(batch=64)
+    trainer = Trainer(resnet.build_resnet(resnet.SMOKE_SHAPE), x, t, 32, EngineConfig(precision=precision))
+    bns = [layer for layer in trainer.program.layers.values() if isinstance(layer, BatchNorm2D)]
+    relu = [bn for bn in bns if bn.activation == "relu"]
+    assert relu and len(relu) < len(bns)   # the projection shortcuts' BN has no ReLU
+    unfused = [bn.name for bn in bns if bn._tail is not None or bn._drelu_here or
+               (bn.activation == "relu") != (bn.mask is not None)]
+    assert unfused == []
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

@@ -3,13 +3,17 @@
 Forward: y = [relu]( BN(x) [+ residual] ), the running mean and variance
 updated in place (the graph's in- and out-running statistics are one buffer)
 and the batch mean and inverse standard deviation saved for backward.
-Backward: dz = [relu'](dy) from the saved output y (y > 0 exactly where the
-pre-activation was), then BN's data, scale and shift gradients; dz itself is a
-graph output when a residual input needs it (the gradient of an add reaches
-both addends). cuDNN docs, "Normalizations: Batchnorm Forward/Backward", and
-the frontend's samples (BN + ReLU, dReLU + dBN). Where cuDNN has no fused engine
-for a variant (an fp32 add, say), `CudnnUnsupported` tells the layer to run the
-unfused graph and do the add/ReLU in its own kernel.
+Backward: dz = [relu'](dy), then BN's data, scale and shift gradients; dz
+itself is a graph output when a residual input needs it (the gradient of an
+add reaches both addends). cuDNN fuses the ReLU's gradient into the BN
+backward only in the form its fused engines know (the frontend's
+DRELU_DBN / DRELU_DADD_DBN cases): the forward writes a bit mask of y > 0
+(one bit per channel, C/8 bytes per pixel) and the backward multiplies dy by
+it; a backward that reads y instead finds no engine (measured on an H100:
+every ResNet-50 layer fell back to a separate ReLU-gradient kernel). cuDNN
+docs, "Normalizations: Batchnorm Forward/Backward", and the frontend's
+samples. Where cuDNN has no fused engine for a variant, `CudnnUnsupported`
+tells the layer to run the unfused graph and do the add/ReLU in its own kernel.
 
 Epsilon and momentum are pass-by-value scalars: the graph reads them from host
 memory that lives as long as the bound graph.
@@ -24,6 +28,27 @@ from .cudnn_graphs import BoundGraph, TensorSpec, _cudnn, _data_type, graph_key
 _SCALAR = dict(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1])
 
 
+def mask_shape(x_shape) -> tuple:
+    """The ReLU bit mask's buffer for an NHWC map: one bit per channel, 8 channels a byte."""
+    n, h, w, c = x_shape
+    if c % 8:
+        raise ValueError(f"a ReLU bit mask packs 8 channels a byte; {c} channels is not a multiple of 8")
+    return (n, h, w, c // 8)
+
+
+def _mask_tensor(g, mask):
+    """cuDNN's view of the bit mask: the logical (N, C, H, W) map of booleans, NHWC-packed."""
+    n, h, w, c8 = mask.shape
+    c = 8 * c8
+    return g.tensor(name="mask", dim=[n, c, h, w], stride=[h * w * c, 1, w * c, c],
+                    data_type=_cudnn().data_type.BOOLEAN)
+
+
+def _zero_of(dtype) -> np.ndarray:
+    """A host zero of the output's type for the mask's comparison (all bits zero in float32 and bfloat16)."""
+    return np.zeros(1, np.float32 if np.dtype(dtype) == np.float32 else np.uint16)
+
+
 def _host_scalars(**values: float) -> dict:
     """Pass-by-value float32 scalars (epsilon, momentum) as host arrays the bound graph keeps alive."""
     return {name: np.array([value], np.float32) for name, value in values.items()}
@@ -31,18 +56,26 @@ def _host_scalars(**values: float) -> dict:
 
 def batchnorm_forward(runtime, precision: str, x, scale, bias, running_mean, running_var, y, saved_mean,
                       saved_inv_std, epsilon: float, momentum: float, residual=None, relu: bool = False,
-                      allocator=None) -> BoundGraph:
-    """One graph: BN training forward [+ residual] [+ ReLU] into y; running statistics updated in place."""
+                      mask=None, allocator=None) -> BoundGraph:
+    """One graph: BN training forward [+ residual] [+ ReLU] into y; running statistics updated in place.
+
+    `mask` (with `relu`): a uint8 buffer of `mask_shape(x.shape)` that gets the bits of y > 0.
+    """
+    if mask is not None and not relu:
+        raise ValueError("a ReLU bit mask needs relu=True")
     inputs = {"x": x, "scale": scale, "bias": bias, "running_mean": running_mean, "running_var": running_var}
     if residual is not None:
         inputs["residual"] = residual
     outputs = {"y": y, "saved_mean": saved_mean, "saved_inv_std": saved_inv_std}
     scalars = _host_scalars(epsilon=epsilon, momentum=momentum)
+    if mask is not None:
+        outputs["mask"] = mask
+        scalars["zero"] = _zero_of(y.dtype)
 
     def define(g):
         t = {name: TensorSpec.of(a).make(g, name) for name, a in inputs.items()}
-        t.update({name: g.tensor(name=name, data_type=_cudnn().data_type.FLOAT, is_pass_by_value=True, **_SCALAR)
-                  for name in scalars})
+        t.update({name: g.tensor(name=name, data_type=_data_type(y.dtype) if name == "zero" else
+                                 _cudnn().data_type.FLOAT, is_pass_by_value=True, **_SCALAR) for name in scalars})
         out, mean, inv_std, next_mean, next_var = g.batchnorm(
             name="bn", input=t["x"], scale=t["scale"], bias=t["bias"], in_running_mean=t["running_mean"],
             in_running_var=t["running_var"], epsilon=t["epsilon"], momentum=t["momentum"])
@@ -51,35 +84,50 @@ def batchnorm_forward(runtime, precision: str, x, scale, bias, running_mean, run
         if relu:
             out = g.relu(name="relu", input=out)
         TensorSpec.of(y).mark_output(out)
+        bits = None
+        if mask is not None:
+            bits = g.cmp_gt(name="mask", input=out, comparison=t["zero"])
+            n, h, w, c8 = mask.shape
+            bits.set_output(True).set_data_type(_cudnn().data_type.BOOLEAN)
+            bits.set_dim([n, 8 * c8, h, w]).set_stride([h * w * 8 * c8, 1, w * 8 * c8, 8 * c8])
         for name, tensor in (("saved_mean", mean), ("saved_inv_std", inv_std)):
             TensorSpec.of(outputs[name]).mark_output(tensor)
         # The next running statistics overwrite the previous ones: both names point at one buffer.
         TensorSpec.of(running_mean).mark_output(next_mean)
         TensorSpec.of(running_var).mark_output(next_var)
         return t | {"y": out, "saved_mean": mean, "saved_inv_std": inv_std, "next_running_mean": next_mean,
-                    "next_running_var": next_var}
+                    "next_running_var": next_var} | ({"mask": bits} if bits is not None else {})
 
     buffers = inputs | outputs | {"next_running_mean": running_mean, "next_running_var": running_var}
-    scalar_key = tuple((name, float(a[0])) for name, a in sorted(scalars.items()))
+    scalar_key = tuple((name, float(a[0])) for name, a in sorted(scalars.items()) if name != "zero")
     key = graph_key("batchnorm_fwd", precision, None, **inputs, **outputs) + (("relu", relu),) + scalar_key
     graph = runtime.graph(key, x.dtype, precision, define)
     return BoundGraph(runtime, graph, buffers, allocator, host_scalars=scalars, preserve=(running_mean, running_var))
 
 
 def batchnorm_backward(runtime, precision: str, dy, x, scale, saved_mean, saved_inv_std, dx, dscale, dbias,
-                       y=None, dz=None, allocator=None) -> BoundGraph:
-    """One graph: [dz = relu'(dy) from the forward output y] -> BN backward into dx, dscale, dbias.
+                       y=None, mask=None, dz=None, allocator=None) -> BoundGraph:
+    """One graph: [dz = relu'(dy)] -> BN backward into dx, dscale, dbias.
 
-    `y` given: the forward ended in ReLU; `dz` given: the post-ReLU gradient is written out too.
+    The forward ended in ReLU when `mask` (its bits of y > 0: dz = dy * mask) or `y` (dz = relu'(dy) at y)
+    is given; `dz` given: the post-ReLU gradient is written out too.
     """
+    if y is not None and mask is not None:
+        raise ValueError("the ReLU's gradient comes from the mask or from y, not both")
     inputs = {"dy": dy, "x": x, "scale": scale, "saved_mean": saved_mean, "saved_inv_std": saved_inv_std}
     if y is not None:
         inputs["y"] = y
+    if mask is not None:
+        inputs["mask"] = mask
     outputs = {"dx": dx, "dscale": dscale, "dbias": dbias} | ({"dz": dz} if dz is not None else {})
 
     def define(g):
-        t = {name: TensorSpec.of(a).make(g, name) for name, a in inputs.items()}
+        t = {name: (_mask_tensor(g, a) if name == "mask" else TensorSpec.of(a).make(g, name))
+             for name, a in inputs.items()}
         grad = t["dy"]
+        if mask is not None:
+            grad = g.mul(name="drelu", a=t["dy"], b=t["mask"])
+            grad.set_data_type(_data_type(dy.dtype))
         if y is not None:
             grad = g.relu_backward(name="drelu", loss=t["dy"], input=t["y"])
             grad.set_data_type(_data_type(dy.dtype))

@@ -119,6 +119,12 @@ class Network:
     def output_shape(self) -> tuple:
         return self.shapes[self.output]
 
+    @property
+    def target_shape(self) -> tuple:
+        """Per-sample target shape: the output's, unless the loss says otherwise (token ids for (T, V) logits)."""
+        shape_of = getattr(self.loss, "target_shape", None)
+        return self.output_shape if shape_of is None else tuple(shape_of(self.output_shape))
+
     def input_shapes(self, node: Node) -> list[tuple]:
         return [self.shapes[i] for i in node.inputs]
 

@@ -25,6 +25,15 @@ __device__ __forceinline__ float load_f(const float* p, long long i) { return p[
 __device__ __forceinline__ float load_f(const bf16_t* p, long long i) { return bf16_to_float(p[i]); }
 __device__ __forceinline__ void store_f(float* p, long long i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_f(bf16_t* p, long long i, float v) { p[i] = float_to_bf16(v); }
+// Butterfly reductions over one warp: every lane ends with the result.
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
 """
 
 

@@ -38,13 +38,14 @@ PROFILE_STEPS = 10   # steps a profiled train() times, at least (whole epochs)
 
 class Trainer:
     def __init__(self, net: Network, x: np.ndarray, t: np.ndarray, batch: int, config: EngineConfig | None = None,
-                 lr: float = 1e-3, seed: int = 0, fuse: bool = True, sync=None):
+                 lr: float = 1e-3, seed: int = 0, fuse: bool = True, sync=None, loader_workers: int | None = None):
         """sync: a `parallel.GradientSync` for data-parallel training (batch is then the global batch, split
         over the ranks; `train()` returns this rank's losses, `sync.mean_over_ranks` the global ones);
-        None trains in this process alone, with no extra work in the step."""
+        None trains in this process alone, with no extra work in the step. loader_workers: the streamed
+        loader's gather threads (resident_data=0; None: one per core, up to 8)."""
         self.config = config or EngineConfig.from_env()
         self.net = net
-        x, t = check_training_data(x, t, net.input_shape, net.output_shape)
+        x, t = check_training_data(x, t, net.input_shape, net.target_shape)
         self.batch = check_batch(batch, len(x))
         self.backend = backend = get_backend(self.config)
         self.policy = policy_for(self.config.precision)
@@ -59,7 +60,7 @@ class Trainer:
                                          buffer_specs=net.buffer_specs())
             self.state = StepState(backend, self.allocator, steps_per_epoch)
             source = ResidentDataset if self.config.resident_data else StreamedDataset
-            extra = {} if self.config.resident_data else {"pool": self.config.batch_pool}
+            extra = {} if self.config.resident_data else {"pool": self.config.batch_pool, "workers": loader_workers}
             self.data = source(backend, self.allocator, self.policy, self.state, x, t, local_batch, seed,
                                **extra, **shard)
             ctx = BuildContext(backend, self.policy, self.allocator, self.params, local_batch)
@@ -193,6 +194,10 @@ class Trainer:
 
     def synchronize(self):
         self.backend.synchronize()
+
+    def close(self):
+        """Stop the streamed loader's threads now (garbage collection stops them too)."""
+        self.data.close()
 
     def memory_report(self) -> dict[str, int]:
         return self.allocator.report()

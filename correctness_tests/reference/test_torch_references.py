@@ -27,16 +27,6 @@ def data():
     return mlp_data(512, SMOKE_SHAPE, seed=3)
 
 
-@pytest.fixture(autouse=True)
-def restore_precision_flags():
-    """The TF32 flags are process-global; leave them as the test found them."""
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-             torch.get_float32_matmul_precision())
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
-    torch.set_float32_matmul_precision(saved[2])
-
-
 def epoch_losses(runner, epochs: int) -> list[float]:
     runner.prepare()
     losses = []

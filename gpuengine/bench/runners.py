@@ -25,8 +25,8 @@ class EngineTrainRunner:
     name = "gpuengine"
 
     def __init__(self, net: Network, x: np.ndarray, t: np.ndarray, batch: int, config: EngineConfig,
-                 epochs_per_round: int = 1, lr: float = 1e-3, seed: int = 0):
-        self.trainer = Trainer(net, x, t, batch, config, lr=lr, seed=seed)
+                 epochs_per_round: int = 1, lr: float = 1e-3, seed: int = 0, loader_workers: int | None = None):
+        self.trainer = Trainer(net, x, t, batch, config, lr=lr, seed=seed, loader_workers=loader_workers)
         self.epochs_per_round = epochs_per_round
         steps = self.trainer.steps_per_epoch * epochs_per_round
         self.samples_per_round = steps * self.trainer.batch

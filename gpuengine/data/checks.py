@@ -22,9 +22,9 @@ def check_features(x: np.ndarray, expected_shape: tuple, what: str = "inputs") -
     return x
 
 
-def check_training_data(x, t, input_shape: tuple, output_shape: tuple) -> tuple[np.ndarray, np.ndarray]:
+def check_training_data(x, t, input_shape: tuple, target_shape: tuple) -> tuple[np.ndarray, np.ndarray]:
     x = check_features(x, input_shape, "inputs")
-    t = check_features(t, output_shape, "targets")
+    t = check_features(t, target_shape, "targets")
     if len(x) != len(t):
         raise DataError(f"{len(x)} input samples but {len(t)} targets")
     return x, t

@@ -52,6 +52,9 @@ class ResidentDataset:
         if self._gather is not None:
             self._gather.run()
 
+    def close(self):
+        """No threads or host buffers to release."""
+
     def rows_of_step(self, step: int) -> np.ndarray:
         if self._gather is None:
             return np.arange(self.samples)

@@ -87,9 +87,13 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
 
 
 def batch_rows(n: int, seed: int, step: int, batch: int, steps_per_epoch: int, rank: int = 0,
-               world: int = 1) -> np.ndarray:
+               world: int = 1, lo: int = 0, hi: int | None = None) -> np.ndarray:
     """Dataset rows of global training step `step`: rank `rank`'s slice of `batch` rows of the global batch
-    of `batch * world` rows (data parallel: the same permutation on every rank, each takes its own part)."""
+    of `batch * world` rows (data parallel: the same permutation on every rank, each takes its own part).
+    `lo`, `hi`: only batch positions lo..hi-1 (a loader worker's share of the batch)."""
+    hi = batch if hi is None else hi
+    if not 0 <= lo <= hi <= batch:
+        raise ValueError(f"batch positions {lo}..{hi} are not within a batch of {batch}")
     epoch, position = divmod(step, steps_per_epoch)
     first = position * batch * world + rank * batch
-    return permute(np.arange(first, first + batch), n, epoch_key(seed, epoch))
+    return permute(np.arange(first + lo, first + hi), n, epoch_key(seed, epoch))

@@ -10,7 +10,8 @@ gradient is dz itself. Inference (an inference program, `ctx.training` False)
 normalizes with the running statistics instead.
 
 On a GPU training runs as cuDNN frontend graphs (cudnn_batchnorm.py: BN + add
-+ ReLU forward and dReLU + dBN backward, seed note 002's fusions), falling back
++ ReLU forward and dReLU + dBN backward, seed note 002's fusions, the ReLU's
+gradient carried from forward to backward as a bit mask), falling back
 to the plain BN graphs plus this module's element-wise kernels for a variant
 cuDNN cannot fuse; inference is one element-wise kernel. gamma and beta are
 read in float32 from the master weights under every precision. The NumPy
@@ -21,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import widen
-from ..cudnn_batchnorm import batchnorm_backward, batchnorm_forward
+from ..cudnn_batchnorm import batchnorm_backward, batchnorm_forward, mask_shape
 from ..cudnn_graphs import CudnnUnsupported, runtime_for
 from ..kernels import ctype, get_kernel
 from ..params import ParamSpec
@@ -95,7 +96,7 @@ class BatchNorm2D(Layer):
         # float32 for cuDNN; float64 under the NumPy gradient checks' precision
         self.saved_mean = ctx.allocator.zeros((channels,), ctx.policy.master_dtype, "activations")
         self.saved_inv_std = ctx.allocator.zeros((channels,), ctx.policy.master_dtype, "activations")
-        self._fwd_graph = self._tail = self._infer = None
+        self._fwd_graph = self._tail = self._infer = self.mask = None
         if not ctx.backend.is_gpu:
             return self.out
         defines = dict(ELEM_T=ctype(x.dtype), HAS_RESIDUAL=int(residual is not None),
@@ -105,9 +106,18 @@ class BatchNorm2D(Layer):
             return self.out
         args = (runtime_for(ctx.backend), ctx.policy.name, x, self.gamma, self.beta, self.running_mean,
                 self.running_var, self.out, self.saved_mean, self.saved_inv_std, self.epsilon, self.momentum)
+        relu = self.activation == "relu"
+        if relu and channels % 8 == 0:   # the ReLU's bit mask lets cuDNN fuse its gradient into BN's backward
+            mask = ctx.allocator.zeros(mask_shape(x.shape), np.uint8, "activations")
+            try:
+                self._fwd_graph = batchnorm_forward(*args, residual=residual, relu=True, mask=mask,
+                                                    allocator=ctx.allocator)
+                self.mask = mask
+                return self.out
+            except CudnnUnsupported:
+                pass
         try:
-            self._fwd_graph = batchnorm_forward(*args, residual=residual, relu=self.activation == "relu",
-                                                allocator=ctx.allocator)
+            self._fwd_graph = batchnorm_forward(*args, residual=residual, relu=relu, allocator=ctx.allocator)
         except CudnnUnsupported:
             self._fwd_graph = self._plain_graph(batchnorm_forward, *args, allocator=ctx.allocator)
             if residual is not None or self.activation:
@@ -146,9 +156,17 @@ class BatchNorm2D(Layer):
         stats = (self.gamma, self.saved_mean, self.saved_inv_std, self.dx, self.dgamma, self.dbeta)
         relu = self.activation == "relu"
         self._drelu_here = False
+        dz = self.dz if relu and needs_res else None
+        if self.mask is not None:
+            try:
+                self._bwd_graph = batchnorm_backward(*args, self.dy, self.x, *stats, mask=self.mask, dz=dz,
+                                                     allocator=ctx.allocator)
+                return
+            except CudnnUnsupported:
+                pass
         try:
             self._bwd_graph = batchnorm_backward(*args, self.dy, self.x, *stats, y=self.out if relu else None,
-                                                 dz=self.dz if relu and needs_res else None, allocator=ctx.allocator)
+                                                 dz=dz, allocator=ctx.allocator)
         except CudnnUnsupported:
             if relu and self.dz is self.dy:
                 self.dz = ctx.allocator.zeros(self.dy.shape, self.dy.dtype, "activations")

@@ -16,14 +16,6 @@ from ..backend import widen
 from ..kernels import ctype, get_kernel
 
 _SOURCE = r"""
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 extern "C" __global__ void softmax_xent(const ELEM_T* z, const float* t, ELEM_T* dz, float* partials, int rows,
                                         int classes, float grad_scale) {
     __shared__ float warp_losses[32];

@@ -19,10 +19,6 @@ from ..backend import widen
 from ..kernels import ctype, get_kernel
 
 _SOURCE = r"""
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 // Pass 1, one warp per row and every row at once (a memory-bound pass needs
 // thousands of warps in flight): y = tanh(z) . w2 + b2. Training writes

@@ -102,6 +102,23 @@ def host_array(value) -> np.ndarray:
     return value.numpy()
 
 
+def snapshot_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the model's weights and buffers, to undo warm-up with."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@torch.no_grad()
+def restore_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                           snapshot: dict[str, torch.Tensor]) -> None:
+    """Undo warm-up in place (captured addresses stay valid): weights, buffers, Adam state."""
+    for key, value in model.state_dict().items():
+        value.copy_(snapshot[key])
+    for state in optimizer.state.values():
+        for value in state.values():
+            if torch.is_tensor(value):
+                value.zero_()   # zero moments and step count are exactly a fresh Adam
+
+
 class _TorchRunner:
     """Mode, device, precision and (compiled) model shared by the train and infer runners."""
 
@@ -217,17 +234,10 @@ class TorchTrainRunner(_TorchRunner):
         self._loss_sum.add_(loss.detach())
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return snapshot_state(self.model)
 
-    @torch.no_grad()
     def _restore(self, snapshot: dict[str, torch.Tensor]) -> None:
-        """Undo warm-up in place (captured addresses stay valid): weights, buffers, Adam state."""
-        for key, value in self.model.state_dict().items():
-            value.copy_(snapshot[key])
-        for state in self.optimizer.state.values():
-            for value in state.values():
-                if torch.is_tensor(value):
-                    value.zero_()   # zero moments and step count are exactly a fresh Adam
+        restore_training_state(self.model, self.optimizer, snapshot)
         self._generator.manual_seed(self._seed)
 
     def prepare(self) -> None:

@@ -5,7 +5,8 @@ loss, Adam lr 1e-3. Initialised like the engine (Glorot/Xavier uniform weights,
 zero biases) and named like it: "dense1.weight" (hidden, inputs), "dense1.bias",
 "dense2.weight" (outputs, hidden), "dense2.bias", torch's (out, in) layout, so
 parity tests give both sides the same weights. The runners are the shared ones
-of `torch_common` (eager, compiled, whole-step CUDA graph).
+of `torch_common` (eager, compiled, whole-step CUDA graph) and the streamed
+DataLoader runner of `torch_streamed`.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from .torch_common import TorchInferRunner, TorchTrainRunner
+from .torch_streamed import TorchStreamedTrainRunner
 
 SEED_HIDDEN = 1000   # the note's hidden width; runners take it from weights when given
 
@@ -92,6 +94,18 @@ def mlp_train_runner(mode: str, x: np.ndarray, t: np.ndarray, batch_size: int, p
     return TorchTrainRunner(mode, model, mlp_loss, x.astype(np.float32, copy=False),
                             t.astype(np.float32, copy=False), batch_size, precision, lr, device, seed,
                             **runner_options)
+
+
+def mlp_dataloader_runner(x: np.ndarray, t: np.ndarray, batch_size: int, precision: str, lr: float = 1e-3,
+                          device: str = "cuda", seed: int = 0, weights: Mapping[str, np.ndarray] | None = None,
+                          hidden: int | None = None, **runner_options) -> TorchStreamedTrainRunner:
+    """Train on host arrays streamed through a DataLoader (pinned, non-blocking copies): the same model and
+    step as `mlp_train_runner`'s torch_eager. `runner_options` go to TorchStreamedTrainRunner (workers,
+    prefetch_factor, epochs_per_round, mode, warmup_steps, compile_backend, name)."""
+    if x.ndim != 2 or t.ndim != 2:
+        raise ValueError(f"x must be (n, inputs) and t (n, outputs); got {x.shape} and {t.shape}")
+    model = _build(x.shape[1], t.shape[1], hidden, weights, seed)
+    return TorchStreamedTrainRunner(model, mlp_loss, x, t, batch_size, precision, lr, device, seed, **runner_options)
 
 
 def mlp_infer_runner(mode: str, x_batches: Sequence[np.ndarray], precision: str, device: str = "cuda",

@@ -1,0 +1,126 @@
+"""On a GPU: the Transformer's kernels and cuDNN's fused attention agree with the NumPy backend.
+
+The NumPy layers are checked against finite differences and PyTorch on the CPU
+(test_transformer_gradients.py, test_transformer_torch_parity.py); these tests
+carry that trust to the GPU: the fused SDPA forward and backward graphs
+(unmasked, causal, cross-attention of unequal lengths) against the float64
+formula within bf16 tolerance in every precision mode (fp32/tf32 run them
+between casts, bf16 natively), the embedding, positional-encoding, LayerNorm
+and token cross-entropy kernels against NumPy float32, a whole small model's
+training step, captured replay equal to eager, and no allocation in the
+steady state.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuengine.backend import gpu_visible
+from gpuengine.config import EngineConfig
+from gpuengine.layers import LayerNorm, MultiHeadAttention, SinusoidalPositionalEncoding, TokenCrossEntropy, TokenEmbedding
+from gpuengine.workloads import transformer
+
+from .gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group
+from .layer_harness import run_layer, run_loss, run_network
+from .test_gpu_conv import normal, representable
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
+
+PRECISIONS = ["fp32", "tf32", "bf16"]
+ATTENTION_TOLERANCE = 3e-2   # Q, K, V, O and dO round to bf16 in every mode: cuDNN's fused engines are bf16-only
+# (heads, d_model, query positions, key positions, causal, cross)
+ATTENTION_CASES = {"self": (4, 256, 64, 64, False, False), "causal": (8, 256, 128, 128, True, False),
+                   "cross": (8, 256, 64, 96, False, True), "causal-384": (8, 256, 384, 384, True, False)}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("case", ATTENTION_CASES)
+def test_fused_attention_matches_the_float64_formula(case, precision):
+    """y, dx (and the memory's gradient) and every projection gradient, against NumPy in float64."""
+    heads, d, queries, keys, causal, cross = ATTENTION_CASES[case]
+    batch = 4
+    layer = lambda: MultiHeadAttention(heads, causal=causal, cross=cross, name="attn")   # noqa: E731
+    x = normal(1, (batch, queries, d), precision)
+    inputs = (x, normal(2, (batch, keys, d), precision)) if cross else x
+    dy = normal(3, (batch, queries, d), precision)
+    rng = np.random.default_rng(4)
+    weights = {s.name: representable(rng.standard_normal(s.shape) * np.sqrt(1.0 / d), precision)
+               for s in layer().param_specs(*([(queries, d), (keys, d)] if cross else [(queries, d)]))}
+    cpu = run_layer(layer(), inputs, dy, precision="fp64", weights=weights)
+    gpu = run_layer(layer(), inputs, dy, device="cuda", precision=precision, weights=weights)
+    assert_close(gpu, cpu, ATTENTION_TOLERANCE)
+
+
+def test_forward_and_backward_attention_graphs_share_one_key_shape():
+    """Seed note 004's cache-key bug: under fp32 the backward must find the bf16 graph family the forward built."""
+    from gpuengine.cudnn_attention import GRAPH_PRECISION, attention_graph_key
+    forward = attention_graph_key("sdpa_fwd", True, 0.125)
+    backward = attention_graph_key("sdpa_bwd", True, 0.125)
+    assert forward[1:] == backward[1:] and forward[1] == GRAPH_PRECISION == "bf16"
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_embedding_positional_encoding_and_layernorm_match_numpy(precision):
+    ids = np.random.default_rng(5).integers(0, 256, (16, 128)).astype(np.float32)
+    dy = normal(6, (16, 64, 256), precision)
+    weights = {"e.weight": representable(np.random.default_rng(7).standard_normal((256, 256)) * 0.06, precision)}
+    embed = lambda: TokenEmbedding(256, 256, 64, 64, name="e")   # noqa: E731
+    assert_close(run_layer(embed(), ids, dy, device="cuda", precision=precision, weights=weights),
+                 run_layer(embed(), ids, dy, precision="fp32", weights=weights), TOLERANCE[precision])
+    x = normal(8, (16, 64, 256), precision)
+    assert_close(run_layer(SinusoidalPositionalEncoding(name="pe"), x, dy, device="cuda", precision=precision),
+                 run_layer(SinusoidalPositionalEncoding(name="pe"), x, dy, precision="fp32"), TOLERANCE[precision])
+    ln = {"ln.weight": representable(1 + 0.2 * np.random.default_rng(9).standard_normal(256), precision),
+          "ln.bias": representable(0.2 * np.random.default_rng(10).standard_normal(256), precision)}
+    assert_close(run_layer(LayerNorm(name="ln"), x * 2 + 1, dy, device="cuda", precision=precision, weights=ln),
+                 run_layer(LayerNorm(name="ln"), x * 2 + 1, dy, precision="fp32", weights=ln), TOLERANCE[precision])
+
+
+@pytest.mark.parametrize("pad_id", [None, 0])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_token_cross_entropy_matches_numpy(precision, pad_id):
+    rng = np.random.default_rng(11)
+    z = normal(12, (16, 64, 256), precision) * 3
+    t = rng.integers(0, 256, (16, 64)).astype(np.float32)
+    t[:, :5] = 0
+    gpu = run_loss(TokenCrossEntropy(pad_id), z, t, device="cuda", precision=precision)
+    cpu = run_loss(TokenCrossEntropy(pad_id), z, t, precision="fp32")
+    assert_close({"dy": gpu["dy"], "loss": np.array([gpu["loss"]])},
+                 {"dy": cpu["dy"], "loss": np.array([cpu["loss"]])}, TOLERANCE[precision])
+
+
+SHAPE = transformer.SMOKE_SHAPE.with_length(64)   # d_head 8: the smallest head width cuDNN's SDPA takes
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_whole_model_step_matches_numpy(precision):
+    net = transformer.build_transformer(SHAPE)
+    x, t = transformer.transformer_data(16, SHAPE, seed=13)
+    rng = np.random.default_rng(14)
+    weights = {s.name: representable(rng.uniform(-1, 1, s.shape) * np.sqrt(6 / (s.fan_in + s.fan_out))
+                                     if s.init == "glorot" else np.full(s.shape, 1.0 if s.init == "ones" else 0.0),
+                                     precision) for s in net.param_specs()}
+    cpu = run_network(net, x, t, precision="fp32", weights=weights)
+    gpu = run_network(net, x, t, device="cuda", precision=precision, weights=weights)
+    grads = lambda r: {k: v for k, v in r.items() if k.startswith("grad:")}   # noqa: E731
+    assert gpu["loss"] == pytest.approx(cpu["loss"], rel=ATTENTION_TOLERANCE)
+    assert_close(grads(gpu), grads(cpu), 0.1 if precision == "bf16" else 5e-2)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_captured_replay_equals_eager(precision):
+    """The same training run eagerly, one step per graph and eight per graph: the same epoch losses."""
+    net = transformer.build_transformer(SHAPE)
+    x, t = transformer.transformer_data(128, SHAPE, seed=15)
+    losses = losses_by_graph_group(net, x, t, 16, precision, (0, 1, 8), epochs=3)
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-6)
+    np.testing.assert_allclose(losses[8], losses[0], rtol=1e-6)
+    assert losses[0][-1] < losses[0][0]
+
+
+def test_steady_state_allocates_nothing():
+    net = transformer.build_transformer(SHAPE)
+    x, t = transformer.transformer_data(64, SHAPE, seed=16)
+    assert_steady_state_allocates_nothing(net, x, t, 16, [EngineConfig(precision=p, cuda_graph=g)
+                                                          for p in PRECISIONS for g in (0, 8)])

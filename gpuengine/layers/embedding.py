@@ -1,0 +1,119 @@
+"""Token embedding scaled by sqrt(d_model) (Vaswani et al. 2017, section 3.4), with its scatter-add gradient.
+
+The network's input row holds token ids as numbers (the source and the shifted
+target side by side, see data/token_corpus.py); an embedding reads the `length`
+ids starting at column `start` and writes (length, d_model) vectors
+y[t] = sqrt(d) W[id_t]. Its weight gradient is a scatter-add,
+dW[v] = sqrt(d) sum over tokens t with id_t = v of dy[t]: on a GPU one block per
+vocabulary row sums the matching tokens' gradients in token order, so the
+result is the same every run (no atomics). Ids are not differentiable: the
+layer gives no input gradient (a graph that asks for one fails when built,
+naming the node). Ids travel in the compute dtype; bf16 holds
+every integer up to 256 exactly, so a larger vocabulary is refused under bf16.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..backend import widen
+from ..kernels import ctype, get_kernel
+from ..params import ParamSpec
+from .activations import launch_shape
+from .base import BuildContext, Layer
+
+_SOURCE = r"""
+extern "C" __global__ void embed(const ID_T* ids, const ELEM_T* weight, ELEM_T* out, int row_len, int start,
+                                 int length, int dim, float scale, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const long long token = i / dim;   // (batch row) * length + position
+        const int c = (int)(i % dim);
+        const long long b = token / length;
+        const int id = (int)load_f(ids, b * row_len + start + token % length);
+        store_f(out, i, scale * load_f(weight, (long long)id * dim + c));
+    }
+}
+extern "C" __global__ void embed_grad(const ID_T* ids, const ELEM_T* dy, float* dweight, int row_len, int start,
+                                      int length, int dim, float scale, long long tokens) {
+    // One block per vocabulary row: tokens in order, so the sum is deterministic.
+    const int v = blockIdx.x;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        float s = 0.f;
+        for (long long token = 0; token < tokens; ++token) {
+            const long long b = token / length;
+            if ((int)load_f(ids, b * row_len + start + token % length) == v) s += load_f(dy, token * dim + c);
+        }
+        dweight[(long long)v * dim + c] = scale * s;
+    }
+}
+"""
+BF16_EXACT_IDS = 256   # bf16 has 8 significant bits: every integer up to 2^8 is exact
+
+
+class TokenEmbedding(Layer):
+    """Ids in columns [start, start + length) of each input row -> (length, d_model) scaled embeddings."""
+
+    def __init__(self, vocab: int, d_model: int, start: int, length: int, name: str = ""):
+        if vocab < 1 or d_model < 1 or start < 0 or length < 1:
+            raise ValueError(f"TokenEmbedding needs vocab, d_model, length >= 1 and start >= 0; got vocab={vocab}, "
+                             f"d_model={d_model}, start={start}, length={length}")
+        self.vocab, self.d_model, self.start, self.length, self.name = vocab, d_model, start, length, name
+        self.scale = math.sqrt(d_model)
+
+    def _row_len(self, input_shape) -> int:
+        if len(input_shape) != 1 or input_shape[0] < self.start + self.length:
+            raise ValueError(f"{self.name}: reads ids {self.start}..{self.start + self.length - 1} of a flat row, "
+                             f"got per-sample shape {tuple(input_shape)}")
+        return input_shape[0]
+
+    def param_specs(self, input_shape):
+        self._row_len(input_shape)
+        return [ParamSpec(f"{self.name}.weight", (self.vocab, self.d_model), "glorot", self.vocab, self.d_model)]
+
+    def output_shape(self, input_shape):
+        self._row_len(input_shape)
+        return (self.length, self.d_model)
+
+    def build_forward(self, ctx: BuildContext, x):
+        if ctx.policy.compute_dtype.itemsize == 2 and self.vocab > BF16_EXACT_IDS + 1:
+            raise ValueError(f"{self.name}: vocabulary {self.vocab} has ids bf16 cannot hold exactly "
+                             f"(at most {BF16_EXACT_IDS + 1} ids under bf16)")
+        self.backend, self.ids, self.row_len = ctx.backend, x, x.shape[1]
+        self.weight = ctx.params.compute_view(f"{self.name}.weight")
+        self.out = ctx.allocator.zeros((ctx.batch, self.length, self.d_model), ctx.policy.compute_dtype, "activations")
+        if ctx.backend.is_gpu:
+            self._embed = get_kernel(_SOURCE, "embed", ID_T=ctype(x.dtype), ELEM_T=ctype(self.out.dtype))
+        return self.out
+
+    def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
+        self.dy, self.dweight = dy, ctx.params.grad_view(f"{self.name}.weight")
+        if ctx.backend.is_gpu:
+            self._grad = get_kernel(_SOURCE, "embed_grad", ID_T=ctype(self.ids.dtype), ELEM_T=ctype(dy.dtype))
+        return None
+
+    def _token_ids(self) -> np.ndarray:
+        return widen(self.ids[:, self.start:self.start + self.length]).astype(np.int64)
+
+    def _args(self):
+        return (np.int32(self.row_len), np.int32(self.start), np.int32(self.length), np.int32(self.d_model),
+                np.float32(self.scale))
+
+    def forward(self):
+        if not self.backend.is_gpu:
+            self.out[...] = (self.scale * widen(self.weight)[self._token_ids()]).astype(self.out.dtype)
+            return
+        grid, block = launch_shape(self.out.size)
+        self._embed(grid, block, (self.ids, self.weight, self.out) + self._args() + (np.int64(self.out.size),))
+
+    def backward(self):
+        if not self.backend.is_gpu:
+            grad = np.zeros(self.dweight.shape, self.dweight.dtype)
+            np.add.at(grad, self._token_ids().ravel(), widen(self.dy).reshape(-1, self.d_model))
+            self.dweight[...] = self.scale * grad
+            return
+        self._grad((self.vocab,), (min(256, self.d_model),),
+                   (self.ids, self.dy, self.dweight) + self._args() + (np.int64(self.dy.size // self.d_model),))
+
+    def forward_flops(self, input_shape):
+        return 0   # a gather, no multiply-adds

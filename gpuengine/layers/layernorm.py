@@ -1,0 +1,132 @@
+"""Layer normalization over the last axis (Ba, Kiros & Hinton 2016), forward and backward.
+
+y = (x - mean) * rstd * gamma + beta per row of d features, rstd = 1/sqrt(var + eps)
+(biased variance, as torch). Backward, with xhat = (x - mean) * rstd and g = dy * gamma:
+dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dgamma = sum over rows of dy * xhat,
+dbeta = sum of dy. On a GPU one warp owns a row (mean and rstd saved for
+backward); the parameter gradients are column sums (reductions.py: fixed
+order, no atomics) of dy * xhat, written per row by the backward kernel, and dy.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import widen
+from ..kernels import ctype, get_kernel
+from ..params import ParamSpec
+from ..reductions import ColumnSum
+from .base import BuildContext, Layer
+
+_SOURCE = r"""
+extern "C" __global__ void layernorm_fwd(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* beta, ELEM_T* y,
+                                         float* mean, float* rstd, int rows, int dim, float eps) {
+    const int lane = threadIdx.x & 31;
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const long long base = row * dim;
+    float s = 0.f;
+    for (int c = lane; c < dim; c += 32) s += load_f(x, base + c);
+    const float m = warp_sum(s) / dim;
+    float q = 0.f;
+    for (int c = lane; c < dim; c += 32) { const float d = load_f(x, base + c) - m; q += d * d; }
+    const float r = rsqrtf(warp_sum(q) / dim + eps);
+    for (int c = lane; c < dim; c += 32)
+        store_f(y, base + c, (load_f(x, base + c) - m) * r * load_f(gamma, c) + load_f(beta, c));
+    if (lane == 0) { mean[row] = m; rstd[row] = r; }
+}
+extern "C" __global__ void layernorm_bwd(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* dy, const float* mean,
+                                         const float* rstd, ELEM_T* dx, float* dy_xhat, int rows, int dim) {
+    const int lane = threadIdx.x & 31;
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const long long base = row * dim;
+    const float m = mean[row], r = rstd[row];
+    float sg = 0.f, sgx = 0.f;
+    for (int c = lane; c < dim; c += 32) {
+        const float xhat = (load_f(x, base + c) - m) * r, d = load_f(dy, base + c), g = d * load_f(gamma, c);
+        sg += g;
+        sgx += g * xhat;
+        dy_xhat[base + c] = d * xhat;
+    }
+    const float mg = warp_sum(sg) / dim, mgx = warp_sum(sgx) / dim;
+    if (dx == nullptr) return;
+    for (int c = lane; c < dim; c += 32) {
+        const float xhat = (load_f(x, base + c) - m) * r;
+        store_f(dx, base + c, r * (load_f(dy, base + c) * load_f(gamma, c) - mg - xhat * mgx));
+    }
+}
+"""
+_ROWS_PER_BLOCK = 8
+EPSILON = 1e-5   # torch.nn.LayerNorm's default
+
+
+class LayerNorm(Layer):
+    """Normalizes each sample's last axis; weight (gamma) starts at one, bias (beta) at zero, torch's names."""
+
+    def __init__(self, epsilon: float = EPSILON, name: str = ""):
+        if not epsilon > 0:
+            raise ValueError(f"LayerNorm epsilon must be > 0, got {epsilon}")
+        self.epsilon, self.name = epsilon, name
+
+    def param_specs(self, input_shape):
+        d = input_shape[-1]
+        return [ParamSpec(f"{self.name}.weight", (d,), "ones"), ParamSpec(f"{self.name}.bias", (d,), "zeros")]
+
+    def forward_flops(self, input_shape):
+        return 0   # element-wise, no multiply-add GEMM work
+
+    def build_forward(self, ctx: BuildContext, x):
+        self.backend, self.dim = ctx.backend, x.shape[-1]
+        self.x = x.reshape(-1, self.dim)
+        self.rows = self.x.shape[0]
+        self.gamma = ctx.params.compute_view(f"{self.name}.weight")
+        self.beta = ctx.params.compute_view(f"{self.name}.bias")
+        self.out = ctx.allocator.zeros(x.shape, x.dtype, "activations")
+        self.mean = ctx.allocator.zeros((self.rows,), np.float32, "activations")
+        self.rstd = ctx.allocator.zeros((self.rows,), np.float32, "activations")
+        self._blocks = (-(-self.rows // _ROWS_PER_BLOCK),)
+        if ctx.backend.is_gpu:
+            self._fwd = get_kernel(_SOURCE, "layernorm_fwd", ELEM_T=ctype(x.dtype))
+        return self.out
+
+    def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
+        self.dy = dy.reshape(-1, self.dim)
+        self.dx = ctx.allocator.zeros(dy.shape, dy.dtype, "activations") if needs_input_grad else None
+        scratch_dtype = np.float64 if dy.dtype == np.float64 else np.float32
+        self.dy_xhat = ctx.allocator.zeros((self.rows, self.dim), scratch_dtype, "activations")
+        self._dgamma = ColumnSum(ctx.backend, ctx.allocator, self.dy_xhat, ctx.params.grad_view(f"{self.name}.weight"))
+        self._dbeta = ColumnSum(ctx.backend, ctx.allocator, self.dy, ctx.params.grad_view(f"{self.name}.bias"))
+        if ctx.backend.is_gpu:
+            self._bwd = get_kernel(_SOURCE, "layernorm_bwd", ELEM_T=ctype(dy.dtype))
+        return self.dx
+
+    def forward(self):
+        if not self.backend.is_gpu:
+            x = widen(self.x)
+            mean = x.mean(axis=1, keepdims=True)
+            rstd = 1.0 / np.sqrt(((x - mean) ** 2).mean(axis=1, keepdims=True) + self.epsilon)
+            y = (x - mean) * rstd * widen(self.gamma) + widen(self.beta)
+            self.out.reshape(-1, self.dim)[...] = y.astype(self.out.dtype)
+            self.mean[...], self.rstd[...] = mean[:, 0], rstd[:, 0]
+            self._rstd_exact = rstd   # float64 under the gradient checks
+            return
+        self._fwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (self.x, self.gamma, self.beta, self.out, self.mean, self.rstd,
+                                                          np.int32(self.rows), np.int32(self.dim),
+                                                          np.float32(self.epsilon)))
+
+    def backward(self):
+        if not self.backend.is_gpu:
+            x, dy = widen(self.x), widen(self.dy)
+            rstd = self._rstd_exact
+            xhat = (x - x.mean(axis=1, keepdims=True)) * rstd
+            g = dy * widen(self.gamma)
+            self.dy_xhat[...] = dy * xhat
+            if self.dx is not None:
+                dx = rstd * (g - g.mean(axis=1, keepdims=True) - xhat * (g * xhat).mean(axis=1, keepdims=True))
+                self.dx.reshape(-1, self.dim)[...] = dx.astype(self.dx.dtype)
+        else:
+            self._bwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (self.x, self.gamma, self.dy, self.mean, self.rstd,
+                                                              self.dx if self.dx is not None else np.uint64(0), self.dy_xhat,
+                                                              np.int32(self.rows), np.int32(self.dim)))
+        self._dgamma.run()
+        self._dbeta.run()

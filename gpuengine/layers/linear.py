@@ -1,0 +1,72 @@
+"""Position-wise linear layer: y = x W^T + b on the last axis of (..., in) samples (torch's nn.Linear).
+
+The Transformer's feed-forward layers and its projection to the vocabulary act
+on every position alike (Vaswani et al. 2017, section 3.3), so a batch of
+(T, in) samples is one (B*T, in) matrix: one cuBLASLt GEMM with the bias in its
+epilogue forward, two GEMMs and a column sum backward, as in dense.py (which
+takes flat samples only).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..gemm import Gemm
+from ..params import ParamSpec
+from ..reductions import ColumnSum
+from .base import BuildContext, Layer
+
+
+class Linear(Layer):
+    def __init__(self, units: int, name: str = ""):
+        if units < 1:
+            raise ValueError(f"Linear units must be >= 1, got {units}")
+        self.units, self.name = units, name
+
+    def param_specs(self, input_shape):
+        fan_in = input_shape[-1]
+        return [ParamSpec(f"{self.name}.weight", (self.units, fan_in), "glorot", fan_in, self.units),
+                ParamSpec(f"{self.name}.bias", (self.units,), "zeros")]
+
+    def output_shape(self, input_shape):
+        if len(input_shape) < 1:
+            raise ValueError(f"{self.name}: Linear needs samples with a feature axis")
+        return tuple(input_shape[:-1]) + (self.units,)
+
+    def forward_flops(self, input_shape):
+        return 2 * int(np.prod(input_shape)) * self.units
+
+    def build_forward(self, ctx: BuildContext, x):
+        self.x = x.reshape(-1, x.shape[-1])
+        self.weight = ctx.params.compute_view(f"{self.name}.weight")
+        self.out = ctx.allocator.zeros(x.shape[:-1] + (self.units,), ctx.policy.compute_dtype, "activations")
+        self._forward = Gemm(ctx.backend, ctx.policy, self.out.reshape(-1, self.units), self.x, self.weight.T,
+                             ctx.params.compute_view(f"{self.name}.bias"), ctx.allocator)
+        self._grad_w = self._grad_b = self._grad_x = None
+        self._input_shape = x.shape
+        return self.out
+
+    def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
+        dy = dy.reshape(-1, self.units)
+        self._grad_w = Gemm(ctx.backend, ctx.policy, ctx.params.grad_view(f"{self.name}.weight"), dy.T, self.x,
+                            allocator=ctx.allocator)
+        self._grad_b = ColumnSum(ctx.backend, ctx.allocator, dy, ctx.params.grad_view(f"{self.name}.bias"))
+        if not needs_input_grad:
+            return None
+        dx = ctx.allocator.zeros(self._input_shape, ctx.policy.compute_dtype, "activations")
+        self._grad_x = Gemm(ctx.backend, ctx.policy, dx.reshape(self.x.shape), dy, self.weight,
+                            allocator=ctx.allocator)
+        return dx
+
+    def forward(self):
+        self._forward.run()
+
+    def backward(self):
+        self._grad_w.run()
+        self._grad_b.run()
+        if self._grad_x is not None:
+            self._grad_x.run()
+
+    def release(self):
+        for gemm in (self._forward, self._grad_w, self._grad_x):
+            if gemm is not None:
+                gemm.free()

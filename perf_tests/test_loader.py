@@ -1,0 +1,154 @@
+"""Issue 10's streamed loader: against the copy engine, and streamed training against its bounds.
+
+- `test_loader_bandwidth`: the loader alone (worker gather, upload, the batch
+  read into the static buffers; no training) against `pinned_h2d`, pinned
+  copies of the same batch size timed alike. Both rounds count bytes, so the
+  ratio is the loader's fraction of the machine's pinned host-to-device
+  bandwidth (target >= 0.8). The large-copy bandwidth from device events
+  (`measure_pinned_h2d_gbps`) and each side's GB/s are stored with the run.
+- `test_mlp_streamed`: seed note 000's MLP at batch 8000 streamed from host
+  memory, against `copy_bound` (pinned copies of the round's bytes: the
+  bandwidth / bytes-per-sample bound, target >= 0.8), `torch_dataloader`
+  (DataLoader with pinned memory, the same workers, target >= 1.5) and the
+  engine on resident data (reported).
+- `test_cnn_streamed`: seed note 001's CNN streamed against resident (reported).
+Every training side must also show its loss descending. Uploads of a launch
+overlap the previous launch only with batch_pool >= 2 x cuda_graph, so the
+cases use that. On a machine without a GPU the same tests run tiny shapes on
+the NumPy backend: a smoke test of the harness, never a timing gate.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from gpuengine.backend import get_backend, gpu_visible
+from gpuengine.bench.loader import GB, LoaderRunner, PinnedCopyRunner, measure_pinned_h2d_gbps
+from gpuengine.bench.runners import EngineTrainRunner
+from gpuengine.config import EngineConfig
+from gpuengine.workloads import cnn, mlp
+
+from . import plan
+from .harness import assert_losses_descend, epoch_loss, skip_unless_selected
+
+pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
+from gpuengine.reference import torch_mlp  # noqa: E402  (needs torch)
+
+ON_GPU = gpu_visible()
+DEVICE = "cuda" if ON_GPU else "cpu"
+WORKERS = min(8, os.cpu_count() or 1) if ON_GPU else 2    # the engine's loader threads = DataLoader processes
+ROUNDS = 7 if ON_GPU else 2
+MLP_SHAPE = mlp.SEED_SHAPE if ON_GPU else mlp.SMOKE_SHAPE
+MLP_BATCH = mlp.TRAIN_BATCH if ON_GPU else 256
+MLP_BATCHES_PER_EPOCH = 12
+STEPS_PER_ROUND = 48 if ON_GPU else 4
+
+
+def streamed_config(precision: str, graph: int, pool: int, resident: bool = False) -> EngineConfig:
+    return EngineConfig(precision=precision, cuda_graph=graph, resident_data=resident, batch_pool=pool,
+                        device=DEVICE)
+
+
+def gbps(comparison, name: str, bytes_per_sample: float) -> float:
+    return round(comparison.throughput(name) * bytes_per_sample / GB, 3)
+
+
+# (precision, batch_pool)
+LOADER = [("tf32", 4), ("bf16", 4), ("tf32", 8)] if ON_GPU else [("fp32", 3)]
+LOADER_CASES = plan.cases("loader_bandwidth", LOADER, quick=LOADER[:1], ids=lambda c: f"{c[0]}-pool{c[1]}",
+                          budget_s=10)
+
+
+@pytest.mark.parametrize("case", LOADER_CASES)
+def test_loader_bandwidth(case, benchmark, compare, run_target):
+    precision, pool = case
+    skip_unless_selected(run_target, precision=precision, batch_pool=pool)
+    x, t = mlp.mlp_data(MLP_BATCH * MLP_BATCHES_PER_EPOCH, MLP_SHAPE)
+    loader = LoaderRunner(x, t, MLP_BATCH, streamed_config(precision, 1, pool), STEPS_PER_ROUND, workers=WORKERS)
+    pinned = PinnedCopyRunner(loader.backend, loader.data.bytes_per_step, STEPS_PER_ROUND)
+    comparison = compare(benchmark, loader, [pinned], rounds=ROUNDS, precision=precision)
+    large = measure_pinned_h2d_gbps(loader.backend)
+    benchmark.extra_info["loader"] = {
+        "bytes_per_step": loader.data.bytes_per_step, "workers": WORKERS, "batch_pool": pool,
+        "loader_gbps": gbps(comparison, loader.name, 1), "pinned_h2d_gbps": gbps(comparison, pinned.name, 1),
+        "pinned_h2d_gbps_device_events": pinned.last_round_gbps(), "pinned_h2d_gbps_1GiB": large}
+    bx, bt, rows = loader.delivered()
+    np.testing.assert_array_equal(bt, t[rows])       # the timed batches were the right ones
+    np.testing.assert_array_equal(bx.astype(np.float32), x[rows].astype(bx.dtype).astype(np.float32))
+    loader.close()
+
+
+# (precision, cuda_graph, batch_pool)
+MLP = [("tf32", 1, 4), ("tf32", 8, 16), ("bf16", 8, 16)] if ON_GPU else [("fp32", 2, 4)]
+MLP_CASES = plan.cases("mlp_streamed", MLP, quick=MLP[:2], ids=lambda c: f"{c[0]}-graph{c[1]}-pool{c[2]}-b{MLP_BATCH}",
+                       budget_s=60)
+
+
+@pytest.mark.parametrize("case", MLP_CASES)
+def test_mlp_streamed(case, benchmark, compare, run_target):
+    precision, graph, pool = case
+    skip_unless_selected(run_target, precision=precision, cuda_graph=graph, batch_pool=pool)
+    net = mlp.build_mlp(MLP_SHAPE)
+    x, t = mlp.mlp_data(MLP_BATCH * MLP_BATCHES_PER_EPOCH, MLP_SHAPE)
+    epochs = max(1, STEPS_PER_ROUND // MLP_BATCHES_PER_EPOCH)
+    engine = EngineTrainRunner(net, x, t, MLP_BATCH, streamed_config(precision, graph, pool), epochs,
+                               lr=mlp.LEARNING_RATE, loader_workers=WORKERS)
+    weights = engine.trainer.params.state_dict()
+    resident = EngineTrainRunner(mlp.build_mlp(MLP_SHAPE), x, t, MLP_BATCH, streamed_config(precision, 8, 3, True),
+                                 epochs, lr=mlp.LEARNING_RATE)
+    resident.name = "gpuengine_resident"   # same seed, so the same initial weights as the streamed engine
+    bytes_per_sample = engine.trainer.data.bytes_per_step / MLP_BATCH
+    bound = PinnedCopyRunner(get_backend(engine.trainer.config), engine.trainer.data.bytes_per_step,
+                             engine.samples_per_round // MLP_BATCH, name="copy_bound",
+                             samples_per_round=engine.samples_per_round)
+    dataloader = torch_mlp.mlp_dataloader_runner(x, t, MLP_BATCH, precision, lr=mlp.LEARNING_RATE, device=DEVICE,
+                                                 weights=weights, workers=WORKERS, epochs_per_round=epochs)
+    trainers = [engine, resident, dataloader]
+    for runner in trainers:
+        runner.prepare()
+    first = {r.name: epoch_loss(r) for r in trainers}
+    comparison = compare(benchmark, engine, [bound, dataloader, resident], rounds=ROUNDS, precision=precision,
+                         flops_per_sample=net.train_flops_per_sample())
+    last = {r.name: epoch_loss(r) for r in trainers}
+    benchmark.extra_info["loader"] = {
+        "bytes_per_sample": bytes_per_sample, "workers": WORKERS, "batch_pool": pool,
+        "bound_samples_per_s": round(comparison.throughput(bound.name), 1),
+        "copy_bound_gbps": gbps(comparison, bound.name, bytes_per_sample),
+        "streamed_gbps": {r.name: gbps(comparison, r.name, bytes_per_sample) for r in (engine, dataloader)}}
+    dataloader.close()
+    engine.trainer.close()
+    assert_losses_descend(benchmark, first, last)
+
+
+# (precision, cuda_graph, batch_pool, batch)
+CNN = [("tf32", 8, 16, 1024), ("tf32", 1, 4, 128)] if ON_GPU else [("fp32", 1, 3, 128)]
+CNN_SHAPE = cnn.SEED_SHAPE if ON_GPU else cnn.SMOKE_SHAPE
+CNN_SAMPLES = cnn.SAMPLES if ON_GPU else 512
+CNN_CASES = plan.cases("cnn_streamed", CNN, quick=CNN[:1], ids=lambda c: f"{c[0]}-graph{c[1]}-pool{c[2]}-b{c[3]}",
+                       budget_s=30)
+
+
+@pytest.mark.parametrize("case", CNN_CASES)
+def test_cnn_streamed(case, benchmark, compare, run_target):
+    precision, graph, pool, batch = case
+    skip_unless_selected(run_target, precision=precision, cuda_graph=graph, batch_pool=pool)
+    x, t = cnn.cnn_data(CNN_SAMPLES, CNN_SHAPE)
+    epochs = max(1, (75 if ON_GPU else 4) // (CNN_SAMPLES // batch))
+    engine = EngineTrainRunner(cnn.build_cnn(CNN_SHAPE), x, t, batch, streamed_config(precision, graph, pool),
+                               epochs, lr=cnn.LEARNING_RATE, loader_workers=WORKERS)
+    resident = EngineTrainRunner(cnn.build_cnn(CNN_SHAPE), x, t, batch, streamed_config(precision, graph, 3, True),
+                                 epochs, lr=cnn.LEARNING_RATE)
+    resident.name = "gpuengine_resident"   # same seed, so the same initial weights as the streamed engine
+    for runner in (engine, resident):
+        runner.prepare()
+    first = {r.name: epoch_loss(r) for r in (engine, resident)}
+    comparison = compare(benchmark, engine, [resident], rounds=ROUNDS, precision=precision,
+                         flops_per_sample=cnn.build_cnn(CNN_SHAPE).train_flops_per_sample())
+    last = {r.name: epoch_loss(r) for r in (engine, resident)}
+    bytes_per_sample = engine.trainer.data.bytes_per_step / batch
+    benchmark.extra_info["loader"] = {"bytes_per_sample": bytes_per_sample, "workers": WORKERS, "batch_pool": pool,
+                                      "streamed_gbps": gbps(comparison, engine.name, bytes_per_sample)}
+    engine.trainer.close()
+    assert_losses_descend(benchmark, first, last)

@@ -1,0 +1,91 @@
+"""Seed note 004's encoder-decoder Transformer at batch 16: engine vs PyTorch's nn.Transformer, one run.
+
+Training steps (forward, backward, Adam lr 1e-4) on the learnable synthetic
+corpus (vocab 256, 1,024 samples resident on the GPU: 64 steps an epoch) at
+sequence lengths 64, 128, 256 and 384. The quick tier runs tf32 (fp32
+storage, attention in bf16 through cuDNN's fused graphs, as in the note) at
+the best toggles (8 steps per graph launch) at every length against
+torch_graph, and at 384 against torch_eager and torch_compile too (issue 9's
+1.7x over eager); the nightly tier (--full) adds fp32 and bf16 at every
+length and the toggle sweep (eager, 1 step per launch) at 256. The protocol is
+the note's: a warm-up epoch, then timed epochs, every runner alternating round
+by round; each test checks that the loss descends on every side, and reports
+the fraction of peak from the FLOPs per sample (projections, feed-forward,
+vocabulary projection and attention's two batched matrix products; causal
+attention counted at half). Without a GPU the same tests train the smoke-size
+model on the NumPy backend against torch_eager on the CPU: a smoke test.
+"""
+from __future__ import annotations
+
+import pytest
+
+from gpuengine.backend import gpu_visible
+from gpuengine.bench.runners import EngineTrainRunner
+from gpuengine.config import EngineConfig
+from gpuengine.workloads import transformer
+
+from . import plan
+from .harness import assert_losses_descend, epoch_loss, skip_unless_selected
+
+pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
+from gpuengine.reference import torch_transformer  # noqa: E402  (needs torch)
+
+ON_GPU = gpu_visible()
+DEVICE = "cuda" if ON_GPU else "cpu"
+BASE_SHAPE = transformer.SEED_SHAPE if ON_GPU else transformer.SMOKE_SHAPE
+SAMPLES = transformer.SAMPLES if ON_GPU else 32
+BATCH = transformer.TRAIN_BATCH if ON_GPU else 8
+ROUNDS = 5 if ON_GPU else 2
+WARMUP_EPOCHS = 1
+
+# (sequence length, precision, cuda_graph)
+if ON_GPU:
+    ALL_CASES = ([(n, p, 8) for p in ("tf32", "fp32", "bf16") for n in transformer.SEQUENCE_LENGTHS]
+                 + [(256, "tf32", g) for g in (0, 1)])
+    QUICK = [(n, "tf32", 8) for n in transformer.SEQUENCE_LENGTHS]
+else:
+    ALL_CASES = QUICK = [(8, "fp32", 1), (8, "fp32", 0)]
+
+
+def references(length: int, precision: str, graph: int) -> tuple:
+    """torch_graph, the one to beat, everywhere; eager and compiled torch where issue 9 sets a target (384, tf32)."""
+    if not ON_GPU:
+        return ("torch_eager",)
+    if precision == "tf32" and graph == 8 and length == max(transformer.SEQUENCE_LENGTHS):
+        return ("torch_eager", "torch_compile", "torch_graph")
+    return ("torch_graph",)
+
+
+def case_id(case):
+    length, precision, graph = case
+    return f"seq{length}-{precision}-graph{graph}-b{BATCH}"
+
+
+CASES = plan.cases("transformer_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=120)
+
+
+def engine_runner(shape, x, t, precision: str, graph: int):
+    config = EngineConfig(precision=precision, cuda_graph=graph, resident_data=True, device=DEVICE)
+    return EngineTrainRunner(transformer.build_transformer(shape), x, t, BATCH, config, lr=transformer.LEARNING_RATE)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_transformer_train(case, benchmark, compare, run_target):
+    length, precision, graph = case
+    skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=True)
+    shape = BASE_SHAPE.with_length(length)
+    x, t = transformer.transformer_data(SAMPLES, shape)
+    engine = engine_runner(shape, x, t, precision, graph)
+    weights = engine.trainer.params.state_dict()
+    refs = [torch_transformer.transformer_train_runner(mode, x, t, BATCH, precision, lr=transformer.LEARNING_RATE,
+                                                       device=DEVICE, shape=shape, weights=weights)
+            for mode in references(length, precision, graph)]
+    runners = [engine] + refs
+    for runner in runners:
+        assert runner.parameter_count() == transformer.parameter_count(shape), runner.name
+        runner.prepare()
+    first = {r.name: epoch_loss(r) for r in runners}
+    compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision, warmup_rounds=WARMUP_EPOCHS,
+            flops_per_sample=transformer.build_transformer(shape).train_flops_per_sample())
+    last = {r.name: epoch_loss(r) for r in runners}
+    assert_losses_descend(benchmark, first, last)
