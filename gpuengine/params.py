@@ -4,7 +4,8 @@ One contiguous buffer each (Chainer/llm.c style) means the fused Adam kernel
 updates every parameter in one launch, and layers see named views into it.
 Initial values are drawn on the host with a seeded NumPy generator, so the CPU
 and GPU backends start from identical weights (Glorot/Xavier uniform init,
-Glorot & Bengio 2010: limit = sqrt(6 / (fan_in + fan_out)); biases zero).
+Glorot & Bengio 2010: limit = sqrt(6 / (fan_in + fan_out)); or He normal with
+std sqrt(2 / fan_out), He et al. 2015, for deep ReLU stacks; biases zero).
 Each view starts on a 256-byte boundary (fp32; 128 bytes for bf16 copies):
 cuDNN frontend tensors and vectorised kernels assume aligned pointers, and
 the padding between views stays zero (zero gradients leave Adam at zero).
@@ -24,7 +25,7 @@ ALIGN_ELEMENTS = 64   # every view's offset is a multiple of this: 256 B in fp32
 class ParamSpec:
     name: str            # "dense1.weight"
     shape: tuple
-    init: str            # "glorot" | "zeros" | "ones"
+    init: str            # "glorot" | "he_fan_out" | "zeros" | "ones"
     fan_in: int = 0
     fan_out: int = 0
 
@@ -41,6 +42,8 @@ def initial_value(spec: ParamSpec, rng: np.random.Generator) -> np.ndarray:
     if spec.init == "glorot":
         limit = np.sqrt(6.0 / (spec.fan_in + spec.fan_out))
         return rng.uniform(-limit, limit, size=spec.shape).astype(np.float32)
+    if spec.init == "he_fan_out":   # He et al. 2015 for ReLU, fan-out mode: torchvision's convolution init
+        return (rng.standard_normal(spec.shape) * np.sqrt(2.0 / spec.fan_out)).astype(np.float32)
     raise ValueError(f"unknown initialiser {spec.init!r} for {spec.name}")
 
 

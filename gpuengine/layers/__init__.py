@@ -1,11 +1,13 @@
 """Layers: each with forward and backward side by side."""
-from .activations import Activation, ReLU, Tanh
+from .activations import Activation, ReLU, ReLU6, Tanh
+from .adaptive_pool import AdaptiveAveragePool2D
 from .attention import MultiHeadAttention
 from .base import BuildContext, Layer
 from .batchnorm import BatchNorm2D
 from .conv import Conv2D
 from .cross_entropy import SoftmaxCrossEntropy
 from .dense import Dense
+from .dropout import Dropout
 from .embedding import TokenEmbedding
 from .flatten import Flatten
 from .layernorm import LayerNorm
@@ -16,6 +18,7 @@ from .pooling import GlobalAveragePool2D, MaxPool2D
 from .positional import SinusoidalPositionalEncoding
 from .token_cross_entropy import TokenCrossEntropy
 
-__all__ = ["Activation", "Add", "BatchNorm2D", "BuildContext", "Conv2D", "Dense", "Flatten", "GlobalAveragePool2D",
-           "Layer", "LayerNorm", "Linear", "MSELoss", "MaxPool2D", "MultiHeadAttention", "ReLU",
-           "SinusoidalPositionalEncoding", "SoftmaxCrossEntropy", "Tanh", "TokenCrossEntropy", "TokenEmbedding"]
+__all__ = ["Activation", "AdaptiveAveragePool2D", "Add", "BatchNorm2D", "BuildContext", "Conv2D", "Dense", "Dropout",
+           "Flatten", "GlobalAveragePool2D", "Layer", "LayerNorm", "Linear", "MSELoss", "MaxPool2D",
+           "MultiHeadAttention", "ReLU", "ReLU6", "SinusoidalPositionalEncoding", "SoftmaxCrossEntropy", "Tanh",
+           "TokenCrossEntropy", "TokenEmbedding"]

@@ -1,7 +1,9 @@
-"""Element-wise activations: tanh (the MLP's) and ReLU, forward and backward.
+"""Element-wise activations: tanh (the MLP's), ReLU and ReLU6, forward and backward.
 
 tanh' = 1 - tanh^2, so backward needs only the forward output, not the input.
-ReLU' = [y > 0], likewise. Each is one CUDA kernel over the buffer;
+ReLU' = [y > 0], likewise; ReLU6 = min(max(x, 0), 6) (MobileNetV2, Sandler et
+al. 2018) has ReLU6' = [0 < y < 6], which is torch's hardtanh gradient (zero
+at both clip points). Each is one CUDA kernel over the buffer;
 `activation_forward`/`activation_backward` serve layers that fuse an
 activation into their own forward (a convolution's conv + bias + ReLU graph).
 """
@@ -31,6 +33,8 @@ _ACTIVATIONS = {
              lambda x: np.tanh(x), lambda y, dy: dy * (1.0 - y * y)),
     "relu": ("fmaxf(x, 0.f)", "y > 0.f ? dy : 0.f",
              lambda x: np.maximum(x, 0.0), lambda y, dy: np.where(y > 0, dy, 0.0)),
+    "relu6": ("fminf(fmaxf(x, 0.f), 6.f)", "y > 0.f && y < 6.f ? dy : 0.f",
+              lambda x: np.clip(x, 0.0, 6.0), lambda y, dy: np.where((y > 0) & (y < 6), dy, 0.0)),
 }
 
 
@@ -99,3 +103,7 @@ def Tanh(name: str = "") -> Activation:
 
 def ReLU(name: str = "") -> Activation:
     return Activation("relu", name)
+
+
+def ReLU6(name: str = "") -> Activation:
+    return Activation("relu6", name)

@@ -1,10 +1,18 @@
 """2-D convolution on NHWC activations: cuDNN frontend graphs on a GPU, im2col on NumPy.
 
-Weights are KRSC, (filters, kh, kw, in_channels): cuDNN's filter layout for NHWC
-data, so the graphs read the flat parameter buffer in place; torch's
-(out, in, kh, kw) is `w.transpose(0, 3, 1, 2)`. Glorot/Xavier uniform init with
-fan_in = kh kw in and fan_out = kh kw out (torch's xavier_uniform_, Keras'
-glorot_uniform), zero bias.
+Weights are KRSC, (filters, kh, kw, in_channels / groups): cuDNN's filter layout
+for NHWC data, so the graphs read the flat parameter buffer in place; torch's
+(out, in / groups, kh, kw) is `w.transpose(0, 3, 1, 2)`. Grouped convolution
+(Krizhevsky et al. 2012; depthwise when groups = in_channels = filters, as in
+MobileNetV2, Sandler et al. 2018) splits the input channels and the filters
+into `groups` blocks, block g of the filters reading block g of the input
+only. The cuDNN graph API has no group count: it infers the groups from the
+image's channels over the filter's (in_channels / groups), the convention of
+PyTorch's cuDNN v8 path too, so the same graphs serve every group count.
+Glorot/Xavier uniform init with fan_in = kh kw in / groups and fan_out = kh kw
+out (torch's xavier_uniform_, Keras' glorot_uniform), or `init="he_fan_out"`
+(torchvision's kaiming_normal_ in fan-out mode, for deep stacks without batch
+norm such as VGG), zero bias.
 
 Forward is one cuDNN graph: conv, + bias, + ReLU when the layer asks for the
 activation (seed note 001: conv + bias + ReLU fused into a single forward
@@ -33,29 +41,38 @@ from .base import BuildContext, Layer
 from .geometry import add_windows, pad, resolve_window, windows
 
 ACTIVATIONS = (None, "relu")   # what a cuDNN forward graph fuses after the bias
+INITS = ("glorot", "he_fan_out")
 
 
 class Conv2D(Layer):
     def __init__(self, filters: int, kernel_size=3, stride=1, padding="same", activation: str | None = None,
-                 use_bias: bool = True, name: str = ""):
-        if isinstance(filters, bool) or not isinstance(filters, (int, np.integer)) or filters < 1:
-            raise ValueError(f"Conv2D filters must be a whole number >= 1, got {filters!r}")
+                 use_bias: bool = True, groups: int = 1, init: str = "glorot", name: str = ""):
+        for what, value in (("filters", filters), ("groups", groups)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"Conv2D {what} must be a whole number >= 1, got {value!r}")
+        if filters % groups:
+            raise ValueError(f"Conv2D filters={filters} is not a multiple of groups={groups}")
         if activation not in ACTIVATIONS:
             raise ValueError(f"Conv2D activation {activation!r} is not fused; use one of {ACTIVATIONS}")
+        if init not in INITS:
+            raise ValueError(f"Conv2D init {init!r} is not one of {INITS}")
+        self.init = init
         self.filters, self.kernel_size, self.stride, self.padding = int(filters), kernel_size, stride, padding
-        self.activation, self.use_bias, self.name = activation, use_bias, name
+        self.activation, self.use_bias, self.groups, self.name = activation, use_bias, int(groups), name
         resolve_window("Conv2D", (1 << 20, 1 << 20), kernel_size, stride, padding)   # bad arguments fail here
 
     def _window(self, input_shape):
         if len(input_shape) != 3:
             raise ValueError(f"{self.name}: Conv2D takes (height, width, channels) samples, got {input_shape}")
+        if input_shape[2] % self.groups:
+            raise ValueError(f"{self.name}: {input_shape[2]} input channels do not split into {self.groups} groups")
         return resolve_window(self.name or "Conv2D", input_shape[:2], self.kernel_size, self.stride, self.padding)
 
     def param_specs(self, input_shape):
         window = self._window(input_shape)
         kh, kw = window.kernel
-        channels = input_shape[2]
-        specs = [ParamSpec(f"{self.name}.weight", (self.filters, kh, kw, channels), "glorot",
+        channels = input_shape[2] // self.groups   # each filter reads its group's channels
+        specs = [ParamSpec(f"{self.name}.weight", (self.filters, kh, kw, channels), self.init,
                            kh * kw * channels, kh * kw * self.filters)]
         if self.use_bias:
             specs.append(ParamSpec(f"{self.name}.bias", (self.filters,), "zeros"))
@@ -67,7 +84,7 @@ class Conv2D(Layer):
     def forward_flops(self, input_shape):
         window = self._window(input_shape)
         out_h, out_w = window.output_hw
-        return 2 * out_h * out_w * self.filters * window.kernel[0] * window.kernel[1] * input_shape[2]
+        return 2 * out_h * out_w * self.filters * window.kernel[0] * window.kernel[1] * input_shape[2] // self.groups
 
     def build_forward(self, ctx: BuildContext, x):
         self.backend, self.policy = ctx.backend, ctx.policy
@@ -89,8 +106,8 @@ class Conv2D(Layer):
         grad_b = ctx.params.grad_view(f"{self.name}.bias") if self.use_bias else None
         self.dx = ctx.allocator.zeros(self.x.shape, self.x.dtype, "activations") if needs_input_grad else None
         self._direct = self._grad_b = self._grad_w = self._grad_x = None
-        if ctx.backend.is_gpu and not needs_input_grad and direct_wgrad.fits(self.window, self.x.shape[3],
-                                                                             self.filters):
+        direct = self.groups == 1 and direct_wgrad.fits(self.window, self.x.shape[3], self.filters)
+        if ctx.backend.is_gpu and not needs_input_grad and direct:
             self._direct = direct_wgrad.DirectWeightGrad(ctx, self.window, self.x, self.out, dy, self.grad_w, grad_b,
                                                          self.activation == "relu")
             return None
@@ -114,8 +131,9 @@ class Conv2D(Layer):
         if self._forward is not None:
             self._forward.run()
             return
-        z = np.tensordot(windows(pad(widen(self.x), self.window), self.window), widen(self.weight),
-                         axes=([3, 4, 5], [1, 2, 3]))   # (N, Ho, Wo, K)
+        n, out_h, out_w = self.out.shape[:3]
+        z = np.matmul(self._columns(), self._grouped_weight().transpose(0, 2, 1))   # (G, N*Ho*Wo, K/G)
+        z = z.transpose(1, 0, 2).reshape(n, out_h, out_w, self.filters)   # filters are group-major
         if self.bias is not None:
             z += widen(self.bias)
         if self.activation:
@@ -133,7 +151,11 @@ class Conv2D(Layer):
         if self.backend.is_gpu:
             self._grad_x.run()
             return
-        grad_cols = np.tensordot(widen(self.dz), widen(self.weight), axes=([3], [0]))   # (N, Ho, Wo, kh, kw, C)
+        n, out_h, out_w = self.out.shape[:3]
+        kh, kw = self.window.kernel
+        grad_cols = np.matmul(self._grouped_dz(), self._grouped_weight())   # (G, N*Ho*Wo, kh*kw*C/G)
+        grad_cols = grad_cols.reshape(self.groups, n, out_h, out_w, kh, kw, -1)
+        grad_cols = grad_cols.transpose(1, 2, 3, 4, 5, 0, 6).reshape(n, out_h, out_w, kh, kw, -1)   # g-major channels
         self.dx[...] = add_windows(grad_cols, self.window).astype(self.dx.dtype)
 
     def backward_params(self):
@@ -148,5 +170,21 @@ class Conv2D(Layer):
             if self.grad_w_compute is not self.grad_w:
                 self.backend.xp.copyto(self.grad_w, self.grad_w_compute)
             return
+        grad = np.matmul(self._grouped_dz().transpose(0, 2, 1), self._columns())   # (G, K/G, kh*kw*C/G)
+        self.grad_w[...] = grad.reshape(self.grad_w.shape)
+
+    # NumPy im2col, one matrix per group (one group is the plain convolution); rows are output pixels.
+    def _columns(self):
+        """(G, N*Ho*Wo, kh*kw*C/G): each output pixel's window over its group's channels."""
         cols = windows(pad(widen(self.x), self.window), self.window)   # (N, Ho, Wo, kh, kw, C)
-        self.grad_w[...] = np.tensordot(widen(self.dz), cols, axes=([0, 1, 2], [0, 1, 2]))
+        n, out_h, out_w, kh, kw, _ = cols.shape
+        cols = cols.reshape(n, out_h, out_w, kh, kw, self.groups, -1).transpose(5, 0, 1, 2, 3, 4, 6)
+        return cols.reshape(self.groups, n * out_h * out_w, -1)
+
+    def _grouped_weight(self):
+        """(G, K/G, kh*kw*C/G)."""
+        return widen(self.weight).reshape(self.groups, self.filters // self.groups, -1)
+
+    def _grouped_dz(self):
+        """(G, N*Ho*Wo, K/G)."""
+        return widen(self.dz).reshape(-1, self.groups, self.filters // self.groups).transpose(1, 0, 2)

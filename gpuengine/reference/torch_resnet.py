@@ -9,7 +9,9 @@ stride sits on its 3x3 convolution): `conv1` 7x7/2 -> `bn1` -> `relu` ->
 a `downsample` 1x1 conv + BN shortcut where the shape changes, residual add
 then ReLU) -> `avgpool` -> `fc`. No convolution bias; BN eps 1e-5, momentum
 0.1. `ResNetShape` sets the widths, depths and classes, so the CPU tier builds
-a reduced one with the same names. Initialisation is torchvision's (He normal
+a reduced one with the same names; its `block="basic"` builds torchvision's
+`BasicBlock` (3x3 with the stride -> 3x3, each under BN, expansion 1) for
+ResNet-18. Initialisation is torchvision's (He normal
 fan-out for convolutions, BN scale 1 and shift 0, torch's default for `fc`),
 drawn from a seeded generator.
 
@@ -62,6 +64,26 @@ class Bottleneck(nn.Module):
         return self.relu(self.bn3(self.conv3(y)) + shortcut)
 
 
+class BasicBlock(nn.Module):
+    """3x3 (stride) -> 3x3, each with BN; ReLU after the first and after the residual add."""
+
+    def __init__(self, in_channels: int, width: int, stride: int = 1, expansion: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, width, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = _batch_norm(width)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.bn2 = _batch_norm(width)
+        self.relu = nn.ReLU(inplace=True)
+        projects = stride != 1 or in_channels != width
+        self.downsample = nn.Sequential(nn.Conv2d(in_channels, width, 1, stride=stride, bias=False),
+                                        _batch_norm(width)) if projects else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # (N, C, H, W)
+        shortcut = x if self.downsample is None else self.downsample(x)
+        y = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(y)) + shortcut)
+
+
 class TorchResNet(nn.Module):
     def __init__(self, shape: ResNetShape = SEED_SHAPE, seed: int = 0):
         super().__init__()
@@ -75,7 +97,8 @@ class TorchResNet(nn.Module):
             for stage, (width, blocks) in enumerate(zip(shape.widths, shape.blocks)):
                 units = []
                 for block in range(blocks):
-                    units.append(Bottleneck(channels, width, 2 if stage > 0 and block == 0 else 1, shape.expansion))
+                    unit = BasicBlock if shape.block == "basic" else Bottleneck
+                    units.append(unit(channels, width, 2 if stage > 0 and block == 0 else 1, shape.expansion))
                     channels = width * shape.expansion
                 self.add_module(f"layer{stage + 1}", nn.Sequential(*units))
             self.avgpool = nn.AdaptiveAvgPool2d((1, 1))

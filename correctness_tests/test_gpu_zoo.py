@@ -1,0 +1,172 @@
+"""On a GPU: the zoo's layers and networks agree with the NumPy backend, and the full-size ones with torchvision.
+
+The NumPy ops are checked against finite differences and PyTorch on the CPU
+(test_zoo_layer_gradients.py, test_zoo_layer_torch_parity.py,
+test_zoo_torch_parity.py). These carry that trust to the cuDNN graphs of
+grouped and depthwise convolutions (MobileNetV2's shapes), the ReLU6, dropout
+and adaptive-pool kernels (dropout's Philox masks are the NumPy ones bit for
+bit), whole steps of the reduced networks, their captured replay (the dropout
+draw advancing inside the graph), and then to the full-size networks against
+torchvision's own models with the same weights: logits in inference and the
+loss and gradients of one training step, in IEEE fp32 on both sides.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuengine.backend import gpu_visible
+from gpuengine.config import EngineConfig
+from gpuengine.inference import Predictor
+from gpuengine.layers import AdaptiveAveragePool2D, Conv2D, Dropout, ReLU6
+from gpuengine.trainer import Trainer
+from gpuengine.workloads import zoo
+
+from .gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group, rel_err
+from .gradient_check import random_weights
+from .layer_harness import run_layer, run_network
+from .test_gpu_conv import normal, representable
+from .test_gpu_resnet import assert_step_close, numeric
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
+
+PRECISIONS = ["fp32", "tf32", "bf16"]
+
+# (batch, input (H, W, C), Conv2D arguments): MobileNetV2's depthwise shapes at 224, a grouped 1x1 and 3x3.
+GROUPED_CASES = {
+    "dw-112x112x32": (8, (112, 112, 32), dict(filters=32, groups=32, padding=1, use_bias=False)),
+    "dw-stride2-56x56x144": (8, (56, 56, 144), dict(filters=144, groups=144, stride=2, padding=1, use_bias=False)),
+    "dw-7x7x960": (16, (7, 7, 960), dict(filters=960, groups=960, padding=1, use_bias=False)),
+    "groups4-3x3-bias": (8, (16, 16, 64), dict(filters=64, groups=4, padding=1)),
+    "groups2-1x1": (8, (14, 14, 32), dict(filters=64, groups=2, kernel_size=1, padding=0)),
+}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("case", GROUPED_CASES, ids=list(GROUPED_CASES))
+def test_grouped_conv_matches_numpy(case, precision):
+    """cuDNN's grouped graphs (filter channels = C / groups): forward, dgrad, wgrad, bias gradient."""
+    batch, shape, kwargs = GROUPED_CASES[case]
+    layer = Conv2D(name="conv", **kwargs)
+    x = normal(1, (batch,) + shape, precision)
+    dy = normal(2, (batch,) + layer.output_shape(shape), precision)
+    weights = {k: representable(v, precision) for k, v in
+               random_weights(layer.param_specs(shape), np.random.default_rng(3), 0.2).items()}
+    cpu = run_layer(Conv2D(name="conv", **kwargs), x, dy, precision="fp32", weights=weights)
+    gpu = run_layer(Conv2D(name="conv", **kwargs), x, dy, device="cuda", precision=precision, weights=weights)
+    assert_close(gpu, cpu, TOLERANCE[precision])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_relu6_matches_numpy(precision):
+    x = normal(4, (8, 14, 14, 96), precision, 4.0) + 3.0
+    dy = normal(5, x.shape, precision)
+    cpu = run_layer(ReLU6(name="r"), x, dy, precision="fp32")
+    gpu = run_layer(ReLU6(name="r"), x, dy, device="cuda", precision=precision)
+    assert_close(gpu, cpu, 1e-6 if precision == "fp32" else TOLERANCE[precision])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_dropout_masks_are_the_numpy_masks_bit_for_bit(precision):
+    x = normal(6, (16, 4096), precision)
+    dy = normal(7, x.shape, precision)
+    cpu = run_layer(Dropout(0.5, seed=3, name="classifier.0"), x, dy, precision="fp32")
+    gpu = run_layer(Dropout(0.5, seed=3, name="classifier.0"), x, dy, device="cuda", precision=precision)
+    assert ((gpu["y"] == 0) == (cpu["y"] == 0)).all() and ((gpu["dx"] == 0) == (cpu["dx"] == 0)).all()
+    assert_close(gpu, cpu, 1e-7 if precision == "fp32" else TOLERANCE[precision])
+
+
+@pytest.mark.parametrize("size, shape", [((6, 6), (13, 13, 256)), ((7, 7), (9, 11, 64)), ((3, 3), (2, 2, 8))])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_adaptive_average_pool_matches_numpy(size, shape, precision):
+    x = normal(8, (16,) + shape, precision)
+    dy = normal(9, (16,) + size + (shape[2],), precision)
+    cpu = run_layer(AdaptiveAveragePool2D(size, name="p"), x, dy, precision="fp32")
+    gpu = run_layer(AdaptiveAveragePool2D(size, name="p"), x, dy, device="cuda", precision=precision)
+    assert_close(gpu, cpu, 1e-6 if precision == "fp32" else TOLERANCE[precision])
+
+
+def reduced_batch(name: str, batch: int = 16, seed: int = 10):
+    shape = zoo.zoo_net(name).reduced
+    return zoo.zoo_data(batch, shape.size, shape.classes, seed)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("name", zoo.NAMES)
+def test_reduced_network_step_matches_numpy(name, precision):
+    """Loss, every gradient and running statistic of one step, dropout on (its masks are the same bits)."""
+    net = zoo.zoo_net(name).network(reduced=True)
+    x, t = reduced_batch(name)
+    state = Predictor(net, EngineConfig(device="cpu")).params.state_dict()
+    weights = {k: representable(v, precision) for k, v in state.items()}
+    cpu = run_network(net, x, t, precision="fp32", weights=weights)
+    gpu = run_network(zoo.zoo_net(name).network(reduced=True), x, t, device="cuda", precision=precision,
+                      weights=weights)
+    assert_step_close(numeric(gpu), numeric(cpu), precision, 1e-3)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("name", ["alexnet", "mobilenet_v2"])
+def test_captured_replay_trains_exactly_like_eager(name, precision):
+    """With dropout on: replayed graphs read and advance the device draw counter as eager steps do."""
+    x, t = reduced_batch(name, batch=128)
+    losses = losses_by_graph_group(zoo.zoo_net(name).network(reduced=True), x, t, 16, precision, (0, 1, 8), 3)
+    assert losses[0] == losses[1] == losses[8]
+    assert losses[0][-1] < losses[0][0]
+
+
+def test_dropout_draws_a_fresh_mask_in_every_replayed_step():
+    x, t = reduced_batch("alexnet", batch=128)
+    trainer = Trainer(zoo.zoo_net("alexnet").network(reduced=True), x, t, 16, EngineConfig(cuda_graph=8))
+    trainer.train(2)
+    draws = [int(trainer.backend.to_host(layer.draw)[0]) for layer in trainer.program.body
+             if isinstance(layer, Dropout)]
+    assert draws == [trainer.steps_done] * 2
+
+
+def test_zoo_steady_state_allocates_nothing():
+    x, t = reduced_batch("mobilenet_v2", batch=64)
+    configs = [EngineConfig(precision=p, cuda_graph=g) for p in ("tf32", "bf16") for g in (0, 8)]
+    assert_steady_state_allocates_nothing(zoo.zoo_net("mobilenet_v2").network(reduced=True), x, t, 16, configs)
+
+
+# -- the full-size networks against torchvision ------------------------------------------------
+
+LOGIT_TOLERANCE = 2e-3   # IEEE fp32 on both sides, different cuDNN algorithms and summation orders
+
+
+def torchvision_twin(name: str, net, weights, buffers):
+    torch = pytest.importorskip("torch", reason="torch is not installed: no torchvision reference")
+    from gpuengine.reference import torch_common, torch_zoo
+    reason = torch_zoo.torchvision_unavailable()
+    if reason:
+        pytest.skip(reason)
+    torch_common.torch_precision("fp32")
+    model = torch_zoo.load_engine_state(torch_zoo.torchvision_model(name), net, weights, buffers)
+    return torch, torch_zoo, torch_zoo.disable_dropout(model).cuda()
+
+
+@pytest.mark.parametrize("name", zoo.NAMES)
+def test_full_size_logits_and_one_step_match_torchvision(name):
+    from gpuengine.reference.torch_common import to_nchw
+    net = zoo.zoo_net(name).network(dropout=False)
+    x, t = zoo.zoo_data(zoo.BATCH, 224, 1000, seed=11)
+    predictor = Predictor(net, EngineConfig(precision="fp32"), seed=12)
+    weights, buffers = predictor.params.state_dict(), predictor.params.buffers_dict()
+    torch, torch_zoo, model = torchvision_twin(name, net, weights, buffers or None)
+    images = torch.from_numpy(to_nchw(x)).cuda()
+    with torch.no_grad():
+        expected = model.eval()(images).cpu().numpy()
+    assert rel_err(predictor.predict(x), expected) < LOGIT_TOLERANCE
+
+    engine = numeric(run_network(net, x, t, device="cuda", precision="fp32", weights=weights))
+    loss = torch.nn.functional.cross_entropy(model.train()(images), torch.from_numpy(t).cuda())
+    loss.backward()
+    grads = torch_zoo.torch_to_engine({n: p.grad for n, p in model.named_parameters()}, net)
+    assert abs(engine["loss"] - loss.item()) < 1e-4 * abs(loss.item())
+    ours = np.concatenate([engine[f"grad:{k}"].ravel() for k in sorted(grads)])
+    theirs = np.concatenate([grads[k].ravel() for k in sorted(grads)]).astype(np.float64)
+    cosine = float(ours @ theirs / (np.linalg.norm(ours) * np.linalg.norm(theirs)))
+    assert cosine > 0.9999, cosine
+    assert abs(np.linalg.norm(ours) / np.linalg.norm(theirs) - 1) < 1e-3
