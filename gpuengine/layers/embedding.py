@@ -113,15 +113,19 @@ class TokenEmbedding(Layer):
         self.weight = ctx.params.compute_view(f"{self.name}.weight")
         self.out = ctx.allocator.zeros((ctx.batch, self.length, self.d_model), ctx.policy.compute_dtype, "activations")
         if ctx.backend.is_gpu:
-            self._embed = get_kernel(_SOURCE, "embed", ID_T=ctype(x.dtype), ELEM_T=ctype(self.out.dtype))
+            self._embed = get_kernel(_SOURCE, "embed", **self._defines(x.dtype, self.out.dtype))
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         self.dy, self.dweight = dy, ctx.params.grad_view(f"{self.name}.weight")
         if ctx.backend.is_gpu:
-            self._grad = get_kernel(_SOURCE, "embed_grad", ID_T=ctype(self.ids.dtype), ELEM_T=ctype(dy.dtype),
-                                    THREADS=GRAD_THREADS, COLS_PER_THREAD=-(-self.d_model // GRAD_THREADS))
+            self._grad = get_kernel(_SOURCE, "embed_grad", **self._defines(self.ids.dtype, dy.dtype))
         return None
+
+    def _defines(self, id_dtype, elem_dtype) -> dict:
+        """Both kernels compile from one source, so each needs every name the source uses."""
+        return dict(ID_T=ctype(id_dtype), ELEM_T=ctype(elem_dtype), THREADS=GRAD_THREADS,
+                    COLS_PER_THREAD=-(-self.d_model // GRAD_THREADS))
 
     def _token_ids(self) -> np.ndarray:
         return widen(self.ids[:, self.start:self.start + self.length]).astype(np.int64)
