@@ -25,8 +25,10 @@ class EngineTrainRunner:
     name = "gpuengine"
 
     def __init__(self, net: Network, x: np.ndarray, t: np.ndarray, batch: int, config: EngineConfig,
-                 epochs_per_round: int = 1, lr: float = 1e-3, seed: int = 0, loader_workers: int | None = None):
-        self.trainer = Trainer(net, x, t, batch, config, lr=lr, seed=seed, loader_workers=loader_workers)
+                 epochs_per_round: int = 1, lr: float = 1e-3, seed: int = 0, loader_workers: int | None = None,
+                 sync=None):
+        """sync: a parallel.GradientSync: data parallel, `batch` the global batch (samples counted over ranks)."""
+        self.trainer = Trainer(net, x, t, batch, config, lr=lr, seed=seed, loader_workers=loader_workers, sync=sync)
         self.epochs_per_round = epochs_per_round
         steps = self.trainer.steps_per_epoch * epochs_per_round
         self.samples_per_round = steps * self.trainer.batch

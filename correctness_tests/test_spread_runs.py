@@ -1,0 +1,89 @@
+"""A perf run spread over GPUs: the split of the tests, the plan of the workers, the merge and save (fake runs)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuengine.bench.spread_runs import benchmark_seconds, merge_runs, next_run_path, split_tests
+from gpuengine.bench.stored_runs import read_run
+from perf_tests.spread import HELD_BACK, Worker, plan_workers, save_merged
+
+
+def fake_run(gpu: str, tests: dict[str, float], when: str = "2026-11-23T10:00:00+00:00") -> dict:
+    return {"machine_info": {"gpu": gpu, "tier": gpu.lower().replace(" ", "-")}, "commit_info": {"id": "abc"},
+            "datetime": when, "version": "5.1.0",
+            "benchmarks": [{"fullname": name, "name": name.split("::")[-1], "stats": {"total": s, "median": s / 3},
+                            "extra_info": {"ratios": {}}} for name, s in tests.items()]}
+
+
+def test_the_split_balances_stored_times_and_keeps_collection_order():
+    ids = [f"t{i}" for i in range(6)]
+    seconds = {"t0": 10, "t1": 1, "t2": 9, "t3": 2, "t4": 3, "t5": 5}
+    parts = split_tests(ids, 2, seconds)
+    assert sorted(sum(parts, [])) == ids and len(parts) == 2
+    assert sorted(sum(seconds[t] for t in part) for part in parts) == [15, 15]
+    for part in parts:
+        assert part == sorted(part, key=ids.index)
+    assert split_tests(ids, 1) == [ids]
+    assert split_tests(["a", "b"], 3) == [["a"], ["b"], []]
+    assert [len(p) for p in split_tests(ids, 4, {"t0": 4})] == [2, 2, 1, 1]   # unknown tests: the median (4)
+
+
+def test_bad_splits_are_refused():
+    with pytest.raises(ValueError, match="workers must be >= 1, got 0"):
+        split_tests(["a"], 0)
+    with pytest.raises(ValueError, match="test ids repeat: a"):
+        split_tests(["a", "b", "a"], 2)
+
+
+def test_one_worker_per_gpu_then_the_all_gpu_tests():
+    ids = ["perf_tests/test_mlp.py::a", "perf_tests/test_cnn.py::b", "perf_tests/test_data_parallel.py::c[x]",
+           "perf_tests/test_resnet.py::d"]
+    workers = plan_workers(ids, 4, {}, tmp := __import__("pathlib").Path("/tmp/x"))
+    assert [(w.name, w.devices, w.tests) for w in workers] == [
+        ("gpu0", "0", [ids[0]]), ("gpu1", "1", [ids[1]]), ("gpu2", "2", [ids[3]]),
+        ("all-gpus", None, [ids[2]])]
+    command = workers[0].command(["--full"])
+    assert command[3] == ids[0] and "--benchmark-compare" in command and f"--benchmark-json={tmp}/gpu0.json" in command
+    assert not set(HELD_BACK) & set(command), "workers never save on their own: only the merged run is stored"
+
+
+def test_runs_merge_into_one_per_gpu_kind_and_a_test_in_two_runs_is_refused():
+    runs = [fake_run("NVIDIA H200", {"a": 1.0, "b": 2.0}, "2026-11-23T10:00:00+00:00"),
+            fake_run("NVIDIA H200", {"c": 3.0}, "2026-11-23T10:05:00+00:00"),
+            fake_run("NVIDIA H100", {"d": 4.0})]
+    merged = merge_runs(runs, ["gpu0", "gpu1", "gpu2"])
+    assert set(merged) == {"NVIDIA H200", "NVIDIA H100"}
+    h200 = merged["NVIDIA H200"]
+    assert [b["fullname"] for b in h200["benchmarks"]] == ["a", "b", "c"]
+    assert [b["extra_info"]["spread_worker"] for b in h200["benchmarks"]] == ["gpu0", "gpu0", "gpu1"]
+    assert h200["datetime"] == "2026-11-23T10:05:00+00:00" and h200["commit_info"] == {"id": "abc"}
+    assert h200["machine_info"]["spread"] == {"workers": ["gpu0", "gpu1"], "tests_per_worker": {"gpu0": 2, "gpu1": 1}}
+    assert benchmark_seconds(h200) == {"a": 1.0, "b": 2.0, "c": 3.0}
+    with pytest.raises(ValueError, match="b is in the runs of worker gpu0 and worker gpu1"):
+        merge_runs([runs[0], fake_run("NVIDIA H200", {"b": 1.0})], ["gpu0", "gpu1"])
+    with pytest.raises(ValueError, match="worker gpu1's run is not a pytest-benchmark run"):
+        merge_runs([runs[0], {"benchmarks": []}], ["gpu0", "gpu1"])
+
+
+def test_run_numbers_follow_the_stored_ones(tmp_path):
+    assert next_run_path(tmp_path / "none", "tag").name == "0001_tag.json"
+    (tmp_path / "0007_old.json").write_text("{}")
+    (tmp_path / "notes.json").write_text("{}")
+    assert next_run_path(tmp_path, "tag") == tmp_path / "0008_tag.json"
+
+
+@pytest.mark.parametrize("codes,save_baseline,where", [
+    ({"gpu0": 0, "gpu1": 0}, False, "baseline"), ({"gpu0": 0, "gpu1": 1}, False, "history"),
+    ({"gpu0": 0, "gpu1": 1}, True, "baseline")])
+def test_the_merged_run_is_stored_where_a_single_run_would_be(tmp_path, codes, save_baseline, where):
+    workers = [Worker(name, str(i), [], tmp_path / f"{name}.json") for i, name in enumerate(codes)]
+    for i, worker in enumerate(workers):
+        worker.json_path.write_text(json.dumps(fake_run("NVIDIA H200", {f"perf_tests/t.py::t{i}": 1.0})))
+    store = tmp_path / "store"
+    (paths,) = [save_merged(workers, codes, store, "Linux-CPython-3.12-64bit", "tag", save_baseline)]
+    folder = store / "nvidia-h200" / ("history" if where == "history" else "") / "Linux-CPython-3.12-64bit"
+    assert paths == [folder / "0001_tag.json"]
+    run = read_run(paths[0], store / "nvidia-h200")   # readable by the gate plugin like any stored run
+    assert sorted(run.benchmarks) == ["perf_tests/t.py::t0", "perf_tests/t.py::t1"]

@@ -1,0 +1,83 @@
+"""A perf run spread over a machine's GPUs: the split of the test list, and the merge of the workers' runs.
+
+pytest-benchmark disables itself under xdist, so `./gate perf` on a machine
+with several GPUs (perf_tests/spread.py) runs one pytest process per GPU,
+each pinned to its GPU by CUDA_VISIBLE_DEVICES and writing its run with
+`--benchmark-json`, then the tests that need every GPU (data parallel) in a
+last process that sees them all. The runs are merged here into one stored
+run per GPU kind, in pytest-benchmark's own format, numbered after the runs
+already stored (its NNNN_ prefix), so the gate plugin, the report and
+pytest-benchmark's tools read it like any other run.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+
+RUN_NUMBER = re.compile(r"^(\d{4})_")
+
+
+def split_tests(test_ids: list[str], workers: int, seconds: dict[str, float] | None = None) -> list[list[str]]:
+    """`test_ids` over `workers` lists of about equal time: longest first, each to the least loaded worker
+    (ties: the lowest worker). `seconds`: each test's time in a stored run; unknown tests count the median."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if len(set(test_ids)) != len(test_ids):
+        raise ValueError("test ids repeat: " + ", ".join(sorted({t for t in test_ids if test_ids.count(t) > 1})))
+    seconds = seconds or {}
+    known = [seconds[t] for t in test_ids if t in seconds]
+    default = statistics.median(known) if known else 1.0
+    order = sorted(test_ids, key=lambda t: (-seconds.get(t, default), test_ids.index(t)))
+    loads, parts = [0.0] * workers, [[] for _ in range(workers)]
+    for test in order:
+        worker = min(range(workers), key=lambda w: (loads[w], w))
+        parts[worker].append(test)
+        loads[worker] += seconds.get(test, default)
+    return [sorted(part, key=test_ids.index) for part in parts]   # each worker runs in collection order
+
+
+def benchmark_seconds(run: dict) -> dict[str, float]:
+    """Each benchmark's timed seconds in a stored run (its rounds' total): the split's weights."""
+    return {b["fullname"]: float(b["stats"].get("total", 0.0)) for b in run.get("benchmarks", [])
+            if isinstance(b, dict) and "fullname" in b and isinstance(b.get("stats"), dict)}
+
+
+def merge_runs(runs: list[dict], workers: list[str]) -> dict[str, dict]:
+    """One run per GPU kind (machine_info["gpu"]) from the workers' runs, `workers[i]` naming run i (e.g. its
+    CUDA_VISIBLE_DEVICES). A test in two runs, or a run without benchmarks, is refused by name."""
+    if len(runs) != len(workers) or not runs:
+        raise ValueError(f"{len(runs)} runs for {len(workers)} worker names: need one name per run, >= 1 run")
+    by_kind: dict[str, list[tuple[dict, str]]] = {}
+    for run, worker in zip(runs, workers):
+        if not isinstance(run.get("benchmarks"), list) or not isinstance(run.get("machine_info"), dict):
+            raise ValueError(f"worker {worker}'s run is not a pytest-benchmark run (benchmarks, machine_info)")
+        by_kind.setdefault(str(run["machine_info"].get("gpu")), []).append((run, worker))
+    merged = {}
+    for kind, members in by_kind.items():
+        seen: dict[str, str] = {}
+        benchmarks = []
+        for run, worker in members:
+            for bench in run["benchmarks"]:
+                name = bench["fullname"]
+                if name in seen:
+                    raise ValueError(f"{name} is in the runs of worker {seen[name]} and worker {worker}")
+                seen[name] = worker
+                benchmarks.append(dict(bench, extra_info=dict(bench.get("extra_info", {}), spread_worker=worker)))
+        first = members[0][0]
+        machine_info = dict(first["machine_info"], spread={"workers": [w for _, w in members],
+                                                          "tests_per_worker": {w: sum(seen[n] == w for n in seen)
+                                                                               for _, w in members}})
+        merged[kind] = {**{k: v for k, v in first.items() if k not in ("benchmarks", "machine_info", "datetime")},
+                        "machine_info": machine_info,
+                        "datetime": max(str(run.get("datetime", "")) for run, _ in members),
+                        "benchmarks": sorted(benchmarks, key=lambda b: b["fullname"])}
+    return merged
+
+
+def next_run_path(folder: Path | str, tag: str) -> Path:
+    """`folder/NNNN_<tag>.json`, NNNN one past the highest number there (0001 in an empty folder)."""
+    folder = Path(folder)
+    numbers = [int(m.group(1)) for p in folder.glob("*.json") if (m := RUN_NUMBER.match(p.name))] \
+        if folder.is_dir() else []
+    return folder / f"{max(numbers, default=0) + 1:04d}_{tag}.json"

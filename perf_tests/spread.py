@@ -1,0 +1,151 @@
+"""`./gate perf` on a machine with several GPUs: one pytest process per GPU, then the all-GPU tests, one stored run.
+
+    python -m perf_tests.spread [pytest args...]      (the gate calls it when nvidia-smi lists >= 2 GPUs)
+
+1. Collect the perf tests the gate would run (same selection, the user's args).
+2. Split the single-GPU tests over the GPUs (gpuengine/bench/spread_runs.py:
+   balanced by each test's time in the newest stored run), and run one
+   pytest per GPU at once, pinned with CUDA_VISIBLE_DEVICES=<i>, each
+   comparing with the stored baselines and writing its run as JSON.
+3. Run the tests that need every GPU (perf_tests/test_data_parallel.py) in
+   one pytest that sees them all, after the others (they would share GPUs).
+4. Merge the runs into one per GPU kind and store it like `--benchmark-autosave`
+   does: a baseline if every process passed (or --save-baseline), else under
+   history/. The exit status is the worst of the processes'.
+Workers do not save on their own (no --benchmark-autosave, --save-baseline
+held back): only the merged run is stored.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuengine.bench.spread_runs import merge_runs, next_run_path, split_tests, benchmark_seconds
+from gpuengine.bench.stored_runs import history_folder, newest_per_test, scan
+
+ROOT = Path(__file__).resolve().parent.parent
+WHOLE_MACHINE = ("perf_tests/test_data_parallel.py",)   # tests that spread themselves over every GPU
+SELECTION = ["perf_tests", "--ignore-glob=perf_tests/test_*_smoke.py", "-m", "not slow"]   # as ./gate perf
+HELD_BACK = ("--save-baseline", "--benchmark-autosave")
+
+
+@dataclass(frozen=True)
+class Worker:
+    name: str                   # "gpu<i>" or "all-gpus": stored in each benchmark's extra_info
+    devices: str | None         # CUDA_VISIBLE_DEVICES, None: every GPU
+    tests: list[str]
+    json_path: Path
+
+    def command(self, args: list[str]) -> list[str]:
+        return [sys.executable, "-m", "pytest", *self.tests, "-m", "not slow", "--benchmark-compare",
+                f"--benchmark-json={self.json_path}", *args]
+
+
+def gpu_count() -> int:
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.splitlines())
+
+
+def collect(args: list[str]) -> list[str]:
+    result = subprocess.run([sys.executable, "-m", "pytest", *SELECTION, "--collect-only", "-q", *args], cwd=ROOT,
+                            capture_output=True, text=True)
+    if result.returncode not in (0, 5):
+        raise SystemExit(f"perf_tests.spread: collecting the perf tests failed:\n{result.stdout}\n{result.stderr}")
+    return [line.strip() for line in result.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+
+
+def stored_seconds(store: Path) -> dict[str, float]:
+    """Each test's timed seconds in the newest stored run holding it, over every tier folder."""
+    runs = [run for tier in sorted(p for p in store.iterdir() if p.is_dir()) for run in scan(tier)[0]]
+    runs.sort(key=lambda run: run.saved_at)
+    seconds = {}
+    for name, run in newest_per_test(runs).items():
+        seconds.update({k: v for k, v in benchmark_seconds({"benchmarks": [run.benchmarks[name]]}).items()})
+    return seconds
+
+
+def plan_workers(test_ids: list[str], gpus: int, seconds: dict[str, float], out: Path) -> list[Worker]:
+    """The per-GPU workers (non-empty ones), then the all-GPU worker if any test needs every GPU."""
+    whole = [t for t in test_ids if t.startswith(WHOLE_MACHINE)]
+    single = [t for t in test_ids if not t.startswith(WHOLE_MACHINE)]
+    workers = [Worker(f"gpu{i}", str(i), part, out / f"gpu{i}.json")
+               for i, part in enumerate(split_tests(single, gpus, seconds)) if part]
+    if whole:
+        workers.append(Worker("all-gpus", None, whole, out / "all-gpus.json"))
+    return workers
+
+
+def run_workers(workers: list[Worker], args: list[str], out: Path) -> dict[str, int]:
+    """Per-GPU workers at once, then the all-GPU one; each one's log printed when it ends. Exit status by name."""
+    status: dict[str, int] = {}
+    single = [w for w in workers if w.devices is not None]
+    procs = {}
+    for worker in single:
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=worker.devices)
+        with open(out / f"{worker.name}.log", "wb") as log:
+            procs[worker.name] = subprocess.Popen(worker.command(args), cwd=ROOT, env=env, stdout=log,
+                                                  stderr=subprocess.STDOUT)
+    for name, proc in procs.items():
+        status[name] = proc.wait()
+        print(f"===== perf worker {name} (exit status {status[name]}) =====\n"
+              f"{(out / f'{name}.log').read_text(errors='replace')}", flush=True)
+    for worker in workers:
+        if worker.devices is None:
+            print(f"===== perf worker {worker.name}: every GPU =====", flush=True)
+            status[worker.name] = subprocess.run(worker.command(args), cwd=ROOT).returncode
+    return status
+
+
+def save_merged(workers: list[Worker], status: dict[str, int], store: Path, machine_id: str, tag: str,
+                save_baseline: bool) -> list[Path]:
+    """Merge the workers' JSON runs, one per GPU kind, into store/<tier>/[history/]<machine id>/NNNN_<tag>.json."""
+    runs, names = [], []
+    for worker in workers:
+        if worker.json_path.is_file():
+            runs.append(json.loads(worker.json_path.read_text()))
+            names.append(worker.name)
+        else:
+            print(f"perf_tests.spread: worker {worker.name} wrote no run (exit status {status.get(worker.name)})",
+                  file=sys.stderr)
+    if not runs:
+        return []
+    passed = all(code == 0 for code in status.values()) and len(runs) == len(workers)
+    saved = []
+    for merged in merge_runs(runs, names).values():
+        tier = store / merged["machine_info"]["tier"]
+        folder = (tier if passed or save_baseline else history_folder(tier)) / machine_id
+        folder.mkdir(parents=True, exist_ok=True)
+        path = next_run_path(folder, tag)
+        path.write_text(json.dumps(merged, indent=4))
+        saved.append(path)
+    return saved
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pytest_benchmark.utils import get_machine_id, get_tag
+    argv = list(sys.argv[1:] if argv is None else argv)
+    save_baseline = "--save-baseline" in argv
+    args = [a for a in argv if a not in HELD_BACK]
+    gpus = gpu_count()
+    if gpus < 2:
+        raise SystemExit(f"perf_tests.spread: {gpus} GPU(s) listed by nvidia-smi; a spread run needs >= 2")
+    out = Path(tempfile.mkdtemp(prefix="gpuengine-spread-"))
+    workers = plan_workers(collect(args), gpus, stored_seconds(ROOT / "baselines_store"), out)
+    print(f"perf_tests.spread: {gpus} GPUs; " + "; ".join(f"{w.name}: {len(w.tests)} tests" for w in workers),
+          flush=True)
+    status = run_workers(workers, args, out)
+    for path in save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), get_tag(), save_baseline):
+        print(f"perf_tests.spread: saved the merged run as {path.relative_to(ROOT)}", flush=True)
+    return max(status.values(), default=0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
