@@ -16,6 +16,7 @@ import pytest
 
 from gpuengine.backend import gpu_visible
 from gpuengine.config import EngineConfig
+from gpuengine.data.streamed import overlapping_pool
 from gpuengine.reference import tf_common
 from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.workloads import cnn
@@ -63,9 +64,8 @@ def epochs_per_round(batch: int) -> int:
 
 def engine_runner(case, x, t):
     precision, graph, resident, batch = case
-    # Streamed data prefetch one buffer per captured step, so a launch of 8 steps needs a pool of 8.
     config = EngineConfig(precision=precision, cuda_graph=graph, resident_data=resident,
-                          batch_pool=max(3, graph), device=DEVICE)
+                          batch_pool=overlapping_pool(graph), device=DEVICE)
     return EngineTrainRunner(cnn.build_cnn(SHAPE), x, t, batch, config, epochs_per_round(batch),
                              lr=cnn.LEARNING_RATE)
 

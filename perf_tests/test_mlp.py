@@ -17,6 +17,7 @@ import pytest
 
 from gpuengine.backend import gpu_visible
 from gpuengine.config import EngineConfig
+from gpuengine.data.streamed import overlapping_pool
 from gpuengine.bench.runners import EngineInferRunner, EngineOneShotRunner, EngineTrainRunner
 from gpuengine.workloads import mlp
 
@@ -68,9 +69,8 @@ def test_mlp_train(case, benchmark, compare, run_target):
     skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
     net = mlp.build_mlp(SHAPE)
     x, t = mlp.mlp_data(TRAIN_BATCH * bpe, SHAPE)
-    # Streamed data prefetches one buffer per captured step, so a launch of 8 steps needs a pool of 8.
     config = EngineConfig(precision=precision, cuda_graph=graph, resident_data=resident,
-                          batch_pool=max(3, graph), device=DEVICE)
+                          batch_pool=overlapping_pool(graph), device=DEVICE)
     epochs_per_round = max(1, STEPS_PER_ROUND // bpe)
     engine = EngineTrainRunner(net, x, t, TRAIN_BATCH, config, epochs_per_round, lr=mlp.LEARNING_RATE)
     weights = engine.trainer.params.state_dict()

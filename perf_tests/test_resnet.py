@@ -21,6 +21,7 @@ import pytest
 from gpuengine.backend import gpu_visible
 from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.config import EngineConfig
+from gpuengine.data.streamed import overlapping_pool
 from gpuengine.workloads import resnet
 
 from . import plan
@@ -69,9 +70,8 @@ CASES = plan.cases("resnet_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s
 
 
 def engine_runner(shape, x, t, precision: str, graph: int, resident: bool, name: str = "gpuengine"):
-    # Streamed data prefetch one buffer per captured step, so a launch of 8 steps needs a pool of 8.
-    config = EngineConfig(precision=precision, cuda_graph=graph, resident_data=resident, batch_pool=max(3, graph),
-                          device=DEVICE)
+    config = EngineConfig(precision=precision, cuda_graph=graph, resident_data=resident,
+                          batch_pool=overlapping_pool(graph), device=DEVICE)
     runner = EngineTrainRunner(resnet.build_resnet(shape), x, t, BATCH, config, lr=resnet.LEARNING_RATE)
     runner.name = name
     return runner

@@ -28,6 +28,7 @@ import pytest
 from gpuengine.backend import gpu_visible
 from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.config import EngineConfig
+from gpuengine.data.streamed import overlapping_pool
 from gpuengine.workloads import zoo
 
 from . import plan
@@ -95,9 +96,8 @@ def test_zoo_train(case, benchmark, compare, run_target):
     entry = zoo.zoo_net(name)
     shape = entry.shape(REDUCED)
     x, t = zoo.zoo_data(SAMPLES, shape.size, shape.classes)
-    # Streamed: a pool of 2 x the steps per launch, so one launch's uploads overlap the previous launch (README).
     config = EngineConfig(precision=precision, cuda_graph=GRAPH, resident_data=resident,
-                          batch_pool=max(3, GRAPH if resident else 2 * GRAPH), device=DEVICE)
+                          batch_pool=overlapping_pool(GRAPH), device=DEVICE)
     engine = EngineTrainRunner(entry.network(REDUCED), x, t, BATCH, config, lr=LR)
     weights, buffers = engine.trainer.params.state_dict(), engine.trainer.params.buffers_dict() or None
     refs = [torch_runner(mode, streamed, name, x, t, precision, weights, buffers)

@@ -28,6 +28,11 @@ from .shuffle import batch_rows
 from .uploads import CudaUploads, HostUploads
 
 
+def overlapping_pool(steps_per_launch: int) -> int:
+    """The smallest batch_pool whose uploads overlap the previous launch (slots come back a launch at a time)."""
+    return max(3, 2 * steps_per_launch)
+
+
 def check_streamed_launch(steps: int, pool: int):
     """A launch of `steps` captured steps reads `steps` distinct pool buffers."""
     if steps > pool:
