@@ -228,3 +228,29 @@ def test_a_launch_longer_than_the_ring_is_refused():
 def test_a_share_outside_the_batch_is_refused():
     with pytest.raises(ValueError, match="batch positions 5..12 are not within a batch of 10"):
         batch_rows(100, 0, 0, 10, 10, lo=5, hi=12)
+
+
+def test_a_prefetch_horizon_stops_gathering_ahead_but_never_a_launch():
+    # A benchmark round must not find its batches gathered (and uploaded) between rounds, off the clock.
+    x, t = row_numbered(600)
+    gathered = []
+
+    def rows(step, lo, hi):
+        gathered.append(step)
+        return np.arange(lo, hi)
+    ring = bare_ring(x, t, rows, 100, 4, 1)
+    ring.prefetch_until(2)
+    for step in range(3):
+        ring.acquire(step, 1)
+        ring.release(step, 1)
+    time.sleep(0.2)                         # unbounded, the ring would hand out steps 3..6 now
+    assert sorted(set(gathered)) == [0, 1, 2]
+    ring.acquire(3, 2)                      # past the horizon: a launch that needs steps gets them
+    ring.release(3, 2)
+    time.sleep(0.2)
+    assert sorted(set(gathered)) == [0, 1, 2, 3, 4]
+    ring.prefetch_until(None)               # no limit: the ring runs pool steps ahead again
+    ring.acquire(5, 1)
+    time.sleep(0.2)
+    assert sorted(set(gathered)) == list(range(9))
+    ring.close()

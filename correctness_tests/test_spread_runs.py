@@ -7,7 +7,7 @@ import pytest
 
 from gpuengine.bench.spread_runs import benchmark_seconds, merge_runs, next_run_path, split_tests
 from gpuengine.bench.stored_runs import read_run
-from perf_tests.spread import HELD_BACK, Worker, plan_workers, save_merged
+from perf_tests.spread import HELD_BACK, Worker, plan_workers, save_merged, visible_devices
 
 
 def fake_run(gpu: str, tests: dict[str, float], when: str = "2026-11-23T10:00:00+00:00") -> dict:
@@ -47,6 +47,17 @@ def test_one_worker_per_gpu_then_the_all_gpu_tests():
     command = workers[0].command(["--full"])
     assert command[3] == ids[0] and "--benchmark-compare" in command and f"--benchmark-json={tmp}/gpu0.json" in command
     assert not set(HELD_BACK) & set(command), "workers never save on their own: only the merged run is stored"
+
+
+def test_workers_are_pinned_inside_the_callers_own_cuda_visible_devices(tmp_path):
+    # nvidia-smi lists every GPU of the host; a caller restricted to GPUs 2 and 5 must get workers on 2 and 5.
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "2, 5"}, listed=8) == ["2", "5"]
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": ""}, listed=8) == []
+    assert visible_devices({}, listed=3) == ["0", "1", "2"]
+    ids = ["perf_tests/test_mlp.py::a", "perf_tests/test_cnn.py::b", "perf_tests/test_data_parallel.py::c"]
+    workers = plan_workers(ids, ["2", "5"], {}, tmp_path)
+    assert [(w.name, w.devices, w.tests) for w in workers] == [
+        ("gpu2", "2", [ids[0]]), ("gpu5", "5", [ids[1]]), ("all-gpus", None, [ids[2]])]
 
 
 def test_runs_merge_into_one_per_gpu_kind_and_a_test_in_two_runs_is_refused():

@@ -54,6 +54,15 @@ def gpu_count() -> int:
     return sum(line.startswith("GPU ") for line in listing.splitlines())
 
 
+def visible_devices(environ=None, listed=None) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES entries of the GPUs this run may use: the caller's own list where it set one
+    (nvidia-smi lists every GPU of the host regardless), else 0..N-1 of the GPUs nvidia-smi lists."""
+    env = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" in env:
+        return [d.strip() for d in env["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    return [str(i) for i in range(gpu_count() if listed is None else listed)]
+
+
 def collect(args: list[str]) -> list[str]:
     result = subprocess.run([sys.executable, "-m", "pytest", *SELECTION, "--collect-only", "-q", *args], cwd=ROOT,
                             capture_output=True, text=True)
@@ -72,12 +81,14 @@ def stored_seconds(store: Path) -> dict[str, float]:
     return seconds
 
 
-def plan_workers(test_ids: list[str], gpus: int, seconds: dict[str, float], out: Path) -> list[Worker]:
-    """The per-GPU workers (non-empty ones), then the all-GPU worker if any test needs every GPU."""
+def plan_workers(test_ids: list[str], devices: list[str] | int, seconds: dict[str, float], out: Path) -> list[Worker]:
+    """The per-GPU workers (non-empty ones), then the all-GPU worker if any test needs every GPU. devices: the
+    CUDA_VISIBLE_DEVICES entry of each GPU (visible_devices()), or a count for 0..N-1."""
+    devices = [str(i) for i in range(devices)] if isinstance(devices, int) else list(devices)
     whole = [t for t in test_ids if t.startswith(WHOLE_MACHINE)]
     single = [t for t in test_ids if not t.startswith(WHOLE_MACHINE)]
-    workers = [Worker(f"gpu{i}", str(i), part, out / f"gpu{i}.json")
-               for i, part in enumerate(split_tests(single, gpus, seconds)) if part]
+    workers = [Worker(f"gpu{device}", device, part, out / f"gpu{device}.json")
+               for device, part in zip(devices, split_tests(single, len(devices), seconds)) if part]
     if whole:
         workers.append(Worker("all-gpus", None, whole, out / "all-gpus.json"))
     return workers
@@ -134,12 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     save_baseline = "--save-baseline" in argv
     args = [a for a in argv if a not in HELD_BACK]
-    gpus = gpu_count()
-    if gpus < 2:
-        raise SystemExit(f"perf_tests.spread: {gpus} GPU(s) listed by nvidia-smi; a spread run needs >= 2")
+    devices = visible_devices()
+    if len(devices) < 2:
+        raise SystemExit(f"perf_tests.spread: {len(devices)} GPU(s) visible (CUDA_VISIBLE_DEVICES="
+                         f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>: every GPU nvidia-smi lists')}); "
+                         "a spread run needs >= 2")
     out = Path(tempfile.mkdtemp(prefix="gpuengine-spread-"))
-    workers = plan_workers(collect(args), gpus, stored_seconds(ROOT / "baselines_store"), out)
-    print(f"perf_tests.spread: {gpus} GPUs; " + "; ".join(f"{w.name}: {len(w.tests)} tests" for w in workers),
+    workers = plan_workers(collect(args), devices, stored_seconds(ROOT / "baselines_store"), out)
+    print(f"perf_tests.spread: GPUs {','.join(devices)}; " + "; ".join(f"{w.name}: {len(w.tests)} tests" for w in workers),
           flush=True)
     status = run_workers(workers, args, out)
     for path in save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), get_tag(), save_baseline):

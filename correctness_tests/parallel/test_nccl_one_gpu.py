@@ -55,27 +55,54 @@ def reducer():
     rendezvous.close()
 
 
+def one_behind_matmuls(xp, count: int):
+    """A device 0-d array holding exactly 1.0, computed behind `count` 2048^3 matmuls on the current stream."""
+    a = xp.ones((2048, 2048), xp.float32)
+    for _ in range(count):
+        a = a @ a * np.float32(1 / 2048)   # ones stay ones: 2048 * (1/2048) is exact
+    return a[0, 0]
+
+
 def slow_fill(backend, buf, value):
     """buf[...] = value on the engine stream, behind ~tens of ms of matmuls: a missing wait reads stale data."""
     xp = backend.xp
     with backend.activate():
-        a = xp.ones((2048, 2048), xp.float32)
-        for _ in range(20):
-            a = a @ a * np.float32(1 / 2048)
-        buf[...] = xp.float32(value) + a[0, 0] - xp.float32(1)   # a stays all ones: adds exactly 0
+        buf[...] = xp.float32(value) + one_behind_matmuls(xp, 20) - xp.float32(1)
 
 
-def test_all_reduce_and_broadcast_at_world_one_keep_the_values_and_follow_the_engine_stream(reducer):
-    backend = reducer.backend
+def halving(reducer):
+    """At world size 1 NCCL's sum leaves the data as it is; a scale of 0.5 (in place of 1/world) makes the
+    communication stream's own write visible, so a wait missing in either direction changes the result."""
+    reducer._scale = 0.5
+    return reducer
+
+
+def test_all_reduce_and_broadcast_at_world_one_follow_the_engine_stream_both_ways(reducer):
+    backend = halving(reducer).backend
     xp = backend.xp
+    expected = np.full(4096, 7.0, np.float32)
+    expected[1024:3072] = 3.5
     with backend.activate():
         buf = xp.zeros(4096, xp.float32)
+    # Fork: the engine stream is slow to fill; the communication stream must halve the 3.5s, not the zeros.
     slow_fill(backend, buf, 3.5)
-    reducer.sum_into(buf[1024:3072])       # the communication stream must wait for the fill
+    reducer.sum_into(buf[1024:3072])
     reducer.wait()
     with backend.activate():
-        out = buf * 2                       # the engine stream must wait for the all-reduce
-    np.testing.assert_array_equal(backend.to_host(out), np.full(4096, 7.0, np.float32))
+        out = buf * 2
+    np.testing.assert_array_equal(backend.to_host(out), expected)
+    # Join: now the communication stream is the slow one; the engine stream must wait for its halving.
+    with reducer.comm_stream:
+        pad = one_behind_matmuls(xp, 40)
+    with backend.activate():
+        buf[...] = xp.float32(3.5)
+    reducer.sum_into(buf[1024:3072])
+    reducer.wait()
+    with backend.activate():
+        out = buf * 2
+    np.testing.assert_array_equal(backend.to_host(out), expected)
+    with reducer.comm_stream:
+        assert float(pad) == 1.0            # read on its own stream (the default stream does not order it)
     slow_fill(backend, buf, -1.25)
     reducer.broadcast(buf)
     np.testing.assert_array_equal(backend.to_host(buf), np.full(4096, -1.25, np.float32))
@@ -84,7 +111,7 @@ def test_all_reduce_and_broadcast_at_world_one_keep_the_values_and_follow_the_en
 
 
 def test_all_reduce_captured_in_a_graph_replays_correctly(reducer):
-    backend = reducer.backend
+    backend = halving(reducer).backend
     xp = backend.xp
     with backend.activate():
         buf, out = xp.zeros(1 << 16, xp.float32), xp.zeros(1 << 16, xp.float32)
@@ -98,13 +125,14 @@ def test_all_reduce_captured_in_a_graph_replays_correctly(reducer):
             reducer.sum_into(buf[: 1 << 15])
             reducer.sum_into(buf[1 << 15:])
             reducer.wait()
-            out[...] = buf * 3
+            xp.multiply(buf, 3, out=out)    # no temporary: nothing allocated inside the capture
         finally:
             graph = stream.end_capture()
         for _ in range(4):
             graph.launch(stream)
-    np.testing.assert_array_equal(backend.to_host(buf), np.full(1 << 16, 4.0, np.float32))
-    np.testing.assert_array_equal(backend.to_host(out), np.full(1 << 16, 12.0, np.float32))
+    # Each replay: buf = (buf + 1) / 2, from 0: 0.5, 0.75, 0.875, 0.9375 (exact in float32).
+    np.testing.assert_array_equal(backend.to_host(buf), np.full(1 << 16, 0.9375, np.float32))
+    np.testing.assert_array_equal(backend.to_host(out), np.full(1 << 16, 2.8125, np.float32))
 
 
 @pytest.mark.parametrize("graph", [0, 4])

@@ -12,7 +12,7 @@ the perf suite interleaves them with the engine round by round:
   bound of a training round that moves the same bytes.
 - `LoaderRunner`: the streamed loader alone (no training): every step's batch
   gathered by the workers, uploaded, waited for and read into the static batch
-  buffers. Its `samples_per_round` is bytes, so its ratio against a
+  buffers, none of a round's batches prefetched before its clock starts. Its `samples_per_round` is bytes, so its ratio against a
   `PinnedCopyRunner` of bytes is its fraction of the copy bandwidth.
 On the NumPy backend the "copy" is a host memcpy and nothing is gated.
 """
@@ -124,6 +124,9 @@ class LoaderRunner:
         self.synchronize()
 
     def run_round(self):
+        # The ring prefetches `pool` steps ahead; unbounded, the next round's first batches would be gathered and
+        # uploaded between rounds, off the clock (up to pool/steps_per_round of its bytes for free).
+        self.data.prefetch_until(self.steps_done + self.steps_per_round - 1)
         with self.backend.activate():
             for _ in range(self.steps_per_round):
                 self.data.before_launch(self.steps_done, 1)

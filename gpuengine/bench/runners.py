@@ -40,6 +40,10 @@ class EngineTrainRunner:
         self.trainer.warm_up()
 
     def run_round(self):
+        # Streamed data: nothing of this round is gathered or uploaded before its clock starts (bench/loader.py).
+        prefetch_until = getattr(self.trainer.data, "prefetch_until", None)
+        if prefetch_until is not None:
+            prefetch_until(self.trainer.steps_done + self.epochs_per_round * self.trainer.steps_per_epoch - 1)
         self.trainer.run_epochs(self.epochs_per_round)
 
     def synchronize(self):

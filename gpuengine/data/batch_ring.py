@@ -81,6 +81,7 @@ class BatchRing:
         self._failure: tuple | None = None                    # (step, lo, hi, exception) of the first failure
         self._next = 0            # the next step to hand out
         self._released = -1       # the last step whose launch has read its slot
+        self._horizon: int | None = None   # the last step handed out ahead of need (None: no limit)
         self._closed = False
 
     @property
@@ -96,7 +97,7 @@ class BatchRing:
         with self._lock:
             if first != self._released + 1:
                 self._restart(first)
-            self._hand_out(self._released + self.pool)
+            self._hand_out(self._released + self.pool, needed=last)
             for step in range(first, first + steps):
                 slot = step % self.pool
                 while self._serves(last) and not (self._slot_step[slot] == step and self._pending[slot] == 0):
@@ -114,6 +115,13 @@ class BatchRing:
             if self._closed:
                 return
             self._released = first + steps - 1
+            self._hand_out(self._released + self.pool)
+
+    def prefetch_until(self, step: int | None):
+        """Hand out no step past `step` before a launch needs it (None: no limit). A benchmark sets it to the
+        end of each timed round, so no batch of the next round is gathered or uploaded between rounds."""
+        with self._lock:
+            self._horizon = step
             self._hand_out(self._released + self.pool)
 
     def close(self):
@@ -144,9 +152,12 @@ class BatchRing:
         self._slot_step = [None] * self.pool
         self._next, self._released = first, first - 1
 
-    def _hand_out(self, last: int):
+    def _hand_out(self, last: int, needed: int = -1):
+        """Hand out the steps up to `last`, but none past the prefetch horizon unless the launch needs it."""
         if self._closed or self._failure is not None:
             return
+        if self._horizon is not None:
+            last = min(last, max(self._horizon, needed))
         if not self._threads:
             self._start_workers()
         while self._next <= last:

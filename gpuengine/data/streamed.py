@@ -88,6 +88,10 @@ class StreamedDataset:
     def after_launch(self, first_step: int, steps: int):
         self.ring.release(first_step, steps)
 
+    def prefetch_until(self, step: int | None):
+        """No batch past `step` is gathered or uploaded before a launch needs it (batch_ring.prefetch_until)."""
+        self.ring.prefetch_until(step)
+
     def load_batch(self):
         if self._gather is not None:
             self._gather.run()

@@ -53,10 +53,10 @@ class NcclAllReduce(AllReduce):
         return self._nccl.NCCL_FLOAT32
 
     def sum_into(self, buf) -> None:
+        dtype = self._dtype(buf)   # refuse before forking: a raise after it would leave the streams joined halfway
         self._forked.record(self.backend.stream)
         self.comm_stream.wait_event(self._forked)
-        self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self._dtype(buf), self._nccl.NCCL_SUM,
-                            self.comm_stream.ptr)
+        self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, dtype, self._nccl.NCCL_SUM, self.comm_stream.ptr)
         with self.comm_stream:
             buf *= self._scale
 
