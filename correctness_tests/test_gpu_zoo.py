@@ -60,7 +60,9 @@ def test_grouped_conv_matches_numpy(case, precision):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_relu6_matches_numpy(precision):
-    x = normal(4, (8, 14, 14, 96), precision, 4.0) + 3.0
+    # Shifted, then rounded to bf16: an unrounded x just below 6 rounds to 6 on the GPU and its gradient
+    # drops out (0.12% of these elements, a 4.9% relative error on dx under bf16's 3% bound).
+    x = representable(normal(4, (8, 14, 14, 96), precision, 4.0) + 3.0, precision)
     dy = normal(5, x.shape, precision)
     cpu = run_layer(ReLU6(name="r"), x, dy, precision="fp32")
     gpu = run_layer(ReLU6(name="r"), x, dy, device="cuda", precision=precision)
