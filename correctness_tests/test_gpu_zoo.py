@@ -8,7 +8,8 @@ and adaptive-pool kernels (dropout's Philox masks are the NumPy ones bit for
 bit), whole steps of the reduced networks, their captured replay (the dropout
 draw advancing inside the graph), and then to the full-size networks against
 torchvision's own models with the same weights: logits in inference and the
-loss and gradients of one training step, in IEEE fp32 on both sides.
+loss and gradients of one training step in IEEE fp32, both sides measured
+against torchvision's float64 step.
 """
 from __future__ import annotations
 
@@ -136,6 +137,13 @@ def test_zoo_steady_state_allocates_nothing():
 # -- the full-size networks against torchvision ------------------------------------------------
 
 LOGIT_TOLERANCE = 2e-3   # IEEE fp32 on both sides, different cuDNN algorithms and summation orders
+# fp32 gradients of a 224x224 batch of 16 are some way from exact: torch's own fp32 step (CPU, MKL-DNN) is at
+# 1 - cosine 1.9e-4 and norm error 8.6e-4 from its float64 step for ResNet-50, 4.8e-5 and 2.5e-4 for MobileNetV2,
+# so two fp32 implementations cannot be held to 1e-4 of each other. Both are measured against float64 instead:
+# the engine may be FP32_SLACK times as far as torch fp32 (~3x its RMS error), and never needs to be nearer
+# than the floors, the bounds this test held engine and torch fp32 to before (AlexNet/VGG: ~1e-11 apart).
+FP32_SLACK = 10
+COSINE_FLOOR, NORM_FLOOR = 1e-4, 1e-3
 
 
 def torchvision_twin(name: str, net, weights, buffers):
@@ -149,6 +157,20 @@ def torchvision_twin(name: str, net, weights, buffers):
     return torch, torch_zoo, torch_zoo.disable_dropout(model).cuda()
 
 
+def torch_step(torch, torch_zoo, model, net, images, targets) -> tuple[float, dict]:
+    """Loss and parameter gradients (engine names and layouts) of one train-mode step at the model's dtype."""
+    model.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.cross_entropy(model.train()(images), targets)
+    loss.backward()
+    return loss.item(), torch_zoo.torch_to_engine({n: p.grad for n, p in model.named_parameters()}, net)
+
+
+def distance(ours: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
+    """(1 - cosine, |norm ratio - 1|) of a gradient vector against the exact one."""
+    norm = np.linalg.norm(ours) * np.linalg.norm(exact)
+    return 1.0 - float(ours @ exact / norm), float(abs(np.linalg.norm(ours) / np.linalg.norm(exact) - 1.0))
+
+
 @pytest.mark.parametrize("name", zoo.NAMES)
 def test_full_size_logits_and_one_step_match_torchvision(name):
     from gpuengine.reference.torch_common import to_nchw
@@ -157,18 +179,20 @@ def test_full_size_logits_and_one_step_match_torchvision(name):
     predictor = Predictor(net, EngineConfig(precision="fp32"), seed=12)
     weights, buffers = predictor.params.state_dict(), predictor.params.buffers_dict()
     torch, torch_zoo, model = torchvision_twin(name, net, weights, buffers or None)
-    images = torch.from_numpy(to_nchw(x)).cuda()
+    images, targets = torch.from_numpy(to_nchw(x)).cuda(), torch.from_numpy(t).cuda()
     with torch.no_grad():
         expected = model.eval()(images).cpu().numpy()
     assert rel_err(predictor.predict(x), expected) < LOGIT_TOLERANCE
 
     engine = numeric(run_network(net, x, t, device="cuda", precision="fp32", weights=weights))
-    loss = torch.nn.functional.cross_entropy(model.train()(images), torch.from_numpy(t).cuda())
-    loss.backward()
-    grads = torch_zoo.torch_to_engine({n: p.grad for n, p in model.named_parameters()}, net)
-    assert abs(engine["loss"] - loss.item()) < 1e-4 * abs(loss.item())
-    ours = np.concatenate([engine[f"grad:{k}"].ravel() for k in sorted(grads)])
-    theirs = np.concatenate([grads[k].ravel() for k in sorted(grads)]).astype(np.float64)
-    cosine = float(ours @ theirs / (np.linalg.norm(ours) * np.linalg.norm(theirs)))
-    assert cosine > 0.9999, cosine
-    assert abs(np.linalg.norm(ours) / np.linalg.norm(theirs) - 1) < 1e-3
+    _, fp32_grads = torch_step(torch, torch_zoo, model, net, images, targets)
+    exact_loss, exact_grads = torch_step(torch, torch_zoo, model.double(), net, images.double(), targets.double())
+    assert abs(engine["loss"] - exact_loss) < 1e-4 * abs(exact_loss)
+    names = sorted(exact_grads)
+    exact = np.concatenate([exact_grads[k].ravel() for k in names])
+    ours = distance(np.concatenate([engine[f"grad:{k}"].ravel() for k in names]), exact)
+    theirs = distance(np.concatenate([fp32_grads[k].ravel() for k in names]).astype(np.float64), exact)
+    message = "(1 - cosine, norm error) from float64: engine ({:.2e}, {:.2e}), torch fp32 ({:.2e}, {:.2e})".format(
+        *ours, *theirs)
+    assert ours[0] < max(FP32_SLACK * theirs[0], COSINE_FLOOR), message
+    assert ours[1] < max(FP32_SLACK * theirs[1], NORM_FLOOR), message
