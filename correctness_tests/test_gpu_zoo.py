@@ -27,7 +27,7 @@ from .gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_n
 from .gradient_check import random_weights
 from .layer_harness import run_layer, run_network
 from .test_gpu_conv import normal, representable
-from .test_gpu_resnet import assert_step_close, numeric
+from .test_gpu_resnet import FORWARD_TOLERANCE, GRADIENT_COSINE, numeric
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
@@ -95,18 +95,61 @@ def reduced_batch(name: str, batch: int = 16, seed: int = 10):
     return zoo.zoo_data(batch, shape.size, shape.classes, seed)
 
 
+# Whole-network steps are compared with the exact (float64 NumPy) step as whole vectors: the loss, the running
+# means, the running variances, the gradient. Not key by key: MobileNetV2's projection BN shifts have gradient 0
+# and the BNs after them running mean 0 in exact arithmetic (a 1x1 convolution, then BN, is all that reads them),
+# so both backends hold rounding noise there. fp32's gradient may be FP32_STEP_SLACK times as far from exact as
+# the NumPy float32 step's (reduced MobileNetV2: 1 - cosine 6e-4; the others < 1e-12) or the floor.
+FP32_STEP_SLACK, FP32_COSINE_FLOOR, FP32_NORM_FLOOR = 10, 1e-6, 1e-5
+# The reduced MobileNetV2's gradient is ill-conditioned below fp32: with bf16 storage emulated on the NumPy
+# backend it is at cosine 0.50 from exact (the stem and first depthwise layers are 100% off; AlexNet 0.998,
+# VGG 0.975, ResNet-18 0.995), so under TF32 and bf16 only its forward quantities are compared here; its
+# layers' gradients are checked one by one above (grouped convolutions) and in test_gpu_resnet (batch norm).
+FORWARD_ONLY = {("mobilenet_v2", "tf32"), ("mobilenet_v2", "bf16")}
+
+
+def distance(ours: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
+    """(1 - cosine, |norm ratio - 1|) of a gradient vector against the exact one."""
+    norm = np.linalg.norm(ours) * np.linalg.norm(exact)
+    return 1.0 - float(ours @ exact / norm), float(abs(np.linalg.norm(ours) / np.linalg.norm(exact) - 1.0))
+
+
+def step_vectors(result: dict) -> dict:
+    """The loss, running means, running variances and gradient of a step, each one float64 vector."""
+    def joined(keys):
+        return np.concatenate([np.ravel(result[k]) for k in sorted(keys)]) if keys else np.zeros(1)
+    return {"loss": np.array([result["loss"]]),
+            "running means": joined([k for k in result if k.endswith(".running_mean")]),
+            "running variances": joined([k for k in result if k.endswith(".running_var")]),
+            "gradient": joined([k for k in result if k.startswith("grad:")])}
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("name", zoo.NAMES)
 def test_reduced_network_step_matches_numpy(name, precision):
-    """Loss, every gradient and running statistic of one step, dropout on (its masks are the same bits)."""
-    net = zoo.zoo_net(name).network(reduced=True)
+    """Loss, running statistics and gradient of one step against the exact step, dropout on (same mask bits)."""
     x, t = reduced_batch(name)
-    state = Predictor(net, EngineConfig(device="cpu")).params.state_dict()
+    x = representable(x, precision)
+    state = Predictor(zoo.zoo_net(name).network(reduced=True), EngineConfig(device="cpu")).params.state_dict()
     weights = {k: representable(v, precision) for k, v in state.items()}
-    cpu = run_network(net, x, t, precision="fp32", weights=weights)
-    gpu = run_network(zoo.zoo_net(name).network(reduced=True), x, t, device="cuda", precision=precision,
-                      weights=weights)
-    assert_step_close(numeric(gpu), numeric(cpu), precision, 1e-3)
+
+    def step(device, step_precision):
+        net = zoo.zoo_net(name).network(reduced=True)
+        return step_vectors(numeric(run_network(net, x, t, device=device, precision=step_precision, weights=weights)))
+
+    exact, gpu = step("cpu", "fp64"), step("cuda", precision)
+    for what in ("loss", "running means", "running variances"):
+        assert rel_err(gpu[what], exact[what]) < FORWARD_TOLERANCE[precision], (what, rel_err(gpu[what], exact[what]))
+    if (name, precision) in FORWARD_ONLY:
+        return
+    ours = distance(gpu["gradient"], exact["gradient"])
+    if precision == "fp32":
+        numpy_fp32 = distance(step("cpu", "fp32")["gradient"], exact["gradient"])
+        bounds = (max(FP32_STEP_SLACK * numpy_fp32[0], FP32_COSINE_FLOOR),
+                  max(FP32_STEP_SLACK * numpy_fp32[1], FP32_NORM_FLOOR))
+    else:
+        bounds = (1 - GRADIENT_COSINE[precision], 2 * (1 - GRADIENT_COSINE[precision]) + 0.01)
+    assert ours[0] < bounds[0] and ours[1] < bounds[1], f"(1 - cosine, norm error) {ours}, bounds {bounds}"
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -163,12 +206,6 @@ def torch_step(torch, torch_zoo, model, net, images, targets) -> tuple[float, di
     loss = torch.nn.functional.cross_entropy(model.train()(images), targets)
     loss.backward()
     return loss.item(), torch_zoo.torch_to_engine({n: p.grad for n, p in model.named_parameters()}, net)
-
-
-def distance(ours: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
-    """(1 - cosine, |norm ratio - 1|) of a gradient vector against the exact one."""
-    norm = np.linalg.norm(ours) * np.linalg.norm(exact)
-    return 1.0 - float(ours @ exact / norm), float(abs(np.linalg.norm(ours) / np.linalg.norm(exact) - 1.0))
 
 
 @pytest.mark.parametrize("name", zoo.NAMES)
