@@ -99,8 +99,10 @@ def reduced_batch(name: str, batch: int = 16, seed: int = 10):
 # means, the running variances, the gradient. Not key by key: MobileNetV2's projection BN shifts have gradient 0
 # and the BNs after them running mean 0 in exact arithmetic (a 1x1 convolution, then BN, is all that reads them),
 # so both backends hold rounding noise there. fp32's gradient may be FP32_STEP_SLACK times as far from exact as
-# the NumPy float32 step's (reduced MobileNetV2: 1 - cosine 6e-4; the others < 1e-12) or the floor.
-FP32_STEP_SLACK, FP32_COSINE_FLOOR, FP32_NORM_FLOOR = 10, 1e-6, 1e-5
+# the NumPy float32 step's (reduced MobileNetV2: 1 - cosine 6e-4; the others < 1e-12) or the floors, which
+# allow a couple of ReLU flips at near-zero pre-activations (one moved the reduced VGG's float32 gradient by
+# 1 - cosine 2.2e-5 and its norm by 7e-5 from float64 on the CPU; the GPU rounds differently, so flips elsewhere).
+FP32_STEP_SLACK, FP32_COSINE_FLOOR, FP32_NORM_FLOOR = 10, 5e-5, 5e-4
 # The reduced MobileNetV2's gradient is ill-conditioned below fp32: with bf16 storage emulated on the NumPy
 # backend it is at cosine 0.50 from exact (the stem and first depthwise layers are 100% off; AlexNet 0.998,
 # VGG 0.975, ResNet-18 0.995), so under TF32 and bf16 only its forward quantities are compared here; its
