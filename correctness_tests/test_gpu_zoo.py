@@ -8,7 +8,8 @@ and adaptive-pool kernels (dropout's Philox masks are the NumPy ones bit for
 bit), whole steps of the reduced networks, their captured replay (the dropout
 draw advancing inside the graph), and then to the full-size networks against
 torchvision's own models with the same weights: logits in inference and the
-loss and gradients of one training step, in IEEE fp32 on both sides.
+loss and gradients of one training step in IEEE fp32, both sides measured
+against torchvision's float64 step.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from .gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_n
 from .gradient_check import random_weights
 from .layer_harness import run_layer, run_network
 from .test_gpu_conv import normal, representable
-from .test_gpu_resnet import assert_step_close, numeric
+from .test_gpu_resnet import FORWARD_TOLERANCE, GRADIENT_COSINE, numeric
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
@@ -60,7 +61,9 @@ def test_grouped_conv_matches_numpy(case, precision):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_relu6_matches_numpy(precision):
-    x = normal(4, (8, 14, 14, 96), precision, 4.0) + 3.0
+    # Shifted, then rounded to bf16: an unrounded x just below 6 rounds to 6 on the GPU and its gradient
+    # drops out (0.12% of these elements, a 4.9% relative error on dx under bf16's 3% bound).
+    x = representable(normal(4, (8, 14, 14, 96), precision, 4.0) + 3.0, precision)
     dy = normal(5, x.shape, precision)
     cpu = run_layer(ReLU6(name="r"), x, dy, precision="fp32")
     gpu = run_layer(ReLU6(name="r"), x, dy, device="cuda", precision=precision)
@@ -92,18 +95,63 @@ def reduced_batch(name: str, batch: int = 16, seed: int = 10):
     return zoo.zoo_data(batch, shape.size, shape.classes, seed)
 
 
+# Whole-network steps are compared with the exact (float64 NumPy) step as whole vectors: the loss, the running
+# means, the running variances, the gradient. Not key by key: MobileNetV2's projection BN shifts have gradient 0
+# and the BNs after them running mean 0 in exact arithmetic (a 1x1 convolution, then BN, is all that reads them),
+# so both backends hold rounding noise there. fp32's gradient may be FP32_STEP_SLACK times as far from exact as
+# the NumPy float32 step's (reduced MobileNetV2: 1 - cosine 6e-4; the others < 1e-12) or the floors, which
+# allow a couple of ReLU flips at near-zero pre-activations (one moved the reduced VGG's float32 gradient by
+# 1 - cosine 2.2e-5 and its norm by 7e-5 from float64 on the CPU; the GPU rounds differently, so flips elsewhere).
+FP32_STEP_SLACK, FP32_COSINE_FLOOR, FP32_NORM_FLOOR = 10, 5e-5, 5e-4
+# The reduced MobileNetV2's gradient is ill-conditioned below fp32: with bf16 storage emulated on the NumPy
+# backend it is at cosine 0.50 from exact (the stem and first depthwise layers are 100% off; AlexNet 0.998,
+# VGG 0.975, ResNet-18 0.995), so under TF32 and bf16 only its forward quantities are compared here; its
+# layers' gradients are checked one by one above (grouped convolutions) and in test_gpu_resnet (batch norm).
+FORWARD_ONLY = {("mobilenet_v2", "tf32"), ("mobilenet_v2", "bf16")}
+
+
+def distance(ours: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
+    """(1 - cosine, |norm ratio - 1|) of a gradient vector against the exact one."""
+    norm = np.linalg.norm(ours) * np.linalg.norm(exact)
+    return 1.0 - float(ours @ exact / norm), float(abs(np.linalg.norm(ours) / np.linalg.norm(exact) - 1.0))
+
+
+def step_vectors(result: dict) -> dict:
+    """The loss, running means, running variances and gradient of a step, each one float64 vector."""
+    def joined(keys):
+        return np.concatenate([np.ravel(result[k]) for k in sorted(keys)]) if keys else np.zeros(1)
+    return {"loss": np.array([result["loss"]]),
+            "running means": joined([k for k in result if k.endswith(".running_mean")]),
+            "running variances": joined([k for k in result if k.endswith(".running_var")]),
+            "gradient": joined([k for k in result if k.startswith("grad:")])}
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("name", zoo.NAMES)
 def test_reduced_network_step_matches_numpy(name, precision):
-    """Loss, every gradient and running statistic of one step, dropout on (its masks are the same bits)."""
-    net = zoo.zoo_net(name).network(reduced=True)
+    """Loss, running statistics and gradient of one step against the exact step, dropout on (same mask bits)."""
     x, t = reduced_batch(name)
-    state = Predictor(net, EngineConfig(device="cpu")).params.state_dict()
+    x = representable(x, precision)
+    state = Predictor(zoo.zoo_net(name).network(reduced=True), EngineConfig(device="cpu")).params.state_dict()
     weights = {k: representable(v, precision) for k, v in state.items()}
-    cpu = run_network(net, x, t, precision="fp32", weights=weights)
-    gpu = run_network(zoo.zoo_net(name).network(reduced=True), x, t, device="cuda", precision=precision,
-                      weights=weights)
-    assert_step_close(numeric(gpu), numeric(cpu), precision, 1e-3)
+
+    def step(device, step_precision):
+        net = zoo.zoo_net(name).network(reduced=True)
+        return step_vectors(numeric(run_network(net, x, t, device=device, precision=step_precision, weights=weights)))
+
+    exact, gpu = step("cpu", "fp64"), step("cuda", precision)
+    for what in ("loss", "running means", "running variances"):
+        assert rel_err(gpu[what], exact[what]) < FORWARD_TOLERANCE[precision], (what, rel_err(gpu[what], exact[what]))
+    if (name, precision) in FORWARD_ONLY:
+        return
+    ours = distance(gpu["gradient"], exact["gradient"])
+    if precision == "fp32":
+        numpy_fp32 = distance(step("cpu", "fp32")["gradient"], exact["gradient"])
+        bounds = (max(FP32_STEP_SLACK * numpy_fp32[0], FP32_COSINE_FLOOR),
+                  max(FP32_STEP_SLACK * numpy_fp32[1], FP32_NORM_FLOOR))
+    else:
+        bounds = (1 - GRADIENT_COSINE[precision], 2 * (1 - GRADIENT_COSINE[precision]) + 0.01)
+    assert ours[0] < bounds[0] and ours[1] < bounds[1], f"(1 - cosine, norm error) {ours}, bounds {bounds}"
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -134,6 +182,13 @@ def test_zoo_steady_state_allocates_nothing():
 # -- the full-size networks against torchvision ------------------------------------------------
 
 LOGIT_TOLERANCE = 2e-3   # IEEE fp32 on both sides, different cuDNN algorithms and summation orders
+# fp32 gradients of a 224x224 batch of 16 are some way from exact: torch's own fp32 step (CPU, MKL-DNN) is at
+# 1 - cosine 1.9e-4 and norm error 8.6e-4 from its float64 step for ResNet-50, 4.8e-5 and 2.5e-4 for MobileNetV2,
+# so two fp32 implementations cannot be held to 1e-4 of each other. Both are measured against float64 instead:
+# the engine may be FP32_SLACK times as far as torch fp32 (~3x its RMS error), and never needs to be nearer
+# than the floors, the bounds this test held engine and torch fp32 to before (AlexNet/VGG: ~1e-11 apart).
+FP32_SLACK = 10
+COSINE_FLOOR, NORM_FLOOR = 1e-4, 1e-3
 
 
 def torchvision_twin(name: str, net, weights, buffers):
@@ -147,6 +202,14 @@ def torchvision_twin(name: str, net, weights, buffers):
     return torch, torch_zoo, torch_zoo.disable_dropout(model).cuda()
 
 
+def torch_step(torch, torch_zoo, model, net, images, targets) -> tuple[float, dict]:
+    """Loss and parameter gradients (engine names and layouts) of one train-mode step at the model's dtype."""
+    model.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.cross_entropy(model.train()(images), targets)
+    loss.backward()
+    return loss.item(), torch_zoo.torch_to_engine({n: p.grad for n, p in model.named_parameters()}, net)
+
+
 @pytest.mark.parametrize("name", zoo.NAMES)
 def test_full_size_logits_and_one_step_match_torchvision(name):
     from gpuengine.reference.torch_common import to_nchw
@@ -155,18 +218,20 @@ def test_full_size_logits_and_one_step_match_torchvision(name):
     predictor = Predictor(net, EngineConfig(precision="fp32"), seed=12)
     weights, buffers = predictor.params.state_dict(), predictor.params.buffers_dict()
     torch, torch_zoo, model = torchvision_twin(name, net, weights, buffers or None)
-    images = torch.from_numpy(to_nchw(x)).cuda()
+    images, targets = torch.from_numpy(to_nchw(x)).cuda(), torch.from_numpy(t).cuda()
     with torch.no_grad():
         expected = model.eval()(images).cpu().numpy()
     assert rel_err(predictor.predict(x), expected) < LOGIT_TOLERANCE
 
     engine = numeric(run_network(net, x, t, device="cuda", precision="fp32", weights=weights))
-    loss = torch.nn.functional.cross_entropy(model.train()(images), torch.from_numpy(t).cuda())
-    loss.backward()
-    grads = torch_zoo.torch_to_engine({n: p.grad for n, p in model.named_parameters()}, net)
-    assert abs(engine["loss"] - loss.item()) < 1e-4 * abs(loss.item())
-    ours = np.concatenate([engine[f"grad:{k}"].ravel() for k in sorted(grads)])
-    theirs = np.concatenate([grads[k].ravel() for k in sorted(grads)]).astype(np.float64)
-    cosine = float(ours @ theirs / (np.linalg.norm(ours) * np.linalg.norm(theirs)))
-    assert cosine > 0.9999, cosine
-    assert abs(np.linalg.norm(ours) / np.linalg.norm(theirs) - 1) < 1e-3
+    _, fp32_grads = torch_step(torch, torch_zoo, model, net, images, targets)
+    exact_loss, exact_grads = torch_step(torch, torch_zoo, model.double(), net, images.double(), targets.double())
+    assert abs(engine["loss"] - exact_loss) < 1e-4 * abs(exact_loss)
+    names = sorted(exact_grads)
+    exact = np.concatenate([exact_grads[k].ravel() for k in names])
+    ours = distance(np.concatenate([engine[f"grad:{k}"].ravel() for k in names]), exact)
+    theirs = distance(np.concatenate([fp32_grads[k].ravel() for k in names]).astype(np.float64), exact)
+    message = "(1 - cosine, norm error) from float64: engine ({:.2e}, {:.2e}), torch fp32 ({:.2e}, {:.2e})".format(
+        *ours, *theirs)
+    assert ours[0] < max(FP32_SLACK * theirs[0], COSINE_FLOOR), message
+    assert ours[1] < max(FP32_SLACK * theirs[1], NORM_FLOOR), message
