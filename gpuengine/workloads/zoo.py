@@ -23,9 +23,11 @@ mobilenet_v2 3,504,872).
 - ResNet-18 and ResNet-50: workloads/resnet.py at 224x224 (basic and
   bottleneck blocks).
 
-Convolutions are He-initialised in fan-out mode as torchvision's are (VGG has
-no batch norm, and Glorot's variance halving at each of its 13 ReLUs left the
-reduced VGG untrainable); dense layers keep Glorot. Dropout uses torchvision's rates; `dropout=False` leaves those nodes out (the
+AlexNet's, VGG's and MobileNetV2's convolutions are He-initialised in fan-out
+mode as torchvision's are (VGG has no batch norm, and Glorot's variance
+halving at each of its 13 ReLUs left the reduced VGG untrainable); the ResNets
+keep resnet.py's Glorot (their BNs renormalise), dense layers Glorot too.
+Dropout uses torchvision's rates; `dropout=False` leaves those nodes out (the
 parity tests: torch in eval mode or dropout off computes the same function).
 Every network also has a reduced variant (small images, narrow layers, 10
 classes) of the same structure for the CPU tier. The data are generated
