@@ -40,6 +40,13 @@ def _batch_norm(channels: int) -> nn.BatchNorm2d:
     return nn.BatchNorm2d(channels, eps=BN_EPSILON, momentum=BN_MOMENTUM)
 
 
+def _projection(in_channels: int, out: int, stride: int) -> nn.Module | None:
+    """torchvision's `downsample`: a 1x1 (strided) conv + BN where the block changes shape, else None."""
+    if stride == 1 and in_channels == out:
+        return None
+    return nn.Sequential(nn.Conv2d(in_channels, out, 1, stride=stride, bias=False), _batch_norm(out))
+
+
 class Bottleneck(nn.Module):
     """1x1 reduce -> 3x3 (stride) -> 1x1 expand, each with BN; ReLU after the first two and after the residual add."""
 
@@ -53,9 +60,7 @@ class Bottleneck(nn.Module):
         self.conv3 = nn.Conv2d(width, out, 1, bias=False)
         self.bn3 = _batch_norm(out)
         self.relu = nn.ReLU(inplace=True)
-        projects = stride != 1 or in_channels != out
-        self.downsample = nn.Sequential(nn.Conv2d(in_channels, out, 1, stride=stride, bias=False),
-                                        _batch_norm(out)) if projects else None
+        self.downsample = _projection(in_channels, out, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:   # (N, C, H, W)
         shortcut = x if self.downsample is None else self.downsample(x)
@@ -74,9 +79,7 @@ class BasicBlock(nn.Module):
         self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
         self.bn2 = _batch_norm(width)
         self.relu = nn.ReLU(inplace=True)
-        projects = stride != 1 or in_channels != width
-        self.downsample = nn.Sequential(nn.Conv2d(in_channels, width, 1, stride=stride, bias=False),
-                                        _batch_norm(width)) if projects else None
+        self.downsample = _projection(in_channels, width, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:   # (N, C, H, W)
         shortcut = x if self.downsample is None else self.downsample(x)

@@ -120,6 +120,14 @@ def _block_end(b: GraphBuilder, branch: str, shortcut: str, prefix: str, fused: 
     return b.add(Activation("relu"), summed, name=f"{prefix}.relu")
 
 
+def _shortcut(b: GraphBuilder, x: str, prefix: str, out: int, stride: int, project: bool) -> str:
+    """The block's input itself, or its 1x1 (strided) projection + BN where the shape changes."""
+    if not project:
+        return x
+    shortcut = b.add(Conv2D(out, 1, stride=stride, padding=0, use_bias=False), x, name=f"{prefix}.downsample.0")
+    return b.add(_bn(), shortcut, name=f"{prefix}.downsample.1")
+
+
 def _bottleneck(b: GraphBuilder, x: str, prefix: str, width: int, out: int, stride: int, project: bool,
                 fused: bool) -> str:
     """1x1 reduce -> 3x3 (the stride, v1.5) -> 1x1 expand, plus the identity or a projected shortcut."""
@@ -128,10 +136,7 @@ def _bottleneck(b: GraphBuilder, x: str, prefix: str, width: int, out: int, stri
     h = b.add(Conv2D(width, 3, stride=stride, padding=1, use_bias=False), h, name=f"{prefix}.conv2")
     h = b.add(_bn("relu"), h, name=f"{prefix}.bn2")
     h = b.add(Conv2D(out, 1, padding=0, use_bias=False), h, name=f"{prefix}.conv3")
-    shortcut = x
-    if project:
-        shortcut = b.add(Conv2D(out, 1, stride=stride, padding=0, use_bias=False), x, name=f"{prefix}.downsample.0")
-        shortcut = b.add(_bn(), shortcut, name=f"{prefix}.downsample.1")
+    shortcut = _shortcut(b, x, prefix, out, stride, project)
     return _block_end(b, h, shortcut, prefix, fused)
 
 
@@ -141,10 +146,7 @@ def _basic(b: GraphBuilder, x: str, prefix: str, width: int, out: int, stride: i
     h = b.add(Conv2D(width, 3, stride=stride, padding=1, use_bias=False), x, name=f"{prefix}.conv1")
     h = b.add(_bn("relu"), h, name=f"{prefix}.bn1")
     h = b.add(Conv2D(out, 3, padding=1, use_bias=False), h, name=f"{prefix}.conv2")
-    shortcut = x
-    if project:
-        shortcut = b.add(Conv2D(out, 1, stride=stride, padding=0, use_bias=False), x, name=f"{prefix}.downsample.0")
-        shortcut = b.add(_bn(), shortcut, name=f"{prefix}.downsample.1")
+    shortcut = _shortcut(b, x, prefix, out, stride, project)
     return _block_end(b, h, shortcut, prefix, fused, last="bn2")
 
 
