@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 
-from profile_resnet import family
+from profile_resnet import trace
 
 
 def rate(runner) -> float:
@@ -22,25 +22,6 @@ def rate(runner) -> float:
     runner.run_round()
     runner.synchronize()
     return runner.samples_per_round / (time.perf_counter() - start)
-
-
-def kernel_families(run, steps: int) -> dict:
-    import torch
-    from collections import defaultdict
-    from torch.profiler import ProfilerActivity, profile
-    run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run()
-        torch.cuda.synchronize()
-    per, count = defaultdict(float), 0
-    for event in prof.events():
-        if event.device_type.name == "CUDA" and event.name and "Memcpy" not in event.name:
-            per[family(event.name)] += event.device_time
-            count += 1
-    top = sorted(per.items(), key=lambda kv: -kv[1])[:20]
-    return {"kernels_per_step": count / steps, "kernel_ms_per_step": sum(per.values()) / steps / 1e3,
-            "families_ms_per_step": {k: round(v / steps / 1e3, 4) for k, v in top}}
 
 
 def main(out: str, *lengths: str):
@@ -80,8 +61,8 @@ def main(out: str, *lengths: str):
                     ref._offset.zero_()
                     ref._graph.replay()
 
-            entry["engine_profile"] = kernel_families(engine_launch, 8)
-            entry["torch_graph_profile"] = kernel_families(reference_steps, 8)
+            entry["engine_profile"] = trace(engine_launch, 1, steps_per_call=8)
+            entry["torch_graph_profile"] = trace(reference_steps, 1, steps_per_call=8)
         result[length] = entry
         print(length, json.dumps(entry, indent=1), flush=True)
     with open(out, "w") as f:

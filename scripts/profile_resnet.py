@@ -27,7 +27,9 @@ def family(name: str) -> str:
     return name[:90]
 
 
-def trace(run_step, steps: int) -> dict:
+def trace(run_step, steps: int, steps_per_call: int = 1) -> dict:
+    """Per-step kernel count, kernel time, wall time and top kernel families of `steps` calls of `run_step`
+    (each `steps_per_call` training steps: a multi-step graph launch), after one untraced call."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     run_step()
@@ -47,6 +49,7 @@ def trace(run_step, steps: int) -> dict:
         count += 1
         total += us
     top = sorted(per_family.items(), key=lambda kv: -kv[1])[:25]
+    steps *= steps_per_call
     return {"kernels_per_step": count / steps, "kernel_ms_per_step": total / steps / 1e3,
             "wall_ms_per_step": wall / steps * 1e3,
             "families_ms_per_step": {k: round(v / steps / 1e3, 4) for k, v in top}}
