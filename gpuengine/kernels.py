@@ -47,16 +47,25 @@ def ctype(dtype) -> str:
     raise TypeError(f"no kernel element type for dtype {dtype}")
 
 
+def define_items(defines: dict) -> tuple[tuple[str, str], ...]:
+    """The -D defines of a get_kernel call as a sorted, hashable tuple (the module cache key)."""
+    return tuple(sorted((k, str(v)) for k, v in defines.items()))
+
+
+def compile_options(defines: tuple[tuple[str, str], ...] = ()) -> tuple[str, ...]:
+    """NVRTC options of a kernel module; kernel_check.py compiles with these too, so the two cannot drift."""
+    return ("--std=c++17",) + tuple(f"-D{k}={v}" for k, v in defines)
+
+
 @functools.lru_cache(maxsize=None)
 def compile_module(source: str, defines: tuple[tuple[str, str], ...] = ()):
-    """A cached cupy.RawModule of PRELUDE + source with -D defines."""
+    """A cached cupy.RawModule of PRELUDE + source with -D defines (CuPy adds the device's architecture)."""
     import cupy
-    options = ("--std=c++17",) + tuple(f"-D{k}={v}" for k, v in defines)
-    return cupy.RawModule(code=PRELUDE + source, options=options)
+    return cupy.RawModule(code=PRELUDE + source, options=compile_options(defines))
 
 
 def get_kernel(source: str, name: str, **defines):
-    return compile_module(source, tuple(sorted((k, str(v)) for k, v in defines.items()))).get_function(name)
+    return compile_module(source, define_items(defines)).get_function(name)
 
 
 @functools.lru_cache(maxsize=None)
