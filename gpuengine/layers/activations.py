@@ -38,6 +38,11 @@ _ACTIVATIONS = {
 }
 
 
+# One source per activation, made once: get_kernel's cache keys on the source text.
+SOURCES = {kind: _SOURCE.replace("@FORWARD@", forward).replace("@BACKWARD@", backward)
+           for kind, (forward, backward, _, _) in _ACTIVATIONS.items()}
+
+
 def launch_shape(n: int, threads: int = 256) -> tuple:
     return (min(-(-n // threads), 65535 * 4),), (threads,)
 
@@ -47,19 +52,13 @@ def _check_kind(kind: str):
         raise ValueError(f"unknown activation {kind!r}; use one of {', '.join(_ACTIVATIONS)}")
 
 
-def _kernel(kind: str, which: str, dtype):
-    forward, backward, _, _ = _ACTIVATIONS[kind]
-    source = _SOURCE.replace("@FORWARD@", forward).replace("@BACKWARD@", backward)
-    return get_kernel(source, which, ELEM_T=ctype(dtype))
-
-
 def activation_forward(backend, kind: str, x, out):
     """out = act(x), element-wise, on either backend."""
     if not backend.is_gpu:
         out[...] = _ACTIVATIONS[kind][2](widen(x)).astype(out.dtype)
         return
     grid, block = launch_shape(x.size)
-    _kernel(kind, "forward", x.dtype)(grid, block, (x, out, np.int64(x.size)))
+    get_kernel(SOURCES[kind], "forward", ELEM_T=ctype(x.dtype))(grid, block, (x, out, np.int64(x.size)))
 
 
 def activation_backward(backend, kind: str, y, dy, dx):
@@ -68,7 +67,7 @@ def activation_backward(backend, kind: str, y, dy, dx):
         dx[...] = _ACTIVATIONS[kind][3](widen(y), widen(dy)).astype(dx.dtype)
         return
     grid, block = launch_shape(y.size)
-    _kernel(kind, "backward", y.dtype)(grid, block, (y, dy, dx, np.int64(y.size)))
+    get_kernel(SOURCES[kind], "backward", ELEM_T=ctype(y.dtype))(grid, block, (y, dy, dx, np.int64(y.size)))
 
 
 class Activation(Layer):

@@ -74,6 +74,14 @@ class AdaptiveAveragePool2D(Layer):
                              f"got {input_shape}")
         return self.output_size + (input_shape[2],)
 
+    def kernel_defines(self, input_shape, dtype) -> dict | None:
+        """The kernels' compile-time defines for (H, W, C) samples of `dtype`; None where the pool is a view."""
+        h, w, c = input_shape
+        if (h, w) == self.output_size:
+            return None
+        out_h, out_w = self.output_size
+        return dict(ELEM_T=ctype(dtype), IN_H=h, IN_W=w, CHANNELS=c, OUT_H=out_h, OUT_W=out_w)
+
     def build_forward(self, ctx: BuildContext, x):
         self.backend, self.x = ctx.backend, x
         n, h, w, c = x.shape
@@ -85,8 +93,7 @@ class AdaptiveAveragePool2D(Layer):
             raise ValueError(f"{self.name}: {x.shape} is too large for 32-bit indices; use a smaller batch")
         self.out = ctx.allocator.zeros((n,) + self.output_size + (c,), x.dtype, "activations")
         if ctx.backend.is_gpu:
-            out_h, out_w = self.output_size
-            defines = dict(ELEM_T=ctype(x.dtype), IN_H=h, IN_W=w, CHANNELS=c, OUT_H=out_h, OUT_W=out_w)
+            defines = self.kernel_defines(x.shape[1:], x.dtype)
             self._forward = get_kernel(_SOURCE, "adaptive_average_forward", **defines)
             self._backward = get_kernel(_SOURCE, "adaptive_average_backward", **defines)
         return self.out

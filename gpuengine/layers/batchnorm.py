@@ -85,6 +85,11 @@ class BatchNorm2D(Layer):
         return [ParamSpec(f"{self.name}.running_mean", (c,), "zeros"),
                 ParamSpec(f"{self.name}.running_var", (c,), "ones")]
 
+    def kernel_defines(self, input_shape, dtype) -> dict:
+        """The element-wise kernels' compile-time defines (inference, and the tail of an unfused graph)."""
+        return dict(ELEM_T=ctype(dtype), HAS_RESIDUAL=int(self.residual), RELU=int(self.activation == "relu"),
+                    CHANNELS=input_shape[2])
+
     def build_forward(self, ctx: BuildContext, x, residual=None):
         self.backend, self.training, self.x, self.res = ctx.backend, ctx.training, x, residual
         p = ctx.params
@@ -99,8 +104,7 @@ class BatchNorm2D(Layer):
         self._fwd_graph = self._tail = self._infer = self.mask = None
         if not ctx.backend.is_gpu:
             return self.out
-        defines = dict(ELEM_T=ctype(x.dtype), HAS_RESIDUAL=int(residual is not None),
-                       RELU=int(self.activation == "relu"), CHANNELS=channels)
+        defines = self.kernel_defines(x.shape[1:], x.dtype)
         if not self.training:
             self._infer = get_kernel(_SOURCE, "bn_inference", **defines)
             return self.out

@@ -86,6 +86,17 @@ class Conv2D(Layer):
         out_h, out_w = window.output_hw
         return 2 * out_h * out_w * self.filters * window.kernel[0] * window.kernel[1] * input_shape[2] // self.groups
 
+    def _direct_wgrad_fits(self, window, channels: int) -> bool:
+        return self.groups == 1 and direct_wgrad.fits(window, channels, self.filters)
+
+    def direct_wgrad_defines(self, input_shape, dtype) -> dict | None:
+        """The direct weight-gradient kernels' defines (a first layer on a GPU), or None where it cannot take that path."""
+        window = self._window(tuple(input_shape))
+        if not self._direct_wgrad_fits(window, input_shape[2]):
+            return None
+        return direct_wgrad.kernel_defines(window, input_shape, self.filters, dtype, self.activation == "relu",
+                                           self.use_bias)
+
     def build_forward(self, ctx: BuildContext, x):
         self.backend, self.policy = ctx.backend, ctx.policy
         self.window = self._window(tuple(x.shape[1:]))
@@ -106,7 +117,7 @@ class Conv2D(Layer):
         grad_b = ctx.params.grad_view(f"{self.name}.bias") if self.use_bias else None
         self.dx = ctx.allocator.zeros(self.x.shape, self.x.dtype, "activations") if needs_input_grad else None
         self._direct = self._grad_b = self._grad_w = self._grad_x = None
-        direct = self.groups == 1 and direct_wgrad.fits(self.window, self.x.shape[3], self.filters)
+        direct = self._direct_wgrad_fits(self.window, self.x.shape[3])
         if ctx.backend.is_gpu and not needs_input_grad and direct:
             self._direct = direct_wgrad.DirectWeightGrad(ctx, self.window, self.x, self.out, dy, self.grad_w, grad_b,
                                                          self.activation == "relu")

@@ -84,11 +84,20 @@ def fits(window, channels: int, filters: int) -> bool:
     return window.kernel[0] * window.kernel[1] * channels <= MAX_TAPS and filters <= _THREADS
 
 
+def kernel_defines(window, input_shape, filters: int, dtype, relu: bool, has_bias: bool) -> dict:
+    """The kernels' compile-time defines for a convolution's window over (H, W, C) samples of `dtype`."""
+    h, w, channels = input_shape
+    (kh, kw), (out_h, out_w) = window.kernel, window.output_hw
+    return dict(ELEM_T=ctype(dtype), IN_H=h, IN_W=w, CHANNELS=channels, OUT_H=out_h, OUT_W=out_w, WIN_H=kh,
+                WIN_W=kw, STRIDE_H=window.stride[0], STRIDE_W=window.stride[1], PAD_TOP=window.pads[0],
+                PAD_LEFT=window.pads[2], FILTERS=filters, HAS_RELU=int(relu), HAS_BIAS=int(has_bias))
+
+
 class DirectWeightGrad:
     """dw (K, kh, kw, C) and db (K,) of y = [relu](conv(x, w) + b), from dy, in two kernel launches."""
 
     def __init__(self, ctx, window, x, y, dy, grad_w, grad_b, relu: bool):
-        n, h, w, channels = x.shape
+        n, _, _, channels = x.shape
         filters = dy.shape[3]
         (kh, kw), (out_h, out_w) = window.kernel, window.output_hw
         self.x, self.y, self.dy, self.grad_w = x, y, dy, grad_w
@@ -101,10 +110,7 @@ class DirectWeightGrad:
         self.pixels_per_chunk = max(_THREADS // filters, -(-self.pixels // target_chunks))
         self.chunks = -(-self.pixels // self.pixels_per_chunk)
         self.partials = ctx.allocator.zeros((self.chunks, self.width), np.float32, "workspace")
-        defines = dict(ELEM_T=ctype(x.dtype), IN_H=h, IN_W=w, CHANNELS=channels, OUT_H=out_h, OUT_W=out_w,
-                       WIN_H=kh, WIN_W=kw, STRIDE_H=window.stride[0], STRIDE_W=window.stride[1],
-                       PAD_TOP=window.pads[0], PAD_LEFT=window.pads[2], FILTERS=filters, HAS_RELU=int(relu),
-                       HAS_BIAS=int(grad_b is not None))
+        defines = kernel_defines(window, x.shape[1:], filters, x.dtype, relu, grad_b is not None)
         self._partials = get_kernel(_SOURCE, "direct_wgrad_partials", **defines)
         self._sum = get_kernel(_SOURCE, "direct_wgrad_sum", **defines)
 

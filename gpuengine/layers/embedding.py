@@ -113,16 +113,16 @@ class TokenEmbedding(Layer):
         self.weight = ctx.params.compute_view(f"{self.name}.weight")
         self.out = ctx.allocator.zeros((ctx.batch, self.length, self.d_model), ctx.policy.compute_dtype, "activations")
         if ctx.backend.is_gpu:
-            self._embed = get_kernel(_SOURCE, "embed", **self._defines(x.dtype, self.out.dtype))
+            self._embed = get_kernel(_SOURCE, "embed", **self.kernel_defines(x.dtype, self.out.dtype))
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         self.dy, self.dweight = dy, ctx.params.grad_view(f"{self.name}.weight")
         if ctx.backend.is_gpu:
-            self._grad = get_kernel(_SOURCE, "embed_grad", **self._defines(self.ids.dtype, dy.dtype))
+            self._grad = get_kernel(_SOURCE, "embed_grad", **self.kernel_defines(self.ids.dtype, dy.dtype))
         return None
 
-    def _defines(self, id_dtype, elem_dtype) -> dict:
+    def kernel_defines(self, id_dtype, elem_dtype) -> dict:
         """Both kernels compile from one source, so each needs every name the source uses."""
         return dict(ID_T=ctype(id_dtype), ELEM_T=ctype(elem_dtype), THREADS=GRAD_THREADS,
                     COLS_PER_THREAD=-(-self.d_model // GRAD_THREADS))

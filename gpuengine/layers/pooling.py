@@ -85,12 +85,13 @@ class MaxPool2D(Layer):
     def output_shape(self, input_shape):
         return self._window(input_shape).output_hw + (input_shape[2],)
 
-    def _geometry(self) -> dict:
-        """The kernels' compile-time defines."""
-        _, h, w, c = self.x.shape
-        (out_h, out_w), (kh, kw), (sh, sw) = self.window.output_hw, self.window.kernel, self.window.stride
-        top, _, left, _ = self.window.pads
-        return dict(ELEM_T=ctype(self.x.dtype), IN_H=h, IN_W=w, CHANNELS=c, OUT_H=out_h, OUT_W=out_w, WIN_H=kh,
+    def kernel_defines(self, input_shape, dtype) -> dict:
+        """The kernels' compile-time defines for (H, W, C) samples of `dtype`."""
+        h, w, c = input_shape
+        window = self._window(tuple(input_shape))
+        (out_h, out_w), (kh, kw), (sh, sw) = window.output_hw, window.kernel, window.stride
+        top, _, left, _ = window.pads
+        return dict(ELEM_T=ctype(dtype), IN_H=h, IN_W=w, CHANNELS=c, OUT_H=out_h, OUT_W=out_w, WIN_H=kh,
                     WIN_W=kw, STRIDE_H=sh, STRIDE_W=sw, PAD_TOP=top, PAD_LEFT=left)
 
     def build_forward(self, ctx: BuildContext, x):
@@ -102,8 +103,9 @@ class MaxPool2D(Layer):
         self.out = ctx.allocator.zeros(shape, x.dtype, "activations")
         self.argmax = ctx.allocator.zeros(shape, np.int32, "activations")
         if ctx.backend.is_gpu:
-            self._forward = get_kernel(_SOURCE, "maxpool_forward", **self._geometry())
-            self._backward = get_kernel(_SOURCE, "maxpool_backward", **self._geometry())
+            defines = self.kernel_defines(x.shape[1:], x.dtype)
+            self._forward = get_kernel(_SOURCE, "maxpool_forward", **defines)
+            self._backward = get_kernel(_SOURCE, "maxpool_backward", **defines)
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
@@ -171,6 +173,11 @@ class GlobalAveragePool2D(Layer):
                              f"got {input_shape}")
         return (input_shape[2],)
 
+    def kernel_defines(self, input_shape, dtype) -> dict | None:
+        """The kernels' compile-time defines for (H, W, C) samples of `dtype`; None on a 1x1 map (no kernel)."""
+        h, w, c = input_shape
+        return None if h * w == 1 else dict(ELEM_T=ctype(dtype), CHANNELS=c, PIXELS=h * w)
+
     def build_forward(self, ctx: BuildContext, x):
         self.backend, self.x = ctx.backend, x
         n, h, w, c = x.shape
@@ -182,7 +189,7 @@ class GlobalAveragePool2D(Layer):
             return self.out
         self.out = ctx.allocator.zeros((n, c), x.dtype, "activations")
         if ctx.backend.is_gpu:
-            defines = dict(ELEM_T=ctype(x.dtype), CHANNELS=c, PIXELS=h * w)
+            defines = self.kernel_defines(x.shape[1:], x.dtype)
             self._forward = get_kernel(_AVERAGE_SOURCE, "average_forward", **defines)
             self._backward = get_kernel(_AVERAGE_SOURCE, "average_backward", **defines)
         return self.out
