@@ -90,7 +90,7 @@ class Conv2D(Layer):
         return self.groups == 1 and direct_wgrad.fits(window, channels, self.filters)
 
     def direct_wgrad_defines(self, input_shape, dtype) -> dict | None:
-        """The direct weight-gradient kernels' defines (a first layer on a GPU), or None where it cannot take that path."""
+        """The direct weight-gradient kernels' defines (a first layer on a GPU); None where that path is not taken."""
         window = self._window(tuple(input_shape))
         if not self._direct_wgrad_fits(window, input_shape[2]):
             return None
