@@ -4,7 +4,7 @@ Every kernel is a CuPy RawModule compiled at first use on a GPU, so a typo in
 a kernel source used to surface only on a GPU run. NVRTC (the nvidia-cuda-nvrtc
 wheel, the library CuPy itself compiles with) needs no GPU and no CuPy: this
 module loads it through ctypes and compiles PRELUDE + source with the options
-`kernels.compile_options` gives CuPy, for a fixed virtual architecture. A
+`kernels.compile_options` gives CuPy, for the H100/H200's sm_90. A
 compile error, or a kernel name the PTX does not define as an `extern "C"`
 entry, raises `KernelCompileError` naming the source, the kernel, the defines
 and NVRTC's log, whose line numbers point into the source's own file where the
@@ -18,13 +18,15 @@ import functools
 import glob
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from .kernels import PRELUDE, compile_options, define_items
 
-# Hopper's virtual architecture: the GPUs this engine runs on (H100, H200); PTX needs no device to produce.
-ARCH = "compute_90"
+# The GPUs this engine runs on (H100, H200). A real architecture, as CuPy picks for the device it finds:
+# NVRTC then also runs ptxas, which catches resource errors (shared memory, registers) PTX alone would not.
+ARCH = "sm_90"
 _INSTALL_HINT = "pip install nvidia-cuda-nvrtc (or set CUDA_PATH to a CUDA toolkit)"
 
 
@@ -189,3 +191,10 @@ def check_kernel(source: str, name: str, origin: str = "kernel source", path: st
         raise KernelCompileError(f"{origin}: compiles with {described} but defines no extern \"C\" kernel {name!r} "
                                  f"(its kernels: {', '.join(result.entries) or 'none'})")
     return result
+
+
+def compile_many(requests, workers: int | None = None):
+    """Fill check_kernel's cache for many (source, defines, origin, path) on threads: NVRTC runs outside the GIL."""
+    requests = list(dict.fromkeys(requests))
+    with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
+        list(pool.map(lambda request: _compile_cached(*request), requests))

@@ -1,0 +1,163 @@
+"""Every CUDA kernel the engine compiles, with every define combination it compiles it with.
+
+Kernels without compiled-in geometry are listed here with the compute dtypes
+of the precision policies. Kernels with compiled-in geometry take their defines
+from the layers' own builders (`kernel_defines`, `direct_wgrad_defines`) over
+every node of the real workload networks: the seed shapes, both ResNet and CNN
+fusions, the zoo at 224x224 and reduced. So the table follows the workloads as
+they change, and a define builder that breaks a kernel fails here too.
+test_kernels_compile.py compiles each row with NVRTC and checks that every
+`get_kernel` call site in gpuengine/ has rows.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpuengine import cudnn_attention, injected_delay, optim, reductions, step_state
+from gpuengine.config import PRECISIONS
+from gpuengine.data import gather
+from gpuengine.graph import INPUT
+from gpuengine.kernels import ctype, define_items
+from gpuengine.layers import (AdaptiveAveragePool2D, BatchNorm2D, Conv2D, GlobalAveragePool2D, MaxPool2D,
+                              TokenEmbedding, activations, adaptive_pool, batchnorm, cross_entropy, direct_wgrad,
+                              dropout, embedding, fused_head, layernorm, losses, merge, pooling, positional,
+                              token_cross_entropy)
+from gpuengine.precision import policy_for
+from gpuengine.workloads import cnn, mlp, resnet, transformer, zoo
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    """One get_kernel(source, kernel, **defines) the engine makes; `where` says which use it comes from."""
+
+    module: str          # the module of the call site, e.g. "gpuengine.layers.pooling"
+    source_expr: str     # the call's source argument as written there, e.g. "_SOURCE" or "SOURCES[kind]"
+    kernel: str
+    defines: tuple       # kernels.define_items of the call's defines
+    where: str = field(compare=False)
+    source: str = field(compare=False, repr=False)
+
+    @property
+    def site(self) -> tuple[str, str, str]:
+        return self.module, self.source_expr, self.kernel
+
+    @property
+    def id(self) -> str:
+        described = ",".join(f"{k}={v}" for k, v in self.defines)
+        return f"{self.module.removeprefix('gpuengine.')}:{self.kernel}[{described}]"
+
+
+def _case(module, kernel: str, where: str, source_expr: str = "_SOURCE", source: str | None = None,
+          **defines) -> KernelCase:
+    text = getattr(module, source_expr) if source is None else source
+    return KernelCase(module.__name__, source_expr, kernel, define_items(defines), where, text)
+
+
+def compute_dtypes() -> dict[str, np.dtype]:
+    """The activation dtype of each precision toggle, once per distinct dtype (tf32 stores fp32)."""
+    found = {}
+    for precision in PRECISIONS:
+        found.setdefault(np.dtype(policy_for(precision).compute_dtype), precision)
+    return {precision: dtype for dtype, precision in found.items()}
+
+
+# Kernels whose only define is ELEM_T, the compute dtype: (module, kernel names).
+_ELEMENT_KERNELS = [
+    (layernorm, ("layernorm_fwd", "layernorm_bwd")),
+    (positional, ("add_table",)),
+    (merge, ("add2",)),
+    (fused_head, ("head_rows", "head_columns", "head_reduce")),
+    (dropout, ("dropout_mask", "dropout_advance")),
+    (cross_entropy, ("softmax_xent",)),
+    (losses, ("mse",)),
+    (token_cross_entropy, ("count_tokens", "token_xent", "book_scaled")),
+]
+
+
+def _shape_free_cases():
+    for precision, dtype in compute_dtypes().items():
+        elem, where = ctype(dtype), f"{precision} compute dtype"
+        for module, kernels in _ELEMENT_KERNELS:
+            for kernel in kernels:
+                yield _case(module, kernel, where, ELEM_T=elem)
+        for kind, text in activations.SOURCES.items():
+            for kernel in ("forward", "backward"):
+                yield _case(activations, kernel, f"{kind}, {where}", "SOURCES[kind]", text, ELEM_T=elem)
+        # ColumnSum reduces the compute dtype into float partials, then the partials as float.
+        yield _case(reductions, "column_partials", where, ELEM_T=elem)
+        policy = policy_for(precision)
+        copy = policy.compute_dtype if policy.needs_compute_copy else np.float32   # as Adam chooses its copy
+        yield _case(optim, "adam", f"{precision} master/compute", COPY_T=ctype(copy),
+                    HAS_COPY=int(policy.needs_compute_copy))
+    # Attention casts fp32 activations to the bf16 fused engines and back.
+    for src, dst in (("float", "bf16_t"), ("bf16_t", "float")):
+        yield _case(cudnn_attention, "cast", "attention cast", "_CAST_SOURCE", SRC_T=src, DST_T=dst)
+    for kernel in ("finish_step", "book_loss"):
+        yield _case(step_state, kernel, "step counter")
+    yield _case(injected_delay, "spin", "injected delay")
+    yield from _gather_cases()
+
+
+def _gather_cases():
+    """Both word types (rows of 16-byte and of 4-byte multiples) with both row maps."""
+    for features in (4, 3):
+        rows = np.zeros((2, features), np.float32)
+        _, word_type, _ = gather.as_words(rows)
+        for shuffled in (0, 1):
+            yield _case(gather, "gather", f"rows of {4 * features} bytes", WORD_T=word_type, SHUFFLED=shuffled)
+
+
+def workload_networks():
+    """(name, Network) of every workload the suite trains, at the shapes it trains them."""
+    yield "mlp", mlp.build_mlp()
+    for fused in (True, False):
+        yield f"cnn fused_relu={fused}", cnn.build_cnn(fused_relu=fused)
+        yield f"resnet50 cifar fused={fused}", resnet.build_resnet(fused=fused)
+    yield "transformer", transformer.build_transformer()
+    for name, net in zoo.ZOO.items():
+        yield f"{name} 224", net.network(reduced=False)
+        yield f"{name} reduced", net.network(reduced=True)
+
+
+def _node_cases(net, node, dtype, where):
+    layer, shapes = node.layer, net.input_shapes(node)
+    found = []
+    if isinstance(layer, MaxPool2D):
+        found.append((pooling, "_SOURCE", ("maxpool_forward", "maxpool_backward"),
+                      layer.kernel_defines(shapes[0], dtype)))
+    elif isinstance(layer, GlobalAveragePool2D):
+        found.append((pooling, "_AVERAGE_SOURCE", ("average_forward", "average_backward"),
+                      layer.kernel_defines(shapes[0], dtype)))
+    elif isinstance(layer, AdaptiveAveragePool2D):
+        found.append((adaptive_pool, "_SOURCE", ("adaptive_average_forward", "adaptive_average_backward"),
+                      layer.kernel_defines(shapes[0], dtype)))
+    elif isinstance(layer, BatchNorm2D):
+        found.append((batchnorm, "_SOURCE", ("bn_inference", "add_relu"), layer.kernel_defines(shapes[0], dtype)))
+    elif isinstance(layer, Conv2D) and node.inputs == (INPUT,):   # only a first layer needs no input gradient
+        found.append((direct_wgrad, "_SOURCE", ("direct_wgrad_partials", "direct_wgrad_sum"),
+                      layer.direct_wgrad_defines(shapes[0], dtype)))
+    elif isinstance(layer, TokenEmbedding):   # ids travel in the compute dtype
+        found.append((embedding, "_SOURCE", ("embed", "embed_grad"), layer.kernel_defines(dtype, dtype)))
+    for module, source_expr, kernels, defines in found:
+        if defines is not None:   # None: this node runs no kernel (a view, or another engine)
+            for kernel in kernels:
+                yield _case(module, kernel, f"{where} node {node.name}", source_expr, **defines)
+
+
+def _geometry_cases():
+    for name, net in workload_networks():
+        for precision, dtype in compute_dtypes().items():
+            for node in net.nodes:
+                yield from _node_cases(net, node, dtype, f"{name} {precision}")
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_cases() -> tuple[KernelCase, ...]:
+    """Every distinct (call site, defines), the first use found naming it."""
+    unique = {}
+    for case in [*_shape_free_cases(), *_geometry_cases()]:
+        unique.setdefault(case, case)
+    return tuple(unique.values())
