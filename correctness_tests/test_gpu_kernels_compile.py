@@ -1,0 +1,36 @@
+"""On a GPU: CuPy agrees with the CPU tier's NVRTC check, row by row of kernel_table.py.
+
+test_kernels_compile.py compiles every row with NVRTC alone for sm_90. Here the
+engine's real path (get_kernel: a CuPy RawModule for the device's own
+architecture, loaded into the context) compiles the same rows and resolves each
+kernel, so a difference between the check and CuPy (an option, an architecture,
+a header CuPy adds) shows up as a failure here first.
+"""
+from __future__ import annotations
+
+import pytest
+
+from gpuengine import kernel_check
+from gpuengine.backend import gpu_visible
+from gpuengine.kernels import get_kernel
+
+from .kernel_table import kernel_cases
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
+
+CASES = kernel_cases()
+
+
+def test_cpu_check_compiles_for_this_gpu():
+    import cupy
+    capability = cupy.cuda.Device().compute_capability
+    assert kernel_check.ARCH == f"sm_{capability}", (f"the CPU tier's NVRTC check compiles for {kernel_check.ARCH}, "
+                                                    f"this GPU is sm_{capability}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_kernel_loads_through_get_kernel(case):
+    kernel = get_kernel(case.source, case.kernel, **dict(case.defines))
+    # Reading an attribute loads the module into the context: a compile or link error raises here.
+    assert kernel.num_regs > 0, f"{case.where}: {case.kernel} reports no registers"
