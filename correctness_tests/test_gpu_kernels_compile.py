@@ -19,8 +19,6 @@ from .kernel_table import kernel_cases
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
 
-CASES = kernel_cases()
-
 
 def test_cpu_check_compiles_for_this_gpu():
     import cupy
@@ -29,8 +27,13 @@ def test_cpu_check_compiles_for_this_gpu():
                                                     f"this GPU is sm_{capability}")
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_kernel_loads_through_get_kernel(case):
-    kernel = get_kernel(case.source, case.kernel, **dict(case.defines))
-    # Reading an attribute loads the module into the context: a compile or link error raises here.
-    assert kernel.num_regs > 0, f"{case.where}: {case.kernel} reports no registers"
+def test_every_row_loads_through_get_kernel():
+    """One test for all rows: one skip on the CPU tier, and a failure that lists every row that did not load."""
+    failed = []
+    for case in kernel_cases():
+        try:
+            # Reading an attribute loads the module into the context: a compile or link error raises here.
+            get_kernel(case.source, case.kernel, **dict(case.defines)).num_regs
+        except Exception as exc:   # CuPy's CompileException, or a CUDA driver error on load
+            failed.append(f"{case.id} ({case.where}): {type(exc).__name__}: {exc}")
+    assert not failed, f"{len(failed)} rows of kernel_table.py do not load through CuPy:\n" + "\n".join(failed)
