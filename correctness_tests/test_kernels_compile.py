@@ -122,6 +122,14 @@ def test_broken_source_names_source_kernel_defines_and_nvrtc_line():
 
 
 @needs_nvrtc
+def test_source_not_in_its_file_is_numbered_from_its_own_first_line():
+    source = "\n" + _BROKEN.replace("SCALE", "2.f")   # built at run time, as activations.SOURCES are
+    with pytest.raises(KernelCompileError) as raised:
+        check_kernel(source, "broken", "built source", __file__, ELEM_T="float")
+    assert 'built source(4): error: identifier "undeclared_value" is undefined' in str(raised.value)
+
+
+@needs_nvrtc
 def test_kernel_missing_from_ptx_is_named():
     source = "__global__ void mangled(float* y) { y[0] = 1.f; }\n"   # no extern "C": the entry name is mangled
     with pytest.raises(KernelCompileError, match="defines no extern \"C\" kernel 'mangled'"):

@@ -186,7 +186,9 @@ def check_kernel(source: str, name: str, origin: str = "kernel source", path: st
     result = _compile_cached(source, items, origin, path)
     described = " ".join(f"-D{k}={v}" for k, v in items) or "no defines"
     if isinstance(result, str):
-        raise KernelCompileError(f"{origin}: kernel {name!r} does not compile with {described}:\n{result}")
+        compiler = "NVRTC {}.{}".format(*nvrtc_version())
+        raise KernelCompileError(f"{origin}: kernel {name!r} does not compile with {described} ({compiler}, "
+                                 f"{ARCH}):\n{result}")
     if name not in result.entries:
         raise KernelCompileError(f"{origin}: compiles with {described} but defines no extern \"C\" kernel {name!r} "
                                  f"(its kernels: {', '.join(result.entries) or 'none'})")
