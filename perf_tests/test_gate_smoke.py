@@ -175,6 +175,40 @@ def test_the_injected_delay_is_refused_outside_a_study_and_a_study_never_saves(s
     saving.stderr.fnmatch_lines(["*a gatepower study session injects slowdowns; its runs are never saved*"])
 
 
+TIMED_TESTS = textwrap.dedent("""
+    import time
+    import pytest
+    from perf_tests import plan
+    from perf_tests.test_harness_smoke import engine_and_references
+
+    @pytest.fixture(scope="module")
+    def slow_build():
+        time.sleep(0.4)   # what building and compiling costs a workload before its first timed round
+
+    @pytest.mark.parametrize("case", plan.cases("w", [1, 2], quick=[1, 2], ids=lambda c: f"c{c}", budget_s=5))
+    def test_w(case, slow_build, benchmark, compare):
+        compare(benchmark, *engine_and_references(), rounds=3, precision="fp32")
+""")
+
+
+def test_the_run_keeps_how_long_each_test_and_workload_took(session, pytester):
+    from pytest_benchmark.utils import get_machine_id
+    pytester.makepyfile(test_timed=TIMED_TESTS)
+    result = session("test_timed.py")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*gpuengine tier time*", "w * 2 tests * s   (timed rounds budget 5 s)",
+                                 "quick tier: * min in all (CPU tier: this machine's time, not a GPU's)"])
+    (path,) = (pytester.path / "baselines_store" / "cpu-tier" / get_machine_id()).glob("0001_*.json")
+    run = json.loads(path.read_text())
+    per_test = [b["extra_info"]["test_seconds"] for b in run["benchmarks"]]
+    tier_time = run["gpuengine_tier_time"]
+    assert tier_time["tier"] == "quick" and tier_time["on_gpu"] is False and tier_time["quick_tier_target_s"] == 600
+    assert tier_time["per_workload"]["w"]["tests"] == 2 and tier_time["per_workload"]["w"]["timed_rounds_budget_s"] == 5
+    assert max(per_test) >= 0.4                                 # the module's build is charged to its first test
+    assert abs(sum(per_test) - tier_time["per_workload"]["w"]["seconds"]) <= 0.2
+    assert tier_time["session_seconds"] >= tier_time["per_workload"]["w"]["seconds"]
+
+
 def gate_state(tier: Tier, baseline_info: dict) -> GateState:
     run = StoredRun(Path("run.json"), "Linux-CPython-3.12-64bit/0004_abc.json", datetime(2026, 11, 21),
                     {FULLNAME: {"fullname": FULLNAME, "stats": {}, "extra_info": baseline_info}}, {})
