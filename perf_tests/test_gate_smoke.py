@@ -241,3 +241,38 @@ def test_a_regression_against_the_stored_run_fails_a_gpu_test_in_pytest_benchmar
     steady = SimpleNamespace(extra_info={})
     record_and_gate(steady, comparison_at(1.0), "test_x[tf32]", "tf32", GPU, rules=[], gate_test=gate)
     assert steady.extra_info["stored_run_check"]["verdict"] == "not significant"   # a pass, said as such
+
+
+def test_the_gate_starts_from_the_stored_cudnn_plans_and_keeps_new_ones_only_from_a_saved_run(tmp_path, monkeypatch):
+    from gpuengine import cudnn_graphs
+    from gpuengine.bench import cudnn_plans
+    from . import kept_plans
+    stack = {"cudnn": "91900", "cudnn_frontend": "1.22.1", "gpu": GPU.gpu_label}
+    monkeypatch.setattr(cudnn_plans, "current_stack", lambda: stack)
+    monkeypatch.setattr(cudnn_graphs, "PLAN_CHOICES", cudnn_graphs.PlanChoices())
+    path = tmp_path / "baselines_store" / GPU.name / cudnn_plans.PLAN_FILE
+    cudnn_plans.load(path, stack).save({"k1": {"plan": "eng2", "ms": 0.1}})
+
+    def session(exitstatus: int, retune=False, save_baseline=False, study=None):
+        state = GateState(GPU, None, False, True, NoiseTable(Path("noise.json"), {}, {}), study)
+        options = {"retune_cudnn": retune, "save_baseline": save_baseline}
+        config = SimpleNamespace(stash=pytest.Stash(), rootpath=tmp_path, getoption=options.__getitem__,
+                                 option=SimpleNamespace(benchmark_autosave="tag"))
+        config.stash[kept_plans.GATE] = state
+        kept_plans.pytest_configure(config)
+        presets = dict(cudnn_graphs.PLAN_CHOICES.preset)
+        cudnn_graphs.PLAN_CHOICES.record(("new", len(presets)), "eng7", 0.3)   # a graph this run autotuned
+        kept_plans.pytest_sessionfinish(SimpleNamespace(config=config), exitstatus)
+        return presets, state.notices, cudnn_plans.load(path, stack).presets()
+
+    presets, notices, stored = session(exitstatus=1)
+    assert presets == {"k1": "eng2"} and "cuDNN plans: 1 autotuned choices reused from cudnn_plans.json" in notices[0]
+    assert stored == {"k1": "eng2"}                          # a failing run keeps nothing
+    assert session(exitstatus=1, study=object())[2] == {"k1": "eng2"}   # nor does a gatepower study session
+    presets, _, stored = session(exitstatus=0)
+    assert stored == {"k1": "eng2", "('new', 1)": "eng7"}    # a passing run adds its new choices
+    presets, notices, _ = session(exitstatus=1, retune=True, save_baseline=True)
+    assert presets == {} and "--retune-cudnn" in notices[0]
+    path.write_text("{")
+    with pytest.raises(pytest.UsageError, match="cudnn_plans.json: not valid JSON at line 1"):
+        session(exitstatus=0)
