@@ -243,7 +243,7 @@ def test_a_regression_against_the_stored_run_fails_a_gpu_test_in_pytest_benchmar
     assert steady.extra_info["stored_run_check"]["verdict"] == "not significant"   # a pass, said as such
 
 
-def test_the_gate_starts_from_the_stored_cudnn_plans_and_keeps_new_ones_only_from_a_saved_run(tmp_path, monkeypatch):
+def test_the_gate_starts_from_the_stored_cudnn_plans_and_a_saved_run_adds_its_new_ones(tmp_path, monkeypatch):
     from gpuengine import cudnn_graphs
     from gpuengine.bench import cudnn_plans
     from . import kept_plans
@@ -253,11 +253,10 @@ def test_the_gate_starts_from_the_stored_cudnn_plans_and_keeps_new_ones_only_fro
     path = tmp_path / "baselines_store" / GPU.name / cudnn_plans.PLAN_FILE
     cudnn_plans.load(path, stack).save({"k1": {"plan": "eng2", "ms": 0.1}})
 
-    def session(exitstatus: int, retune=False, save_baseline=False, study=None):
+    def session(exitstatus: int, retune=False, study=None, saving="tag"):
         state = GateState(GPU, None, False, True, NoiseTable(Path("noise.json"), {}, {}), study)
-        options = {"retune_cudnn": retune, "save_baseline": save_baseline}
-        config = SimpleNamespace(stash=pytest.Stash(), rootpath=tmp_path, getoption=options.__getitem__,
-                                 option=SimpleNamespace(benchmark_autosave="tag"))
+        config = SimpleNamespace(stash=pytest.Stash(), rootpath=tmp_path, getoption={"retune_cudnn": retune}.get,
+                                 option=SimpleNamespace(benchmark_autosave=saving))
         config.stash[kept_plans.GATE] = state
         kept_plans.pytest_configure(config)
         presets = dict(cudnn_graphs.PLAN_CHOICES.preset)
@@ -265,14 +264,14 @@ def test_the_gate_starts_from_the_stored_cudnn_plans_and_keeps_new_ones_only_fro
         kept_plans.pytest_sessionfinish(SimpleNamespace(config=config), exitstatus)
         return presets, state.notices, cudnn_plans.load(path, stack).presets()
 
-    presets, notices, stored = session(exitstatus=1)
+    presets, notices, stored = session(exitstatus=0, saving=None)
     assert presets == {"k1": "eng2"} and "cuDNN plans: 1 autotuned choices reused from cudnn_plans.json" in notices[0]
-    assert stored == {"k1": "eng2"}                          # a failing run keeps nothing
-    assert session(exitstatus=1, study=object())[2] == {"k1": "eng2"}   # nor does a gatepower study session
-    presets, _, stored = session(exitstatus=0)
-    assert stored == {"k1": "eng2", "('new', 1)": "eng7"}    # a passing run adds its new choices
-    presets, notices, _ = session(exitstatus=1, retune=True, save_baseline=True)
-    assert presets == {} and "--retune-cudnn" in notices[0]
+    assert stored == {"k1": "eng2"}                          # a run that is not saved keeps nothing
+    assert session(exitstatus=0, study=object())[2] == {"k1": "eng2"}   # nor does a gatepower study session
+    presets, _, stored = session(exitstatus=1)
+    assert stored == {"k1": "eng2", "('new', 1)": "eng7"}    # a saved run adds its new choices, failing or not
+    presets, notices, stored = session(exitstatus=0, retune=True)
+    assert presets == {} and "--retune-cudnn" in notices[0] and stored["('new', 0)"] == "eng7"
     path.write_text("{")
     with pytest.raises(pytest.UsageError, match="cudnn_plans.json: not valid JSON at line 1"):
         session(exitstatus=0)
