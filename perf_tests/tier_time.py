@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from . import plan
+from .gate_plugin import GATE
 
 QUICK_TIER_TARGET_S = 600.0   # issue 11: the whole quick tier within 10 minutes on one H100
 
@@ -46,7 +47,6 @@ CLOCK = pytest.StashKey[TierClock]()
 
 def _tier_of(config) -> tuple[bool, bool]:
     """(on a GPU, nightly tier) as the gate plugin settled them."""
-    from .gate_plugin import GATE
     state = config.stash.get(GATE, None)
     return (bool(state and state.tier.on_gpu), bool(state and state.full))
 
