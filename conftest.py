@@ -34,8 +34,9 @@ from gpuengine.bench.machine_info import Tier, collect_machine_info, current_tie
 from gpuengine.bench.stored_runs import run_files
 
 # pytester: the harness tests run small pytest sessions of their own; gate_plugin: per-test baselines,
-# saving by outcome, tiers, the stored-run check.
-pytest_plugins = ("pytester", "perf_tests.gate_plugin")
+# saving by outcome, tiers, the stored-run check; tier_time: how long each test and workload took;
+# kept_plans: the cuDNN plan choices stored with the baselines.
+pytest_plugins = ("pytester", "perf_tests.gate_plugin", "perf_tests.tier_time", "perf_tests.kept_plans")
 
 BASELINES_DIR = "baselines_store"
 GPU_SKIP_REASON = "no CUDA GPU visible (CuPy missing or no device): GPU-only test"

@@ -19,6 +19,14 @@ computes exactly what the eager step computed.
 All graphs of one engine stream run one after another, so they share one
 workspace; it only grows, and a replaced buffer stays alive because a captured
 step may still point at it.
+
+`PLAN_CHOICES` carries autotuned choices between processes for whoever sets
+it (the perf gate keeps them with its baselines): a graph whose key has a
+preset plan builds and times that plan only, the others autotune as above
+and are recorded. Two fresh autotunings of ResNet-50 kept different plans for
+53 of 96 graphs (scripts/probe_plans.py), so without it separate runs of an
+unchanged engine differ by plan luck, and building every candidate dominates
+set-up. Empty by default: every graph is autotuned afresh.
 """
 from __future__ import annotations
 
@@ -109,25 +117,69 @@ class CudnnGraph:
             graph.check_support()
         except Exception as exc:   # the frontend raises several types for "no engine supports this"
             raise CudnnUnsupported(f"cuDNN cannot run {key[0]} {key[1:]}: {exc}") from exc
+        count = graph.get_execution_plan_count()
+        preset = PLAN_CHOICES.preset_for(key)
         self.plans = []
-        for index in range(graph.get_execution_plan_count()):
-            if len(self.plans) == MAX_PLANS:
-                break
-            try:
-                graph.build_plan_at_index(index)
-            except Exception:   # deselected, or this engine fails to build on this GPU: try the next one
-                continue
-            self.plans.append(index)
+        if preset is not None:   # a choice of an earlier process: that plan alone, if it still builds
+            self.plans = _build_plans(graph, [i for i in range(count) if graph.get_plan_name_at_index(i) == preset], 1)
+        self.preset = bool(self.plans)
+        if not self.plans:
+            self.plans = _build_plans(graph, range(count), MAX_PLANS)
         if not self.plans:
             raise CudnnUnsupported(f"cuDNN built no plan for {key[0]} {key[1:]} under {precision}")
         self.graph = graph
         self.uids = {name: t.get_uid() for name, t in tensors.items()}
+        self.plan_names = {i: graph.get_plan_name_at_index(i) for i in self.plans}
         self.workspace_bytes = {i: int(graph.get_workspace_size_plan_at_index(i)) for i in self.plans}
         self.plan: int | None = None   # chosen by the first eager execution
         self.plan_times_ms: dict[int, float] = {}
 
     def execute(self, pointers: dict, workspace_ptr: int, plan: int, handle: int):
         self.graph.execute_plan_at_index(pointers, workspace_ptr, plan, handle=handle)
+
+
+def _build_plans(graph, indices, limit: int) -> list[int]:
+    """The first `limit` of `indices` whose plans build."""
+    built = []
+    for index in indices:
+        if len(built) == limit:
+            break
+        try:
+            graph.build_plan_at_index(index)
+        except Exception:   # deselected, or this engine fails to build on this GPU: try the next one
+            continue
+        built.append(index)
+    return built
+
+
+def key_text(key: tuple) -> str:
+    """A graph key as stable text (its parts are numbers, strings, tuples and frozen dataclasses)."""
+    return repr(key)
+
+
+class PlanChoices:
+    """Autotuned plan names by graph key: `preset` ones from an earlier process, `tuned` ones found now."""
+
+    def __init__(self, preset: dict[str, str] | None = None):
+        self.preset = dict(preset or {})
+        self.tuned: dict[str, dict] = {}   # key text -> {"plan": name, "ms": time} autotuned in this process
+
+    def preset_for(self, key: tuple) -> str | None:
+        return self.preset.get(key_text(key))
+
+    def record(self, key: tuple, plan_name: str, ms: float):
+        if self.preset.get(key_text(key)) != plan_name:
+            self.tuned[key_text(key)] = {"plan": plan_name, "ms": round(ms, 5)}
+
+
+PLAN_CHOICES = PlanChoices()
+
+
+def use_plan_choices(preset: dict[str, str]) -> PlanChoices:
+    """Graphs built from now on start from `preset`; returns the new choices (what gets tuned lands there)."""
+    global PLAN_CHOICES
+    PLAN_CHOICES = PlanChoices(preset)
+    return PLAN_CHOICES
 
 
 _GRAPHS: dict[tuple, CudnnGraph] = {}   # building is slow: one graph per key, per process
@@ -203,6 +255,7 @@ class CudnnRuntime:
                 times[plan].append(xp.cuda.get_elapsed_time(start, stop) / TIMING_REPEATS)
         graph.plan_times_ms = {plan: min(ms) for plan, ms in times.items()}
         graph.plan = min(graph.plan_times_ms, key=graph.plan_times_ms.get)
+        PLAN_CHOICES.record(graph.key, graph.plan_names[graph.plan], graph.plan_times_ms[graph.plan])
         self._last_tuned = time.perf_counter()
 
     def _warm_clocks(self, graph: CudnnGraph, pointers: dict, plan: int):

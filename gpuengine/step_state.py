@@ -14,12 +14,13 @@ from .kernels import get_kernel
 
 _SOURCE = r"""
 extern "C" __global__ void finish_step(long long* step) { step[0] += 1; }
-extern "C" __global__ void book_loss(const float* partials, int count, float scale, const long long* step,
-                                     long long steps_per_epoch, float* history, long long capacity) {
+extern "C" __global__ void book_loss(const float* partials, int count, float scale, const float* device_scale,
+                                     const long long* step, long long steps_per_epoch, float* history,
+                                     long long capacity) {
     float s = 0.f;
     for (int i = threadIdx.x; i < count; i += 32) s += partials[i];
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (threadIdx.x == 0) history[(step[0] / steps_per_epoch) % capacity] += s * scale;
+    s = warp_sum(s);
+    if (threadIdx.x == 0) history[(step[0] / steps_per_epoch) % capacity] += s * scale * device_scale[0];
 }
 """
 HISTORY_CAPACITY = 1024  # epochs kept on the device between host reads
@@ -36,6 +37,9 @@ class StepState:
         self.step = allocator.zeros((1,), np.int64, "workspace")
         self.history = allocator.zeros((HISTORY_CAPACITY,), np.float32, "workspace")
         self.capacity = HISTORY_CAPACITY
+        self.one = allocator.zeros((1,), np.float32, "workspace")   # the device scale of a loss that has none
+        with backend.activate():
+            self.one.fill(1.0)
         if backend.is_gpu:
             self._finish = get_kernel(_SOURCE, "finish_step")
             self._book = get_kernel(_SOURCE, "book_loss")
@@ -54,10 +58,12 @@ class StepState:
         """NumPy backend: accumulate a step's loss into its epoch slot."""
         self.history[(step // self.steps_per_epoch) % self.capacity] += value
 
-    def book_partials(self, partials, count: int, scale):
-        """Add scale * sum(partials[:count]) to this step's epoch slot: one warp, a fixed order, no atomics,
-        so a loss is the same on every run (the partials are per-block sums a loss kernel wrote)."""
-        self._book((1,), (32,), (partials, np.int32(count), np.float32(scale)) + self.kernel_args())
+    def book_partials(self, partials, count: int, scale: float = 1.0, device_scale=None):
+        """Add scale * device_scale[0] * sum(partials[:count]) to this step's epoch slot: one warp, a fixed
+        order, no atomics, so a loss is the same on every run (the partials are per-block sums a loss kernel
+        wrote). `device_scale` is a scale only the device knows (a token count of this batch)."""
+        device_scale = self.one if device_scale is None else device_scale
+        self._book((1,), (32,), (partials, np.int32(count), np.float32(scale), device_scale) + self.kernel_args())
 
     def kernel_args(self):
         """(step pointer, steps per epoch, history pointer, capacity) for loss kernels."""

@@ -175,6 +175,40 @@ def test_the_injected_delay_is_refused_outside_a_study_and_a_study_never_saves(s
     saving.stderr.fnmatch_lines(["*a gatepower study session injects slowdowns; its runs are never saved*"])
 
 
+TIMED_TESTS = textwrap.dedent("""
+    import time
+    import pytest
+    from perf_tests import plan
+    from perf_tests.test_harness_smoke import engine_and_references
+
+    @pytest.fixture(scope="module")
+    def slow_build():
+        time.sleep(0.4)   # what building and compiling costs a workload before its first timed round
+
+    @pytest.mark.parametrize("case", plan.cases("w", [1, 2], quick=[1, 2], ids=lambda c: f"c{c}", budget_s=5))
+    def test_w(case, slow_build, benchmark, compare):
+        compare(benchmark, *engine_and_references(), rounds=3, precision="fp32")
+""")
+
+
+def test_the_run_keeps_how_long_each_test_and_workload_took(session, pytester):
+    from pytest_benchmark.utils import get_machine_id
+    pytester.makepyfile(test_timed=TIMED_TESTS)
+    result = session("test_timed.py")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*gpuengine tier time*", "w * 2 tests * s   (timed rounds budget 5 s)",
+                                 "quick tier: * min in all (CPU tier: this machine's time, not a GPU's)"])
+    (path,) = (pytester.path / "baselines_store" / "cpu-tier" / get_machine_id()).glob("0001_*.json")
+    run = json.loads(path.read_text())
+    per_test = [b["extra_info"]["test_seconds"] for b in run["benchmarks"]]
+    tier_time = run["gpuengine_tier_time"]
+    assert tier_time["tier"] == "quick" and tier_time["on_gpu"] is False and tier_time["quick_tier_target_s"] == 600
+    assert tier_time["per_workload"]["w"]["tests"] == 2 and tier_time["per_workload"]["w"]["timed_rounds_budget_s"] == 5
+    assert max(per_test) >= 0.4                                 # the module's build is charged to its first test
+    assert abs(sum(per_test) - tier_time["per_workload"]["w"]["seconds"]) <= 0.2
+    assert tier_time["session_seconds"] >= tier_time["per_workload"]["w"]["seconds"]
+
+
 def gate_state(tier: Tier, baseline_info: dict) -> GateState:
     run = StoredRun(Path("run.json"), "Linux-CPython-3.12-64bit/0004_abc.json", datetime(2026, 11, 21),
                     {FULLNAME: {"fullname": FULLNAME, "stats": {}, "extra_info": baseline_info}}, {})
@@ -207,3 +241,37 @@ def test_a_regression_against_the_stored_run_fails_a_gpu_test_in_pytest_benchmar
     steady = SimpleNamespace(extra_info={})
     record_and_gate(steady, comparison_at(1.0), "test_x[tf32]", "tf32", GPU, rules=[], gate_test=gate)
     assert steady.extra_info["stored_run_check"]["verdict"] == "not significant"   # a pass, said as such
+
+
+def test_the_gate_starts_from_the_stored_cudnn_plans_and_a_saved_run_adds_its_new_ones(tmp_path, monkeypatch):
+    from gpuengine import cudnn_graphs
+    from gpuengine.bench import cudnn_plans
+    from . import kept_plans
+    stack = {"cudnn": "91900", "cudnn_frontend": "1.22.1", "gpu": GPU.gpu_label}
+    monkeypatch.setattr(cudnn_plans, "current_stack", lambda: stack)
+    monkeypatch.setattr(cudnn_graphs, "PLAN_CHOICES", cudnn_graphs.PlanChoices())
+    path = tmp_path / "baselines_store" / GPU.name / cudnn_plans.PLAN_FILE
+    cudnn_plans.load(path, stack).save({"k1": {"plan": "eng2", "ms": 0.1}})
+
+    def session(exitstatus: int, retune=False, study=None, saving="tag"):
+        state = GateState(GPU, None, False, True, NoiseTable(Path("noise.json"), {}, {}), study)
+        config = SimpleNamespace(stash=pytest.Stash(), rootpath=tmp_path, getoption={"retune_cudnn": retune}.get,
+                                 option=SimpleNamespace(benchmark_autosave=saving))
+        config.stash[kept_plans.GATE] = state
+        kept_plans.pytest_configure(config)
+        presets = dict(cudnn_graphs.PLAN_CHOICES.preset)
+        cudnn_graphs.PLAN_CHOICES.record(("new", len(presets)), "eng7", 0.3)   # a graph this run autotuned
+        kept_plans.pytest_sessionfinish(SimpleNamespace(config=config), exitstatus)
+        return presets, state.notices, cudnn_plans.load(path, stack).presets()
+
+    presets, notices, stored = session(exitstatus=0, saving=None)
+    assert presets == {"k1": "eng2"} and "cuDNN plans: 1 autotuned choices reused from cudnn_plans.json" in notices[0]
+    assert stored == {"k1": "eng2"}                          # a run that is not saved keeps nothing
+    assert session(exitstatus=0, study=object())[2] == {"k1": "eng2"}   # nor does a gatepower study session
+    presets, _, stored = session(exitstatus=1)
+    assert stored == {"k1": "eng2", "('new', 1)": "eng7"}    # a saved run adds its new choices, failing or not
+    presets, notices, stored = session(exitstatus=0, retune=True)
+    assert presets == {} and "--retune-cudnn" in notices[0] and stored["('new', 0)"] == "eng7"
+    path.write_text("{")
+    with pytest.raises(pytest.UsageError, match="cudnn_plans.json: not valid JSON at line 1"):
+        session(exitstatus=0)

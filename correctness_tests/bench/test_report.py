@@ -16,6 +16,7 @@ import pytest
 
 from gpuengine.__main__ import main as cli_main
 from gpuengine.bench.report import ReportError, build_report, load_store, markdown_report
+from gpuengine.bench.report.sections import machine_table
 from gpuengine.bench.report.seeds import seed_tables
 from gpuengine.bench.report.tables import GENERATED_BEGIN, GENERATED_END, generated_block
 
@@ -258,11 +259,23 @@ def test_the_gates_own_files_are_no_results(tmp_path):
     (tier / "history" / good.parent.name).mkdir(parents=True)
     shutil.copy(good, tier / "history" / good.parent.name / "0001_failed.json")   # a run that failed the gate
     (tier / "noise.json").write_text('{"format": 1, "calibration": {}, "tests": {}}')
+    (tier / "cudnn_plans.json").write_text('{"format": 1, "stack": {}, "plans": {}}')
     (tier / "gatepower").mkdir()
     (tier / "gatepower" / "20261124_000000_abc.json").write_text('{"format": 1, "tests": {}}')
     loaded = load_store(store)
     assert [run.path.name for tier in loaded.tiers for run in tier.runs] == ["0001_good.json"]
-    assert not [line for line in loaded.skipped if "history" in line or "noise" in line or "gatepower" in line]
+    assert not [line for line in loaded.skipped if any(f in line for f in ("history", "noise", "gatepower", "cudnn"))]
+
+
+def test_the_machine_table_says_how_long_each_run_took(tmp_path):
+    store = messy_store(tmp_path)
+    good = next(store.rglob("0001_good.json"))
+    run = json.loads(good.read_text())
+    run["gpuengine_tier_time"] = {"tier": "quick", "session_seconds": 564.0, "per_workload": {}}
+    (good.parent / "0004_timed.json").write_text(json.dumps(run))
+    table = machine_table(load_store(store).tiers[0])
+    took = [row[-1].text for row in table.rows]
+    assert table.columns[-1] == "Run took" and took == ["—", "quick tier, 9.4 min"]   # before the gate timed runs
 
 
 def test_an_empty_store_builds_an_empty_report(tmp_path, capsys):

@@ -8,7 +8,8 @@ ones (torch's cross_entropy with ignore_index, reduction "mean"). N changes
 from batch to batch, so on a GPU it is counted on the device first (one block,
 a fixed order) and every later kernel reads 1/N there: a captured step stays
 right for any batch. Rows are one warp each, as in cross_entropy.py; the
-per-block loss sums are booked into the loss history by one warp, in order.
+per-block loss sums are booked into the loss history by StepState.book_partials
+(one warp, in order), scaled there by the device's 1/N.
 """
 from __future__ import annotations
 
@@ -65,13 +66,6 @@ extern "C" __global__ void token_xent(const ELEM_T* z, const float* t, ELEM_T* d
         partials[blockIdx.x] = s;
     }
 }
-extern "C" __global__ void book_scaled(const float* partials, int count, const float* inv_count, const long long* step,
-                                       long long steps_per_epoch, float* history, long long capacity) {
-    float s = 0.f;
-    for (int i = threadIdx.x; i < count; i += 32) s += partials[i];
-    s = warp_sum(s);
-    if (threadIdx.x == 0) history[(step[0] / steps_per_epoch) % capacity] += s * inv_count[0];
-}
 """
 _THREADS = 256
 _MAX_BLOCKS = 1024
@@ -107,7 +101,6 @@ class TokenCrossEntropy:
             self.inv_count = ctx.allocator.zeros((1,), np.float32, "workspace")
             self._count = get_kernel(_SOURCE, "count_tokens", ELEM_T=ctype(z.dtype))
             self._rows_kernel = get_kernel(_SOURCE, "token_xent", ELEM_T=ctype(z.dtype))
-            self._book = get_kernel(_SOURCE, "book_scaled", ELEM_T=ctype(z.dtype))
         return self.dz
 
     def forward_backward(self):
@@ -118,7 +111,7 @@ class TokenCrossEntropy:
         self._rows_kernel((self.blocks,), (_THREADS,), (self.z, self.target, self.dz, self.partials,
                                                          np.int32(self.rows), np.int32(self.classes), self._pad,
                                                          self.inv_count))
-        self._book((1,), (32,), (self.partials, np.int32(self.blocks), self.inv_count) + self.state.kernel_args())
+        self.state.book_partials(self.partials, self.blocks, device_scale=self.inv_count)
 
     def _forward_backward_numpy(self):
         z = widen(self.z).reshape(self.rows, self.classes)

@@ -221,7 +221,7 @@ def max_batch_history(runs: list[Run]) -> Table:
 def machine_table(tier: TierRuns) -> Table:
     table = Table("Machine facts of each run", ["Run", "Date", "Series", "GPU", "Driver", "CUDA runtime", "cuDNN",
                                                 "CuPy", "torch", "nvmath", "Python", "Power limit", "SM clock max",
-                                                "Engine config"])
+                                                "Engine config", "Run took"])
     for run in tier.runs:
         m = run.machine
         clocks = m.get("gpu_clocks_mhz") or {}
@@ -231,5 +231,13 @@ def machine_table(tier: TierRuns) -> Table:
         table.add(Cell(run.label, str(run.path)), run.date, run.series or "speed", *(str(f or NONE) for f in facts),
                   NONE if power is None else f"{power:g} W",
                   NONE if clocks.get("sm_max") is None else f"{clocks['sm_max']} MHz",
-                  str(m.get("gpuengine_config") or NONE))
+                  str(m.get("gpuengine_config") or NONE), run_took(run.tier_time))
     return table
+
+
+def run_took(tier_time: dict | None) -> str:
+    """'quick tier, 9.4 min' from a run's gpuengine_tier_time (runs before the gate recorded it: none)."""
+    seconds = (tier_time or {}).get("session_seconds")
+    if not isinstance(seconds, (int, float)):
+        return NONE
+    return f"{tier_time.get('tier', '?')} tier, {seconds / 60:.1f} min"

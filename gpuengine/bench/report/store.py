@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..machine_info import CPU_TIER
+from ..cudnn_plans import PLAN_FILE
 from ..noise import NOISE_FILE
 from ..stored_runs import GATEPOWER, HISTORY
 from ..thresholds import ThresholdRule, load_rules, wildcard_match
@@ -88,6 +89,7 @@ class Run:
     when: datetime
     machine: dict
     benchmarks: dict[str, Benchmark]
+    tier_time: dict | None = None   # the gate's gpuengine_tier_time: how long the run took, per workload
 
     @property
     def short_commit(self) -> str:
@@ -205,15 +207,16 @@ def _run(data: dict, rel: Path, tier: str, skipped: list[str]) -> Run | None:
         return None
     commit = data.get("commit_info") or {}
     return Run(rel, tier, _series_of(rel.parts[1:-1]), rel.name.split("_", 1)[0], str(commit.get("id") or ""),
-               bool(commit.get("dirty")), when, data.get("machine_info") or {}, benchmarks)
+               bool(commit.get("dirty")), when, data.get("machine_info") or {}, benchmarks,
+               data.get("gpuengine_tier_time") if isinstance(data.get("gpuengine_tier_time"), dict) else None)
 
 
 def _read_tier(store: Path, folder: Path, skipped: list[str]) -> TierRuns:
     tier = TierRuns(folder.name)
     for file in sorted(folder.rglob("*.json")):
         rel = file.relative_to(store)
-        if rel.name == NOISE_FILE or GATE_FOLDERS & set(rel.parts):
-            continue   # the regression gate's own files: failed runs (history/), noise, power studies: no results
+        if rel.name in (NOISE_FILE, PLAN_FILE) or GATE_FOLDERS & set(rel.parts):
+            continue   # the gate's own files: failed runs (history/), noise, cuDNN plans, power studies: no results
         try:
             data = json.loads(file.read_text())
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -1,0 +1,73 @@
+"""The gate keeps the engine's cuDNN plan choices with its baselines (gpuengine/bench/cudnn_plans.py).
+
+On a GPU tier a perf session starts the engine from the plans stored for this
+GPU kind, so it runs what its baseline ran; graphs without a stored choice
+(new shapes, or a stored plan this cuDNN no longer builds) are autotuned as
+usual, and a saved run (`./gate perf` autosaves) adds those choices to the
+file whether it passed or not: a stored choice changes only when it no longer
+builds or with `--retune-cudnn` (every graph autotuned afresh, the file's
+choices replaced by the new ones), so a run that fails a ratio claim, as
+ResNet-50's do today, still pins its plans for the next. A gatepower study
+or calibration session never writes the file.
+"""
+from __future__ import annotations
+
+import pytest
+
+from gpuengine.bench import cudnn_plans
+from gpuengine.bench.json_files import JsonFileError
+
+from .gate_plugin import GATE
+
+KEPT = pytest.StashKey[dict]()
+
+
+def pytest_addoption(parser):
+    parser.getgroup("gpuengine gate").addoption(
+        "--retune-cudnn", action="store_true", default=False,
+        help="autotune every cuDNN graph afresh instead of reusing the plans stored for this GPU kind")
+
+
+@pytest.hookimpl(trylast=True)   # after the root conftest settled the tier and the gate's state
+def pytest_configure(config):
+    state = config.stash.get(GATE, None)
+    if state is None or not state.tier.on_gpu:
+        return
+    from gpuengine import cudnn_graphs
+    path = config.rootpath / "baselines_store" / state.tier.name / cudnn_plans.PLAN_FILE
+    try:
+        stored = cudnn_plans.load(path, cudnn_plans.current_stack())
+    except JsonFileError as exc:
+        raise pytest.UsageError(f"gpuengine: {exc} (delete it, or run with --retune-cudnn after fixing it)") from exc
+    retune = config.getoption("retune_cudnn")
+    choices = cudnn_graphs.use_plan_choices({} if retune else stored.presets())
+    config.stash[KEPT] = {"file": stored, "choices": choices, "saved": None}
+    if stored.set_aside:
+        state.notices.append(f"cuDNN plans in {path.name} {stored.set_aside}")
+    elif retune:
+        state.notices.append(f"cuDNN plans: --retune-cudnn, all graphs autotuned afresh ({len(stored.plans)} stored)")
+    else:
+        state.notices.append(f"cuDNN plans: {len(stored.plans)} autotuned choices reused from {path.name} "
+                             "(--retune-cudnn times them afresh)")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    kept = session.config.stash.get(KEPT, None)
+    state = session.config.stash.get(GATE, None)
+    if kept is None or state is None or state.study is not None:
+        return
+    option = session.config.option
+    if getattr(option, "benchmark_save", None) or getattr(option, "benchmark_autosave", None):
+        kept["saved"] = kept["file"].save(kept["choices"].tuned)
+
+
+def pytest_terminal_summary(terminalreporter):
+    kept = terminalreporter.config.stash.get(KEPT, None)
+    if kept is None:
+        return
+    tuned = len(kept["choices"].tuned)
+    if kept["saved"]:
+        terminalreporter.write_line(f"cuDNN plans: {kept['saved']} new choices saved to {kept['file'].path}")
+    elif tuned:
+        terminalreporter.write_line(f"cuDNN plans: {tuned} graphs autotuned afresh, not kept (this run was not "
+                                    "saved: ./gate perf saves)")
