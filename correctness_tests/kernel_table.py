@@ -73,7 +73,7 @@ _ELEMENT_KERNELS = [
     (dropout, ("dropout_mask", "dropout_advance")),
     (cross_entropy, ("softmax_xent",)),
     (losses, ("mse",)),
-    (token_cross_entropy, ("count_tokens", "token_xent", "book_scaled")),
+    (token_cross_entropy, ("count_tokens", "token_xent")),
 ]
 
 
