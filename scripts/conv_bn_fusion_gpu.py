@@ -190,6 +190,8 @@ extern "C" __global__ void dbn_apply(const ELEM_T* da, const ELEM_T* y, const SC
 }
 """
 _THREADS = 256
+# Placeholders for the defines a kernel does not read (NVRTC still needs them: one source, one module).
+_UNREAD = dict(RELU=0, RESIDUAL=0, TILE=_THREADS, WRITE_DZ=0)
 
 
 def _channel_grid(channels: int) -> tuple:
@@ -202,14 +204,15 @@ class Kernels:
     def __init__(self, elem_dtype, scale_dtype):
         self.types = dict(ELEM_T=ctype(elem_dtype), SCALE_T=ctype(scale_dtype))
 
-    def _get(self, name: str, **defines):
-        return get_kernel(_SOURCE, name, **self.types, **defines)
+    def _defines(self, **defines) -> dict:
+        """Every name the source reads: its kernels compile as one module, so each call defines them all."""
+        return {**_UNREAD, **self.types, **defines}
 
     def bn_finalize(self, partials, gamma, beta, running_mean, running_var, scale, bias, mean, inv_std, count: int,
                     eps: float, momentum: float):
         channels = gamma.shape[0]
         grid, block = _channel_grid(channels)
-        self._get("bn_finalize", CHANNELS=channels)(grid, block, (
+        get_kernel(_SOURCE, "bn_finalize", **self._defines(CHANNELS=channels))(grid, block, (
             partials, np.int32(partials.shape[1]), gamma, beta, running_mean, running_var, scale, bias, mean, inv_std,
             np.float32(count), np.float32(eps), np.float32(momentum)))
 
@@ -217,7 +220,8 @@ class Kernels:
         """residual alone: + residual; with scale2/bias2: + scale2*residual + bias2 (a projection BN)."""
         mode = 0 if residual is None else (2 if scale2 is not None else 1)
         grid, block = launch_shape(y.size)
-        self._get("bn_apply", CHANNELS=y.shape[-1], RELU=int(relu), RESIDUAL=mode)(grid, block, (
+        defines = self._defines(CHANNELS=y.shape[-1], RELU=int(relu), RESIDUAL=mode)
+        get_kernel(_SOURCE, "bn_apply", **defines)(grid, block, (
             y, scale, bias, y if residual is None else residual, scale if scale2 is None else scale2,
             bias if bias2 is None else bias2, out, np.int64(y.size)))
 
@@ -228,19 +232,20 @@ class Kernels:
         tile, threads, tiles, chunks, rows_per_chunk = partial_layout(y.shape)
         if partials.shape != (2, chunks, channels):
             raise ValueError(f"dbn_partials: partials {partials.shape}, the layout is {(2, chunks, channels)}")
-        self._get("dbn_partials", CHANNELS=channels, TILE=tile, RELU=int(relu), WRITE_DZ=int(dz is not None))(
+        defines = self._defines(CHANNELS=channels, TILE=tile, RELU=int(relu), WRITE_DZ=int(dz is not None))
+        get_kernel(_SOURCE, "dbn_partials", **defines)(
             (tiles, chunks), (threads,), (da, y, scale, bias, da if dz is None else dz, partials, np.int64(rows),
                                           np.int32(rows_per_chunk)), shared_mem=8 * threads)
 
     def dbn_finalize(self, partials, mean, inv_std, gamma, dgamma, dbeta, coef, count: int):
         channels = gamma.shape[0]
         grid, block = _channel_grid(channels)
-        self._get("dbn_finalize", CHANNELS=channels)(grid, block, (
+        get_kernel(_SOURCE, "dbn_finalize", **self._defines(CHANNELS=channels))(grid, block, (
             partials, np.int32(partials.shape[1]), mean, inv_std, gamma, dgamma, dbeta, coef, np.float32(count)))
 
     def dbn_apply(self, da, y, scale, bias, coef, dy, relu: bool):
         grid, block = launch_shape(y.size)
-        self._get("dbn_apply", CHANNELS=y.shape[-1], RELU=int(relu))(grid, block, (
+        get_kernel(_SOURCE, "dbn_apply", **self._defines(CHANNELS=y.shape[-1], RELU=int(relu)))(grid, block, (
             da, y, scale, bias, coef, dy, np.int64(y.size)))
 
 
