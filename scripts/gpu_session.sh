@@ -3,12 +3,24 @@
 #
 #   scripts/gpu_session.sh start LOGDIR suite|memory|calibrate|gatepower [ARGS...]
 #                                                      start in a session of its own (survives the caller)
+#   scripts/gpu_session.sh start LOGDIR steps STEP[=MINUTES] ...
+#                                                      the named steps in order, each stopped after its minutes
 #   scripts/gpu_session.sh status LOGDIR               the last lines of each log, and whether it finished
 #
 #   suite:     correctness tests (the GPU ones run here), then `./gate perf` (MLP, CNN, energy; stored run autosaved)
 #   memory:    `./gate perf -m slow` (the max-batch searches, ~20-30 min)
 #   calibrate: `python -m gpuengine gatepower calibrate ARGS` (noise.json; trials and logs kept in LOGDIR)
 #   gatepower: `python -m gpuengine gatepower ARGS` (the power study; trials and logs kept in LOGDIR)
+#   steps:     a device session's plan in one detached job, so no minute is lost between calls; each step's
+#              log is LOGDIR/<step>.log and LOGDIR/steps.txt gets "<step> <status> <seconds>" as each ends
+#              (status 124: stopped at its minutes). A failing step does not stop the next. Steps:
+#                kernels  every engine kernel through CuPy (test_gpu_kernels_compile) and NVRTC
+#                fusion   the conv+BN fusion probe's GPU test, then the probe on ResNet-50 (JSON in LOGDIR)
+#                zoo      GPU zoo tests without the full-size parity, and NCCL on one GPU
+#                gpu      every GPU correctness test
+#                perf     `./gate perf` (the quick tier; its run is saved by outcome)
+#                perf-new `./gate perf` of the workloads never measured on this GPU: zoo, loader, ResNet
+#                calibrate / study   `python -m gpuengine gatepower calibrate -m gatepower` / the power study
 #
 # For machines whose commands are cut off after a few minutes (a lent GPU): start, then poll `status`.
 # Needs the engine's packages importable already (GATE_NO_INSTALL=1 is set: no package registry assumed).
@@ -18,7 +30,7 @@ cd "$(dirname "$0")/.."
 
 command=${1:-}
 logdir=${2:-}
-[ -n "$command" ] && [ -n "$logdir" ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ -n "$command" ] && [ -n "$logdir" ] || { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2; }
 
 run_suite() {
     python3 -m pytest correctness_tests -q -p no:cacheprovider -rs 2>&1 | tee "$logdir/correctness.log"
@@ -37,18 +49,53 @@ run_gatepower() {
     python3 -m gpuengine gatepower --keep-trials "$logdir/trials" "$@" 2>&1 | tee "$logdir/gatepower.log"
 }
 
+step_kernels() { python3 -m pytest correctness_tests/test_gpu_kernels_compile.py correctness_tests/test_kernels_compile.py \
+    -q -p no:cacheprovider -rs; }
+step_fusion() {
+    python3 -m pytest correctness_tests/test_gpu_conv_bn_fusion.py -q -p no:cacheprovider -rs
+    OUT="$logdir" python3 scripts/probe_conv_bn_fusion.py --budget-s 150 --precisions bf16,tf32
+}
+step_zoo() { python3 -m pytest correctness_tests/test_gpu_zoo.py correctness_tests/parallel/test_nccl_one_gpu.py \
+    -k "not full_size" -q -p no:cacheprovider -rs --durations=15; }
+step_gpu() { python3 -m pytest correctness_tests -m gpu -q -p no:cacheprovider -rs --durations=15; }
+step_perf() { ./gate perf -p no:cacheprovider --durations=0; }
+step_perf-new() { ./gate perf -p no:cacheprovider --durations=0 -k "zoo or loader or streamed or test_resnet_train"; }
+step_calibrate() { python3 -m gpuengine gatepower calibrate -m gatepower --keep-trials "$logdir/trials-calibrate"; }
+step_study() { python3 -m gpuengine gatepower --keep-trials "$logdir/trials-study"; }
+
+run_steps() {
+    local spec step minutes began status
+    for spec in "$@"; do
+        step=${spec%%=*}; minutes=${spec#*=}; [ "$minutes" = "$spec" ] && minutes=10
+        began=$(date +%s)
+        echo "== step $step (at most $minutes min) at $(date -u +%H:%M:%S)"
+        timeout --kill-after=20 "${minutes}m" bash -c "$(declare -f "step_$step"); logdir='$logdir'; step_$step" \
+            > "$logdir/$step.log" 2>&1 < /dev/null
+        status=$?
+        echo "$step $status $(( $(date +%s) - began ))" | tee -a "$logdir/steps.txt"
+    done
+}
+
 case "$command" in
     start)
         what=${3:-}
-        case "$what" in suite|memory|calibrate|gatepower) ;;
-            *) echo "gpu_session: suite, memory, calibrate or gatepower, not '$what'" >&2; exit 2 ;;
+        case "$what" in suite|memory|calibrate|gatepower|steps) ;;
+            *) echo "gpu_session: suite, memory, calibrate, gatepower or steps, not '$what'" >&2; exit 2 ;;
         esac
+        if [ "$what" = steps ]; then
+            [ $# -ge 4 ] || { echo "gpu_session: steps needs at least one STEP[=MINUTES]" >&2; exit 2; }
+            for spec in "${@:4}"; do
+                declare -F "step_${spec%%=*}" > /dev/null \
+                    || { echo "gpu_session: no step '${spec%%=*}' (see the usage: $0)" >&2; exit 2; }
+            done
+        fi
         args=""
         [ $# -lt 4 ] || args=$(printf '%q ' "${@:4}")   # printf with no arguments would pass one empty one
         mkdir -p "$logdir"
         rm -f "$logdir/done"
         export GATE_NO_INSTALL=1 PYTHONUNBUFFERED=1
-        setsid bash -c "set -o pipefail; $(declare -f run_suite run_memory run_calibrate run_gatepower); \
+        setsid bash -c "set -o pipefail; $(declare -f run_suite run_memory run_calibrate run_gatepower run_steps \
+            $(compgen -A function step_)); \
             logdir='$logdir'; run_$what $args; \
             echo \$? > '$logdir/done'; tar czf '$logdir/baselines_store.tgz' baselines_store" \
             > "$logdir/session.log" 2>&1 < /dev/null &
