@@ -122,16 +122,21 @@ def test_default_path_is_read_at_call_time(tmp_path, monkeypatch):
     assert threshold_for(H100, TRAIN, "torch_graph") == 9.0
 
 
+# Each claim's floor: the issue's target, or above it where the measured lead holds with margin (issue 11).
 @pytest.mark.parametrize("gpu, test, reference, expected", [
-    (H100, TRAIN, "torch_graph", 1.2),
+    (H100, TRAIN, "torch_graph", 1.85),                                           # target 1.2, measured 2.06
+    (H100, "test_mlp_train[tf32-graph1-resident-bpe12]", "torch_graph", 1.4),    # target 1.2, measured 1.59
     ("NVIDIA H200", "test_mlp_train[tf32-graph1-resident-bpe12]", "torch_eager", 2.0),
     ("NVIDIA H200", "test_mlp_train[tf32-graph0-resident-bpe12]", "torch_graph", None),
     ("NVIDIA H200", "test_mlp_train[tf32-graph1-streamed-bpe12]", "torch_graph", None),
     (H100, "test_mlp_infer[tf32-resident-b8000]", TORCH_BEST, 1.2),
     (H100, "test_mlp_infer[tf32-resident-b512]", TORCH_BEST, None),
-    ("NVIDIA H200", "test_mlp_train[fp32-graph8-resident-bpe4]", "torch_graph", 1.0),
+    ("NVIDIA H200", "test_mlp_train[fp32-graph8-resident-bpe4]", "torch_graph", 1.05),   # target 1.0, measured 1.2
+    ("NVIDIA H200", "test_cnn_train[bf16-graph8-resident-b128]", "torch_graph", 1.85),
+    (H100, "test_transformer_train[seq64-tf32-graph8-b16]", "torch_graph", 1.3),     # the target binds: 1.40
+    (H100, "test_resnet_train[cifar10-tf32-graph8-resident-b128]", "torch_graph", 1.25),   # missed, not lowered
     ("NVIDIA H200", "test_mlp_infer[fp32-resident-b32000]", "torch_graph", 1.0),
     ("none (CPU tier, NumPy backend)", TRAIN, "torch_graph", None),
 ])
-def test_repository_rules_encode_the_issue_targets(gpu, test, reference, expected):
+def test_repository_rules_encode_the_claims(gpu, test, reference, expected):
     assert threshold_for(gpu, test, reference) == expected
