@@ -25,9 +25,9 @@ from gpuengine.data import gather
 from gpuengine.graph import INPUT
 from gpuengine.kernels import ctype, define_items
 from gpuengine.layers import (AdaptiveAveragePool2D, BatchNorm2D, Conv2D, GlobalAveragePool2D, MaxPool2D,
-                              TokenEmbedding, activations, adaptive_pool, batchnorm, cross_entropy, direct_wgrad,
-                              dropout, embedding, fused_head, layernorm, losses, merge, pooling, positional,
-                              token_cross_entropy)
+                              TokenEmbedding, activations, adaptive_pool, batchnorm, cross_entropy, depthwise,
+                              direct_wgrad, dropout, embedding, fused_head, layernorm, losses, merge, pooling,
+                              positional, token_cross_entropy)
 from gpuengine.precision import policy_for
 from gpuengine.workloads import cnn, mlp, resnet, transformer, zoo
 
@@ -157,6 +157,9 @@ def _node_cases(net, node, dtype, where):
                       layer.kernel_defines(shapes[0], dtype)))
     elif isinstance(layer, BatchNorm2D):
         found.append((batchnorm, "_SOURCE", ("bn_inference", "add_relu"), layer.kernel_defines(shapes[0], dtype)))
+    elif isinstance(layer, Conv2D) and layer.depthwise_defines(shapes[0], dtype) is not None:
+        found.append((depthwise, "_SOURCE", ("depthwise_forward", "depthwise_dgrad", "depthwise_wgrad_partials",
+                                            "depthwise_wgrad_sum"), layer.depthwise_defines(shapes[0], dtype)))
     elif isinstance(layer, Conv2D) and node.inputs == (INPUT,):   # only a first layer needs no input gradient
         found.append((direct_wgrad, "_SOURCE", ("direct_wgrad_partials", "direct_wgrad_sum"),
                       layer.direct_wgrad_defines(shapes[0], dtype)))

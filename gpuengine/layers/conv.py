@@ -24,18 +24,21 @@ gradients are `backward_params()`, run after it. Under bf16 the weight
 gradient lands in a bf16 scratch that is widened into the fp32 master
 gradient, as torch's autocast does: cuDNN's bf16-in/fp32-out wgrad engines
 exist but are runtime-compiled kernels that took 0.93 ms of ResNet-50's
-3.2 ms bf16 step on an H100, against ~0.3 ms for the bf16-out ones. A first layer with few filter taps (no input gradient; MNIST's
-3x3x1) replaces all of that with direct_wgrad.py's single fused pass.
+3.2 ms bf16 step on an H100, against ~0.3 ms for the bf16-out ones. A first
+layer with few filter taps (no input gradient; MNIST's 3x3x1) replaces all of
+that with direct_wgrad.py's single fused pass. A depthwise layer (groups =
+channels = filters, MobileNetV2) also builds depthwise.py's kernels and keeps,
+op by op, whichever of them and cuDNN's graphs measures faster (issue 10).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..backend import widen
-from ..cudnn_graphs import conv_data_grad, conv_forward, conv_weight_grad, runtime_for
+from ..cudnn_graphs import CudnnUnsupported, conv_data_grad, conv_forward, conv_weight_grad, graph_key, runtime_for
 from ..params import ParamSpec
 from ..reductions import ColumnSum
-from . import direct_wgrad
+from . import depthwise, direct_wgrad
 from .activations import activation_backward, activation_forward
 from .base import BuildContext, Layer
 from .geometry import add_windows, pad, resolve_window, windows
@@ -97,6 +100,13 @@ class Conv2D(Layer):
         return direct_wgrad.kernel_defines(window, input_shape, self.filters, dtype, self.activation == "relu",
                                            self.use_bias)
 
+    def depthwise_defines(self, input_shape, dtype) -> dict | None:
+        """The depthwise kernels' defines (a depthwise layer on a GPU); None where the layer is not depthwise."""
+        window = self._window(tuple(input_shape))
+        if not depthwise.fits(self.groups, input_shape[2], self.filters, window):
+            return None
+        return depthwise.kernel_defines(window, input_shape, dtype, self.use_bias, self.activation == "relu")
+
     def build_forward(self, ctx: BuildContext, x):
         self.backend, self.policy = ctx.backend, ctx.policy
         self.window = self._window(tuple(x.shape[1:]))
@@ -105,11 +115,30 @@ class Conv2D(Layer):
         self.bias = ctx.params.compute_view(f"{self.name}.bias") if self.use_bias else None
         self.out = ctx.allocator.zeros((x.shape[0],) + self.window.output_hw + (self.filters,),
                                        ctx.policy.compute_dtype, "activations")
-        self._forward = None
+        self._forward = self._depthwise = None
         if ctx.backend.is_gpu:
-            self._forward = conv_forward(runtime_for(ctx.backend), ctx.policy.name, self.window, x, self.weight,
-                                         self.out, self.bias, self.activation == "relu", ctx.allocator)
+            relu = self.activation == "relu"
+            if depthwise.fits(self.groups, x.shape[3], self.filters, self.window):
+                self._depthwise = depthwise.DepthwiseKernels(ctx.allocator, self.window, x, self.weight, self.out,
+                                                             self.bias, relu)   # defines: depthwise_defines
+            graph = self._cudnn(lambda: conv_forward(runtime_for(ctx.backend), ctx.policy.name, self.window, x,
+                                                     self.weight, self.out, self.bias, relu, ctx.allocator))
+            self._forward = self._faster_of(ctx, "forward", graph and graph.run,
+                                            self._depthwise and self._depthwise.forward, bias=self.use_bias, relu=relu)
         return self.out
+
+    def _cudnn(self, build):
+        """The cuDNN graph `build()` makes; None where cuDNN has no engine and the depthwise kernels serve."""
+        try:
+            return build()
+        except CudnnUnsupported:
+            if self._depthwise is None:
+                raise
+            return None
+
+    def _faster_of(self, ctx, op: str, cudnn, direct, **extra):
+        key = graph_key(f"conv_{op}_choice", ctx.policy.name, self.window, x=self.x, w=self.weight)
+        return depthwise.FasterOf(ctx.backend, key + tuple(sorted(extra.items())), {"cudnn": cudnn, "direct": direct})
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         self.dy = dy
@@ -127,16 +156,25 @@ class Conv2D(Layer):
         if self.use_bias:
             self._grad_b = ColumnSum(ctx.backend, ctx.allocator, self.dz.reshape(-1, self.filters), grad_b)
         if ctx.backend.is_gpu:
-            precision = ctx.policy.name
+            runtime, precision, dw = runtime_for(ctx.backend), ctx.policy.name, self._depthwise
             self.grad_w_compute = self.grad_w
             if self.dz.dtype != self.grad_w.dtype:   # bf16: a bf16 weight gradient, widened after
                 self.grad_w_compute = ctx.allocator.zeros(self.grad_w.shape, self.dz.dtype, "workspace")
-            self._grad_w = conv_weight_grad(runtime_for(ctx.backend), precision, self.window, self.x, self.dz,
-                                            self.grad_w_compute, ctx.allocator)
+            self._cudnn_grad_w = self._cudnn(lambda: conv_weight_grad(runtime, precision, self.window, self.x, self.dz,
+                                                                      self.grad_w_compute, ctx.allocator))
+            self._grad_w = self._faster_of(ctx, "wgrad", self._cudnn_grad_w and self._cudnn_weight_grad,
+                                           dw and (lambda: dw.wgrad(self.dz, self.grad_w)))
             if self.dx is not None:
-                self._grad_x = conv_data_grad(runtime_for(ctx.backend), precision, self.window, self.dz, self.weight,
-                                              self.dx, ctx.allocator)
+                graph = self._cudnn(lambda: conv_data_grad(runtime, precision, self.window, self.dz, self.weight,
+                                                           self.dx, ctx.allocator))
+                self._grad_x = self._faster_of(ctx, "dgrad", graph and graph.run,
+                                               dw and (lambda: dw.dgrad(self.dz, self.dx)))
         return self.dx
+
+    def _cudnn_weight_grad(self):
+        self._cudnn_grad_w.run()
+        if self.grad_w_compute is not self.grad_w:
+            self.backend.xp.copyto(self.grad_w, self.grad_w_compute)
 
     def forward(self):
         if self._forward is not None:
@@ -178,8 +216,6 @@ class Conv2D(Layer):
             self._grad_b.run()
         if self.backend.is_gpu:
             self._grad_w.run()
-            if self.grad_w_compute is not self.grad_w:
-                self.backend.xp.copyto(self.grad_w, self.grad_w_compute)
             return
         grad = np.matmul(self._grouped_dz().transpose(0, 2, 1), self._columns())   # (G, K/G, kh*kw*C/G)
         self.grad_w[...] = grad.reshape(self.grad_w.shape)
