@@ -16,7 +16,7 @@
 #              (status 124: stopped at its minutes). A failing step does not stop the next. Steps:
 #                kernels  every engine kernel through CuPy (test_gpu_kernels_compile) and NVRTC
 #                fusion   the conv+BN fusion probe's GPU test, then the probe on ResNet-50 (JSON in LOGDIR)
-#                zoo      GPU zoo tests without the full-size parity, and NCCL on one GPU
+#                zoo      depthwise (both ways), GPU zoo tests without the full-size parity, NCCL on one GPU
 #                gpu      every GPU correctness test
 #                perf     `./gate perf` (the quick tier; its run is saved by outcome)
 #                perf-new `./gate perf` of the workloads never measured on this GPU: zoo, loader, ResNet
@@ -55,8 +55,8 @@ step_fusion() {
     python3 -m pytest correctness_tests/test_gpu_conv_bn_fusion.py -q -p no:cacheprovider -rs
     OUT="$logdir" python3 scripts/probe_conv_bn_fusion.py --budget-s 150 --precisions bf16,tf32
 }
-step_zoo() { python3 -m pytest correctness_tests/test_gpu_zoo.py correctness_tests/parallel/test_nccl_one_gpu.py \
-    -k "not full_size" -q -p no:cacheprovider -rs --durations=15; }
+step_zoo() { python3 -m pytest correctness_tests/test_gpu_depthwise.py correctness_tests/test_gpu_zoo.py \
+    correctness_tests/parallel/test_nccl_one_gpu.py -k "not full_size" -q -p no:cacheprovider -rs --durations=15; }
 step_gpu() { python3 -m pytest correctness_tests -m gpu -q -p no:cacheprovider -rs --durations=15; }
 step_perf() { ./gate perf -p no:cacheprovider --durations=0; }
 step_perf-new() { ./gate perf -p no:cacheprovider --durations=0 -k "zoo or loader or streamed or test_resnet_train"; }
