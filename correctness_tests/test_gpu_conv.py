@@ -41,6 +41,22 @@ def normal(seed: int, shape, precision: str, scale: float = 1.0) -> np.ndarray:
     return representable(np.random.default_rng(seed).standard_normal(shape) * scale, precision)
 
 
+def conv_on_both(case: tuple, precision: str, seed: int = 1, needs_input_grad: bool = True):
+    """(GPU layer, GPU results, NumPy fp32 results) of Conv2D(**kwargs) for case (batch, (H, W, C), kwargs) on the
+    same random input, output gradient and weights (rounded to bf16 under bf16, so both start equal)."""
+    batch, shape, kwargs = case
+    layer = Conv2D(name="conv", **kwargs)
+    x = normal(seed, (batch,) + shape, precision)
+    dy = normal(seed + 1, (batch,) + layer.output_shape(shape), precision)
+    weights = {k: representable(v, precision) for k, v in
+               random_weights(layer.param_specs(shape), np.random.default_rng(seed + 2), 0.2).items()}
+    cpu = run_layer(Conv2D(name="conv", **kwargs), x, dy, precision="fp32", weights=weights,
+                    needs_input_grad=needs_input_grad)
+    gpu = run_layer(layer, x, dy, device="cuda", precision=precision, weights=weights,
+                    needs_input_grad=needs_input_grad)
+    return layer, gpu, cpu
+
+
 # (batch, input (H, W, C), Conv2D arguments). The fused ReLU is compared in fp32 only: under TF32 or
 # bf16 a few pre-activations near 0 change sign, and each moves a whole dy term in or out of the sums.
 CONV_CASES = {
@@ -59,15 +75,7 @@ CONV_RUNS = [(case, p) for case, (_, _, kwargs) in CONV_CASES.items()
 @pytest.mark.parametrize("case,precision", CONV_RUNS, ids=[f"{c}-{p}" for c, p in CONV_RUNS])
 def test_conv_matches_numpy(case, precision):
     """Forward (fused bias/ReLU), dgrad, wgrad and the ColumnSum bias gradient, against im2col."""
-    batch, shape, kwargs = CONV_CASES[case]
-    layer = Conv2D(name="conv", **kwargs)
-    out_shape = layer.output_shape(shape)
-    x = normal(1, (batch,) + shape, precision)
-    dy = normal(2, (batch,) + out_shape, precision)
-    weights = {k: representable(v, precision) for k, v in
-               random_weights(layer.param_specs(shape), np.random.default_rng(3), 0.2).items()}
-    cpu = run_layer(Conv2D(name="conv", **kwargs), x, dy, precision="fp32", weights=weights)
-    gpu = run_layer(Conv2D(name="conv", **kwargs), x, dy, device="cuda", precision=precision, weights=weights)
+    _, gpu, cpu = conv_on_both(CONV_CASES[case], precision)
     assert_close(gpu, cpu, TOLERANCE[precision])
 
 
@@ -83,14 +91,7 @@ FIRST_LAYER_RUNS = [("mnist", p) for p in PRECISIONS] + [(c, "fp32") for c in li
 
 @pytest.mark.parametrize("case,precision", FIRST_LAYER_RUNS, ids=[f"{c}-{p}" for c, p in FIRST_LAYER_RUNS])
 def test_first_layer_weight_gradients_match_numpy(case, precision):
-    batch, shape, kwargs = FIRST_LAYER_CASES[case]
-    layer = Conv2D(name="conv", **kwargs)
-    x = normal(11, (batch,) + shape, precision)
-    dy = normal(12, (batch,) + layer.output_shape(shape), precision)
-    weights = {k: representable(v, precision) for k, v in
-               random_weights(layer.param_specs(shape), np.random.default_rng(13), 0.2).items()}
-    cpu = run_layer(Conv2D(name="conv", **kwargs), x, dy, precision="fp32", weights=weights, needs_input_grad=False)
-    gpu = run_layer(layer, x, dy, device="cuda", precision=precision, weights=weights, needs_input_grad=False)
+    layer, gpu, cpu = conv_on_both(FIRST_LAYER_CASES[case], precision, seed=11, needs_input_grad=False)
     assert layer._direct is not None
     assert_close(gpu, cpu, TOLERANCE[precision])
 
