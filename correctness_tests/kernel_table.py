@@ -24,7 +24,7 @@ from gpuengine.config import PRECISIONS
 from gpuengine.data import gather
 from gpuengine.graph import INPUT
 from gpuengine.kernels import ctype, define_items
-from gpuengine.layers import (AdaptiveAveragePool2D, BatchNorm2D, Conv2D, GlobalAveragePool2D, MaxPool2D,
+from gpuengine.layers import (AdaptiveAveragePool2D, BatchNorm2D, Conv2D, MaxPool2D,
                               TokenEmbedding, activations, adaptive_pool, batchnorm, cross_entropy, depthwise,
                               direct_wgrad, dropout, embedding, fused_head, layernorm, losses, merge, pooling,
                               positional, token_cross_entropy)
@@ -149,10 +149,7 @@ def _node_cases(net, node, dtype, where):
     if isinstance(layer, MaxPool2D):
         found.append((pooling, "_SOURCE", ("maxpool_forward", "maxpool_backward"),
                       layer.kernel_defines(shapes[0], dtype)))
-    elif isinstance(layer, GlobalAveragePool2D):
-        found.append((pooling, "_AVERAGE_SOURCE", ("average_forward", "average_backward"),
-                      layer.kernel_defines(shapes[0], dtype)))
-    elif isinstance(layer, AdaptiveAveragePool2D):
+    elif isinstance(layer, AdaptiveAveragePool2D):   # GlobalAveragePool2D too: the pool to 1x1
         found.append((adaptive_pool, "_SOURCE", ("adaptive_average_forward", "adaptive_average_backward"),
                       layer.kernel_defines(shapes[0], dtype)))
     elif isinstance(layer, BatchNorm2D):

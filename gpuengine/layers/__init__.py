@@ -1,6 +1,6 @@
 """Layers: each with forward and backward side by side."""
 from .activations import Activation, ReLU, ReLU6, Tanh
-from .adaptive_pool import AdaptiveAveragePool2D
+from .adaptive_pool import AdaptiveAveragePool2D, GlobalAveragePool2D
 from .attention import MultiHeadAttention
 from .base import BuildContext, Layer
 from .batchnorm import BatchNorm2D
@@ -14,7 +14,7 @@ from .layernorm import LayerNorm
 from .linear import Linear
 from .losses import MSELoss
 from .merge import Add
-from .pooling import GlobalAveragePool2D, MaxPool2D
+from .pooling import MaxPool2D
 from .positional import SinusoidalPositionalEncoding
 from .token_cross_entropy import TokenCrossEntropy
 

@@ -5,10 +5,11 @@ and the columns alike (torch's AdaptiveAvgPool2d), so bins may overlap by a
 pixel when out_h does not divide H. AlexNet and VGG put one before their
 classifier ((6, 6) and (7, 7)); at 224x224 the maps already have that size, so
 the layer is then a view of its input in both directions (no kernel), as
-`GlobalAveragePool2D` is on a 1x1 map. Otherwise forward is one thread per
-output value; backward gathers, one thread per input value adding the
-gradients of the (at most a few) bins that hold it: no atomics, no zero-fill,
-the same result every run. The geometry is compiled into the kernels.
+`GlobalAveragePool2D` (the pool to 1x1, flattened) is on a 1x1 map.
+Otherwise forward is one thread per output value; backward gathers, one
+thread per input value adding the gradients of the (at most a few) bins that
+hold it: no atomics, no zero-fill, the same result every run. The geometry is
+compiled into the kernels.
 """
 from __future__ import annotations
 
@@ -135,3 +136,26 @@ class AdaptiveAveragePool2D(Layer):
         for i, j, (r0, r1), (c0, c1) in self._bins():
             dx[:, r0:r1, c0:c1, :] += (dy[:, i, j, :] / ((r1 - r0) * (c1 - c0)))[:, None, None, :]
         self.dx[...] = dx.astype(self.dx.dtype)
+
+
+class GlobalAveragePool2D(AdaptiveAveragePool2D):
+    """(H, W, C) samples -> (C,): the mean over the map (ResNet's avgpool before the classifier).
+
+    The adaptive pool to 1x1, its output seen as (N, C). On a 1x1 map (ResNet-50 on 32x32 inputs) the mean is
+    the map itself: output and input gradient are views, no kernel runs (seed note 002 omitted the pool).
+    """
+
+    def __init__(self, name: str = ""):
+        super().__init__((1, 1), name)
+
+    def output_shape(self, input_shape):
+        if len(input_shape) != 3:
+            raise ValueError(f"{self.name}: GlobalAveragePool2D takes (height, width, channels) samples, "
+                             f"got {input_shape}")
+        return (input_shape[2],)
+
+    def build_forward(self, ctx: BuildContext, x):
+        return super().build_forward(ctx, x).reshape(x.shape[0], x.shape[3])
+
+    def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
+        return super().build_backward(ctx, dy.reshape(dy.shape[0], 1, 1, dy.shape[1]), needs_input_grad)
