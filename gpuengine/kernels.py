@@ -34,6 +34,27 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+// The block's total of its warps' totals (lane 0 of each hands one in), added in warp order: thread 0 holds it.
+__device__ __forceinline__ float block_sum(float warp_total) {
+    __shared__ float warp_totals[32];
+    if ((threadIdx.x & 31) == 0) warp_totals[threadIdx.x >> 5] = warp_total;
+    __syncthreads();
+    float s = 0.f;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < (blockDim.x >> 5); ++w) s += warp_totals[w];
+    return s;
+}
+// One warp's row z[base, base + classes) of logits: its max m and log(sum(exp(z - m))), in every lane.
+template <typename T>
+__device__ __forceinline__ void row_log_softmax(const T* z, long long base, int classes, int lane, float& m,
+                                                float& log_sum) {
+    m = __int_as_float(0xff800000);   // -inf without math.h under NVRTC
+    for (int k = lane; k < classes; k += 32) m = fmaxf(m, load_f(z, base + k));
+    m = warp_max(m);
+    float s = 0.f;
+    for (int k = lane; k < classes; k += 32) s += expf(load_f(z, base + k) - m);
+    log_sum = logf(warp_sum(s));
+}
 """
 
 

@@ -18,17 +18,12 @@ from ..kernels import ctype, get_kernel
 _SOURCE = r"""
 extern "C" __global__ void softmax_xent(const ELEM_T* z, const float* t, ELEM_T* dz, float* partials, int rows,
                                         int classes, float grad_scale) {
-    __shared__ float warp_losses[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     float loss = 0.f;
     for (long long row = (long long)blockIdx.x * warps + warp; row < rows; row += (long long)gridDim.x * warps) {
         const long long base = row * classes;
-        float m = __int_as_float(0xff800000);   // -inf without math.h under NVRTC
-        for (int k = lane; k < classes; k += 32) m = fmaxf(m, load_f(z, base + k));
-        m = warp_max(m);
-        float s = 0.f;
-        for (int k = lane; k < classes; k += 32) s += expf(load_f(z, base + k) - m);
-        const float log_sum = logf(warp_sum(s));
+        float m, log_sum;
+        row_log_softmax(z, base, classes, lane, m, log_sum);
         float row_loss = 0.f;
         for (int k = lane; k < classes; k += 32) {
             const float log_p = load_f(z, base + k) - m - log_sum;
@@ -38,13 +33,8 @@ extern "C" __global__ void softmax_xent(const ELEM_T* z, const float* t, ELEM_T*
         }
         loss += warp_sum(row_loss);
     }
-    if (lane == 0) warp_losses[warp] = loss;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float s = 0.f;
-        for (int w = 0; w < warps; ++w) s += warp_losses[w];
-        partials[blockIdx.x] = s;
-    }
+    const float total = block_sum(loss);
+    if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 """
 _THREADS = 256

@@ -15,21 +15,14 @@ from ..kernels import ctype, get_kernel
 _SOURCE = r"""
 extern "C" __global__ void mse(const ELEM_T* y, const float* t, ELEM_T* dy, long long n, float grad_scale,
                                float* partials) {
-    __shared__ float warp_sums[32];
     float local = 0.f;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         float diff = load_f(y, i) - t[i];
         store_f(dy, i, grad_scale * diff);
         local += diff * diff;
     }
-    for (int o = 16; o > 0; o >>= 1) local += __shfl_xor_sync(0xffffffffu, local, o);
-    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = local;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float s = 0.f;
-        for (int w = 0; w < (blockDim.x >> 5); ++w) s += warp_sums[w];
-        partials[blockIdx.x] = s;
-    }
+    const float total = block_sum(warp_sum(local));
+    if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 """
 

@@ -20,21 +20,13 @@ from ..kernels import ctype, get_kernel
 
 _SOURCE = r"""
 extern "C" __global__ void count_tokens(const float* t, int rows, int pad_id, float* inv_count) {
-    __shared__ float warp_counts[32];
     float n = 0.f;
     for (int r = threadIdx.x; r < rows; r += blockDim.x) n += ((int)t[r] != pad_id) ? 1.f : 0.f;
-    n = warp_sum(n);
-    if ((threadIdx.x & 31) == 0) warp_counts[threadIdx.x >> 5] = n;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float s = 0.f;
-        for (int w = 0; w < (blockDim.x >> 5); ++w) s += warp_counts[w];
-        inv_count[0] = s > 0.f ? 1.f / s : 0.f;   // an all-padding batch contributes nothing
-    }
+    const float s = block_sum(warp_sum(n));
+    if (threadIdx.x == 0) inv_count[0] = s > 0.f ? 1.f / s : 0.f;   // an all-padding batch contributes nothing
 }
 extern "C" __global__ void token_xent(const ELEM_T* z, const float* t, ELEM_T* dz, float* partials, int rows,
                                       int classes, int pad_id, const float* inv_count) {
-    __shared__ float warp_losses[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const float scale = inv_count[0];
     float loss = 0.f;
@@ -45,26 +37,16 @@ extern "C" __global__ void token_xent(const ELEM_T* z, const float* t, ELEM_T* d
             for (int k = lane; k < classes; k += 32) store_f(dz, base + k, 0.f);
             continue;
         }
-        float m = __int_as_float(0xff800000);
-        for (int k = lane; k < classes; k += 32) m = fmaxf(m, load_f(z, base + k));
-        m = warp_max(m);
-        float s = 0.f;
-        for (int k = lane; k < classes; k += 32) s += expf(load_f(z, base + k) - m);
-        const float log_sum = logf(warp_sum(s));
+        float m, log_sum;
+        row_log_softmax(z, base, classes, lane, m, log_sum);
         for (int k = lane; k < classes; k += 32) {
             const float log_p = load_f(z, base + k) - m - log_sum;
             store_f(dz, base + k, scale * (expf(log_p) - (k == target ? 1.f : 0.f)));
             if (k == target) loss -= log_p;
         }
     }
-    loss = warp_sum(loss);
-    if (lane == 0) warp_losses[warp] = loss;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float s = 0.f;
-        for (int w = 0; w < warps; ++w) s += warp_losses[w];
-        partials[blockIdx.x] = s;
-    }
+    const float total = block_sum(warp_sum(loss));
+    if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 """
 _THREADS = 256
