@@ -84,23 +84,24 @@ def test_all_reduce_and_broadcast_at_world_one_follow_the_engine_stream_both_way
     expected[1024:3072] = 3.5
     with backend.activate():
         buf = xp.zeros(4096, xp.float32)
+
+    def halve_middle_then_double():
+        """Sum (halve, at world one) the middle of buf on the communication stream, then double all of it."""
+        reducer.sum_into(buf[1024:3072])
+        reducer.wait()
+        with backend.activate():
+            out = buf * 2
+        np.testing.assert_array_equal(backend.to_host(out), expected)
+
     # Fork: the engine stream is slow to fill; the communication stream must halve the 3.5s, not the zeros.
     slow_fill(backend, buf, 3.5)
-    reducer.sum_into(buf[1024:3072])
-    reducer.wait()
-    with backend.activate():
-        out = buf * 2
-    np.testing.assert_array_equal(backend.to_host(out), expected)
+    halve_middle_then_double()
     # Join: now the communication stream is the slow one; the engine stream must wait for its halving.
     with reducer.comm_stream:
         pad = one_behind_matmuls(xp, 40)
     with backend.activate():
         buf[...] = xp.float32(3.5)
-    reducer.sum_into(buf[1024:3072])
-    reducer.wait()
-    with backend.activate():
-        out = buf * 2
-    np.testing.assert_array_equal(backend.to_host(out), expected)
+    halve_middle_then_double()
     with reducer.comm_stream:
         assert float(pad) == 1.0            # read on its own stream (the default stream does not order it)
     slow_fill(backend, buf, -1.25)
