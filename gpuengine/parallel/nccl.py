@@ -40,8 +40,11 @@ class NcclAllReduce(AllReduce):
         self.world_size, self.backend, self._nccl = group.world_size, backend, nccl
         unique_id = nccl.get_unique_id() if group.is_root else None
         blob = rendezvous.broadcast("nccl_id", bytes(b & 0xFF for b in unique_id) if group.is_root else None)
-        signed = tuple(b - 256 if b > 127 else b for b in blob)   # get_unique_id gives signed chars
-        self.comm = nccl.NcclCommunicator(group.world_size, signed, group.rank)
+        try:   # CuPy 14 takes the id as bytes (a TypeError for anything else, before NCCL is touched)
+            self.comm = nccl.NcclCommunicator(group.world_size, bytes(blob), group.rank)
+        except TypeError:   # older CuPy: the tuple of signed chars get_unique_id gave
+            self.comm = nccl.NcclCommunicator(group.world_size, tuple(b - 256 if b > 127 else b for b in blob),
+                                              group.rank)
         self.comm_stream = cupy.cuda.Stream(non_blocking=True)
         self._scale = 1.0 / group.world_size
         self._forked = cupy.cuda.Event(block=False, disable_timing=True)
