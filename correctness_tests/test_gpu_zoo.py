@@ -152,7 +152,9 @@ def test_reduced_network_step_matches_numpy(name, precision):
 def test_captured_replay_trains_exactly_like_eager(name, precision):
     """With dropout on: replayed graphs read and advance the device draw counter as eager steps do."""
     x, t = reduced_batch(name, batch=128)
-    losses = losses_by_graph_group(zoo.zoo_net(name).network(reduced=True), x, t, 16, precision, (0, 1, 8), 3)
+    # Six epochs: after three, the reduced AlexNet (no batch norm, dropout 0.5) had not yet descended in fp32 on
+    # an H100 (2.30117 -> 2.30126), though replay equalled eager exactly.
+    losses = losses_by_graph_group(zoo.zoo_net(name).network(reduced=True), x, t, 16, precision, (0, 1, 8), 6)
     assert losses[0] == losses[1] == losses[8]
     assert losses[0][-1] < losses[0][0]
 
