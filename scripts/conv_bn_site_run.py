@@ -81,7 +81,8 @@ class SiteRun:
                 self.notes.append(f"{what}: {label}")
                 return label, result
             except Exception as exc:   # cuDNN raises several types for an unsupported graph; all are reported
-                message = " ".join(str(exc).split())[:300]
+                # cuDNN's own reason, not CudnnUnsupported's wrapper: the graph key in front filled the cut
+                message = " ".join(str(exc.__cause__ or exc).split())[:300]
                 self.notes.append(f"{what}: {label} UNSUPPORTED ({type(exc).__name__}: {message})")
                 log(f"  {what}: {label} unsupported: {type(exc).__name__}: {message}")
         return None, None
