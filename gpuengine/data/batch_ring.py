@@ -215,7 +215,11 @@ class BatchRing:
     def _fill(self, step: int, slot: int, lo: int, hi: int):
         self.uploads.wait_host_slot_free(slot)
         rows = self.rows(step=step, lo=lo, hi=hi)
+        if len(rows) and not 0 <= rows.min() <= rows.max() < len(self.src_x):
+            raise IndexError(f"rows {rows.min()}..{rows.max()} are outside the data set's {len(self.src_x)}")
         part = slice(slot * self.batch + lo, slot * self.batch + hi)
-        np.take(self.src_x, rows, axis=0, out=self.uploads.host_x[part])   # releases the GIL
-        np.take(self.src_t, rows, axis=0, out=self.uploads.host_t[part])
+        # mode="clip" once the rows are checked: the default "raise" gathers into a fresh temporary before
+        # copying to `out`, page faults that serialised the workers (1.1 GB/s on an H100 host).
+        np.take(self.src_x, rows, axis=0, out=self.uploads.host_x[part], mode="clip")   # releases the GIL
+        np.take(self.src_t, rows, axis=0, out=self.uploads.host_t[part], mode="clip")
         self.uploads.upload(slot, lo, hi)
