@@ -28,10 +28,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from gpuengine.backend import get_backend, gpu_visible, resolve_device
-from gpuengine.config import ConfigError, EngineConfig
 from gpuengine.bench.machine_info import Tier, collect_machine_info, current_tier
 from gpuengine.bench.stored_runs import run_files
+from gpuengine.config import ConfigError, EngineConfig
+from gpuengine.runtime.backend import get_backend, gpu_visible, resolve_device
 
 # pytester: the harness tests run small pytest sessions of their own; gate_plugin: per-test baselines,
 # saving by outcome, tiers, the stored-run check; tier_time: how long each test and workload took;

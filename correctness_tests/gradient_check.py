@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from gpuengine.precision import CHECK_PRECISION
+from gpuengine.runtime.precision import CHECK_PRECISION
 
 from .layer_harness import run_layer, run_loss, run_network
 

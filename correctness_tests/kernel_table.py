@@ -19,16 +19,18 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuengine import cudnn_attention, injected_delay, optim, reductions, step_state
+from gpuengine import optim
+from gpuengine.bench import injected_delay
 from gpuengine.config import PRECISIONS
 from gpuengine.data import gather
-from gpuengine.graph import INPUT
-from gpuengine.kernels import ctype, define_items
-from gpuengine.layers import (AdaptiveAveragePool2D, BatchNorm2D, Conv2D, MaxPool2D,
-                              TokenEmbedding, activations, adaptive_pool, batchnorm, cross_entropy, depthwise,
-                              direct_wgrad, dropout, embedding, fused_head, layernorm, losses, merge, pooling,
-                              positional, token_cross_entropy)
-from gpuengine.precision import policy_for
+from gpuengine.layers import (AdaptiveAveragePool2D, BatchNorm2D, Conv2D, MaxPool2D, TokenEmbedding, activations,
+    adaptive_pool, batchnorm, dropout, embedding, layernorm, merge, pooling, positional)
+from gpuengine.losses import cross_entropy, fused_head, mse as losses, token_cross_entropy
+from gpuengine.model.network import INPUT
+from gpuengine.ops import cudnn_attention, depthwise, direct_wgrad, reductions
+from gpuengine.runtime import step_state
+from gpuengine.runtime.kernels import ctype, define_items
+from gpuengine.runtime.precision import policy_for
 from gpuengine.workloads import cnn, mlp, resnet, transformer, zoo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))   # the probes import as top-level modules

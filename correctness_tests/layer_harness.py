@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuengine.backend import Backend
 from gpuengine.layers.base import BuildContext
-from gpuengine.memory import Allocator
-from gpuengine.network import TrainingProgram
-from gpuengine.params import FlatParameters
-from gpuengine.precision import CHECK_PRECISION, policy_for
-from gpuengine.step_state import StepState
+from gpuengine.model.program import TrainingProgram
+from gpuengine.runtime.backend import Backend
+from gpuengine.runtime.memory import Allocator
+from gpuengine.runtime.params import FlatParameters
+from gpuengine.runtime.precision import CHECK_PRECISION, policy_for
+from gpuengine.runtime.step_state import StepState
 
 
 def make_context(device: str, precision: str, batch: int, specs, weights: dict | None, buffer_specs=(),

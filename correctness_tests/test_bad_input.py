@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuengine.backend import GIB, Backend, gpu_visible
 from gpuengine.config import ConfigError, EngineConfig
 from gpuengine.data.checks import DataError
 from gpuengine.inference import Predictor, ResidentPredictor
-from gpuengine.memory import Allocator
-from gpuengine.params import FlatParameters
-from gpuengine.precision import policy_for
+from gpuengine.runtime.backend import GIB, Backend, gpu_visible
+from gpuengine.runtime.memory import Allocator
+from gpuengine.runtime.params import FlatParameters
+from gpuengine.runtime.precision import policy_for
 from gpuengine.trainer import Trainer
 from gpuengine.workloads.mlp import MLPShape, build_mlp, mlp_data
 

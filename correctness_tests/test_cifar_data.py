@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuengine.data.bmp import load_bmp_folder, write_bmp
 from gpuengine.data.checks import DataError
-from gpuengine.data.cifar import (_class_grids, cifar_files, label_classes, load_cifar, make_images, read_cifar,
-                                  read_cifar_batch, record_bytes, write_cifar_batch)
+from gpuengine.data.formats.bmp import load_bmp_folder, write_bmp
+from gpuengine.data.formats.cifar import (_class_grids, cifar_files, label_classes, load_cifar, make_images,
+    read_cifar, read_cifar_batch, record_bytes, write_cifar_batch)
 
 RNG = np.random.default_rng(0)
 IMAGES = RNG.integers(0, 256, (5, 32, 32, 3), dtype=np.uint8)
@@ -130,7 +130,7 @@ def test_one_bad_file_among_good_ones_loads_nothing(tmp_path, batch10):
 
 
 def test_missing_files_are_named_before_any_is_read(tmp_path, batch10, monkeypatch):
-    import gpuengine.data.cifar as cifar
+    import gpuengine.data.formats.cifar as cifar
     monkeypatch.setattr(cifar, "read_cifar_batch", lambda *a: pytest.fail("read a file before checking them all"))
     with pytest.raises(DataError, match=r"data_batch_2.bin: no such CIFAR batch file \(2 of 3 files missing\)"):
         read_cifar([batch10, tmp_path / "data_batch_2.bin", tmp_path / "data_batch_3.bin"])

@@ -18,8 +18,7 @@ from gpuengine.data.shuffle import batch_rows  # noqa: E402
 from gpuengine.inference import Predictor  # noqa: E402
 from gpuengine.reference import torch_cnn  # noqa: E402
 from gpuengine.trainer import Trainer  # noqa: E402
-from gpuengine.workloads.cnn import (LEARNING_RATE, SEED_SHAPE, CNNShape, build_cnn, cnn_data,  # noqa: E402
-                                     parameter_count)
+from gpuengine.workloads.cnn import LEARNING_RATE, SEED_SHAPE, CNNShape, build_cnn, cnn_data, parameter_count
 
 from .torch_compare import assert_matches_torch, first_step, fixed_torch_threads, torch_adam  # noqa: E402,F401
 

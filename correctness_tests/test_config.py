@@ -10,8 +10,8 @@ import dataclasses
 
 import pytest
 
-from gpuengine.backend import Backend, get_backend
 from gpuengine.config import ENV_PREFIX, ConfigError, EngineConfig
+from gpuengine.runtime.backend import Backend, get_backend
 
 DEFAULTS = {"precision": "tf32", "cuda_graph": 1, "resident_data": True, "batch_pool": 3, "profile": False,
             "device": None, "vram_cap_gib": None}

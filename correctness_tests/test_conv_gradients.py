@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuengine.layers import Conv2D, Flatten, MaxPool2D, SoftmaxCrossEntropy
+from gpuengine.layers import Conv2D, Flatten, MaxPool2D
+from gpuengine.losses import SoftmaxCrossEntropy
 from gpuengine.workloads.cnn import CNNShape, build_cnn
 
 from .gradient_check import assert_not_trivial, check_backward, random_weights

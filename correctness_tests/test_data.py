@@ -11,14 +11,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from gpuengine.backend import Backend
 from gpuengine.data.resident import ResidentDataset
 from gpuengine.data.rosenbrock import make_rosenbrock, rosenbrock
 from gpuengine.data.shuffle import batch_rows, epoch_order, half_bits
 from gpuengine.data.streamed import StreamedDataset
-from gpuengine.memory import Allocator
-from gpuengine.precision import policy_for
-from gpuengine.step_state import StepState
+from gpuengine.runtime.backend import Backend
+from gpuengine.runtime.memory import Allocator
+from gpuengine.runtime.precision import policy_for
+from gpuengine.runtime.step_state import StepState
 
 # -- shuffle ---------------------------------------------------------------------------
 

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from gpuengine import cudnn_graphs
-from gpuengine.layers import Conv2D, depthwise
+from gpuengine.layers import Conv2D
+from gpuengine.ops import cudnn as cudnn_graphs, depthwise
 from gpuengine.workloads import zoo
 
 

@@ -12,19 +12,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuengine.backend import Backend, bfloat16_dtype, gpu_visible
 from gpuengine.config import EngineConfig
 from gpuengine.inference import Predictor, ResidentPredictor
-from gpuengine.layers import Conv2D, MaxPool2D, ReLU, SoftmaxCrossEntropy
-from gpuengine.memory import Allocator
-from gpuengine.reductions import ColumnSum
+from gpuengine.layers import Conv2D, MaxPool2D, ReLU
+from gpuengine.losses import SoftmaxCrossEntropy
+from gpuengine.ops.reductions import ColumnSum
+from gpuengine.runtime.backend import Backend, bfloat16_dtype, gpu_visible
+from gpuengine.runtime.memory import Allocator
 from gpuengine.trainer import Trainer
 from gpuengine.workloads.cnn import CNNShape, build_cnn, cnn_data
 
+from .gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group, rel_err
 from .gradient_check import random_weights
 from .layer_harness import run_layer, run_loss
-from .gpu_checks import (TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group,
-                         rel_err)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
@@ -153,9 +153,9 @@ def test_column_sum_of_tall_and_wide_gradients(rows, cols):
 
 def test_a_cudnn_graph_first_met_in_capture_is_an_error_not_an_untimed_plan():
     import cupy
-    from gpuengine.capture import GraphCapturedStep
-    from gpuengine.cudnn_graphs import conv_forward, runtime_for
     from gpuengine.layers.geometry import Window
+    from gpuengine.ops.cudnn import conv_forward, runtime_for
+    from gpuengine.runtime.capture import GraphCapturedStep
     backend = Backend("cuda")
     window = Window((9, 11), (3, 3), (1, 1), (1, 1, 1, 1))   # a shape no other test builds: a fresh graph
     with backend.activate():

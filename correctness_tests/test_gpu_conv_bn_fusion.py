@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuengine.backend import gpu_visible
+from gpuengine.runtime.backend import gpu_visible
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]

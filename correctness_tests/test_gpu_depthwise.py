@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuengine import cudnn_graphs
-from gpuengine.backend import gpu_visible
+from gpuengine.ops import cudnn as cudnn_graphs
+from gpuengine.runtime.backend import gpu_visible
 
 from .gpu_checks import TOLERANCE, assert_close
 from .test_gpu_conv import conv_on_both

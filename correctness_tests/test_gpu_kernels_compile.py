@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuengine import kernel_check
-from gpuengine.backend import gpu_visible
-from gpuengine.kernels import get_kernel
+from gpuengine.runtime import kernel_check
+from gpuengine.runtime.backend import gpu_visible
+from gpuengine.runtime.kernels import get_kernel
 
 from .kernel_table import kernel_cases
 

@@ -13,10 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from gpuengine.backend import gpu_visible
+from gpuengine.bench.injected_delay import StepDelay
 from gpuengine.bench.loader import LoaderRunner, PinnedCopyRunner, measure_pinned_h2d_gbps
 from gpuengine.config import EngineConfig
-from gpuengine.injected_delay import StepDelay
+from gpuengine.runtime.backend import gpu_visible
 from gpuengine.trainer import Trainer
 from gpuengine.workloads.mlp import MLPShape, build_mlp, mlp_data
 

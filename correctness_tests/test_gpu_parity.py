@@ -8,16 +8,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuengine.backend import gpu_visible
 from gpuengine.config import EngineConfig
-from gpuengine.layers import Dense, MSELoss, ReLU, Tanh
-from gpuengine.layers.fused_head import TanhLinearMSEHead
-from gpuengine.params import ParamSpec
+from gpuengine.layers import Dense, ReLU, Tanh
+from gpuengine.losses import MSELoss
+from gpuengine.losses.fused_head import TanhLinearMSEHead
+from gpuengine.runtime.backend import gpu_visible
+from gpuengine.runtime.params import ParamSpec
 from gpuengine.trainer import Trainer
 from gpuengine.workloads.mlp import MLPShape, build_mlp, mlp_data
 
-from .gpu_checks import (TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group,
-                         rel_err)
+from .gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group, rel_err
 from .layer_harness import run_layer, run_loss
 
 pytestmark = [pytest.mark.gpu,

@@ -15,9 +15,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuengine.backend import gpu_visible
 from gpuengine.config import EngineConfig
-from gpuengine.layers import LayerNorm, MultiHeadAttention, SinusoidalPositionalEncoding, TokenCrossEntropy, TokenEmbedding
+from gpuengine.layers import LayerNorm, MultiHeadAttention, SinusoidalPositionalEncoding, TokenEmbedding
+from gpuengine.losses import TokenCrossEntropy
+from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import transformer
 
 from .gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group
@@ -54,7 +55,7 @@ def test_fused_attention_matches_the_float64_formula(case, precision):
 
 def test_forward_and_backward_attention_graphs_share_one_key_shape():
     """Seed note 004's cache-key bug: under fp32 the backward must find the bf16 graph family the forward built."""
-    from gpuengine.cudnn_attention import GRAPH_PRECISION, attention_graph_key
+    from gpuengine.ops.cudnn_attention import GRAPH_PRECISION, attention_graph_key
     forward = attention_graph_key("sdpa_fwd", True, 0.125)
     backward = attention_graph_key("sdpa_bwd", True, 0.125)
     assert forward[1:] == backward[1:] and forward[1] == GRAPH_PRECISION == "bf16"

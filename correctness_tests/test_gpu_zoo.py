@@ -16,10 +16,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuengine.backend import gpu_visible
 from gpuengine.config import EngineConfig
 from gpuengine.inference import Predictor
 from gpuengine.layers import AdaptiveAveragePool2D, Dropout, ReLU6
+from gpuengine.runtime.backend import gpu_visible
 from gpuengine.trainer import Trainer
 from gpuengine.workloads import zoo
 

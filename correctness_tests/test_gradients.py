@@ -10,14 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuengine.backend import Backend
-from gpuengine.layers import Dense, MSELoss, ReLU, Tanh
+from gpuengine.layers import Dense, ReLU, Tanh
 from gpuengine.layers.activations import Activation
-from gpuengine.layers.fused_head import TanhLinearMSEHead
-from gpuengine.memory import Allocator
-from gpuengine.network import Sequential, fused_head_tail
-from gpuengine.params import ParamSpec
-from gpuengine.reductions import ColumnSum
+from gpuengine.losses import MSELoss
+from gpuengine.losses.fused_head import TanhLinearMSEHead
+from gpuengine.model.program import Sequential, fused_head_tail
+from gpuengine.ops.reductions import ColumnSum
+from gpuengine.runtime.backend import Backend
+from gpuengine.runtime.memory import Allocator
+from gpuengine.runtime.params import ParamSpec
 from gpuengine.workloads.mlp import MLPShape, build_mlp
 
 from .gradient_check import assert_not_trivial, check_backward, directional_check, random_weights

@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuengine.graph import INPUT, GraphBuilder, GraphError, Network, Node, Sequential
-from gpuengine.layers import Add, Conv2D, Dense, Flatten, MSELoss, ReLU, SoftmaxCrossEntropy, Tanh
+from gpuengine.layers import Add, Conv2D, Dense, Flatten, ReLU, Tanh
+from gpuengine.losses import MSELoss, SoftmaxCrossEntropy
+from gpuengine.model.network import INPUT, GraphBuilder, GraphError, Network, Node, Sequential
 
 from .gradient_check import assert_not_trivial, check_backward, random_weights
 from .layer_harness import run_network

@@ -14,10 +14,11 @@ import struct
 import numpy as np
 import pytest
 
-from gpuengine.data.bmp import load_bmp_folder, read_bmp, write_bmp
 from gpuengine.data.checks import DataError
+from gpuengine.data.formats.bmp import load_bmp_folder, read_bmp, write_bmp
+from gpuengine.data.formats.mnist import (IMAGE_MAGIC, LABEL_MAGIC, digits_data, load_idx, make_digits, read_idx,
+    write_idx)
 from gpuengine.data.labels import one_hot
-from gpuengine.data.mnist import IMAGE_MAGIC, LABEL_MAGIC, digits_data, load_idx, make_digits, read_idx, write_idx
 
 RNG = np.random.default_rng(0)
 IMAGES = RNG.integers(0, 256, (6, 28, 28), dtype=np.uint8)

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuengine.backend import gpu_visible
+from gpuengine.bench.runners import EngineInferRunner, EngineOneShotRunner, samples_in_rotation
 from gpuengine.config import EngineConfig
 from gpuengine.inference import Predictor
-from gpuengine.bench.runners import EngineInferRunner, EngineOneShotRunner, samples_in_rotation
+from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads.mlp import MLPShape, build_mlp
 
 SHAPE = MLPShape(inputs=6, hidden=10)

@@ -1,4 +1,4 @@
-"""gpuengine.injected_delay: off by default, refused without its guard, and a real wait in every step when armed.
+"""gpuengine.bench.injected_delay: off by default, refused without its guard, and a real wait in every step when armed.
 
 On the NumPy backend the wait is a host busy-wait inside the step, so a
 training step and a resident forward pass take at least the delay; on a GPU
@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from gpuengine import injected_delay
+from gpuengine.bench import injected_delay
 from gpuengine.config import EngineConfig
 from gpuengine.inference import Predictor, ResidentPredictor
 from gpuengine.trainer import Trainer

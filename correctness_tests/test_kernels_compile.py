@@ -2,7 +2,7 @@
 
 Each row of kernel_table.py (a get_kernel call site with one define
 combination a workload really uses) is compiled with the engine's own NVRTC
-check (gpuengine/kernel_check.py: PRELUDE + source, CuPy's options, sm_90),
+check (gpuengine/runtime/kernel_check.py: PRELUDE + source, CuPy's options, sm_90),
 which also finds the kernel's extern "C" entry in the PTX. The coverage tests
 read gpuengine/ and scripts/ with `ast`, so a new get_kernel call site without
 rows, a row for a call site that is gone, or an engine kernel compiled past
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuengine import kernel_check
-from gpuengine.kernel_check import KernelCompileError, check_kernel, compile_many, nvrtc_available
+from gpuengine.runtime import kernel_check
+from gpuengine.runtime.kernel_check import KernelCompileError, check_kernel, compile_many, nvrtc_available
 
 from .kernel_table import kernel_cases
 

@@ -13,16 +13,16 @@ import time
 import numpy as np
 import pytest
 
-from gpuengine.backend import Backend
 from gpuengine.config import EngineConfig
 from gpuengine.data.batch_ring import MIN_ROWS_PER_SHARE, BatchRing, LoaderError, shares
 from gpuengine.data.checks import DataError
 from gpuengine.data.shuffle import batch_rows
 from gpuengine.data.streamed import StreamedDataset
 from gpuengine.data.uploads import HostUploads
-from gpuengine.memory import Allocator
-from gpuengine.precision import policy_for
-from gpuengine.step_state import StepState
+from gpuengine.runtime.backend import Backend
+from gpuengine.runtime.memory import Allocator
+from gpuengine.runtime.precision import policy_for
+from gpuengine.runtime.step_state import StepState
 from gpuengine.trainer import Trainer
 from gpuengine.workloads.mlp import SMOKE_SHAPE, build_mlp, mlp_data
 

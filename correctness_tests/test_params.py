@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuengine.backend import get_backend
 from gpuengine.config import EngineConfig
-from gpuengine.memory import Allocator
-from gpuengine.params import ALIGN_ELEMENTS, FlatParameters
-from gpuengine.precision import policy_for
+from gpuengine.runtime.backend import get_backend
+from gpuengine.runtime.memory import Allocator
+from gpuengine.runtime.params import ALIGN_ELEMENTS, FlatParameters
+from gpuengine.runtime.precision import policy_for
 from gpuengine.trainer import Trainer
 from gpuengine.workloads.mlp import MLPShape, build_mlp, mlp_data
 

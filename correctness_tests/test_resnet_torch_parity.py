@@ -16,9 +16,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed; parity with PyTorch cannot be checked")
 
 from gpuengine.config import EngineConfig  # noqa: E402
-from gpuengine.graph import INPUT, GraphBuilder  # noqa: E402
+from gpuengine.model.network import INPUT, GraphBuilder  # noqa: E402
 from gpuengine.inference import Predictor  # noqa: E402
-from gpuengine.layers import MSELoss  # noqa: E402
+from gpuengine.losses import MSELoss  # noqa: E402
 from gpuengine.reference import torch_resnet  # noqa: E402
 from gpuengine.reference.torch_common import to_nchw  # noqa: E402
 from gpuengine.trainer import Trainer  # noqa: E402

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuengine.backend import gpu_visible
 from gpuengine.config import EngineConfig
+from gpuengine.runtime.backend import gpu_visible
 from gpuengine.trainer import PHASES, Trainer
 from gpuengine.workloads.mlp import MLPShape, build_mlp, mlp_data
 

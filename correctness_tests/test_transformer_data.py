@@ -15,8 +15,8 @@ import pytest
 
 from gpuengine.config import EngineConfig
 from gpuengine.data.checks import DataError
-from gpuengine.data.token_corpus import (BOS_ID, FIRST_CONTENT_ID, read_corpus, synthetic_corpus, teacher_forcing,
-                                         write_corpus)
+from gpuengine.data.formats.token_corpus import (BOS_ID, FIRST_CONTENT_ID, read_corpus, synthetic_corpus,
+    teacher_forcing, write_corpus)
 from gpuengine.trainer import Trainer
 from gpuengine.workloads import transformer
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuengine.layers import (LayerNorm, Linear, MultiHeadAttention, SinusoidalPositionalEncoding, TokenCrossEntropy,
-                              TokenEmbedding)
-from gpuengine.layers.attention_core import causal_mask
+from gpuengine.layers import LayerNorm, Linear, MultiHeadAttention, SinusoidalPositionalEncoding, TokenEmbedding
 from gpuengine.layers.positional import sinusoid_table
+from gpuengine.losses import TokenCrossEntropy
+from gpuengine.ops.attention import causal_mask
 from gpuengine.workloads import transformer
 
 from .gradient_check import assert_not_trivial, check_backward, check_network_backward, random_weights

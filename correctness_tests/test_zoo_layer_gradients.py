@@ -15,7 +15,7 @@ import pytest
 
 from gpuengine.layers import AdaptiveAveragePool2D, Conv2D, Dropout, ReLU6
 from gpuengine.layers.dropout import philox_words
-from gpuengine.params import initial_value
+from gpuengine.runtime.params import initial_value
 
 from .gradient_check import assert_not_trivial, check_backward
 from .layer_harness import make_context, run_layer

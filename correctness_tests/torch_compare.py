@@ -20,7 +20,7 @@ from torch import nn
 
 from gpuengine.layers.activations import Activation
 from gpuengine.layers.dense import Dense
-from gpuengine.layers.losses import MSELoss
+from gpuengine.losses.mse import MSELoss
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 _LOSSES = {MSELoss: nn.functional.mse_loss}

@@ -44,9 +44,9 @@ def _maxbatch(args) -> int:
 
 
 def _info(args) -> int:
-    from .backend import resolve_device
-    from .config import EngineConfig
     from .bench.machine_info import collect_machine_info, current_tier
+    from .config import EngineConfig
+    from .runtime.backend import resolve_device
     config = EngineConfig.from_env()
     info = collect_machine_info(current_tier(resolve_device(config) == "cuda"), config)
     print(json.dumps(info, indent=2, default=str))

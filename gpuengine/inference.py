@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import get_backend
-from .capture import GraphCapturedStep
+from .bench.injected_delay import for_backend as injected_delay_for
 from .config import EngineConfig
 from .data.checks import DataError, check_features
-from .injected_delay import for_backend as injected_delay_for
 from .layers.base import BuildContext
-from .memory import Allocator, merge_reports
-from .network import InferenceProgram, Network
-from .params import FlatParameters
-from .precision import policy_for
+from .model.program import InferenceProgram, Network
+from .runtime.backend import get_backend
+from .runtime.capture import GraphCapturedStep
+from .runtime.memory import Allocator, merge_reports
+from .runtime.params import FlatParameters
+from .runtime.precision import policy_for
 
 
 class Predictor:

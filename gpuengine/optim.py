@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import ctype, get_kernel
+from .runtime.kernels import ctype, get_kernel
 
 _SOURCE = r"""
 extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, COPY_T* copy, const long long* step,

@@ -17,20 +17,20 @@ import statistics
 
 import numpy as np
 
-from .backend import GIB, get_backend
-from .capture import GraphCapturedStep
+from .bench.injected_delay import for_backend as injected_delay_for
 from .config import ConfigError, EngineConfig
 from .data.checks import check_batch, check_training_data
 from .data.resident import ResidentDataset
 from .data.streamed import StreamedDataset, check_streamed_launch
-from .injected_delay import for_backend as injected_delay_for
 from .layers.base import BuildContext
-from .memory import Allocator
-from .network import Network, TrainingProgram
+from .model.program import Network, TrainingProgram
 from .optim import Adam
-from .params import FlatParameters
-from .precision import policy_for
-from .step_state import StepState
+from .runtime.backend import GIB, get_backend
+from .runtime.capture import GraphCapturedStep
+from .runtime.memory import Allocator
+from .runtime.params import FlatParameters
+from .runtime.precision import policy_for
+from .runtime.step_state import StepState
 
 PHASES = ("gather", "forward", "loss_backward", "optimizer")
 PROFILE_STEPS = 10   # steps a profiled train() times, at least (whole epochs)

@@ -12,7 +12,7 @@
   (perf_tests/plan.py). Rounds per test come from noise.json and the budget.
 - A broken thresholds.json or noise.json stops the session with one error
   naming the file and the position; so does an injected slowdown
-  (gpuengine/injected_delay.py) outside a gatepower study session, and any
+  (gpuengine/bench/injected_delay.py) outside a gatepower study session, and any
   saving inside one.
 Root conftest.py registers this plugin and calls `configure` with the tier.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuengine import injected_delay
+from gpuengine.bench import injected_delay
 from gpuengine.bench.gatepower import trials as study_trials
 from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.machine_info import Tier

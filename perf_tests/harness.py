@@ -101,7 +101,7 @@ def skip_unless_selected(run_target, **case):
 
     Perf cases are sized for the visible hardware, so a run that forces the other device skips them too.
     """
-    from gpuengine.backend import gpu_visible
+    from gpuengine.runtime.backend import gpu_visible
     if run_target.tier.on_gpu != gpu_visible():
         pytest.skip("perf cases are sized for the visible hardware; this run forces "
                     f"device={run_target.config.device}")

@@ -33,7 +33,7 @@ def pytest_configure(config):
     state = config.stash.get(GATE, None)
     if state is None or not state.tier.on_gpu:
         return
-    from gpuengine import cudnn_graphs
+    from gpuengine.ops import cudnn as cudnn_graphs
     path = config.rootpath / "baselines_store" / state.tier.name / cudnn_plans.PLAN_FILE
     try:
         stack = cudnn_plans.current_stack()

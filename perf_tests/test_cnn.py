@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpuengine.backend import gpu_visible
+from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.config import EngineConfig
 from gpuengine.data.streamed import overlapping_pool
 from gpuengine.reference import tf_common
-from gpuengine.bench.runners import EngineTrainRunner
+from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import cnn
 
 from . import plan

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuengine.backend import gpu_visible
+from gpuengine.runtime.backend import gpu_visible
 
 from . import plan
 from .harness import assert_losses_descend, skip_unless_selected

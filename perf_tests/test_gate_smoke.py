@@ -244,9 +244,9 @@ def test_a_regression_against_the_stored_run_fails_a_gpu_test_in_pytest_benchmar
 
 
 def test_the_gate_starts_from_the_stored_cudnn_plans_and_a_saved_run_adds_its_new_ones(tmp_path, monkeypatch):
-    from gpuengine import cudnn_graphs
-    from gpuengine.bench import cudnn_plans
     from . import kept_plans
+    from gpuengine.bench import cudnn_plans
+    from gpuengine.ops import cudnn as cudnn_graphs
     stack = {"cudnn": "91900", "cudnn_frontend": "1.22.1", "gpu": GPU.gpu_label}
     monkeypatch.setattr(cudnn_plans, "current_stack", lambda: stack)
     monkeypatch.setattr(cudnn_graphs, "PLAN_CHOICES", cudnn_graphs.PlanChoices())

@@ -24,10 +24,10 @@ import os
 import numpy as np
 import pytest
 
-from gpuengine.backend import get_backend, gpu_visible
 from gpuengine.bench.loader import GB, LoaderRunner, PinnedCopyRunner, measure_pinned_h2d_gbps
 from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.config import EngineConfig
+from gpuengine.runtime.backend import get_backend, gpu_visible
 from gpuengine.workloads import cnn, mlp
 
 from . import plan

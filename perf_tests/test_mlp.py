@@ -15,10 +15,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuengine.backend import gpu_visible
+from gpuengine.bench.runners import EngineInferRunner, EngineOneShotRunner, EngineTrainRunner
 from gpuengine.config import EngineConfig
 from gpuengine.data.streamed import overlapping_pool
-from gpuengine.bench.runners import EngineInferRunner, EngineOneShotRunner, EngineTrainRunner
+from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import mlp
 
 from . import plan

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpuengine.backend import gpu_visible
 from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.config import EngineConfig
 from gpuengine.data.streamed import overlapping_pool
+from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import resnet
 
 from . import plan

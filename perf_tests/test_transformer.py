@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuengine.backend import gpu_visible
 from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.config import EngineConfig
+from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import transformer
 
 from . import plan

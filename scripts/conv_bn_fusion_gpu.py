@@ -1,6 +1,6 @@
 """The fused conv + BN pieces the probe times: cuDNN runtime-fusion graphs and the small CUDA kernels around them.
 
-Graphs (cuDNN frontend Python API, built, cached and autotuned by the engine's gpuengine/cudnn_graphs.py):
+Graphs (cuDNN frontend Python API, built, cached and autotuned by the engine's gpuengine/ops/cudnn.py):
   fprop_genstats  [relu(s*x + b) prologue ->] conv_fprop -> y, genstats(y) -> per-channel sum, sum of squares
                   (the frontend's test_conv_genstats.py / C++ sample "SBRCS")
   dgrad_drelu     conv_dgrad(dy, w) -> relu_backward against the recomputed s*x + b -> dz [-> reduction(dz),
@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuengine.cudnn_graphs import BoundGraph, TensorSpec, _conv_args, _cudnn, graph_key
-from gpuengine.kernels import ctype, get_kernel, multiprocessor_count
-from gpuengine.layers.activations import launch_shape
+from gpuengine.ops.cudnn import BoundGraph, TensorSpec, _conv_args, _cudnn, graph_key
+from gpuengine.runtime.kernels import ctype, get_kernel, launch_shape, multiprocessor_count
 
 # -- graphs -------------------------------------------------------------------------------------------------
 

@@ -28,12 +28,12 @@ class SiteRun:
     """One site at one precision: the engine's layers (F0, B0) and the fused pieces (F1, B1) on shared inputs."""
 
     def __init__(self, site, precision: str, backend, seed: int):
-        from gpuengine.cudnn_graphs import runtime_for
         from gpuengine.layers import BatchNorm2D, Conv2D
         from gpuengine.layers.base import BuildContext
-        from gpuengine.memory import Allocator
-        from gpuengine.params import FlatParameters
-        from gpuengine.precision import policy_for
+        from gpuengine.ops.cudnn import runtime_for
+        from gpuengine.runtime.memory import Allocator
+        from gpuengine.runtime.params import FlatParameters
+        from gpuengine.runtime.precision import policy_for
         from gpuengine.workloads.resnet import BN_EPSILON, BN_MOMENTUM
         self.site, self.precision, self.backend = site, precision, backend
         self.xp, self.rng = backend.xp, np.random.default_rng(seed)
@@ -166,7 +166,7 @@ class SiteRun:
         return [self._graph("fprop", self.fprop_graph)]
 
     def _build_fused_backward(self, window, out_shape, partial_layout):
-        from gpuengine.cudnn_graphs import conv_data_grad, conv_weight_grad
+        from gpuengine.ops.cudnn import conv_data_grad, conv_weight_grad
         from conv_bn_fusion_gpu import dgrad_drelu, wgrad_prologue
         site, xp, kern, f32 = self.site, self.xp, self.kernels, np.float32
         k, c = site.filters, site.input_hwc[2]
@@ -231,7 +231,7 @@ class SiteRun:
         return bound.run
 
     def _plain_dgrad_then_sums(self, window):
-        from gpuengine.cudnn_graphs import conv_data_grad
+        from gpuengine.ops.cudnn import conv_data_grad
         self.dx_raw = self.xp.zeros_like(self.dx)
         graph = conv_data_grad(self.runtime, self.precision, window, self.dy, self.w, self.dx_raw)
         kern = self.kernels
@@ -239,7 +239,7 @@ class SiteRun:
                                                      self.prev_part, True, self.dx)]
 
     def _materialized_wgrad(self, window):
-        from gpuengine.cudnn_graphs import conv_weight_grad
+        from gpuengine.ops.cudnn import conv_weight_grad
         self.x_applied_w = self.xp.zeros_like(self.x)
         graph = conv_weight_grad(self.runtime, self.precision, window, self.x_applied_w, self.dy, self.dw)
         kern = self.kernels

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuengine.graph import INPUT
 from gpuengine.layers import BatchNorm2D, Conv2D
 from gpuengine.layers.geometry import resolve_window
+from gpuengine.model.network import INPUT
 
 ROLES = ("conv_prologue", "materialized", "block_end", "shortcut")
 PASSES = ("F0", "F1", "B0", "B1")   # today's forward, fused forward, today's backward, fused backward

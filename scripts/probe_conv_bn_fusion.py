@@ -35,7 +35,7 @@ TOLERANCE = {"tf32": 2e-2, "bf16": 5e-2}   # relative error vs float64; near-zer
 def time_sequence(backend, launches: list) -> tuple[float, str]:
     """Device microseconds per run of `launches`: LAUNCHES runs captured in one CUDA graph, the median of
     REPEATS replays (eager, with a note, where capture fails)."""
-    from gpuengine.capture import GraphCapturedStep
+    from gpuengine.runtime.capture import GraphCapturedStep
 
     def run():
         for launch in launches:
@@ -149,7 +149,7 @@ def parse(argv):
 
 
 def main(argv=None) -> dict:
-    from gpuengine.backend import Backend
+    from gpuengine.runtime.backend import Backend
     from gpuengine.workloads import resnet
     started, args = time.perf_counter(), parse(argv)
     shape, batch = (resnet.SMOKE_SHAPE, 16) if args.smoke else (resnet.SEED_SHAPE, resnet.TRAIN_BATCH)

@@ -19,8 +19,8 @@ import numpy as np
 
 
 def trial(out: Path):
-    from gpuengine import cudnn_graphs
     from gpuengine.config import EngineConfig
+    from gpuengine.ops import cudnn as cudnn_graphs
     from gpuengine.trainer import Trainer
     from gpuengine.workloads import resnet
 

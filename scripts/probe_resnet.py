@@ -61,7 +61,7 @@ def main(samples: int = 128 * 40):
     net = resnet.build_resnet()
     print(f"ResNet-50: {net.parameter_count():,} parameters, {len(net.nodes)} nodes, "
           f"{net.train_flops_per_sample() / 1e6:.1f} MFLOP per training sample")
-    from gpuengine import cudnn_graphs
+    from gpuengine.ops import cudnn as cudnn_graphs
     for precision, plans in (("tf32", 8), ("bf16", 8), ("tf32", 24)):
         if plans != cudnn_graphs.MAX_PLANS:   # rebuild every graph with more candidate plans to time
             cudnn_graphs.MAX_PLANS = plans

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from gpuengine import cudnn_graphs
 from gpuengine.bench import cudnn_plans
 from gpuengine.bench.json_files import JsonFileError
+from gpuengine.ops import cudnn as cudnn_graphs
 
 STACK = {"cudnn": "91900", "cudnn_frontend": "1.22.1", "gpu": "NVIDIA H100 80GB HBM3"}
 KEY = ("conv_fprop", "tf32", None, ("x", "spec"))

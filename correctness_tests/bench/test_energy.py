@@ -15,7 +15,7 @@ import pytest
 
 from gpuengine.bench import nvml
 from gpuengine.bench.energy import (COUNTER, SAMPLED, EnergyMeter, EnergyWindowTooShort, NvmlPowerProbe, PowerSampler,
-                              integrate_power, measure_idle)
+    integrate_power, measure_idle)
 
 
 class SteppedCounterGpu:

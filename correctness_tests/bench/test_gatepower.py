@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuengine import injected_delay
-from gpuengine.backend import gpu_visible
+from gpuengine.bench import injected_delay
 from gpuengine.bench.gatepower import analysis, calibration, trials
 from gpuengine.bench.gatepower.sessions import REPO, SessionPlan
 from gpuengine.bench.noise import NoiseTable
 from gpuengine.bench.regression import RunSamples
 from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.config import EngineConfig
+from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import mlp
 
 NAME = "perf_tests/test_mlp.py::test_mlp_train[x]"

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuengine.backend import Backend
 from gpuengine.bench.benchmarking import Comparison, time_round
 from gpuengine.bench.loader import LoaderRunner, PinnedCopyRunner, measure_pinned_h2d_gbps
 from gpuengine.config import EngineConfig
+from gpuengine.runtime.backend import Backend
 from gpuengine.workloads.mlp import MLPShape, mlp_data
 
 SHAPE = MLPShape(inputs=31, hidden=8)     # 31 float32 inputs + 1 target: 128 bytes a sample

@@ -13,7 +13,7 @@ import pytest
 
 from gpuengine.__main__ import main as cli_main
 from gpuengine.bench.maxbatch.search import (MaxBatchRow, SearchResult, Status, TrialResult, compare_max_batches,
-                                              find_max_batch, format_table, predict_max_batch)
+    find_max_batch, format_table, predict_max_batch)
 from gpuengine.bench.maxbatch.trial import TrialSpec
 
 BYTES_PER_SAMPLE, FIXED_BYTES = 8_000, 500_000_000

@@ -14,10 +14,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from gpuengine.backend import gpu_visible
 from gpuengine.config import EngineConfig
 from gpuengine.inference import Predictor, ResidentPredictor
-from gpuengine.memory import CATEGORIES
+from gpuengine.runtime.backend import gpu_visible
+from gpuengine.runtime.memory import CATEGORIES
 from gpuengine.trainer import Trainer
 from gpuengine.workloads.mlp import SEED_SHAPE, SMOKE_SHAPE, build_mlp, mlp_data
 

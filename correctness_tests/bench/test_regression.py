@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from gpuengine.bench.regression import (IMPROVED, MIN_ROUNDS, NOT_COMPARABLE, NOT_SIGNIFICANT, REGRESSED,
-                                        TARGET_SLOWDOWN, NoiseLevels, RunSamples, choose_reference, decide,
-                                        detectable_slowdown, recommend_rounds)
+    TARGET_SLOWDOWN, NoiseLevels, RunSamples, choose_reference, decide, detectable_slowdown, recommend_rounds)
 
 
 def synthetic_run(rng, slowdown=0.0, between=0.004, round_sd=0.002, rounds=7, reference_speedup=0.0,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gpuengine.bench.significance import (average_ranks, bootstrap_median_shift, mann_whitney_less,
-                                          rank_test_detectable_shift, rank_test_power, robust_sd)
+    rank_test_detectable_shift, rank_test_power, robust_sd)
 
 
 def exact_p_value(x, y) -> float:

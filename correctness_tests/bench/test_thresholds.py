@@ -8,8 +8,8 @@ import pytest
 from gpuengine.bench import thresholds
 from gpuengine.bench.benchmarking import Comparison
 from gpuengine.bench.json_files import JsonFileError
-from gpuengine.bench.thresholds import (TORCH_BEST, ThresholdRule, check_ratios, evaluate_ratios, load_rules, rule_for,
-                                  threshold_for, wildcard_match)
+from gpuengine.bench.thresholds import (TORCH_BEST, ThresholdRule, check_ratios, evaluate_ratios, load_rules,
+    rule_for, threshold_for, wildcard_match)
 
 H100 = "NVIDIA H100 80GB HBM3"
 TRAIN = "test_mlp_train[tf32-graph8-resident-bpe1]"

@@ -1,1 +1,1 @@
-"""Tests of gpuengine.parallel and gpuengine.launch: data-parallel logic on the CPU tier, NCCL on GPUs."""
+"""Tests of gpuengine.parallel and gpuengine.parallel.launch: data-parallel logic on the CPU tier, NCCL on GPUs."""

@@ -6,7 +6,7 @@ import pytest
 
 from gpuengine.config import EngineConfig
 from gpuengine.parallel.buckets import Bucket, backward_ready_steps, launches_by_step, plan_buckets
-from gpuengine.params import FlatParameters, ParamSpec
+from gpuengine.runtime.params import FlatParameters, ParamSpec
 from gpuengine.trainer import Trainer
 from gpuengine.workloads.cnn import SMOKE_SHAPE as CNN_SMOKE, build_cnn, cnn_data
 from gpuengine.workloads.mlp import MLPShape, build_mlp, mlp_data

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("torch.distributed", reason="the rendezvous uses torch's TCPStore; torch is not installed")
 
 from gpuengine.config import EngineConfig  # noqa: E402
-from gpuengine.launch import child_env  # noqa: E402
+from gpuengine.parallel.launch import child_env  # noqa: E402
 from gpuengine.parallel.workload import build  # noqa: E402
 from gpuengine.trainer import Trainer  # noqa: E402
 
@@ -28,7 +28,7 @@ SIZES = {"mlp": dict(samples=256, batch=32, epochs=3), "cnn": dict(samples=64, b
 
 def launch(args, env_extra, timeout=120):
     env = dict(os.environ, **env_extra)
-    return subprocess.run([sys.executable, "-m", "gpuengine.launch", *map(str, args)], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "gpuengine.parallel.launch", *map(str, args)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuengine.backend import gpu_visible
+from gpuengine.runtime.backend import gpu_visible
 
 
 def nccl_importable() -> bool:
@@ -33,8 +33,8 @@ pytestmark = [pytest.mark.gpu,
 pytest.importorskip("torch.distributed", reason="the rendezvous uses torch's TCPStore; torch is not installed")
 
 from gpuengine.config import EngineConfig  # noqa: E402
-from gpuengine.backend import get_backend  # noqa: E402
-from gpuengine.launch import free_port  # noqa: E402
+from gpuengine.runtime.backend import get_backend  # noqa: E402
+from gpuengine.parallel.launch import free_port  # noqa: E402
 from gpuengine.parallel import ProcessGroup, Rendezvous, data_parallel  # noqa: E402
 from gpuengine.trainer import Trainer  # noqa: E402
 from gpuengine.workloads.mlp import MLPShape, build_mlp, mlp_data  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch.distributed", reason="the rendezvous uses torch's TCPStore; torch is not installed")
 
 from gpuengine.config import ConfigError  # noqa: E402
-from gpuengine.launch import free_port  # noqa: E402
+from gpuengine.parallel.launch import free_port  # noqa: E402
 from gpuengine.parallel import ProcessGroup, Rendezvous, RendezvousError, StoreAllReduce  # noqa: E402
 
 

@@ -5,15 +5,15 @@ import numpy as np
 import pytest
 
 from correctness_tests.test_data import delivered_batches, sample_data
-from gpuengine.backend import Backend
 from gpuengine.config import ConfigError
 from gpuengine.data.resident import ResidentDataset
 from gpuengine.data.shuffle import batch_rows
 from gpuengine.data.streamed import StreamedDataset
-from gpuengine.memory import Allocator
 from gpuengine.parallel import ProcessGroup
-from gpuengine.precision import policy_for
-from gpuengine.step_state import StepState
+from gpuengine.runtime.backend import Backend
+from gpuengine.runtime.memory import Allocator
+from gpuengine.runtime.precision import policy_for
+from gpuengine.runtime.step_state import StepState
 
 ENV = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 

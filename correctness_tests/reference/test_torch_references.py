@@ -13,10 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed; the PyTorch references cannot run")
 
-from gpuengine.reference.torch_common import (MODES, ReferenceUnavailable, TorchTrainRunner,  # noqa: E402
-                                              torch_precision)
-from gpuengine.reference.torch_mlp import (TorchMLP, export_weights, load_weights, mlp_infer_runner,  # noqa: E402
-                                           mlp_loss, mlp_train_runner, parameter_count, weight_shapes)
+from gpuengine.reference.torch_common import MODES, ReferenceUnavailable, TorchTrainRunner, torch_precision
+from gpuengine.reference.torch_mlp import (TorchMLP, export_weights, load_weights, mlp_infer_runner, mlp_loss,
+    mlp_train_runner, parameter_count, weight_shapes)
 from gpuengine.workloads.mlp import SMOKE_SHAPE, mlp_data  # noqa: E402
 
 INPUTS, HIDDEN = SMOKE_SHAPE.inputs, SMOKE_SHAPE.hidden

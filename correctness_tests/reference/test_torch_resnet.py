@@ -12,11 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed; the PyTorch references cannot run")
 
-from gpuengine.data.cifar import make_images  # noqa: E402
+from gpuengine.data.formats.cifar import make_images  # noqa: E402
 from gpuengine.data.labels import training_arrays  # noqa: E402
-from gpuengine.reference.torch_resnet import (Bottleneck, TorchResNet, buffers_of, build_model,  # noqa: E402
-                                              engine_to_torch, load_buffers, load_weights, resnet_train_runner,
-                                              torch_to_engine)
+from gpuengine.reference.torch_resnet import (Bottleneck, TorchResNet, buffers_of, build_model, engine_to_torch,
+    load_buffers, load_weights, resnet_train_runner, torch_to_engine)
 from gpuengine.workloads.resnet import CIFAR100_SHAPE, SEED_SHAPE, SMOKE_SHAPE, parameter_count  # noqa: E402
 
 

@@ -8,7 +8,7 @@ way a step of data-parallel training is as slow as its slowest rank; a pipe
 round trip (tens of microseconds) sits inside each round of hundreds of ms.
 
 Ranks are `python -m gpuengine.bench.dp_worker`, started with the launcher's
-variables (gpuengine.launch.child_env: RANK, WORLD_SIZE, LOCAL_RANK,
+variables (gpuengine.parallel.launch.child_env: RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR/PORT, NCCL_NVLS_ENABLE=0). Commands and replies are JSON lines on
 two pipes per rank; a rank's output goes to a log file whose tail is quoted
 when it fails. A rank that raises, dies or stays silent past the timeout
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..launch import child_env, free_port, stop
+from ..parallel.launch import child_env, free_port, stop
 
 CALL_TIMEOUT_S = 900.0   # ResNet-50's warm-up (cuDNN autotuning, capture) on a rank takes minutes at worst
 LOG_TAIL_CHARS = 3000

@@ -22,12 +22,12 @@ import statistics
 
 import numpy as np
 
-from ..backend import get_backend
 from ..config import EngineConfig
 from ..data.streamed import StreamedDataset
-from ..memory import Allocator
-from ..precision import policy_for
-from ..step_state import StepState
+from ..runtime.backend import get_backend
+from ..runtime.memory import Allocator
+from ..runtime.precision import policy_for
+from ..runtime.step_state import StepState
 
 GB = 1e9
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .significance import (MEDIAN_VARIANCE_FACTOR, bootstrap_median_shift, mann_whitney_less, normal_quantile,
-                           rank_test_detectable_shift, rank_test_power, robust_sd)
+    rank_test_detectable_shift, rank_test_power, robust_sd)
 
 ALPHA = 0.01                  # one-sided, per test: the A/A false-alarm target of issue 11
 MIN_EFFECT = 0.02             # below 2% a slowdown is not worth a red build, however certain

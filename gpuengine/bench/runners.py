@@ -12,7 +12,7 @@ import numpy as np
 
 from ..config import EngineConfig
 from ..inference import Predictor, ResidentPredictor
-from ..network import Network
+from ..model.program import Network
 from ..trainer import Trainer
 
 

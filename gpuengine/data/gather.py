@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import get_kernel
+from ..runtime.kernels import get_kernel
 from .shuffle import DEVICE_SOURCE, batch_rows, half_bits
 
 _SOURCE = DEVICE_SOURCE + r"""

@@ -5,20 +5,16 @@ from .attention import MultiHeadAttention
 from .base import BuildContext, Layer
 from .batchnorm import BatchNorm2D
 from .conv import Conv2D
-from .cross_entropy import SoftmaxCrossEntropy
 from .dense import Dense
 from .dropout import Dropout
 from .embedding import TokenEmbedding
 from .flatten import Flatten
 from .layernorm import LayerNorm
 from .linear import Linear
-from .losses import MSELoss
 from .merge import Add
 from .pooling import MaxPool2D
 from .positional import SinusoidalPositionalEncoding
-from .token_cross_entropy import TokenCrossEntropy
 
 __all__ = ["Activation", "AdaptiveAveragePool2D", "Add", "BatchNorm2D", "BuildContext", "Conv2D", "Dense", "Dropout",
-           "Flatten", "GlobalAveragePool2D", "Layer", "LayerNorm", "Linear", "MSELoss", "MaxPool2D",
-           "MultiHeadAttention", "ReLU", "ReLU6", "SinusoidalPositionalEncoding", "SoftmaxCrossEntropy", "Tanh",
-           "TokenCrossEntropy", "TokenEmbedding"]
+           "Flatten", "GlobalAveragePool2D", "Layer", "LayerNorm", "Linear", "MaxPool2D",
+           "MultiHeadAttention", "ReLU", "ReLU6", "SinusoidalPositionalEncoding", "Tanh", "TokenEmbedding"]

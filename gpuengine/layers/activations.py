@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import widen
-from ..kernels import ctype, get_kernel
+from ..runtime.backend import widen
+from ..runtime.kernels import ctype, get_kernel, launch_shape
 from .base import BuildContext, Layer
 
 _SOURCE = r"""
@@ -41,10 +41,6 @@ _ACTIVATIONS = {
 # One source per activation, made once: get_kernel's cache keys on the source text.
 SOURCES = {kind: _SOURCE.replace("@FORWARD@", forward).replace("@BACKWARD@", backward)
            for kind, (forward, backward, _, _) in _ACTIVATIONS.items()}
-
-
-def launch_shape(n: int, threads: int = 256) -> tuple:
-    return (min(-(-n // threads), 65535 * 4),), (threads,)
 
 
 def _check_kind(kind: str):

@@ -13,10 +13,10 @@ backward. The causal mask belongs to the decoder's self-attention.
 """
 from __future__ import annotations
 
-from ..gemm import Gemm
-from ..params import ParamSpec
-from ..reductions import ColumnSum
-from .attention_core import Heads, attention_flops, make_attention
+from ..ops.attention import Heads, attention_flops, make_attention
+from ..ops.gemm import Gemm
+from ..ops.reductions import ColumnSum
+from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..params import FlatParameters, ParamSpec
+from ..runtime.params import FlatParameters, ParamSpec
 
 
 @dataclass

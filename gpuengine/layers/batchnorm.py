@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import widen
-from ..cudnn_batchnorm import batchnorm_backward, batchnorm_forward, mask_shape
-from ..cudnn_graphs import CudnnUnsupported, runtime_for
-from ..kernels import ctype, get_kernel
-from ..params import ParamSpec
-from .activations import activation_backward, launch_shape
+from ..ops.cudnn import CudnnUnsupported, runtime_for
+from ..ops.cudnn_batchnorm import batchnorm_backward, batchnorm_forward, mask_shape
+from ..runtime.backend import widen
+from ..runtime.kernels import ctype, get_kernel, launch_shape
+from ..runtime.params import ParamSpec
+from .activations import activation_backward
 from .base import BuildContext, Layer
 
 _SOURCE = r"""

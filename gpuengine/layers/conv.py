@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import widen
-from ..cudnn_graphs import CudnnUnsupported, conv_data_grad, conv_forward, conv_weight_grad, graph_key, runtime_for
-from ..params import ParamSpec
-from ..reductions import ColumnSum
-from . import depthwise, direct_wgrad
+from ..ops import depthwise, direct_wgrad
+from ..ops.cudnn import CudnnUnsupported, conv_data_grad, conv_forward, conv_weight_grad, graph_key, runtime_for
+from ..ops.reductions import ColumnSum
+from ..runtime.backend import widen
+from ..runtime.params import ParamSpec
 from .activations import activation_backward, activation_forward
 from .base import BuildContext, Layer
 from .geometry import add_windows, pad, resolve_window, windows

@@ -7,9 +7,9 @@ a column sum for db, unless a fused consumer already produced db (see
 """
 from __future__ import annotations
 
-from ..gemm import Gemm
-from ..params import ParamSpec
-from ..reductions import ColumnSum
+from ..ops.gemm import Gemm
+from ..ops.reductions import ColumnSum
+from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
 
 

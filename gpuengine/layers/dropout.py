@@ -20,9 +20,8 @@ import zlib
 
 import numpy as np
 
-from ..backend import widen
-from ..kernels import ctype, get_kernel
-from .activations import launch_shape
+from ..runtime.backend import widen
+from ..runtime.kernels import ctype, get_kernel, launch_shape
 from .base import BuildContext, Layer
 
 # Philox-4x32 multipliers and Weyl key increments (Random123).

@@ -18,10 +18,9 @@ import math
 
 import numpy as np
 
-from ..backend import widen
-from ..kernels import ctype, get_kernel
-from ..params import ParamSpec
-from .activations import launch_shape
+from ..runtime.backend import widen
+from ..runtime.kernels import ctype, get_kernel, launch_shape
+from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
 
 _SOURCE = r"""

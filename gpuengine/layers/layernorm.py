@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import widen
-from ..kernels import ctype, get_kernel
-from ..params import ParamSpec
-from ..reductions import ColumnSum
+from ..ops.reductions import ColumnSum
+from ..runtime.backend import widen
+from ..runtime.kernels import ctype, get_kernel
+from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
 
 _SOURCE = r"""

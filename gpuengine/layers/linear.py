@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..gemm import Gemm
-from ..params import ParamSpec
-from ..reductions import ColumnSum
+from ..ops.gemm import Gemm
+from ..ops.reductions import ColumnSum
+from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
 
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import widen
-from ..kernels import ctype, get_kernel
-from .activations import launch_shape
+from ..runtime.backend import widen
+from ..runtime.kernels import ctype, get_kernel, launch_shape
 from .base import BuildContext, Layer
 
 _SOURCE = r"""

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import widen
-from ..kernels import ctype, get_kernel
-from .activations import launch_shape
+from ..runtime.backend import widen
+from ..runtime.kernels import ctype, get_kernel, launch_shape
 from .base import BuildContext, Layer
 from .geometry import add_windows, pad, pair, resolve_window, windows
 

@@ -1,4 +1,4 @@
-"""Who this process is in a data-parallel run: the launcher variables torchrun and `gpuengine.launch` set.
+"""Who this process is in a data-parallel run: the launcher variables torchrun and `gpuengine.parallel.launch` set.
 
 RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are the names PyTorch's
 elastic launcher documents (torch.distributed.run), so either launcher starts
@@ -41,7 +41,7 @@ class ProcessGroup:
         missing = [name for name in VARIABLES if name not in env]
         if missing:
             raise ConfigError(f"data-parallel launch variables missing: {', '.join(missing)} "
-                              "(start with `python -m gpuengine.launch --gpus N ...` or torchrun)")
+                              "(start with `python -m gpuengine.parallel.launch --gpus N ...` or torchrun)")
         return cls(rank=_whole(env, "RANK"), world_size=_whole(env, "WORLD_SIZE"),
                    local_rank=_whole(env, "LOCAL_RANK"), master_addr=env["MASTER_ADDR"].strip(),
                    master_port=_whole(env, "MASTER_PORT"))

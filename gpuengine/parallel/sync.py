@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import get_backend, resolve_device
 from ..config import EngineConfig
+from ..runtime.backend import get_backend, resolve_device
 from .allreduce import AllReduce, StoreAllReduce
 from .buckets import DEFAULT_BUCKET_BYTES, backward_ready_steps, launches_by_step, plan_buckets
 from .group import ProcessGroup

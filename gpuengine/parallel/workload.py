@@ -1,4 +1,4 @@
-"""A seed workload trained data parallel, one rank of it: what `python -m gpuengine.launch --gpus N mlp` runs.
+"""A seed workload trained data parallel, one rank of it: what `python -m gpuengine.parallel.launch --gpus N mlp` runs.
 
 Every rank builds the same network and data, trains `--epochs` epochs at the
 global `--batch`, and rank 0 prints the epoch losses averaged over ranks.

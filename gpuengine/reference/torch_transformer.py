@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data.token_corpus import PAD_ID
+from ..data.formats.token_corpus import PAD_ID
 from ..layers.positional import sinusoid_table
 from ..workloads.transformer import LEARNING_RATE, SEED_SHAPE, TransformerShape
 from .torch_common import TorchTrainRunner, host_array

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..graph import Network
 from ..layers import Dense, Dropout, Flatten
+from ..model.network import Network
 from ..workloads import zoo
 from ..workloads.resnet import BN_EPSILON, BN_MOMENTUM, ResNetShape
 from . import torch_resnet

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..data.formats.mnist import CLASSES, make_digits
 from ..data.labels import training_arrays
-from ..data.mnist import CLASSES, make_digits
-from ..layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU, SoftmaxCrossEntropy
-from ..network import Sequential
+from ..layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU
+from ..losses import SoftmaxCrossEntropy
+from ..model.program import Sequential
 
 LEARNING_RATE = 1e-3
 TRAIN_BATCHES = (128, 1024)

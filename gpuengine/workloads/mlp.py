@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..data.rosenbrock import make_rosenbrock
-from ..layers import Dense, MSELoss, Tanh
-from ..network import Sequential
+from ..layers import Dense, Tanh
+from ..losses import MSELoss
+from ..model.program import Sequential
 
 LEARNING_RATE = 1e-3
 INFER_BATCHES = (512, 2000, 8000, 32000)

@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..data.labels import training_arrays
-from ..graph import INPUT, GraphBuilder, Network
-from ..layers import (Activation, Add, BatchNorm2D, Conv2D, Dense, GlobalAveragePool2D, MaxPool2D,
-                      SoftmaxCrossEntropy)
+from ..layers import Activation, Add, BatchNorm2D, Conv2D, Dense, GlobalAveragePool2D, MaxPool2D
+from ..losses import SoftmaxCrossEntropy
+from ..model.network import INPUT, GraphBuilder, Network
 
 LEARNING_RATE = 1e-3
 TRAIN_BATCH = 128
@@ -83,7 +83,7 @@ BASIC_SMOKE_SHAPE = ResNetShape(size=16, stem_width=8, widths=(8, 16), blocks=(2
 
 def resnet_data(samples: int = SAMPLES, shape: ResNetShape = SEED_SHAPE, seed: int = 0):
     """Generated CIFAR-like images as (x float32 (n, H, W, 3) in [0, 1], t one-hot float32 (n, classes))."""
-    from ..data.cifar import make_images
+    from ..data.formats.cifar import make_images
     images, labels = make_images(samples, shape.classes, seed, shape.size)
     return training_arrays(images, labels, shape.classes, "generated CIFAR-like images")
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..data.token_corpus import PAD_ID, synthetic_corpus, teacher_forcing
-from ..graph import INPUT, GraphBuilder, Network
-from ..layers import (Activation, Add, LayerNorm, Linear, MSELoss, MultiHeadAttention, SinusoidalPositionalEncoding,
-                      TokenCrossEntropy, TokenEmbedding)
+from ..data.formats.token_corpus import PAD_ID, synthetic_corpus, teacher_forcing
+from ..layers import (Activation, Add, LayerNorm, Linear, MultiHeadAttention, SinusoidalPositionalEncoding,
+    TokenEmbedding)
+from ..losses import MSELoss, TokenCrossEntropy
+from ..model.network import INPUT, GraphBuilder, Network
 
 LEARNING_RATE = 1e-4
 TRAIN_BATCH = 16

@@ -39,9 +39,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..data.labels import training_arrays
-from ..graph import INPUT, GraphBuilder, Network
 from ..layers import (Activation, AdaptiveAveragePool2D, BatchNorm2D, Conv2D, Dense, Dropout, Flatten,
-                      GlobalAveragePool2D, MaxPool2D, SoftmaxCrossEntropy)
+    GlobalAveragePool2D, MaxPool2D)
+from ..losses import SoftmaxCrossEntropy
+from ..model.network import INPUT, GraphBuilder, Network
 from . import resnet
 
 BATCH = 16                # seed note 003
@@ -233,6 +234,6 @@ def zoo_net(name: str) -> ZooNet:
 
 def zoo_data(samples: int, size: int, classes: int, seed: int = 0):
     """Generated learnable images (n, size, size, 3) in [0, 1] and one-hot targets (n, classes)."""
-    from ..data.cifar import make_images
+    from ..data.formats.cifar import make_images
     images, labels = make_images(samples, classes, seed, size)
     return training_arrays(images, labels, classes, "generated zoo images")

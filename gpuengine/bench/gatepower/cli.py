@@ -78,8 +78,8 @@ def _commit() -> str:
 
 
 def _tier():
-    from ...backend import resolve_device
     from ...config import EngineConfig
+    from ...runtime.backend import resolve_device
     from ..machine_info import current_tier
     return current_tier(resolve_device(EngineConfig.from_env()) == "cuda")
 

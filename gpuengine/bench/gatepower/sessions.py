@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ... import injected_delay
+from .. import injected_delay
 from .trials import BUDGET_ENV, LEVELS_ENV, ROUNDS_ENV, TRIALS_ENV
 
 REPO = Path(__file__).resolve().parents[3]   # the package is installed editable (./gate, tox): the checkout

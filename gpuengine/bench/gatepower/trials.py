@@ -2,7 +2,7 @@
 
 Active only in the pytest sessions `python -m gpuengine gatepower` starts:
 GATEPOWER_STUDY names the session's output folder and arms the injected
-delay (gpuengine/injected_delay.py); GATEPOWER_LEVELS_PCT, GATEPOWER_TRIALS,
+delay (gpuengine/bench/injected_delay.py); GATEPOWER_LEVELS_PCT, GATEPOWER_TRIALS,
 GATEPOWER_TRIAL_BUDGET_S and GATEPOWER_ROUNDS say what to run. After a perf
 test's own measurement, the per-step delay that makes the engine `level`
 slower is found by timing the engine alone at a probe delay (the added time
@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ... import injected_delay
+from .. import injected_delay
 from ..benchmarking import Comparison, interleave, time_round
 from ..json_files import JsonFileError, load_json, write_json
 from ..regression import RunSamples

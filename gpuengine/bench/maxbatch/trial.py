@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from ...backend import GIB
+from ...runtime.backend import GIB
 from ..gpu_memory import is_out_of_memory
 
 ENGINES = ("gpuengine", "torch_eager", "torch_compile", "torch_graph")

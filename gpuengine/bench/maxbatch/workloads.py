@@ -18,8 +18,8 @@ from typing import Callable
 
 import numpy as np
 
-from ...backend import GIB
 from ...config import EngineConfig
+from ...runtime.backend import GIB
 
 
 @dataclass(frozen=True)

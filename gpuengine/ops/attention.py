@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import widen
+from ..runtime.backend import widen
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,6 @@ def attention_flops(queries: int, keys: int, heads: int, d_head: int, causal: bo
 def make_attention(backend, policy, allocator, q: Heads, k: Heads, v: Heads, out: Heads, causal: bool):
     """The backend's strategy: cuDNN's fused graphs on a GPU, the formula on NumPy."""
     if backend.is_gpu:
-        from ..cudnn_attention import FusedAttention
+        from .cudnn_attention import FusedAttention
         return FusedAttention(backend, policy, allocator, q, k, v, out, causal)
     return NumpyAttention(q, k, v, out, causal)

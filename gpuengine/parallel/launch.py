@@ -1,4 +1,4 @@
-"""`python -m gpuengine.launch --gpus N <script.py | workload> [args...]`: one process per GPU, data parallel.
+"""`python -m gpuengine.parallel.launch --gpus N <script.py | workload> [args...]`: one process per GPU, data parallel.
 
 Each child gets the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: a free loopback port), plus
@@ -31,7 +31,7 @@ def free_port() -> int:
 
 def child_env(rank: int, world: int, port: int, base=None) -> dict:
     env = dict(os.environ if base is None else base)
-    package_root = str(Path(__file__).resolve().parent.parent)   # children import this very gpuengine
+    package_root = str(Path(__file__).resolve().parents[2])   # children import this very gpuengine
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
@@ -42,7 +42,7 @@ def command_for(target: str, args: list[str]) -> list[str]:
     if target in WORKLOADS:
         return [sys.executable, "-m", "gpuengine.parallel.workload", target, *args]
     if not Path(target).is_file():
-        raise SystemExit(f"gpuengine.launch: {target!r} is neither a script file nor a workload "
+        raise SystemExit(f"gpuengine.parallel.launch: {target!r} is neither a script file nor a workload "
                          f"({', '.join(WORKLOADS)})")
     return [sys.executable, target, *args]
 
@@ -65,7 +65,7 @@ def stop(procs: dict[int, subprocess.Popen], grace_s: float) -> list[int]:
 def launch(world: int, command: list[str], grace_s: float = 5.0, timeout_s: float | None = None) -> int:
     """Run `command` as `world` ranks; 0 when every rank succeeded, else the failed rank's exit status (or 1)."""
     if world < 1:
-        raise SystemExit(f"gpuengine.launch: --gpus must be >= 1, got {world}")
+        raise SystemExit(f"gpuengine.parallel.launch: --gpus must be >= 1, got {world}")
     port = free_port()
     procs = {r: subprocess.Popen(command, env=child_env(r, world, port)) for r in range(world)}
     started = time.monotonic()
@@ -78,13 +78,13 @@ def launch(world: int, command: list[str], grace_s: float = 5.0, timeout_s: floa
                 stopped = stop(procs, grace_s)
                 how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
                 others = f"; stopped rank(s) {', '.join(map(str, stopped))}" if stopped else ""
-                print(f"gpuengine.launch: rank {rank} failed ({how}){others}", file=sys.stderr, flush=True)
+                print(f"gpuengine.parallel.launch: rank {rank} failed ({how}){others}", file=sys.stderr, flush=True)
                 return code if code > 0 else 1
             if all(c == 0 for c in codes.values()):
                 return 0
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 stopped = stop(procs, grace_s)
-                print(f"gpuengine.launch: timed out after {timeout_s:g} s; stopped rank(s) "
+                print(f"gpuengine.parallel.launch: timed out after {timeout_s:g} s; stopped rank(s) "
                       f"{', '.join(map(str, stopped))}", file=sys.stderr, flush=True)
                 return 1
             time.sleep(POLL_S)
@@ -94,7 +94,7 @@ def launch(world: int, command: list[str], grace_s: float = 5.0, timeout_s: floa
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpuengine.launch", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gpuengine.parallel.launch", description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, required=True, help="processes to start, one per GPU")
     parser.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
     parser.add_argument("--grace", type=float, default=5.0, help="seconds a stopped rank gets before SIGKILL")

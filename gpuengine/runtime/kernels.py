@@ -89,6 +89,11 @@ def get_kernel(source: str, name: str, **defines):
     return compile_module(source, define_items(defines)).get_function(name)
 
 
+def launch_shape(n: int, threads: int = 256) -> tuple:
+    """(grid, block) of a grid-stride loop over n elements; the grid is capped, the loop covers the rest."""
+    return (min(-(-n // threads), 65535 * 4),), (threads,)
+
+
 @functools.lru_cache(maxsize=None)
 def multiprocessor_count() -> int:
     import cupy

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import widen
-from ..kernels import ctype, get_kernel
+from ..runtime.backend import widen
+from ..runtime.kernels import ctype, get_kernel
 
 _SOURCE = r"""
 extern "C" __global__ void mse(const ELEM_T* y, const float* t, ELEM_T* dy, long long n, float grad_scale,

@@ -21,8 +21,8 @@ from typing import Iterable
 
 import numpy as np
 
-from .checks import DataError
-from .labels import training_arrays
+from ..checks import DataError
+from ..labels import training_arrays
 
 SIZE, CHANNELS = 32, 3
 PIXEL_BYTES = SIZE * SIZE * CHANNELS

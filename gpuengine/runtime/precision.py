@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..config import PRECISIONS, ConfigError
 from .backend import bfloat16_dtype
-from .config import PRECISIONS, ConfigError
 
 # fp64 is not a toggle: gradient checks build NumPy layers in float64 with it.
 CHECK_PRECISION = "fp64"

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import cudnn_graphs
-from ..kernels import ctype, get_kernel, multiprocessor_count
-from .activations import launch_shape
+from ..runtime.kernels import ctype, get_kernel, launch_shape, multiprocessor_count
+from . import cudnn as cudnn_graphs
 
 _SOURCE = r"""
 // Geometry compiled in: IN_H, IN_W, CHANNELS, OUT_H, OUT_W, WIN_H, WIN_W, STRIDE_H, STRIDE_W, PAD_TOP, PAD_LEFT;

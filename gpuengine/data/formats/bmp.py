@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .checks import DataError
-from .labels import training_arrays
+from ..checks import DataError
+from ..labels import training_arrays
 
 _FILE_HEADER = struct.Struct("<2sIHHI")
 _INFO_HEADER = struct.Struct("<IiiHHIIiiII")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import ctype, get_kernel, multiprocessor_count
+from ..runtime.kernels import ctype, get_kernel, multiprocessor_count
 
 _SOURCE = r"""
 // The geometry is compiled in (IN_H, IN_W, CHANNELS, OUT_H, OUT_W, WIN_H, WIN_W, STRIDE_H, STRIDE_W,

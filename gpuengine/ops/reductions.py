@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import widen
-from .kernels import ctype, get_kernel, multiprocessor_count
+from ..runtime.backend import widen
+from ..runtime.kernels import ctype, get_kernel, multiprocessor_count
 
 _SOURCE = r"""
 extern "C" __global__ void column_partials(const ELEM_T* src, float* partials, int rows, int cols, int rows_per_chunk,

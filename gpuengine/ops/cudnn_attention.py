@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import bfloat16_dtype
-from .cudnn_graphs import BoundGraph, TensorSpec, _cudnn, runtime_for
-from .kernels import ctype, get_kernel
-from .layers.activations import launch_shape
-from .layers.attention_core import Heads, attention_scale
+from ..runtime.backend import bfloat16_dtype
+from ..runtime.kernels import ctype, get_kernel, launch_shape
+from .attention import Heads, attention_scale
+from .cudnn import BoundGraph, TensorSpec, _cudnn, runtime_for
 
 GRAPH_PRECISION = "bf16"   # the fused engines' I/O dtype: the key of both graphs, in every precision mode
 

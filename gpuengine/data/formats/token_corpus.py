@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checks import DataError
+from ..checks import DataError
 
 PAD_ID, BOS_ID = 0, 1
 FIRST_CONTENT_ID = 2   # ids below are reserved

@@ -15,13 +15,13 @@ import copy
 
 import numpy as np
 
-from .graph import INPUT, GraphBuilder, GraphError, Network, Node, Sequential
-from .layers.activations import Activation
-from .layers.base import BuildContext
-from .layers.dense import Dense
-from .layers.fused_head import TanhLinearMSEHead, TanhLinearOutput, fits
-from .layers.losses import MSELoss
-from .layers.merge import GradientSum
+from ..layers.activations import Activation
+from ..layers.base import BuildContext
+from ..layers.dense import Dense
+from ..layers.merge import GradientSum
+from ..losses.fused_head import TanhLinearMSEHead, TanhLinearOutput, fits
+from ..losses.mse import MSELoss
+from .network import INPUT, GraphBuilder, GraphError, Network, Node, Sequential
 
 __all__ = ["GraphBuilder", "GraphError", "INPUT", "InferenceProgram", "Network", "Node", "Sequential",
            "TrainingProgram", "fused_head_tail"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cudnn_graphs import BoundGraph, TensorSpec, _cudnn, _data_type, graph_key
+from .cudnn import BoundGraph, TensorSpec, _cudnn, _data_type, graph_key
 
 
 _SCALAR = dict(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1])

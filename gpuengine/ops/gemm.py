@@ -16,7 +16,7 @@ engine's memory report covers it before anything runs.
 """
 from __future__ import annotations
 
-from .backend import widen
+from ..runtime.backend import widen
 
 WORKSPACE_LIMIT = 32 << 20   # bytes per GEMM: PyTorch's default cuBLAS/cuBLASLt workspace on Hopper
 

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from .config import ConfigError, EngineConfig
+from ..config import ConfigError, EngineConfig
 
 GIB = 1 << 30
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .checks import DataError
-from .labels import training_arrays
+from ..checks import DataError
+from ..labels import training_arrays
 
 IMAGE_MAGIC, LABEL_MAGIC = 2051, 2049
 IMAGE_SHAPE = (28, 28, 1)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import widen
-from ..kernels import ctype, get_kernel
+from ..runtime.backend import widen
+from ..runtime.kernels import ctype, get_kernel
 
 _SOURCE = r"""
 extern "C" __global__ void softmax_xent(const ELEM_T* z, const float* t, ELEM_T* dz, float* partials, int rows,

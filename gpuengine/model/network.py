@@ -18,8 +18,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from .layers.base import Layer
-from .params import ParamSpec
+from ..layers.base import Layer
+from ..runtime.params import ParamSpec
 
 INPUT = "input"
 

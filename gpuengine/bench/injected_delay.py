@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from .kernels import get_kernel
+from ..runtime.kernels import get_kernel
 
 DELAY_ENV = "GATEPOWER_INJECT_DELAY_US"
 GUARD_ENV = "GATEPOWER_STUDY"

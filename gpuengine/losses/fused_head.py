@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import widen
-from ..kernels import ctype, get_kernel
+from ..runtime.backend import widen
+from ..runtime.kernels import ctype, get_kernel
 
 _SOURCE = r"""
 
