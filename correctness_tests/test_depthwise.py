@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gpuengine.layers import Conv2D
-from gpuengine.ops import cudnn as cudnn_graphs, depthwise
+from gpuengine.ops import autotune, depthwise
 from gpuengine.workloads import zoo
 
 
@@ -55,7 +55,7 @@ class StandInDevice:
 
         self.stream = SimpleNamespace(is_capturing=lambda: capturing)
         self.xp = SimpleNamespace(cuda=SimpleNamespace(
-            Event=Event, get_elapsed_time=lambda a, b: device.costs[device.last] * depthwise.TIMING_REPEATS))
+            Event=Event, get_elapsed_time=lambda a, b: device.costs[device.last] * autotune.TIMING_REPEATS))
 
     def way(self, name):
         def run():
@@ -66,8 +66,8 @@ class StandInDevice:
 
 @pytest.fixture
 def choices(monkeypatch):
-    fresh = cudnn_graphs.PlanChoices()
-    monkeypatch.setattr(cudnn_graphs, "PLAN_CHOICES", fresh)
+    fresh = autotune.PlanChoices()
+    monkeypatch.setattr(autotune, "PLAN_CHOICES", fresh)
     return fresh
 
 
@@ -76,32 +76,32 @@ KEY = ("conv_forward_choice", "tf32", "window", ("relu", False))
 
 def test_the_first_run_times_every_way_keeps_the_fastest_and_records_it(choices):
     device = StandInDevice({"cudnn": 0.30, "direct": 0.12})
-    chooser = depthwise.FasterOf(device, KEY, {"cudnn": device.way("cudnn"), "direct": device.way("direct")})
+    chooser = autotune.FasterOf(device, KEY, {"cudnn": device.way("cudnn"), "direct": device.way("direct")})
     chooser.run()
     assert chooser.chosen == "direct" and chooser.times_ms == {"cudnn": 0.30, "direct": 0.12}
-    timed = 1 + depthwise.TIMING_PASSES * depthwise.TIMING_REPEATS   # a first run, then the timed passes
+    timed = 1 + autotune.TIMING_PASSES * autotune.TIMING_REPEATS   # a first run, then the timed passes
     assert device.ran.count("cudnn") == timed and device.ran.count("direct") == timed + 1   # + the real run
-    assert choices.tuned == {cudnn_graphs.key_text(KEY): {"plan": "direct", "ms": 0.12}}
+    assert choices.tuned == {autotune.key_text(KEY): {"plan": "direct", "ms": 0.12}}
     device.ran.clear()
     chooser.run()
     assert device.ran == ["direct"]   # chosen for good
 
 
 def test_a_preset_choice_is_taken_without_timing_and_a_single_way_needs_no_choice(choices):
-    cudnn_graphs.use_plan_choices({cudnn_graphs.key_text(KEY): "cudnn"})
+    autotune.use_plan_choices({autotune.key_text(KEY): "cudnn"})
     device = StandInDevice({"cudnn": 0.30, "direct": 0.12})
-    chooser = depthwise.FasterOf(device, KEY, {"cudnn": device.way("cudnn"), "direct": device.way("direct")})
+    chooser = autotune.FasterOf(device, KEY, {"cudnn": device.way("cudnn"), "direct": device.way("direct")})
     chooser.run()
     assert chooser.chosen == "cudnn" and device.ran == ["cudnn"] and chooser.times_ms == {}
-    alone = depthwise.FasterOf(device, KEY, {"cudnn": device.way("cudnn"), "direct": None})
+    alone = autotune.FasterOf(device, KEY, {"cudnn": device.way("cudnn"), "direct": None})
     assert alone.chosen == "cudnn"
     with pytest.raises(ValueError, match="no way to run it"):
-        depthwise.FasterOf(device, KEY, {"cudnn": None, "direct": None})
+        autotune.FasterOf(device, KEY, {"cudnn": None, "direct": None})
 
 
 def test_a_choice_is_never_timed_inside_graph_capture(choices):
     device = StandInDevice({"cudnn": 0.3, "direct": 0.1}, capturing=True)
-    chooser = depthwise.FasterOf(device, KEY, {"cudnn": device.way("cudnn"), "direct": device.way("direct")})
+    chooser = autotune.FasterOf(device, KEY, {"cudnn": device.way("cudnn"), "direct": device.way("direct")})
     with pytest.raises(RuntimeError, match="first ran inside CUDA-graph capture"):
         chooser.run()
     assert device.ran == [] and chooser.chosen is None

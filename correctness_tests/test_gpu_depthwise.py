@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuengine.ops import cudnn as cudnn_graphs
+from gpuengine.ops import autotune
 from gpuengine.runtime.backend import gpu_visible
 
 from .gpu_checks import TOLERANCE, assert_close
@@ -31,7 +31,7 @@ CASES = {
 }
 
 
-class Pinned(cudnn_graphs.PlanChoices):
+class Pinned(autotune.PlanChoices):
     """Plan choices that take `way` for every depthwise choice (cuDNN's own plans still autotune)."""
 
     def __init__(self, way: str):
@@ -50,15 +50,15 @@ def test_each_way_matches_numpy(case, precision, way, monkeypatch):
     if kwargs.get("activation") and precision != "fp32":
         pytest.skip("the fused ReLU is compared in fp32 only (as in test_gpu_conv.py): under TF32 or bf16 a few "
                     "pre-activations near 0 change sign and move whole dy terms in or out of the sums")
-    monkeypatch.setattr(cudnn_graphs, "PLAN_CHOICES", Pinned(way))
+    monkeypatch.setattr(autotune, "PLAN_CHOICES", Pinned(way))
     layer, gpu, cpu = conv_on_both(CASES[case], precision)
     assert layer._forward.chosen == way or len(layer._forward.ways) == 1   # one way only where cuDNN has no engine
     assert_close(gpu, cpu, TOLERANCE[precision])
 
 
 def test_the_first_run_times_both_ways_and_keeps_the_faster(monkeypatch):
-    choices = cudnn_graphs.PlanChoices()
-    monkeypatch.setattr(cudnn_graphs, "PLAN_CHOICES", choices)
+    choices = autotune.PlanChoices()
+    monkeypatch.setattr(autotune, "PLAN_CHOICES", choices)
     layer, _, _ = conv_on_both(CASES["mobilenet-stride2-56x56x144"], "tf32")
     for chooser in (layer._forward, layer._grad_x, layer._grad_w):
         assert chooser.times_ms.keys() == {"cudnn", "direct"}

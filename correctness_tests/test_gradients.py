@@ -14,7 +14,8 @@ from gpuengine.layers import Dense, ReLU, Tanh
 from gpuengine.layers.activations import Activation
 from gpuengine.losses import MSELoss
 from gpuengine.losses.fused_head import TanhLinearMSEHead
-from gpuengine.model.program import Sequential, fused_head_tail
+from gpuengine.model.network import Sequential
+from gpuengine.model.passes import tanh_linear_mse_head
 from gpuengine.ops.reductions import ColumnSum
 from gpuengine.runtime.backend import Backend
 from gpuengine.runtime.memory import Allocator
@@ -183,5 +184,5 @@ def test_relu_network_with_several_outputs():
     rng = np.random.default_rng(2)
     x, t = rng.standard_normal((BATCH, WIDTH)), rng.standard_normal((BATCH, 3))
     weights = random_weights(net.param_specs(), rng)
-    assert fused_head_tail(net) is None
+    assert tanh_linear_mse_head(net) is None
     assert_not_trivial(check_backward(net, x, t, weights))

@@ -12,7 +12,7 @@ import pytest
 
 from gpuengine.layers import Add, Conv2D, Dense, Flatten, ReLU, Tanh
 from gpuengine.losses import MSELoss, SoftmaxCrossEntropy
-from gpuengine.model.network import INPUT, GraphBuilder, GraphError, Network, Node, Sequential
+from gpuengine.model.network import INPUT, Network, NetworkBuilder, NetworkError, Node, Sequential
 
 from .gradient_check import assert_not_trivial, check_backward, random_weights
 from .layer_harness import run_network
@@ -49,7 +49,7 @@ def test_listing_order_does_not_change_the_network():
 
 def test_an_input_read_twice_gets_both_gradients():
     """x + x: both addends are the network input's consumer, twice."""
-    b = GraphBuilder((3,))
+    b = NetworkBuilder((3,))
     h = b.add(Dense(3), INPUT, name="h")
     s = b.add(Add(), h, h, name="double")
     b.add(Dense(1), s, name="out")
@@ -69,19 +69,19 @@ def test_an_input_read_twice_gets_both_gradients():
     ([Node(INPUT, Dense(2), (INPUT,))], "may not be named 'input'"),
 ])
 def test_bad_graphs_are_refused_by_name(nodes, message):
-    with pytest.raises(GraphError, match=message):
+    with pytest.raises(NetworkError, match=message):
         Network(nodes, MSELoss(), (4,))
 
 
 def test_a_shape_mismatch_names_the_node_and_its_inputs():
     nodes = [Node("a", Dense(3), (INPUT,)), Node("b", Dense(5), (INPUT,)), Node("join", Add(), ("a", "b"))]
-    with pytest.raises(GraphError, match=r"node 'join' \(Add\) cannot take inputs a \(3,\), b \(5,\): "
+    with pytest.raises(NetworkError, match=r"node 'join' \(Add\) cannot take inputs a \(3,\), b \(5,\): "
                                          r"Add needs inputs of one shape"):
         Network(nodes, MSELoss(), (4,))
 
 
 def test_output_must_be_a_node():
-    with pytest.raises(GraphError, match="output 'nowhere' is not a node"):
+    with pytest.raises(NetworkError, match="output 'nowhere' is not a node"):
         Network([Node("a", Dense(1), (INPUT,))], MSELoss(), (4,), output="nowhere")
 
 
@@ -93,7 +93,7 @@ def test_sequential_is_the_chain_special_case_with_generated_names():
 
 
 def test_summary_lists_every_node_with_shapes_and_parameter_counts():
-    b = GraphBuilder((6, 6, 2))
+    b = NetworkBuilder((6, 6, 2))
     c = b.add(Conv2D(4, 3, name=""), INPUT, name="conv")
     f = b.add(Flatten(), c, name="flat")
     b.add(Dense(3), f, name="fc")

@@ -32,8 +32,13 @@ def clean_env(monkeypatch):
 
 
 def trainer(config: EngineConfig = CPU) -> Trainer:
+    """A trainer built as the suite's runners build one: with the study's step hook."""
     x, t = mlp.mlp_data(64, SHAPE)
-    return Trainer(mlp.build_mlp(SHAPE), x, t, 32, config)
+    return Trainer(mlp.build_mlp(SHAPE), x, t, 32, config, step_hook=injected_delay.step_hook(config))
+
+
+def delay_of(tr: Trainer):
+    return injected_delay.for_backend(tr.backend)
 
 
 def seconds_per_step(tr: Trainer, steps: int = 8) -> float:
@@ -47,7 +52,7 @@ def seconds_per_step(tr: Trainer, steps: int = 8) -> float:
 
 def test_engines_never_wait_unless_armed(clean_env):
     assert not injected_delay.armed()
-    assert trainer().injected_delay is None
+    assert injected_delay.step_hook(CPU) is None and trainer().step_hook is None
     with pytest.raises(injected_delay.InjectionRefused, match="python -m gpuengine gatepower"):
         injected_delay.set_delay_us(100)
 
@@ -70,17 +75,17 @@ def test_armed_every_training_step_waits_and_the_delay_can_change(clean_env, tmp
     clean_env.setenv(injected_delay.GUARD_ENV, str(tmp_path))
     clean_env.setenv(injected_delay.DELAY_ENV, "0")
     tr = trainer()
-    assert tr.injected_delay is not None and tr.injected_delay.us == 0
+    assert tr.step_hook is not None and delay_of(tr).us == 0
     injected_delay.set_delay_us(20_000)
     assert seconds_per_step(tr) >= 0.020
     injected_delay.set_delay_us(0)
-    assert tr.injected_delay.us == 0 and trainer().injected_delay.us == 0   # later engines start where it is
+    assert delay_of(tr).us == 0 and delay_of(trainer()).us == 0   # later engines start where it is
 
 
 def test_armed_every_resident_forward_waits(clean_env, tmp_path):
     clean_env.setenv(injected_delay.GUARD_ENV, str(tmp_path))
     clean_env.setenv(injected_delay.DELAY_ENV, "15000")
-    workspace = ResidentPredictor(Predictor(mlp.build_mlp(SHAPE), CPU), 16)
+    workspace = ResidentPredictor(Predictor(mlp.build_mlp(SHAPE), CPU, step_hook=injected_delay.step_hook(CPU)), 16)
     workspace.load(np.zeros((16, SHAPE.inputs), np.float32))
     start = time.perf_counter()
     workspace.run()

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed; parity with PyTorch cannot be checked")
 
 from gpuengine.config import EngineConfig  # noqa: E402
-from gpuengine.model.network import INPUT, GraphBuilder  # noqa: E402
+from gpuengine.model.network import INPUT, NetworkBuilder  # noqa: E402
 from gpuengine.inference import Predictor  # noqa: E402
 from gpuengine.losses import MSELoss  # noqa: E402
 from gpuengine.reference import torch_resnet  # noqa: E402
@@ -76,7 +76,7 @@ def test_one_step_loss_gradients_running_statistics_and_adam_update_match_torch(
 
 def single_block(project: bool):
     """One bottleneck (layer1.0 of a net whose stem is skipped), the block output regressed with MSE."""
-    b = GraphBuilder((4, 4, 16 if project else 32))
+    b = NetworkBuilder((4, 4, 16 if project else 32))
     out = resnet._bottleneck(b, INPUT, "layer1.0", 8, 32, 1, project, fused=True)
     return b.network(MSELoss(), output=out)
 

@@ -18,7 +18,7 @@ from gpuengine.data.shuffle import batch_rows  # noqa: E402
 from gpuengine.inference import Predictor, ResidentPredictor  # noqa: E402
 from gpuengine.layers import Dense, ReLU
 from gpuengine.losses import MSELoss  # noqa: E402
-from gpuengine.model.program import Sequential  # noqa: E402
+from gpuengine.model.network import Sequential  # noqa: E402
 from gpuengine.trainer import Trainer  # noqa: E402
 from gpuengine.workloads.mlp import LEARNING_RATE, MLPShape, build_mlp, mlp_data  # noqa: E402
 

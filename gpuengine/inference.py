@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .bench.injected_delay import for_backend as injected_delay_for
 from .config import EngineConfig
 from .data.checks import DataError, check_features
 from .layers.base import BuildContext
-from .model.program import InferenceProgram, Network
+from .model.network import Network
+from .model.program import InferenceProgram
 from .runtime.backend import get_backend
 from .runtime.capture import GraphCapturedStep
 from .runtime.memory import Allocator, merge_reports
@@ -27,8 +27,10 @@ class Predictor:
     """Forward passes of `net` with the given parameters (or fresh Glorot ones)."""
 
     def __init__(self, net: Network, config: EngineConfig | None = None, params: FlatParameters | None = None,
-                 seed: int = 0):
-        self.net = net
+                 seed: int = 0, step_hook=None):
+        """step_hook: a callable that ends every forward pass of this predictor's workspaces, captured with it
+        (the gate's power study hands its injected delay here); None adds no work."""
+        self.net, self.step_hook = net, step_hook
         self.config = config or EngineConfig.from_env()
         self.backend = get_backend(self.config)
         self.policy = policy_for(self.config.precision)
@@ -71,14 +73,13 @@ class ResidentPredictor:
             raise DataError(f"batch size must be a whole number >= 1, got {batch!r}")
         self.predictor = predictor
         self.backend = backend = predictor.backend
-        self.batch = int(batch)
+        self.batch, self.step_hook = int(batch), predictor.step_hook
         self.allocator = Allocator(backend)
         with backend.activate():
             self.input = self.allocator.zeros((self.batch,) + predictor.net.input_shape,
                                               predictor.policy.compute_dtype, "batch")
             ctx = BuildContext(backend, predictor.policy, self.allocator, predictor.params, self.batch, training=False)
             self.program = InferenceProgram(predictor.net, ctx, self.input)
-            self.injected_delay = injected_delay_for(backend)   # None unless the gatepower study armed it
         capture = predictor.config.cuda_graph > 0 if capture is None else capture
         self._graph = None
         if capture and backend.is_gpu:
@@ -114,8 +115,8 @@ class ResidentPredictor:
 
     def _forward(self):
         self.program.run()
-        if self.injected_delay is not None:
-            self.injected_delay.wait()
+        if self.step_hook is not None:
+            self.step_hook()
 
     def run(self):
         """Forward pass on the current input; the output stays on the device."""

@@ -17,13 +17,13 @@ import statistics
 
 import numpy as np
 
-from .bench.injected_delay import for_backend as injected_delay_for
 from .config import ConfigError, EngineConfig
 from .data.checks import check_batch, check_training_data
 from .data.resident import ResidentDataset
 from .data.streamed import StreamedDataset, check_streamed_launch
 from .layers.base import BuildContext
-from .model.program import Network, TrainingProgram
+from .model.network import Network
+from .model.program import TrainingProgram
 from .optim import Adam
 from .runtime.backend import GIB, get_backend
 from .runtime.capture import GraphCapturedStep
@@ -38,7 +38,8 @@ PROFILE_STEPS = 10   # steps a profiled train() times, at least (whole epochs)
 
 class Trainer:
     def __init__(self, net: Network, x: np.ndarray, t: np.ndarray, batch: int, config: EngineConfig | None = None,
-                 lr: float = 1e-3, seed: int = 0, fuse: bool = True, sync=None, loader_workers: int | None = None):
+                 lr: float = 1e-3, seed: int = 0, fuse: bool = True, sync=None, loader_workers: int | None = None,
+                 step_hook=None):
         """sync: a `parallel.GradientSync` for data-parallel training (batch is then the global batch, split
         over the ranks; `train()` returns this rank's losses, `sync.mean_over_ranks` the global ones);
         None trains in this process alone, with no extra work in the step. loader_workers: the streamed
@@ -66,8 +67,7 @@ class Trainer:
             ctx = BuildContext(backend, self.policy, self.allocator, self.params, local_batch)
             self.program = TrainingProgram(net, ctx, self.data.batch_x, self.data.batch_t, self.state, fuse)
             self.optimizer = Adam(backend, self.allocator, self.params, self.state, lr)
-            self.injected_delay = injected_delay_for(backend)   # None unless the gatepower study armed it
-        self.sync = sync
+        self.sync, self.step_hook = sync, step_hook
         self._loss_and_backward = self.program.loss_and_backward
         if sync is not None:
             run = {"batch": self.batch, "samples": len(x), "seed": seed, "precision": self.config.precision, "lr": lr}
@@ -97,8 +97,8 @@ class Trainer:
         self._loss_and_backward()
         self.optimizer.step()
         self.state.finish_step()
-        if self.injected_delay is not None:
-            self.injected_delay.wait()
+        if self.step_hook is not None:
+            self.step_hook()
 
     def _run_eager(self, steps: int):
         for _ in range(steps):

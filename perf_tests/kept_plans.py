@@ -33,7 +33,7 @@ def pytest_configure(config):
     state = config.stash.get(GATE, None)
     if state is None or not state.tier.on_gpu:
         return
-    from gpuengine.ops import cudnn as cudnn_graphs
+    from gpuengine.ops import autotune
     path = config.rootpath / "baselines_store" / state.tier.name / cudnn_plans.PLAN_FILE
     try:
         stack = cudnn_plans.current_stack()
@@ -45,7 +45,7 @@ def pytest_configure(config):
     except JsonFileError as exc:
         raise pytest.UsageError(f"gpuengine: {exc} (delete it, or run with --retune-cudnn after fixing it)") from exc
     retune = config.getoption("retune_cudnn")
-    choices = cudnn_graphs.use_plan_choices({} if retune else stored.presets())
+    choices = autotune.use_plan_choices({} if retune else stored.presets())
     config.stash[KEPT] = {"file": stored, "choices": choices, "saved": None}
     if stored.set_aside:
         state.notices.append(f"cuDNN plans in {path.name} {stored.set_aside}")

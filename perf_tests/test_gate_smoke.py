@@ -246,10 +246,10 @@ def test_a_regression_against_the_stored_run_fails_a_gpu_test_in_pytest_benchmar
 def test_the_gate_starts_from_the_stored_cudnn_plans_and_a_saved_run_adds_its_new_ones(tmp_path, monkeypatch):
     from . import kept_plans
     from gpuengine.bench import cudnn_plans
-    from gpuengine.ops import cudnn as cudnn_graphs
+    from gpuengine.ops import autotune
     stack = {"cudnn": "91900", "cudnn_frontend": "1.22.1", "gpu": GPU.gpu_label}
     monkeypatch.setattr(cudnn_plans, "current_stack", lambda: stack)
-    monkeypatch.setattr(cudnn_graphs, "PLAN_CHOICES", cudnn_graphs.PlanChoices())
+    monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices())
     path = tmp_path / "baselines_store" / GPU.name / cudnn_plans.PLAN_FILE
     cudnn_plans.load(path, stack).save({"k1": {"plan": "eng2", "ms": 0.1}})
 
@@ -259,8 +259,8 @@ def test_the_gate_starts_from_the_stored_cudnn_plans_and_a_saved_run_adds_its_ne
                                  option=SimpleNamespace(benchmark_autosave=saving))
         config.stash[kept_plans.GATE] = state
         kept_plans.pytest_configure(config)
-        presets = dict(cudnn_graphs.PLAN_CHOICES.preset)
-        cudnn_graphs.PLAN_CHOICES.record(("new", len(presets)), "eng7", 0.3)   # a graph this run autotuned
+        presets = dict(autotune.PLAN_CHOICES.preset)
+        autotune.PLAN_CHOICES.record(("new", len(presets)), "eng7", 0.3)   # a graph this run autotuned
         kept_plans.pytest_sessionfinish(SimpleNamespace(config=config), exitstatus)
         return presets, state.notices, cudnn_plans.load(path, stack).presets()
 

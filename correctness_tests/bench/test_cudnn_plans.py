@@ -13,7 +13,7 @@ import pytest
 
 from gpuengine.bench import cudnn_plans
 from gpuengine.bench.json_files import JsonFileError
-from gpuengine.ops import cudnn as cudnn_graphs
+from gpuengine.ops import autotune, cudnn as cudnn_graphs
 
 STACK = {"cudnn": "91900", "cudnn_frontend": "1.22.1", "gpu": "NVIDIA H100 80GB HBM3"}
 KEY = ("conv_fprop", "tf32", None, ("x", "spec"))
@@ -46,7 +46,7 @@ def stand_in_cudnn(monkeypatch):
     fake = SimpleNamespace(pygraph=StandInGraph, data_type=data_type, heur_mode=SimpleNamespace(A=0, FALLBACK=1),
                            numerical_note=SimpleNamespace(NONDETERMINISTIC=0, DOWN_CONVERT_INPUTS=1, TENSOR_CORE=2))
     monkeypatch.setattr(cudnn_graphs, "_cudnn", lambda: fake)
-    monkeypatch.setattr(cudnn_graphs, "PLAN_CHOICES", cudnn_graphs.PlanChoices())
+    monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices())
 
 
 def build(key=KEY):
@@ -60,25 +60,25 @@ def test_without_a_preset_every_candidate_that_builds_is_kept_up_to_the_limit(st
 
 
 def test_a_preset_plan_is_built_alone_and_a_stale_one_falls_back_to_autotuning(stand_in_cudnn):
-    cudnn_graphs.use_plan_choices({cudnn_graphs.key_text(KEY): "eng5"})
+    autotune.use_plan_choices({autotune.key_text(KEY): "eng5"})
     graph = build()
     assert graph.plans == [5] and graph.graph.built == [5] and graph.preset
     assert graph.workspace_bytes == {5: 5 * 1024}
     for stale in ("eng1", "eng-gone"):   # fails to build here / no longer offered by this cuDNN
-        cudnn_graphs.use_plan_choices({cudnn_graphs.key_text(KEY): stale})
+        autotune.use_plan_choices({autotune.key_text(KEY): stale})
         graph = build()
         assert not graph.preset and len(graph.plans) == cudnn_graphs.MAX_PLANS
 
 
 def test_autotuning_records_its_choice_unless_it_is_the_preset(stand_in_cudnn, monkeypatch):
-    choices = cudnn_graphs.use_plan_choices({cudnn_graphs.key_text(("other",)): "eng3"})
+    choices = autotune.use_plan_choices({autotune.key_text(("other",)): "eng3"})
     graph = build()
     timing = {0: 0.30, 2: 0.10, 3: 0.20, 4: 0.5, 5: 0.5, 6: 0.5, 7: 0.5, 8: 0.5}   # ms per plan: eng2 is fastest
     runtime = stand_in_runtime(graph, timing, monkeypatch)
     runtime.autotune(graph, {})
     assert graph.plan == 2
-    assert choices.tuned == {cudnn_graphs.key_text(KEY): {"plan": "eng2", "ms": 0.1}}
-    choices = cudnn_graphs.use_plan_choices({cudnn_graphs.key_text(KEY): "eng2"})
+    assert choices.tuned == {autotune.key_text(KEY): {"plan": "eng2", "ms": 0.1}}
+    choices = autotune.use_plan_choices({autotune.key_text(KEY): "eng2"})
     graph = build()
     stand_in_runtime(graph, timing, monkeypatch).autotune(graph, {})
     assert graph.plans == [2] and graph.plan == 2 and choices.tuned == {}   # timed once, nothing new to keep
@@ -93,7 +93,7 @@ def stand_in_runtime(graph, timing: dict, monkeypatch):
         def record(self, stream): pass
         def synchronize(self): pass
 
-    cuda = SimpleNamespace(Event=Event, get_elapsed_time=lambda a, b: timing[last["plan"]] * cudnn_graphs.TIMING_REPEATS)
+    cuda = SimpleNamespace(Event=Event, get_elapsed_time=lambda a, b: timing[last["plan"]] * autotune.TIMING_REPEATS)
     runtime = object.__new__(cudnn_graphs.CudnnRuntime)
     runtime.backend = SimpleNamespace(xp=SimpleNamespace(cuda=cuda))
     runtime.stream = SimpleNamespace(synchronize=lambda: None)

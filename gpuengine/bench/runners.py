@@ -5,6 +5,8 @@ set, every step on the device); an inference round is a number of forward
 passes over rotating resident inputs, so the GPU cache cannot serve the same
 batch twice in a row. The one-shot inference runner times `predict()` with
 its host round trips included, as seed note 000 did for the convenience path.
+Every engine gets the power study's step hook (bench/injected_delay.py): None
+outside a study.
 """
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ import numpy as np
 
 from ..config import EngineConfig
 from ..inference import Predictor, ResidentPredictor
-from ..model.program import Network
+from ..model.network import Network
 from ..trainer import Trainer
+from . import injected_delay
 
 
 def samples_in_rotation(sizes: list[int], batches: int) -> int:
@@ -28,7 +31,8 @@ class EngineTrainRunner:
                  epochs_per_round: int = 1, lr: float = 1e-3, seed: int = 0, loader_workers: int | None = None,
                  sync=None):
         """sync: a parallel.GradientSync: data parallel, `batch` the global batch (samples counted over ranks)."""
-        self.trainer = Trainer(net, x, t, batch, config, lr=lr, seed=seed, loader_workers=loader_workers, sync=sync)
+        self.trainer = Trainer(net, x, t, batch, config, lr=lr, seed=seed, loader_workers=loader_workers, sync=sync,
+                               step_hook=injected_delay.step_hook(config))
         self.epochs_per_round = epochs_per_round
         steps = self.trainer.steps_per_epoch * epochs_per_round
         self.samples_per_round = steps * self.trainer.batch
@@ -63,7 +67,7 @@ class EngineInferRunner:
                  batches_per_round: int = 20, params=None):
         if not inputs:
             raise ValueError("inference needs at least one input batch")
-        self.predictor = Predictor(net, config, params)
+        self.predictor = Predictor(net, config, params, step_hook=injected_delay.step_hook(config))
         self.workspaces = []
         for x in inputs:
             workspace = ResidentPredictor(self.predictor, len(x))
@@ -97,7 +101,7 @@ class EngineOneShotRunner:
                  batches_per_round: int = 5, params=None):
         if not inputs:
             raise ValueError("inference needs at least one input batch")
-        self.predictor = Predictor(net, config, params)
+        self.predictor = Predictor(net, config, params, step_hook=injected_delay.step_hook(config))
         self.inputs = inputs
         self.batches_per_round = batches_per_round
         self.samples_per_round = samples_in_rotation([len(x) for x in inputs], batches_per_round)

@@ -5,19 +5,27 @@ GEMM into a (B*T, 3d) buffer, the three blocks of `in_proj_weight` (3d, d)
 stacked as torch stacks them; cross-attention (inputs: the decoder's x (T, d)
 and the encoder's memory (S, d)) projects Q from x and K, V from the memory
 with the weight's first block and its last two. The heads are column blocks of
-those buffers (attention_core.Heads), so no transpose is ever made; the
-attention core is the backend's strategy (attention_core.make_attention), and
+those buffers (ops/attention.py's Heads), so no transpose is ever made; the
+attention core is the backend's strategy (`make_attention` below), and
 `out_proj` maps the heads' concatenation back to d. All projections are
-cuBLASLt GEMMs (gemm.py), biases in the epilogue forward and column sums
+cuBLASLt GEMMs (ops/gemm.py), biases in the epilogue forward and column sums
 backward. The causal mask belongs to the decoder's self-attention.
 """
 from __future__ import annotations
 
-from ..ops.attention import Heads, attention_flops, make_attention
+from ..ops.attention import Heads, NumpyAttention, attention_flops
 from ..ops.gemm import Gemm
 from ..ops.reductions import ColumnSum
 from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
+
+
+def make_attention(backend, policy, allocator, q: Heads, k: Heads, v: Heads, out: Heads, causal: bool):
+    """The backend's strategy: cuDNN's fused graphs on a GPU, the formula on NumPy."""
+    if backend.is_gpu:
+        from ..ops.cudnn_attention import FusedAttention   # imports the cuDNN frontend: GPU machines only
+        return FusedAttention(backend, policy, allocator, q, k, v, out, causal)
+    return NumpyAttention(q, k, v, out, causal)
 
 
 class _Projection:

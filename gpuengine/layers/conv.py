@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops import depthwise, direct_wgrad
+from ..ops import autotune, depthwise, direct_wgrad
 from ..ops.cudnn import CudnnUnsupported, conv_data_grad, conv_forward, conv_weight_grad, graph_key, runtime_for
 from ..ops.reductions import ColumnSum
 from ..runtime.backend import widen
@@ -138,7 +138,7 @@ class Conv2D(Layer):
 
     def _faster_of(self, ctx, op: str, cudnn, direct, **extra):
         key = graph_key(f"conv_{op}_choice", ctx.policy.name, self.window, x=self.x, w=self.weight)
-        return depthwise.FasterOf(ctx.backend, key + tuple(sorted(extra.items())), {"cudnn": cudnn, "direct": direct})
+        return autotune.FasterOf(ctx.backend, key + tuple(sorted(extra.items())), {"cudnn": cudnn, "direct": direct})
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         self.dy = dy

@@ -9,7 +9,7 @@ and writes dz = d w2 (1 - h^2), summing dW2 = sum d h and the previous dense
 layer's bias gradient db1 = sum dz per chunk of rows. A third tiny kernel adds
 the chunks (no atomics: the same result every run) and books the loss. dz is
 written over z, which nothing needs afterwards: one (B, H) buffer, not two.
-Inference uses pass 1 alone. `network.py` decides when the pattern applies.
+Inference uses pass 1 alone. `model/passes.py` decides when the pattern applies.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ input (named `INPUT`): a residual add reads two, an encoder-decoder's cross
 attention reads both stacks. The network's output is one node's output, fed to
 the loss. Everything here is description: shapes, parameters and FLOPs per
 sample, checked when the network is made, so a wrong graph fails before any
-buffer exists; `network.py` wires it onto buffers for one batch size.
+buffer exists; `program.py` wires it onto buffers for one batch size.
 
 Checks, each an error naming the nodes: unknown (dangling) inputs, cycles,
 duplicate names, a layer given the wrong number of inputs, nodes whose output
@@ -24,7 +24,7 @@ from ..runtime.params import ParamSpec
 INPUT = "input"
 
 
-class GraphError(ValueError):
+class NetworkError(ValueError):
     """The layers do not form a valid network; the message names the nodes."""
 
 
@@ -40,12 +40,12 @@ class Network:
 
     def __init__(self, nodes: list[Node], loss, input_shape: tuple, output: str | None = None):
         if not nodes:
-            raise GraphError("a network needs at least one layer")
+            raise NetworkError("a network needs at least one layer")
         self.loss, self.input_shape = loss, tuple(input_shape)
         by_name = self._index(nodes)
         self.output = nodes[-1].name if output is None else output
         if self.output not in by_name:
-            raise GraphError(f"output {self.output!r} is not a node of the network")
+            raise NetworkError(f"output {self.output!r} is not a node of the network")
         self.nodes = self._sorted(nodes, by_name)
         self._check_all_reach_output()
         self.shapes = {INPUT: self.input_shape}
@@ -54,7 +54,7 @@ class Network:
             try:
                 self.shapes[node.name] = node.layer.output_shape(*shapes)
             except ValueError as exc:
-                raise GraphError(f"node {node.name!r} ({type(node.layer).__name__}) cannot take inputs "
+                raise NetworkError(f"node {node.name!r} ({type(node.layer).__name__}) cannot take inputs "
                                  f"{', '.join(f'{i} {s}' for i, s in zip(node.inputs, shapes))}: {exc}") from exc
 
     @staticmethod
@@ -62,18 +62,18 @@ class Network:
         by_name: dict[str, Node] = {}
         for node in nodes:
             if node.name == INPUT or not node.name:
-                raise GraphError(f"a node may not be named {node.name!r}")
+                raise NetworkError(f"a node may not be named {node.name!r}")
             if node.name in by_name:
-                raise GraphError(f"two nodes are named {node.name!r}")
+                raise NetworkError(f"two nodes are named {node.name!r}")
             if len(node.inputs) != node.layer.arity:
-                raise GraphError(f"node {node.name!r}: {type(node.layer).__name__} takes {node.layer.arity} "
+                raise NetworkError(f"node {node.name!r}: {type(node.layer).__name__} takes {node.layer.arity} "
                                  f"input(s), {len(node.inputs)} given ({', '.join(node.inputs) or 'none'})")
             node.layer.name = node.name   # parameter names derive from the node's name
             by_name[node.name] = node
         for node in nodes:
             dangling = [i for i in node.inputs if i != INPUT and i not in by_name]
             if dangling:
-                raise GraphError(f"node {node.name!r} reads {', '.join(map(repr, dangling))}, which no node produces")
+                raise NetworkError(f"node {node.name!r} reads {', '.join(map(repr, dangling))}, which no node produces")
         return by_name
 
     @staticmethod
@@ -99,7 +99,7 @@ class Network:
                     heapq.heappush(ready, position[reader])
         if len(order) != len(nodes):
             stuck = [n.name for n in nodes if waiting[n.name] > 0]
-            raise GraphError(f"the graph has a cycle through {', '.join(stuck)}")
+            raise NetworkError(f"the graph has a cycle through {', '.join(stuck)}")
         return order
 
     def _check_all_reach_output(self):
@@ -113,7 +113,7 @@ class Network:
             stack.extend(by_name[name].inputs)
         unused = [n.name for n in self.nodes if n.name not in needed]
         if unused:
-            raise GraphError(f"the output of {', '.join(unused)} never reaches the network output {self.output!r}")
+            raise NetworkError(f"the output of {', '.join(unused)} never reaches the network output {self.output!r}")
 
     @property
     def output_shape(self) -> tuple:
@@ -184,7 +184,7 @@ class Sequential(Network):
 
     def __init__(self, layers: list[Layer], loss, input_shape: tuple):
         if not layers:
-            raise GraphError("a network needs at least one layer")
+            raise NetworkError("a network needs at least one layer")
         counts: dict[str, int] = {}
         nodes, previous = [], INPUT
         for layer in layers:
@@ -197,7 +197,7 @@ class Sequential(Network):
         super().__init__(nodes, loss, input_shape)
 
 
-class GraphBuilder:
+class NetworkBuilder:
     """Adds layers one at a time: `x = b.add(Conv2D(...), x, name="conv1")`; `b.network(loss)` finishes."""
 
     def __init__(self, input_shape: tuple):

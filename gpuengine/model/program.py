@@ -1,8 +1,8 @@
-"""A network graph (`graph.py`) built into static training and inference programs for one batch size.
+"""A network (`network.py`) built into static training and inference programs for one batch size.
 
 `TrainingProgram` wires the forward pass node by node in topological order,
-the loss (or the fused regression head where `fused_head.py`'s pattern ends
-the graph), then the backward pass in reverse order: each node's output
+the loss (or the fused regression head where `passes.py` finds its pattern
+at the network's end), then the backward pass in reverse order: each node's output
 gradient is the sum of what its readers hand back. One reader's gradient is
 used as it is; several (a residual block's input, read by the branch and the
 shortcut) are added by one `GradientSum` pass just before the node's backward.
@@ -15,29 +15,14 @@ import copy
 
 import numpy as np
 
-from ..layers.activations import Activation
 from ..layers.base import BuildContext
 from ..layers.dense import Dense
 from ..layers.merge import GradientSum
-from ..losses.fused_head import TanhLinearMSEHead, TanhLinearOutput, fits
-from ..losses.mse import MSELoss
-from .network import INPUT, GraphBuilder, GraphError, Network, Node, Sequential
+from ..losses.fused_head import TanhLinearMSEHead, TanhLinearOutput
+from .network import INPUT, Network, NetworkError
+from .passes import tanh_linear_mse_head
 
-__all__ = ["GraphBuilder", "GraphError", "INPUT", "InferenceProgram", "Network", "Node", "Sequential",
-           "TrainingProgram", "fused_head_tail"]
-
-
-def fused_head_tail(net: Network) -> list[Node] | None:
-    """... Dense(H) -> tanh -> Dense(1) with MSE ending the graph as a chain: those three nodes, else None."""
-    if not isinstance(net.loss, MSELoss):
-        return None
-    tail = net.chain_tail(3)
-    if tail is None:
-        return None
-    prev, act, last = (n.layer for n in tail)
-    fused = (isinstance(prev, Dense) and isinstance(act, Activation) and act.kind == "tanh"
-             and isinstance(last, Dense) and last.units == 1 and fits(prev.units))
-    return tail if fused else None
+__all__ = ["InferenceProgram", "TrainingProgram"]
 
 
 def _fresh_copy(layer):
@@ -52,7 +37,7 @@ class _ForwardWiring:
     """The forward pass of every node but a fused tail's last two: layers in order and their outputs."""
 
     def __init__(self, net: Network, ctx: BuildContext, batch_x, fuse: bool):
-        self.tail = fused_head_tail(net) if fuse else None
+        self.tail = tanh_linear_mse_head(net) if fuse else None
         self.fused = self.tail is not None
         skipped = {n.name for n in self.tail[1:]} if self.fused else set()
         self.nodes = [n for n in net.nodes if n.name not in skipped]
@@ -86,7 +71,7 @@ class TrainingProgram:
             result = layer.build_backward(ctx, dy, needs[0] if layer.arity == 1 else needs)
             for source, need, dx in zip(node.inputs, needs, (result,) if layer.arity == 1 else result):
                 if need and dx is None:
-                    raise GraphError(f"node {node.name!r} returned no gradient for its input {source!r}")
+                    raise NetworkError(f"node {node.name!r} returned no gradient for its input {source!r}")
                 if need:
                     grads.setdefault(source, []).append(dx)
             self._backward.append((summed, layer, node.name))

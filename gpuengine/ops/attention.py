@@ -1,4 +1,4 @@
-"""The attention core, softmax(Q K^T / sqrt(d_head) [+ causal mask]) V, as a strategy per backend.
+"""The attention core, softmax(Q K^T / sqrt(d_head) [+ causal mask]) V: its layout and the NumPy strategy.
 
 Vaswani et al. 2017, section 3.2.1. Q, K, V and the output are `Heads`: a
 (batch, heads, positions, d_head) tensor stored in a block of columns of a
@@ -6,7 +6,7 @@ row-major (batch * positions, width) buffer, the layout the projections' GEMMs
 write (several heads side by side in one row; self-attention's Q, K and V in
 one (B*T, 3d) buffer). The NumPy strategy below computes the formula directly
 (CI checks every layer with it); on a GPU `cudnn_attention.FusedAttention` runs
-cuDNN's fused flash-attention graphs. Backward, with P the softmax:
+cuDNN's fused flash-attention graphs (the layer picks one: layers/attention.py). Backward, with P the softmax:
 dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dP * P)), dQ = s dS K, dK = s dS^T Q.
 The causal mask lets query position i see key positions j <= i (decoder
 self-attention); encoder and cross-attention use none.
@@ -106,11 +106,3 @@ def attention_flops(queries: int, keys: int, heads: int, d_head: int, causal: bo
     """Forward multiply-adds x2 per sample of Q K^T and P V (a causal mask halves the useful work)."""
     flops = 2 * 2 * queries * keys * heads * d_head
     return flops // 2 if causal else flops
-
-
-def make_attention(backend, policy, allocator, q: Heads, k: Heads, v: Heads, out: Heads, causal: bool):
-    """The backend's strategy: cuDNN's fused graphs on a GPU, the formula on NumPy."""
-    if backend.is_gpu:
-        from .cudnn_attention import FusedAttention
-        return FusedAttention(backend, policy, allocator, q, k, v, out, causal)
-    return NumpyAttention(q, k, v, out, causal)

@@ -20,25 +20,22 @@ All graphs of one engine stream run one after another, so they share one
 workspace; it only grows, and a replaced buffer stays alive because a captured
 step may still point at it.
 
-`PLAN_CHOICES` carries autotuned choices between processes for whoever sets
-it (the perf gate keeps them with its baselines): a graph whose key has a
-preset plan builds and times that plan only, the others autotune as above
-and are recorded. Two fresh autotunings of ResNet-50 kept different plans for
-53 of 96 graphs (scripts/probe_plans.py), so without it separate runs of an
-unchanged engine differ by plan luck, and building every candidate dominates
-set-up. Empty by default: every graph is autotuned afresh.
+A preset in `autotune.PLAN_CHOICES` (the perf gate keeps them with its
+baselines) makes a graph build and time that one plan only; the plans it
+times are recorded there (ops/autotune.py says why).
 """
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import autotune
+
 MAX_PLANS = 8        # candidate plans built and timed per graph: building dominates set-up time
-TIMING_REPEATS = 5   # executions per timing, and
-TIMING_PASSES = 3    # interleaved passes over the plans; a plan's time is its fastest pass
 CLOCK_WARMUP_S = 0.3  # device busy time before timing after an idle spell: an idle GPU runs at low clocks
 IDLE_S = 1.0
 
@@ -118,7 +115,7 @@ class CudnnGraph:
         except Exception as exc:   # the frontend raises several types for "no engine supports this"
             raise CudnnUnsupported(f"cuDNN cannot run {key[0]} {key[1:]}: {exc}") from exc
         count = graph.get_execution_plan_count()
-        preset = PLAN_CHOICES.preset_for(key)
+        preset = autotune.PLAN_CHOICES.preset_for(key)
         self.plans = []
         if preset is not None:   # a choice of an earlier process: that plan alone, if it still builds
             self.plans = _build_plans(graph, [i for i in range(count) if graph.get_plan_name_at_index(i) == preset], 1)
@@ -150,36 +147,6 @@ def _build_plans(graph, indices, limit: int) -> list[int]:
             continue
         built.append(index)
     return built
-
-
-def key_text(key: tuple) -> str:
-    """A graph key as stable text (its parts are numbers, strings, tuples and frozen dataclasses)."""
-    return repr(key)
-
-
-class PlanChoices:
-    """Autotuned plan names by graph key: `preset` ones from an earlier process, `tuned` ones found now."""
-
-    def __init__(self, preset: dict[str, str] | None = None):
-        self.preset = dict(preset or {})
-        self.tuned: dict[str, dict] = {}   # key text -> {"plan": name, "ms": time} autotuned in this process
-
-    def preset_for(self, key: tuple) -> str | None:
-        return self.preset.get(key_text(key))
-
-    def record(self, key: tuple, plan_name: str, ms: float):
-        if self.preset.get(key_text(key)) != plan_name:
-            self.tuned[key_text(key)] = {"plan": plan_name, "ms": round(ms, 5)}
-
-
-PLAN_CHOICES = PlanChoices()
-
-
-def use_plan_choices(preset: dict[str, str]) -> PlanChoices:
-    """Graphs built from now on start from `preset`; returns the new choices (what gets tuned lands there)."""
-    global PLAN_CHOICES
-    PLAN_CHOICES = PlanChoices(preset)
-    return PLAN_CHOICES
 
 
 _GRAPHS: dict[tuple, CudnnGraph] = {}   # building is slow: one graph per key, per process
@@ -215,10 +182,7 @@ class CudnnRuntime:
 
     def execute(self, graph: CudnnGraph, pointers: dict):
         if graph.plan is None:
-            if self.stream.is_capturing():
-                # Plans cannot be timed inside capture, and an untimed plan would be kept for good.
-                raise RuntimeError(f"cuDNN graph {graph.key[0]} {graph.key[1:]} first ran inside CUDA-graph capture: "
-                                   "run it eagerly once first (the trainer's and predictor's warm-up do)")
+            autotune.refuse_capture(self.stream, f"cuDNN graph {graph.key[0]} {graph.key[1:]}")
             self.autotune(graph, pointers)
         graph.execute(pointers, self.workspace.data.ptr, graph.plan, self.handle)
 
@@ -229,33 +193,23 @@ class CudnnRuntime:
         busy for a moment when it has been idle: a GPU ramping up from idle clocks made whichever plans
         were timed first look slow, and runs of the same ResNet-50 differed by 30% in the plans they kept.
         """
-        xp, stream = self.backend.xp, self.stream
-        start, stop = xp.cuda.Event(), xp.cuda.Event()
         candidates = []
         for plan in graph.plans:
             self.reserve(graph.workspace_bytes[plan])
             try:
                 graph.execute(pointers, self.workspace.data.ptr, plan, self.handle)   # surfaces failures
-                stop.record(stream)
-                stop.synchronize()
+                self.stream.synchronize()
             except Exception:   # a plan that builds but fails to launch here is simply not a candidate
                 continue
             candidates.append(plan)
         if not candidates:
             raise CudnnUnsupported(f"no plan of {graph.key[0]} {graph.key[1:]} executed on this GPU")
         self._warm_clocks(graph, pointers, candidates[0])
-        times: dict[int, list[float]] = {plan: [] for plan in candidates}
-        for _ in range(TIMING_PASSES):
-            for plan in candidates:
-                start.record(stream)
-                for _ in range(TIMING_REPEATS):
-                    graph.execute(pointers, self.workspace.data.ptr, plan, self.handle)
-                stop.record(stream)
-                stop.synchronize()
-                times[plan].append(xp.cuda.get_elapsed_time(start, stop) / TIMING_REPEATS)
-        graph.plan_times_ms = {plan: min(ms) for plan, ms in times.items()}
+        ways = {plan: functools.partial(graph.execute, pointers, self.workspace.data.ptr, plan, self.handle)
+                for plan in candidates}
+        graph.plan_times_ms = autotune.time_interleaved(self.backend.xp, self.stream, ways)
         graph.plan = min(graph.plan_times_ms, key=graph.plan_times_ms.get)
-        PLAN_CHOICES.record(graph.key, graph.plan_names[graph.plan], graph.plan_times_ms[graph.plan])
+        autotune.PLAN_CHOICES.record(graph.key, graph.plan_names[graph.plan], graph.plan_times_ms[graph.plan])
         self._last_tuned = time.perf_counter()
 
     def _warm_clocks(self, graph: CudnnGraph, pointers: dict, plan: int):

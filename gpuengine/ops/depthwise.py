@@ -2,11 +2,11 @@
 
 A depthwise convolution (groups = channels = filters; MobileNetV2's 3x3
 layers, Sandler et al. 2018) is kh*kw multiply-adds per output value: memory
-bound, and a shape cuDNN serves through its grouped-convolution engines. Issue
-10 asks for a kernel of our own where cuDNN is slower, so a depthwise Conv2D
-builds both and `FasterOf` times them on the layer's live buffers at the first
-eager run, keeping the faster for good (as cuDNN graphs keep their fastest
-plan; a preset in cudnn_graphs.PLAN_CHOICES pins the choice between runs).
+bound, and a shape cuDNN serves through its grouped-convolution engines, not
+always fast; so a depthwise Conv2D
+builds both and `autotune.FasterOf` times them on the layer's live buffers at
+the first eager run, keeping the faster for good (as cuDNN graphs keep their
+fastest plan; a preset in autotune.PLAN_CHOICES pins the choice between runs).
 The kernels, NHWC with the geometry compiled in (divisions by constants,
 unrolled taps), all deterministic:
   forward  one thread per output value, channels fastest (coalesced), + bias, ReLU;
@@ -20,7 +20,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.kernels import ctype, get_kernel, launch_shape, multiprocessor_count
-from . import cudnn as cudnn_graphs
 
 _SOURCE = r"""
 // Geometry compiled in: IN_H, IN_W, CHANNELS, OUT_H, OUT_W, WIN_H, WIN_W, STRIDE_H, STRIDE_W, PAD_TOP, PAD_LEFT;
@@ -112,7 +111,6 @@ extern "C" __global__ void depthwise_wgrad_sum(const float* partials, int chunks
 LANES = 8                   # pixel lanes of a weight-gradient block (32 channels each)
 _SHARED_BYTES = 48 * 1024   # the block's static tap sums: LANES x 32 x taps floats (up to 5x5 windows)
 _CHUNKS_PER_SM = 4
-TIMING_REPEATS, TIMING_PASSES = 5, 3   # as cudnn_graphs times its plans: each keeps its fastest pass
 
 
 def fits(groups: int, in_channels: int, filters: int, window) -> bool:
@@ -166,50 +164,3 @@ class DepthwiseKernels:
                        (self.x, dz, self.partials, np.int32(self.pixels), np.int32(self.pixels_per_chunk)))
         n = self.channels * self.taps
         self._sum((-(-n // 256),), (256,), (self.partials, np.int32(self.chunks), grad_w))
-
-
-class FasterOf:
-    """Ways of computing the same outputs; the first eager run times each on the live buffers, keeps the fastest.
-
-    `key` names the choice in cudnn_graphs.PLAN_CHOICES: a preset there is taken without timing, and a choice
-    made here is recorded, so the gate runs the same kernels from run to run as it runs the same cuDNN plans.
-    """
-
-    def __init__(self, backend, key: tuple, ways: dict):
-        self.backend, self.key = backend, key
-        self.ways = {name: run for name, run in ways.items() if run is not None}
-        if not self.ways:
-            raise ValueError(f"{key}: no way to run it")
-        self.chosen = next(iter(self.ways)) if len(self.ways) == 1 else None
-        self.times_ms: dict[str, float] = {}
-
-    def run(self):
-        if self.chosen is None:
-            self._choose()
-        self.ways[self.chosen]()
-
-    def _choose(self):
-        preset = cudnn_graphs.PLAN_CHOICES.preset_for(self.key)
-        if preset in self.ways:
-            self.chosen = preset
-            return
-        stream = self.backend.stream
-        if stream.is_capturing():   # a choice timed inside capture would time nothing and be kept for good
-            raise RuntimeError(f"{self.key[0]} first ran inside CUDA-graph capture: run it eagerly once first "
-                               "(the trainer's warm-up does)")
-        xp = self.backend.xp
-        for run in self.ways.values():
-            run()   # first runs: cuDNN autotunes its plan, kernels load
-        start, stop = xp.cuda.Event(), xp.cuda.Event()
-        times: dict[str, list[float]] = {name: [] for name in self.ways}
-        for _ in range(TIMING_PASSES):
-            for name, run in self.ways.items():
-                start.record(stream)
-                for _ in range(TIMING_REPEATS):
-                    run()
-                stop.record(stream)
-                stop.synchronize()
-                times[name].append(xp.cuda.get_elapsed_time(start, stop) / TIMING_REPEATS)
-        self.times_ms = {name: min(ms) for name, ms in times.items()}
-        self.chosen = min(self.times_ms, key=self.times_ms.get)
-        cudnn_graphs.PLAN_CHOICES.record(self.key, self.chosen, self.times_ms[self.chosen])

@@ -15,7 +15,7 @@ from ..data.formats.mnist import CLASSES, make_digits
 from ..data.labels import training_arrays
 from ..layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU
 from ..losses import SoftmaxCrossEntropy
-from ..model.program import Sequential
+from ..model.network import Sequential
 
 LEARNING_RATE = 1e-3
 TRAIN_BATCHES = (128, 1024)

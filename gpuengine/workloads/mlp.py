@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..data.rosenbrock import make_rosenbrock
 from ..layers import Dense, Tanh
 from ..losses import MSELoss
-from ..model.program import Sequential
+from ..model.network import Sequential
 
 LEARNING_RATE = 1e-3
 INFER_BATCHES = (512, 2000, 8000, 32000)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from ..data.labels import training_arrays
 from ..layers import Activation, Add, BatchNorm2D, Conv2D, Dense, GlobalAveragePool2D, MaxPool2D
 from ..losses import SoftmaxCrossEntropy
-from ..model.network import INPUT, GraphBuilder, Network
+from ..model.network import INPUT, Network, NetworkBuilder
 
 LEARNING_RATE = 1e-3
 TRAIN_BATCH = 128
@@ -111,7 +111,7 @@ def _bn(activation=None, residual=False) -> BatchNorm2D:
     return BatchNorm2D(activation, residual, momentum=BN_MOMENTUM, epsilon=BN_EPSILON)
 
 
-def _block_end(b: GraphBuilder, branch: str, shortcut: str, prefix: str, fused: bool, last: str = "bn3") -> str:
+def _block_end(b: NetworkBuilder, branch: str, shortcut: str, prefix: str, fused: bool, last: str = "bn3") -> str:
     """relu(BN(branch) + shortcut): one fused node, or BN, Add and ReLU nodes of their own (same math)."""
     if fused:
         return b.add(_bn("relu", residual=True), branch, shortcut, name=f"{prefix}.{last}")
@@ -120,7 +120,7 @@ def _block_end(b: GraphBuilder, branch: str, shortcut: str, prefix: str, fused: 
     return b.add(Activation("relu"), summed, name=f"{prefix}.relu")
 
 
-def _shortcut(b: GraphBuilder, x: str, prefix: str, out: int, stride: int, project: bool) -> str:
+def _shortcut(b: NetworkBuilder, x: str, prefix: str, out: int, stride: int, project: bool) -> str:
     """The block's input itself, or its 1x1 (strided) projection + BN where the shape changes."""
     if not project:
         return x
@@ -128,7 +128,7 @@ def _shortcut(b: GraphBuilder, x: str, prefix: str, out: int, stride: int, proje
     return b.add(_bn(), shortcut, name=f"{prefix}.downsample.1")
 
 
-def _bottleneck(b: GraphBuilder, x: str, prefix: str, width: int, out: int, stride: int, project: bool,
+def _bottleneck(b: NetworkBuilder, x: str, prefix: str, width: int, out: int, stride: int, project: bool,
                 fused: bool) -> str:
     """1x1 reduce -> 3x3 (the stride, v1.5) -> 1x1 expand, plus the identity or a projected shortcut."""
     h = b.add(Conv2D(width, 1, padding=0, use_bias=False), x, name=f"{prefix}.conv1")
@@ -140,7 +140,7 @@ def _bottleneck(b: GraphBuilder, x: str, prefix: str, width: int, out: int, stri
     return _block_end(b, h, shortcut, prefix, fused)
 
 
-def _basic(b: GraphBuilder, x: str, prefix: str, width: int, out: int, stride: int, project: bool,
+def _basic(b: NetworkBuilder, x: str, prefix: str, width: int, out: int, stride: int, project: bool,
            fused: bool) -> str:
     """3x3 (the stride) -> 3x3, plus the identity or a projected shortcut (torchvision's BasicBlock)."""
     h = b.add(Conv2D(width, 3, stride=stride, padding=1, use_bias=False), x, name=f"{prefix}.conv1")
@@ -152,7 +152,7 @@ def _basic(b: GraphBuilder, x: str, prefix: str, width: int, out: int, stride: i
 
 def build_resnet(shape: ResNetShape = SEED_SHAPE, fused: bool = True) -> Network:
     """The network of `shape`; `fused=False` runs each block's BN, add and ReLU as separate nodes."""
-    b = GraphBuilder(shape.image_shape)
+    b = NetworkBuilder(shape.image_shape)
     x = b.add(Conv2D(shape.stem_width, 7, stride=2, padding=3, use_bias=False), INPUT, name="conv1")
     x = b.add(_bn("relu"), x, name="bn1")
     x = b.add(MaxPool2D(3, stride=2, padding=1), x, name="maxpool")

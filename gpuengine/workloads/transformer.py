@@ -27,7 +27,7 @@ from ..data.formats.token_corpus import PAD_ID, synthetic_corpus, teacher_forcin
 from ..layers import (Activation, Add, LayerNorm, Linear, MultiHeadAttention, SinusoidalPositionalEncoding,
     TokenEmbedding)
 from ..losses import MSELoss, TokenCrossEntropy
-from ..model.network import INPUT, GraphBuilder, Network
+from ..model.network import INPUT, Network, NetworkBuilder
 
 LEARNING_RATE = 1e-4
 TRAIN_BATCH = 16
@@ -65,25 +65,25 @@ def transformer_data(samples: int = SAMPLES, shape: TransformerShape = SEED_SHAP
     return teacher_forcing(*synthetic_corpus(samples, shape.vocab, shape.length, seed))
 
 
-def _sublayer_end(b: GraphBuilder, x: str, sub: str, norm: str) -> str:
+def _sublayer_end(b: NetworkBuilder, x: str, sub: str, norm: str) -> str:
     """Post-LN: LayerNorm(x + sublayer(x))."""
     return b.add(LayerNorm(), b.add(Add(), x, sub, name=f"{norm}.residual"), name=norm)
 
 
-def _feed_forward(b: GraphBuilder, x: str, prefix: str, shape: TransformerShape, norm: str) -> str:
+def _feed_forward(b: NetworkBuilder, x: str, prefix: str, shape: TransformerShape, norm: str) -> str:
     h = b.add(Linear(shape.feed_forward), x, name=f"{prefix}.linear1")
     h = b.add(Activation("relu"), h, name=f"{prefix}.relu")
     h = b.add(Linear(shape.d_model), h, name=f"{prefix}.linear2")
     return _sublayer_end(b, x, h, f"{prefix}.{norm}")
 
 
-def encoder_layer(b: GraphBuilder, x: str, prefix: str, shape: TransformerShape) -> str:
+def encoder_layer(b: NetworkBuilder, x: str, prefix: str, shape: TransformerShape) -> str:
     h = b.add(MultiHeadAttention(shape.heads), x, name=f"{prefix}.self_attn")
     x = _sublayer_end(b, x, h, f"{prefix}.norm1")
     return _feed_forward(b, x, prefix, shape, "norm2")
 
 
-def decoder_layer(b: GraphBuilder, x: str, memory: str, prefix: str, shape: TransformerShape) -> str:
+def decoder_layer(b: NetworkBuilder, x: str, memory: str, prefix: str, shape: TransformerShape) -> str:
     h = b.add(MultiHeadAttention(shape.heads, causal=True), x, name=f"{prefix}.self_attn")
     x = _sublayer_end(b, x, h, f"{prefix}.norm1")
     h = b.add(MultiHeadAttention(shape.heads, cross=True), x, memory, name=f"{prefix}.multihead_attn")
@@ -91,14 +91,14 @@ def decoder_layer(b: GraphBuilder, x: str, memory: str, prefix: str, shape: Tran
     return _feed_forward(b, x, prefix, shape, "norm3")
 
 
-def _embedded(b: GraphBuilder, shape: TransformerShape, side: str) -> str:
+def _embedded(b: NetworkBuilder, shape: TransformerShape, side: str) -> str:
     start = 0 if side == "src" else shape.length
     x = b.add(TokenEmbedding(shape.vocab, shape.d_model, start, shape.length), INPUT, name=f"{side}_embed")
     return b.add(SinusoidalPositionalEncoding(), x, name=f"{side}_pe")
 
 
 def build_transformer(shape: TransformerShape = SEED_SHAPE) -> Network:
-    b = GraphBuilder(shape.input_shape)
+    b = NetworkBuilder(shape.input_shape)
     memory = _embedded(b, shape, "src")
     for i in range(shape.encoder_layers):
         memory = encoder_layer(b, memory, f"transformer.encoder.layers.{i}", shape)
@@ -114,7 +114,7 @@ def build_transformer(shape: TransformerShape = SEED_SHAPE) -> Network:
 def single_layer_network(shape: TransformerShape, part: str) -> Network:
     """Embedded tokens through one `encoder_layer` or `decoder_layer` (memory: the embedded source), regressed
     with MSE on the layer's output: the parity and gradient tests of one layer."""
-    b = GraphBuilder(shape.input_shape)
+    b = NetworkBuilder(shape.input_shape)
     source = _embedded(b, shape, "src")
     if part == "encoder_layer":
         out = encoder_layer(b, source, "layer", shape)

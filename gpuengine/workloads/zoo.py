@@ -42,7 +42,7 @@ from ..data.labels import training_arrays
 from ..layers import (Activation, AdaptiveAveragePool2D, BatchNorm2D, Conv2D, Dense, Dropout, Flatten,
     GlobalAveragePool2D, MaxPool2D)
 from ..losses import SoftmaxCrossEntropy
-from ..model.network import INPUT, GraphBuilder, Network
+from ..model.network import INPUT, Network, NetworkBuilder
 from . import resnet
 
 BATCH = 16                # seed note 003
@@ -84,13 +84,13 @@ class MobileNetShape:
     dropout: float = 0.2
 
 
-def _conv_relu(b: GraphBuilder, x: str, filters: int, kernel: int, stride: int, padding: int, name: str) -> str:
+def _conv_relu(b: NetworkBuilder, x: str, filters: int, kernel: int, stride: int, padding: int, name: str) -> str:
     """Conv + bias + ReLU, He-initialised as torchvision does (Glorot's variance halves at every ReLU)."""
     return b.add(Conv2D(filters, kernel, stride=stride, padding=padding, activation="relu", init="he_fan_out"), x,
                  name=name)
 
 
-def _classifier(b: GraphBuilder, x: str, layers: list, dropout: bool) -> str:
+def _classifier(b: NetworkBuilder, x: str, layers: list, dropout: bool) -> str:
     """`layers`: (torchvision index, "dropout" | "relu" | units) in order; dropout nodes only when `dropout`."""
     for index, kind in layers:
         name = f"classifier.{index}"
@@ -104,7 +104,7 @@ def _classifier(b: GraphBuilder, x: str, layers: list, dropout: bool) -> str:
 
 
 def build_alexnet(shape: AlexNetShape = AlexNetShape(), dropout: bool = True) -> Network:
-    b = GraphBuilder((shape.size, shape.size, 3))
+    b = NetworkBuilder((shape.size, shape.size, 3))
     w = shape.widths
     x = _conv_relu(b, INPUT, w[0], 11, 4, 2, "features.0")
     x = b.add(MaxPool2D(3, stride=2), x, name="features.2")
@@ -123,7 +123,7 @@ def build_alexnet(shape: AlexNetShape = AlexNetShape(), dropout: bool = True) ->
 
 
 def build_vgg16(shape: VGGShape = VGGShape(), dropout: bool = True) -> Network:
-    b = GraphBuilder((shape.size, shape.size, 3))
+    b = NetworkBuilder((shape.size, shape.size, 3))
     x, index = INPUT, 0
     for width, convs in zip(shape.widths, shape.convs):
         for _ in range(convs):
@@ -149,7 +149,7 @@ def _bn(activation=None, residual=False) -> BatchNorm2D:
     return BatchNorm2D(activation, residual, momentum=resnet.BN_MOMENTUM, epsilon=resnet.BN_EPSILON)
 
 
-def _conv_bn_relu6(b: GraphBuilder, x: str, filters: int, kernel: int, stride: int, prefix: str,
+def _conv_bn_relu6(b: NetworkBuilder, x: str, filters: int, kernel: int, stride: int, prefix: str,
                    groups: int = 1) -> str:
     """torchvision's Conv2dNormActivation: conv (no bias) `prefix.0`, BN `prefix.1`, ReLU6 `prefix.2`."""
     x = b.add(Conv2D(filters, kernel, stride=stride, padding=(kernel - 1) // 2, use_bias=False, groups=groups,
@@ -158,7 +158,7 @@ def _conv_bn_relu6(b: GraphBuilder, x: str, filters: int, kernel: int, stride: i
     return b.add(Activation("relu6"), x, name=f"{prefix}.2")
 
 
-def _inverted_residual(b: GraphBuilder, x: str, prefix: str, channels: int, out: int, stride: int,
+def _inverted_residual(b: NetworkBuilder, x: str, prefix: str, channels: int, out: int, stride: int,
                        expansion: int) -> str:
     hidden = int(round(channels * expansion))
     h, unit = x, 0
@@ -173,7 +173,7 @@ def _inverted_residual(b: GraphBuilder, x: str, prefix: str, channels: int, out:
 
 
 def build_mobilenet_v2(shape: MobileNetShape = MobileNetShape(), dropout: bool = True) -> Network:
-    b = GraphBuilder((shape.size, shape.size, 3))
+    b = NetworkBuilder((shape.size, shape.size, 3))
     channels = make_divisible(shape.stem * shape.width_mult)
     x = _conv_bn_relu6(b, INPUT, channels, 3, 2, "features.0")
     index = 1
