@@ -52,7 +52,7 @@ def test_two_ranks_train_like_one_rank_at_the_global_batch():
 
 def test_a_rank_that_raises_is_named():
     with WorkerGroup(2, CPU) as group:
-        with pytest.raises(WorkerError, match=r"(?s)rank 0 raised during build.*unknown data-parallel workload "
+        with pytest.raises(WorkerError, match=r"(?s)rank 0 raised during build.*unknown workload "
                                               r"'nope'"):
             group.build(spec(8, workload="nope"))
 

@@ -18,7 +18,7 @@ pytest.importorskip("torch.distributed", reason="the rendezvous uses torch's TCP
 
 from gpuengine.config import EngineConfig  # noqa: E402
 from gpuengine.parallel.launch import child_env  # noqa: E402
-from gpuengine.parallel.workload import build  # noqa: E402
+from gpuengine.workloads.data_parallel import build  # noqa: E402
 from gpuengine.trainer import Trainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

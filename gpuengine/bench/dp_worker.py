@@ -26,7 +26,7 @@ import traceback
 
 from ..config import EngineConfig
 from ..parallel.sync import data_parallel
-from ..workloads import cnn, mlp, resnet
+from ..workloads.registry import get_workload
 from .runners import EngineTrainRunner
 
 RUNNERS = ("gpuengine", "gpuengine_1gpu", "torch_ddp")
@@ -34,15 +34,8 @@ RUNNERS = ("gpuengine", "gpuengine_1gpu", "torch_ddp")
 
 def workload_parts(name: str, shape_kind: str):
     """(shape, build_network(shape), data(samples, shape), learning rate) of a workload."""
-    table = {"mlp": (mlp, mlp.build_mlp, mlp.mlp_data), "cnn": (cnn, cnn.build_cnn, cnn.cnn_data),
-             "resnet": (resnet, resnet.build_resnet, resnet.resnet_data)}
-    if name not in table:
-        raise ValueError(f"unknown data-parallel workload {name!r}: one of {', '.join(table)}")
-    if shape_kind not in ("seed", "smoke"):
-        raise ValueError(f"shape must be 'seed' or 'smoke', got {shape_kind!r}")
-    module, build, data = table[name]
-    shape = module.SEED_SHAPE if shape_kind == "seed" else module.SMOKE_SHAPE
-    return shape, build, data, module.LEARNING_RATE
+    workload = get_workload(name)
+    return workload.shape(shape_kind), workload.build, workload.data, workload.lr
 
 
 def torch_ddp_runner(spec: dict, shape, x, t, engine_params, device: str, epochs_per_round: int, sync):
@@ -58,11 +51,13 @@ def torch_ddp_runner(spec: dict, shape, x, t, engine_params, device: str, epochs
     elif name == "cnn":
         model, loss, channels_last = torch_cnn.build_model(shape, weights), torch_cnn.cnn_loss, True
         x = to_nchw(x)
-    else:
+    elif name == "resnet":
         import torch
         model = torch_resnet.build_model(shape, weights, engine_params.buffers_dict())
         loss, channels_last, x = torch.nn.functional.cross_entropy, True, to_nchw(x)
-    _, _, _, lr = workload_parts(name, spec["shape"])
+    else:
+        raise ValueError(f"workload {name!r} has no torch DDP reference (mlp, cnn and resnet have)")
+    lr = get_workload(name).lr
     return DDPTrainRunner(model, loss, x, t, spec["per_gpu_batch"], spec["precision"], lr, device, spec.get("seed", 0),
                           graph, channels_last=channels_last, epochs_per_round=epochs_per_round)
 

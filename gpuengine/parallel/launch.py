@@ -3,8 +3,9 @@
 Each child gets the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: a free loopback port), plus
 NCCL_NVLS_ENABLE=0 (NVLink multicast can take the lent hosts' GPUs out of
-service), and imports the same gpuengine as the launcher. A workload name
-(mlp, cnn) runs `gpuengine.parallel.workload`. When a rank exits with an
+service), and imports the same gpuengine as the launcher. A target that is
+not a script (no `.py`, no `/`) names a seed workload, which each rank trains
+through `gpuengine.workloads.data_parallel` (that program knows the names). When a rank exits with an
 error or dies, the others are stopped and the launcher exits with an error
 naming that rank: no rank waits forever on a peer that is gone.
 """
@@ -19,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-WORKLOADS = ("mlp", "cnn")
+WORKLOAD_PROGRAM = "gpuengine.workloads.data_parallel"   # by name only: the engine never imports workloads
 POLL_S = 0.05
 
 
@@ -39,12 +40,11 @@ def child_env(rank: int, world: int, port: int, base=None) -> dict:
 
 
 def command_for(target: str, args: list[str]) -> list[str]:
-    if target in WORKLOADS:
-        return [sys.executable, "-m", "gpuengine.parallel.workload", target, *args]
-    if not Path(target).is_file():
-        raise SystemExit(f"gpuengine.parallel.launch: {target!r} is neither a script file nor a workload "
-                         f"({', '.join(WORKLOADS)})")
-    return [sys.executable, target, *args]
+    if Path(target).is_file():
+        return [sys.executable, target, *args]
+    if target.endswith(".py") or "/" in target or not target.isidentifier():
+        raise SystemExit(f"gpuengine.parallel.launch: {target!r} is neither a script file nor a workload name")
+    return [sys.executable, "-m", WORKLOAD_PROGRAM, target, *args]
 
 
 def stop(procs: dict[int, subprocess.Popen], grace_s: float) -> list[int]:
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     parser.add_argument("--gpus", type=int, required=True, help="processes to start, one per GPU")
     parser.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
     parser.add_argument("--grace", type=float, default=5.0, help="seconds a stopped rank gets before SIGKILL")
-    parser.add_argument("target", help="a Python script, or a workload: " + ", ".join(WORKLOADS))
+    parser.add_argument("target", help="a Python script, or a seed workload's name (mlp, cnn, ...)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")
     args = parser.parse_args(argv)
     return launch(args.gpus, command_for(args.target, args.args), args.grace, args.timeout)

@@ -8,8 +8,9 @@ inference trial runs one forward pass of the engine's resident predictor, or
 prepares a torch inference runner and runs one round of one pass. Data are
 random in the workload's shapes: memory does not depend on the values, and
 the real generators would cost more host time and RAM than the trial itself.
-A workload is registered by name with its network, shapes and torch runners;
-later workloads add an entry, the trial logic stays the same.
+A workload's network, shapes and learning rate come from workloads/registry.py;
+this table adds what a trial needs beyond them (random data of its shapes, its
+torch runners): a later workload adds an entry, the trial logic stays the same.
 """
 from __future__ import annotations
 
@@ -19,34 +20,27 @@ from typing import Callable
 import numpy as np
 
 from ...config import EngineConfig
+from ...workloads.registry import WORKLOADS, Workload
 from ...runtime.backend import GIB
 
 
 @dataclass(frozen=True)
-class Workload:
-    name: str
-    shapes: dict                                   # shape name -> the workload's shape object
-    build_net: Callable                            # shape -> Sequential
-    make_data: Callable                            # (batch, shape, rng) -> (x, t) host arrays
+class MaxBatchWorkload:
+    workload: Workload                             # the network, shapes and learning rate (workloads/registry.py)
+    random_data: Callable                          # (batch, shape, rng) -> (x, t) host arrays
     torch_train: Callable                          # (mode, x, t, batch, precision, device, shape) -> runner
     torch_infer: Callable                          # (mode, x, precision, device, shape) -> runner
-    lr: float = 1e-3
-
-    def shape(self, name: str):
-        if name not in self.shapes:
-            raise ValueError(f"workload {self.name!r} has no shape {name!r}; use one of {', '.join(self.shapes)}")
-        return self.shapes[name]
 
     def run_trial(self, spec, batch: int, pool_limit_bytes: int | None) -> dict:
         """Build and run one step or pass as `spec` says; returns details for the trial's record."""
-        shape = self.shape(spec.shape)
-        x, t = self.make_data(batch, shape, np.random.default_rng(batch))
+        shape = self.workload.shape(spec.shape)
+        x, t = self.random_data(batch, shape, np.random.default_rng(batch))
         if spec.engine == "gpuengine":
             config = EngineConfig(precision=spec.precision, cuda_graph=0, resident_data=spec.data == "resident",
                                   batch_pool=spec.batch_pool, device=spec.device,
                                   vram_cap_gib=None if pool_limit_bytes is None else pool_limit_bytes / GIB)
             run = engine_train if spec.mode == "train" else engine_infer
-            return run(self.build_net(shape), x, t, batch, config, self.lr)
+            return run(self.workload.build(shape), x, t, batch, config, self.workload.lr)
         if spec.mode == "train":
             runner = self.torch_train(spec.engine, x, t, batch, spec.precision, spec.device, shape)
         else:
@@ -98,16 +92,10 @@ def _mlp_torch_infer(mode, x, precision, device, shape):
                             outputs=shape.outputs)
 
 
-def _mlp() -> Workload:
-    from ...workloads import mlp
-    return Workload("mlp", {"seed": mlp.SEED_SHAPE, "smoke": mlp.SMOKE_SHAPE}, mlp.build_mlp, _mlp_data,
-                    _mlp_torch_train, _mlp_torch_infer, mlp.LEARNING_RATE)
+MAX_BATCH_WORKLOADS = {"mlp": MaxBatchWorkload(WORKLOADS["mlp"], _mlp_data, _mlp_torch_train, _mlp_torch_infer)}
 
 
-WORKLOADS: dict[str, Callable[[], Workload]] = {"mlp": _mlp}
-
-
-def get_workload(name: str) -> Workload:
-    if name not in WORKLOADS:
-        raise ValueError(f"unknown workload {name!r}; max-batch trials know {', '.join(sorted(WORKLOADS))}")
-    return WORKLOADS[name]()
+def get_workload(name: str) -> MaxBatchWorkload:
+    if name not in MAX_BATCH_WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; max-batch trials know {', '.join(sorted(MAX_BATCH_WORKLOADS))}")
+    return MAX_BATCH_WORKLOADS[name]

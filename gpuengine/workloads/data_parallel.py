@@ -12,26 +12,26 @@ from pathlib import Path
 
 import numpy as np
 
+import dataclasses
+
 from ..config import EngineConfig
+from ..parallel.sync import data_parallel
 from ..trainer import Trainer
-from ..workloads.cnn import SMOKE_SHAPE as CNN_SMOKE, build_cnn, cnn_data
-from ..workloads.mlp import MLPShape, build_mlp, mlp_data
-from .sync import data_parallel
+from .registry import WORKLOADS, get_workload
 
 
 def build(name: str, samples: int, inputs: int, hidden: int):
-    """(network, x, t) of workload `name` (the CPU-tier sizes unless told)."""
+    """(network, x, t) of workload `name` at its CPU-tier shape (the MLP's inputs and hidden units as told)."""
+    workload = get_workload(name)
+    shape = workload.smoke_shape
     if name == "mlp":
-        shape = MLPShape(inputs=inputs, hidden=hidden)
-        return (build_mlp(shape),) + tuple(mlp_data(samples, shape))
-    if name == "cnn":
-        return (build_cnn(CNN_SMOKE),) + tuple(cnn_data(samples, CNN_SMOKE))
-    raise ValueError(f"unknown workload {name!r}: mlp or cnn")
+        shape = dataclasses.replace(shape, inputs=inputs, hidden=hidden)
+    return (workload.build(shape),) + tuple(workload.data(samples, shape))
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpuengine.parallel.workload")
-    parser.add_argument("workload", choices=("mlp", "cnn"))
+    parser = argparse.ArgumentParser(prog="python -m gpuengine.workloads.data_parallel")
+    parser.add_argument("workload", choices=tuple(WORKLOADS))
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--batch", type=int, default=64, help="global batch, split over the ranks")
     parser.add_argument("--epochs", type=int, default=3)
