@@ -5,17 +5,14 @@ of the precision policies. Kernels with compiled-in geometry take their defines
 from the layers' own builders (`kernel_defines`, `direct_wgrad_defines`) over
 every node of the real workload networks: the seed shapes, both ResNet and CNN
 fusions, the zoo at 224x224 and reduced. So the table follows the workloads as
-they change, and a define builder that breaks a kernel fails here too. The
-GPU probe scripts' kernels (scripts/) are listed as well: a compile error there
-costs a GPU session just the same. test_kernels_compile.py compiles each row
-with NVRTC and checks that every `get_kernel` call site has rows.
+they change, and a define builder that breaks a kernel fails here too.
+test_kernels_compile.py compiles each row with NVRTC and checks that every
+`get_kernel` call site has rows.
 """
 from __future__ import annotations
 
 import functools
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -32,9 +29,6 @@ from gpuengine.runtime import step_state
 from gpuengine.runtime.kernels import ctype, define_items
 from gpuengine.runtime.precision import policy_for
 from gpuengine.workloads import cnn, mlp, resnet, transformer, zoo
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))   # the probes import as top-level modules
-import conv_bn_fusion_gpu  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -118,21 +112,6 @@ def _gather_cases():
             yield _case(gather, "gather", f"rows of {4 * features} bytes", WORD_T=word_type, SHUFFLED=shuffled)
 
 
-def _probe_cases():
-    """The conv + BN fusion probe's kernels (scripts/conv_bn_fusion_gpu.py), its dtype pairs, a 64-channel site."""
-    channels, where = 64, "conv+BN fusion probe"
-    for elem in compute_dtypes().values():
-        for scale in compute_dtypes().values():
-            kernels = conv_bn_fusion_gpu.Kernels(elem, scale)
-            variants = [("bn_finalize", {}), ("dbn_finalize", {})]
-            variants += [("bn_apply", dict(RELU=relu, RESIDUAL=residual)) for relu in (0, 1) for residual in (0, 1, 2)]
-            variants += [("dbn_partials", dict(TILE=min(channels, conv_bn_fusion_gpu._THREADS), RELU=relu,
-                                               WRITE_DZ=write)) for relu in (0, 1) for write in (0, 1)]
-            variants += [("dbn_apply", dict(RELU=relu)) for relu in (0, 1)]
-            for kernel, extra in variants:
-                yield _case(conv_bn_fusion_gpu, kernel, where, **kernels._defines(CHANNELS=channels, **extra))
-
-
 def workload_networks():
     """(name, Network) of every workload the suite trains, at the shapes it trains them."""
     yield "mlp", mlp.build_mlp()
@@ -181,6 +160,6 @@ def _geometry_cases():
 def kernel_cases() -> tuple[KernelCase, ...]:
     """Every distinct (call site, defines), the first use found naming it."""
     unique = {}
-    for case in [*_shape_free_cases(), *_geometry_cases(), *_probe_cases()]:
+    for case in [*_shape_free_cases(), *_geometry_cases()]:
         unique.setdefault(case, case)
     return tuple(unique.values())

@@ -4,7 +4,7 @@ Each row of kernel_table.py (a get_kernel call site with one define
 combination a workload really uses) is compiled with the engine's own NVRTC
 check (gpuengine/runtime/kernel_check.py: PRELUDE + source, CuPy's options, sm_90),
 which also finds the kernel's extern "C" entry in the PTX. The coverage tests
-read gpuengine/ and scripts/ with `ast`, so a new get_kernel call site without
+read gpuengine/ with `ast`, so a new get_kernel call site without
 rows, a row for a call site that is gone, or an engine kernel compiled past
 get_kernel fails here.
 The compile tests skip, saying why, only where libnvrtc cannot be loaded.
@@ -24,7 +24,6 @@ from gpuengine.runtime.kernel_check import KernelCompileError, check_kernel, com
 from .kernel_table import kernel_cases
 
 ENGINE = Path(__file__).resolve().parent.parent / "gpuengine"
-SCRIPTS = ENGINE.parent / "scripts"   # GPU probes, imported as top-level modules
 CASES = kernel_cases()
 # Kernel builders that would bypass get_kernel (and so this check); kernels.py alone may use them.
 _BYPASSES = {"RawModule", "RawKernel", "ElementwiseKernel", "ReductionKernel", "compile_module"}
@@ -54,19 +53,17 @@ def test_kernel_compiles(compiled, case):
 
 
 def _module_name(path: Path) -> str:
-    if path.parent == SCRIPTS:
-        return path.stem
     return ".".join(path.relative_to(ENGINE.parent).with_suffix("").parts)
 
 
 def call_sites() -> tuple[dict, list[str]]:
     """{(module, source expression, kernel name): 'file:line'} of every get_kernel call, and the problems found."""
     sites, problems = {}, []
-    for path in sorted(ENGINE.rglob("*.py")) + sorted(SCRIPTS.glob("*.py")):
+    for path in sorted(ENGINE.rglob("*.py")):
         where = path.relative_to(ENGINE.parent)
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             name = getattr(node, "attr", None) or getattr(node, "id", None)
-            if name in _BYPASSES and path.parent != SCRIPTS and path.name != "kernels.py":
+            if name in _BYPASSES and path.name != "kernels.py":
                 problems.append(f"{where}:{node.lineno}: {name} compiles a kernel past get_kernel and its check")
             if not (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
                     == "get_kernel"):

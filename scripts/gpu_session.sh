@@ -15,7 +15,6 @@
 #              log is LOGDIR/<step>.log and LOGDIR/steps.txt gets "<step> <status> <seconds>" as each ends
 #              (status 124: stopped at its minutes). A failing step does not stop the next. Steps:
 #                kernels  every engine kernel through CuPy (test_gpu_kernels_compile) and NVRTC
-#                fusion   the conv+BN fusion probe's GPU test, then the probe on ResNet-50 (JSON in LOGDIR)
 #                zoo      depthwise (both ways), GPU zoo tests without the full-size parity, NCCL on one GPU
 #                gpu      every GPU correctness test
 #                perf     `./gate perf` (the quick tier; its run is saved by outcome)
@@ -51,10 +50,6 @@ run_gatepower() {
 
 step_kernels() { python3 -m pytest correctness_tests/test_gpu_kernels_compile.py correctness_tests/test_kernels_compile.py \
     -q -p no:cacheprovider -rs; }
-step_fusion() {
-    python3 -m pytest correctness_tests/test_gpu_conv_bn_fusion.py -q -p no:cacheprovider -rs
-    OUT="$logdir" python3 scripts/probe_conv_bn_fusion.py --budget-s 150 --precisions bf16,tf32
-}
 step_zoo() { python3 -m pytest correctness_tests/test_gpu_depthwise.py correctness_tests/test_gpu_zoo.py \
     correctness_tests/parallel/test_nccl_one_gpu.py -k "not full_size" -q -p no:cacheprovider -rs --durations=15; }
 step_gpu() { python3 -m pytest correctness_tests -m gpu -q -p no:cacheprovider -rs --durations=15; }
