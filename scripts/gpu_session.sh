@@ -48,9 +48,9 @@ run_gatepower() {
     python3 -m gpuengine gatepower --keep-trials "$logdir/trials" "$@" 2>&1 | tee "$logdir/gatepower.log"
 }
 
-step_kernels() { python3 -m pytest correctness_tests/test_gpu_kernels_compile.py correctness_tests/test_kernels_compile.py \
+step_kernels() { python3 -m pytest correctness_tests/runtime/test_gpu_kernels_compile.py correctness_tests/runtime/test_kernels_compile.py \
     -q -p no:cacheprovider -rs; }
-step_zoo() { python3 -m pytest correctness_tests/test_gpu_depthwise.py correctness_tests/test_gpu_zoo.py \
+step_zoo() { python3 -m pytest correctness_tests/ops/test_gpu_depthwise.py correctness_tests/workloads/test_gpu_zoo.py \
     correctness_tests/parallel/test_nccl_one_gpu.py -k "not full_size" -q -p no:cacheprovider -rs --durations=15; }
 step_gpu() { python3 -m pytest correctness_tests -m gpu -q -p no:cacheprovider -rs --durations=15; }
 step_perf() { ./gate perf -p no:cacheprovider --durations=0; }

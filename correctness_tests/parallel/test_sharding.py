@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from correctness_tests.test_data import delivered_batches, sample_data
+from correctness_tests.data.test_data import delivered_batches, sample_data
 from gpuengine.config import ConfigError
 from gpuengine.data.resident import ResidentDataset
 from gpuengine.data.shuffle import batch_rows

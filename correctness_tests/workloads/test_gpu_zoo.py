@@ -23,9 +23,10 @@ from gpuengine.runtime.backend import gpu_visible
 from gpuengine.trainer import Trainer
 from gpuengine.workloads import zoo
 
-from .gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group, rel_err
-from .layer_harness import run_layer, run_network
-from .test_gpu_conv import conv_on_both, normal, representable
+from ..gpu_checks import (TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group,
+    rel_err)
+from ..layer_harness import run_layer, run_network
+from ..layers.test_gpu_conv import conv_on_both, normal, representable
 from .test_gpu_resnet import FORWARD_TOLERANCE, GRADIENT_COSINE, numeric
 
 pytestmark = [pytest.mark.gpu,

@@ -24,8 +24,8 @@ from gpuengine.reference.torch_common import to_nchw  # noqa: E402
 from gpuengine.trainer import Trainer  # noqa: E402
 from gpuengine.workloads import resnet  # noqa: E402
 
-from .layer_harness import run_network  # noqa: E402
-from .torch_compare import assert_matches_torch, first_step, fixed_torch_threads, torch_adam  # noqa: E402,F401
+from ..layer_harness import run_network  # noqa: E402
+from ..torch_compare import assert_matches_torch, first_step, fixed_torch_threads, torch_adam  # noqa: E402,F401
 
 SHAPE = resnet.SMOKE_SHAPE
 SAMPLES, BATCH = 48, 16

@@ -14,8 +14,8 @@ from gpuengine.layers import Add, Conv2D, Dense, Flatten, ReLU, Tanh
 from gpuengine.losses import MSELoss, SoftmaxCrossEntropy
 from gpuengine.model.network import INPUT, Network, NetworkBuilder, NetworkError, Node, Sequential
 
-from .gradient_check import assert_not_trivial, check_backward, random_weights
-from .layer_harness import run_network
+from ..gradient_check import assert_not_trivial, check_backward, random_weights
+from ..layer_harness import run_network
 
 
 def diamond(order=None) -> Network:

@@ -13,8 +13,8 @@ import pytest
 from gpuengine.ops import autotune
 from gpuengine.runtime.backend import gpu_visible
 
-from .gpu_checks import TOLERANCE, assert_close
-from .test_gpu_conv import conv_on_both
+from ..gpu_checks import TOLERANCE, assert_close
+from ..layers.test_gpu_conv import conv_on_both
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]

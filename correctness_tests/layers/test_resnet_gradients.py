@@ -16,8 +16,8 @@ import pytest
 from gpuengine.layers import Add, BatchNorm2D, GlobalAveragePool2D
 from gpuengine.workloads import resnet
 
-from .gradient_check import assert_not_trivial, check_backward, random_weights
-from .layer_harness import run_layer, run_network
+from ..gradient_check import assert_not_trivial, check_backward, random_weights
+from ..layer_harness import run_layer, run_network
 
 BATCH = 4
 BN_VARIANTS = {"plain": dict(), "relu": dict(activation="relu"), "add": dict(residual=True),

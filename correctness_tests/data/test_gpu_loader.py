@@ -20,7 +20,7 @@ from gpuengine.runtime.backend import gpu_visible
 from gpuengine.trainer import Trainer
 from gpuengine.workloads.mlp import MLPShape, build_mlp, mlp_data
 
-from .gpu_checks import assert_steady_state_allocates_nothing
+from ..gpu_checks import assert_steady_state_allocates_nothing
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]

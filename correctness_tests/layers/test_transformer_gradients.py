@@ -18,8 +18,8 @@ from gpuengine.losses import TokenCrossEntropy
 from gpuengine.ops.attention import causal_mask
 from gpuengine.workloads import transformer
 
-from .gradient_check import assert_not_trivial, check_backward, check_network_backward, random_weights
-from .layer_harness import run_layer, run_loss
+from ..gradient_check import assert_not_trivial, check_backward, check_network_backward, random_weights
+from ..layer_harness import run_layer, run_loss
 
 BATCH = 3
 

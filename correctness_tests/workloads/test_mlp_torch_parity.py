@@ -22,8 +22,8 @@ from gpuengine.model.network import Sequential  # noqa: E402
 from gpuengine.trainer import Trainer  # noqa: E402
 from gpuengine.workloads.mlp import LEARNING_RATE, MLPShape, build_mlp, mlp_data  # noqa: E402
 
-from .torch_compare import (assert_matches_torch, first_step, fixed_torch_threads, torch_adam,  # noqa: E402,F401
-                            torch_grads, torch_loss, torch_twin)
+from ..torch_compare import (assert_matches_torch, first_step, fixed_torch_threads, torch_adam, torch_grads,
+    torch_loss, torch_twin)
 
 SHAPE = MLPShape(inputs=12, hidden=20)
 SAMPLES, BATCH = 200, 48             # 4 steps per epoch; the last 8 samples of each epoch dropped

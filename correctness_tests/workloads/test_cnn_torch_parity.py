@@ -20,7 +20,7 @@ from gpuengine.reference import torch_cnn  # noqa: E402
 from gpuengine.trainer import Trainer  # noqa: E402
 from gpuengine.workloads.cnn import LEARNING_RATE, SEED_SHAPE, CNNShape, build_cnn, cnn_data, parameter_count
 
-from .torch_compare import assert_matches_torch, first_step, fixed_torch_threads, torch_adam  # noqa: E402,F401
+from ..torch_compare import assert_matches_torch, first_step, fixed_torch_threads, torch_adam  # noqa: E402,F401
 
 SHAPE = CNNShape(size=14, filters=4, classes=6)
 SAMPLES, BATCH = 100, 24              # 4 steps per epoch, 4 samples dropped

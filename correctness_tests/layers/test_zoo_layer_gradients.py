@@ -17,8 +17,8 @@ from gpuengine.layers import AdaptiveAveragePool2D, Conv2D, Dropout, ReLU6
 from gpuengine.layers.dropout import philox_words
 from gpuengine.runtime.params import initial_value
 
-from .gradient_check import assert_not_trivial, check_backward
-from .layer_harness import make_context, run_layer
+from ..gradient_check import assert_not_trivial, check_backward
+from ..layer_harness import make_context, run_layer
 
 BATCH = 3
 

@@ -18,8 +18,8 @@ F = torch.nn.functional
 from gpuengine.layers import AdaptiveAveragePool2D, Conv2D, Dropout, ReLU6  # noqa: E402
 from gpuengine.reference.torch_common import to_nchw  # noqa: E402
 
-from .layer_harness import run_layer  # noqa: E402
-from .torch_compare import assert_matches_torch, fixed_torch_threads  # noqa: E402,F401
+from ..layer_harness import run_layer  # noqa: E402
+from ..torch_compare import assert_matches_torch, fixed_torch_threads  # noqa: E402,F401
 
 RTOL, ATOL = 1e-5, 1e-5
 

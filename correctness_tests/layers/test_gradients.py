@@ -22,8 +22,8 @@ from gpuengine.runtime.memory import Allocator
 from gpuengine.runtime.params import ParamSpec
 from gpuengine.workloads.mlp import MLPShape, build_mlp
 
-from .gradient_check import assert_not_trivial, check_backward, directional_check, random_weights
-from .layer_harness import run_layer, run_loss, run_network
+from ..gradient_check import assert_not_trivial, check_backward, directional_check, random_weights
+from ..layer_harness import run_layer, run_loss, run_network
 
 BATCH, WIDTH = 11, 7
 

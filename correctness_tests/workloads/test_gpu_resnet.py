@@ -19,9 +19,9 @@ from gpuengine.runtime.backend import gpu_visible
 from gpuengine.trainer import Trainer
 from gpuengine.workloads import resnet
 
-from .gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group
-from .layer_harness import run_layer, run_network
-from .test_gpu_conv import normal, representable
+from ..gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group
+from ..layer_harness import run_layer, run_network
+from ..layers.test_gpu_conv import normal, representable
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]

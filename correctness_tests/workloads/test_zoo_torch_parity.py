@@ -23,8 +23,8 @@ from gpuengine.reference.torch_common import to_nchw  # noqa: E402
 from gpuengine.trainer import Trainer  # noqa: E402
 from gpuengine.workloads import zoo  # noqa: E402
 
-from .layer_harness import run_network  # noqa: E402
-from .torch_compare import assert_matches_torch, first_step, fixed_torch_threads  # noqa: E402,F401
+from ..layer_harness import run_network  # noqa: E402
+from ..torch_compare import assert_matches_torch, first_step, fixed_torch_threads  # noqa: E402,F401
 
 SAMPLES, BATCH = 16, 8
 RTOL, ATOL = 2e-4, 2e-5   # up to 53 layers of float32 sums in different orders

@@ -15,8 +15,8 @@ from gpuengine.layers import Conv2D, Flatten, MaxPool2D
 from gpuengine.losses import SoftmaxCrossEntropy
 from gpuengine.workloads.cnn import CNNShape, build_cnn
 
-from .gradient_check import assert_not_trivial, check_backward, random_weights
-from .layer_harness import run_layer, run_loss, run_network
+from ..gradient_check import assert_not_trivial, check_backward, random_weights
+from ..layer_harness import run_layer, run_loss, run_network
 
 BATCH = 3
 

@@ -21,9 +21,9 @@ from gpuengine.reference import torch_transformer  # noqa: E402
 from gpuengine.trainer import Trainer  # noqa: E402
 from gpuengine.workloads import transformer  # noqa: E402
 
-from .gradient_check import random_weights  # noqa: E402
-from .layer_harness import run_network  # noqa: E402
-from .torch_compare import assert_matches_torch, first_step, fixed_torch_threads, torch_adam  # noqa: E402,F401
+from ..gradient_check import random_weights  # noqa: E402
+from ..layer_harness import run_network  # noqa: E402
+from ..torch_compare import assert_matches_torch, first_step, fixed_torch_threads, torch_adam  # noqa: E402,F401
 
 SHAPE = transformer.SMOKE_SHAPE
 SAMPLES, BATCH = 32, 8

@@ -22,9 +22,10 @@ from gpuengine.runtime.memory import Allocator
 from gpuengine.trainer import Trainer
 from gpuengine.workloads.cnn import CNNShape, build_cnn, cnn_data
 
-from .gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group, rel_err
-from .gradient_check import random_weights
-from .layer_harness import run_layer, run_loss
+from ..gpu_checks import (TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group,
+    rel_err)
+from ..gradient_check import random_weights
+from ..layer_harness import run_layer, run_loss
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]

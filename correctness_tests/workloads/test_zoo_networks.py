@@ -19,8 +19,8 @@ from gpuengine.layers import Dropout
 from gpuengine.trainer import Trainer
 from gpuengine.workloads import resnet, zoo
 
-from .gradient_check import assert_not_trivial, check_backward, random_weights
-from .layer_harness import run_network
+from ..gradient_check import assert_not_trivial, check_backward, random_weights
+from ..layer_harness import run_network
 
 TORCHVISION_NAMES = {   # a few of each network's torchvision state_dict parameter names
     "alexnet": ["features.0.weight", "features.10.bias", "classifier.1.weight", "classifier.6.bias"],

@@ -23,7 +23,7 @@ from gpuengine.runtime.kernel_check import KernelCompileError, check_kernel, com
 
 from .kernel_table import kernel_cases
 
-ENGINE = Path(__file__).resolve().parent.parent / "gpuengine"
+ENGINE = Path(__file__).resolve().parents[2] / "gpuengine"
 CASES = kernel_cases()
 # Kernel builders that would bypass get_kernel (and so this check); kernels.py alone may use them.
 _BYPASSES = {"RawModule", "RawKernel", "ElementwiseKernel", "ReductionKernel", "compile_module"}
@@ -85,7 +85,7 @@ def test_every_get_kernel_call_site_has_rows():
     missing = [f"{at}: {module} get_kernel({source}, {kernel!r})" for (module, source, kernel), at in sites.items()
                if (module, source, kernel) not in listed]
     assert not missing, ("get_kernel call sites without a compile check; add their defines to "
-                         "correctness_tests/kernel_table.py:\n" + "\n".join(missing))
+                         "correctness_tests/runtime/kernel_table.py:\n" + "\n".join(missing))
 
 
 def test_every_row_names_a_real_call_site():
