@@ -19,6 +19,7 @@
 #                gpu      every GPU correctness test
 #                perf     `./gate perf` (the quick tier; its run is saved by outcome)
 #                perf-new `./gate perf` of the workloads never measured on this GPU: zoo, loader, ResNet
+#                perf-core `./gate perf` of the MLP and CNN cases: a quick check that a change kept the engine's speed
 #                calibrate / study   `python -m gpuengine gatepower calibrate -m gatepower` / the power study
 #
 # For machines whose commands are cut off after a few minutes (a lent GPU): start, then poll `status`.
@@ -54,6 +55,7 @@ step_zoo() { python3 -m pytest correctness_tests/ops/test_gpu_depthwise.py corre
     correctness_tests/parallel/test_nccl_one_gpu.py -k "not full_size" -q -p no:cacheprovider -rs --durations=15; }
 step_gpu() { python3 -m pytest correctness_tests -m gpu -q -p no:cacheprovider -rs --durations=15; }
 step_perf() { ./gate perf -p no:cacheprovider --durations=0; }
+step_perf-core() { ./gate perf -p no:cacheprovider --durations=0 -k "test_mlp_train or test_mlp_infer or test_cnn_train"; }
 step_perf-new() { ./gate perf -p no:cacheprovider --durations=0 -k "zoo or loader or streamed or test_resnet_train"; }
 step_calibrate() { python3 -m gpuengine gatepower calibrate -m gatepower --keep-trials "$logdir/trials-calibrate"; }
 step_study() { python3 -m gpuengine gatepower --keep-trials "$logdir/trials-study"; }
