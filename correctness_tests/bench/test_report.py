@@ -347,3 +347,29 @@ def test_chromium_renders_the_page(built, tmp_path):
     coloured = ((pixels.max(axis=-1) - pixels.min(axis=-1)) > 0.4).mean()
     assert drawn > 0.05, f"a blank page: {drawn:.1%} of it differs from the background"
     assert coloured > 0.01, f"no figure rendered: {coloured:.2%} of the pixels are coloured"
+
+
+def test_the_report_modules_import_one_another_without_a_cycle():
+    """Every `from .x import` between the report's modules, TYPE_CHECKING blocks included, forms no cycle."""
+    import ast
+    package = REPO / "gpuengine" / "bench" / "report"
+    graph = {}
+    for path in package.glob("*.py"):
+        imports = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                imports |= {node.module} if node.module else {alias.name for alias in node.names}
+        graph[path.stem] = {name for name in imports if (package / f"{name}.py").exists()}
+
+    def cycle_from(module, trail):
+        if module in trail:
+            return trail[trail.index(module):] + [module]
+        for imported in sorted(graph.get(module, ())):
+            found = cycle_from(imported, trail + [module])
+            if found:
+                return found
+        return None
+
+    for module in sorted(graph):
+        cycle = cycle_from(module, [])
+        assert cycle is None, "import cycle: " + " -> ".join(cycle)

@@ -11,39 +11,17 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import figures, html, sections
+from .parts import FigureRef, Part, TierSection
 from .seeds import seed_tables
 from .store import Store, TierRuns, load_store
-from .tables import Table, to_markdown
+from .tables import to_markdown
 
 INDEX = "index.html"
 FIGURES = "figures"
-
-
-@dataclass(frozen=True)
-class FigureRef:
-    src: str    # relative to the page
-    alt: str
-
-
-@dataclass
-class Part:
-    """One heading of a tier's section: what it says, its figures and its tables."""
-
-    anchor: str
-    heading: str
-    intro: str = ""
-    figures: list[FigureRef] = field(default_factory=list)
-    tables: list[Table] = field(default_factory=list)
-
-
-@dataclass
-class TierSection:
-    tier: TierRuns
-    parts: list[Part]
 
 
 @dataclass(frozen=True)

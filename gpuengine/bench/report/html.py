@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import re
 from html import escape
-from typing import TYPE_CHECKING
 
+from .parts import Part, TierSection
 from .store import Store
 from .tables import NOT_MEASURED, Table, plural
 
 # Right-aligned, so that figures line up by their last digit: "38.7 M/s", "1,442,547", "2.05× (2.04–2.06)".
 NUMBER = re.compile(r"^[\d.,]+(e-?\d+)?(–[\d.,]+)?\s?(×|%|k/s|M/s|G/s|/s| K| M| W| J| GiB| MHz| TFLOP/s)?"
                     r"( \(.*\)| / .*)?$")
-
-if TYPE_CHECKING:
-    from .build import TierSection
 
 STYLE = """
 body { font-family: -apple-system, "Segoe UI", "DejaVu Sans", Helvetica, Arial, sans-serif; margin: 0;
@@ -66,7 +63,7 @@ def render_table(table: Table) -> str:
             f"\n<tbody>\n{body}\n</tbody></table></div>{caption}")
 
 
-def _tier_header(section: "TierSection") -> str:
+def _tier_header(section: TierSection) -> str:
     tier = section.tier
     facts = "; ".join(f'{escape(series or "speed runs")}: {len(runs)}, newest '
                       f'<span title="{escape(str(runs[-1].path))}">{escape(runs[-1].label)}</span> on '
@@ -77,7 +74,7 @@ def _tier_header(section: "TierSection") -> str:
             f"<p>Stored runs, {facts}.</p><p>{links}</p>")
 
 
-def _part(part) -> str:
+def _part(part: Part) -> str:
     chunks = [f'<h3 id="{escape(part.anchor)}">{escape(part.heading)}</h3>']
     if part.intro:
         chunks.append(f"<p>{escape(part.intro)}</p>")
@@ -88,7 +85,7 @@ def _part(part) -> str:
     return "\n".join(chunks)
 
 
-def render_page(store: Store, sections: list["TierSection"], notices: list[str]) -> str:
+def render_page(store: Store, sections: list[TierSection], notices: list[str]) -> str:
     nav = "".join(f'<li><a href="#{escape(s.tier.name)}">{escape(s.tier.title)}</a> '
                   f"({plural(len(s.tier.runs), 'run')})</li>" for s in sections)
     skipped = "".join(f"<li>{escape(notice)}</li>" for notice in notices) or "<li>nothing</li>"
