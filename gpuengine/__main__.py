@@ -72,18 +72,27 @@ def _report(args) -> int:
     else:
         try:
             report = build_report(store, args.out)
+        except ReportError as exc:   # --out holds other files: nothing was written
+            print(f"python -m gpuengine report: error: {exc}", file=sys.stderr)
+            return 2
         except ImportError as exc:   # no matplotlib: the previous report stays as it was
             print(f"python -m gpuengine report: error: {exc}", file=sys.stderr)
             return 1
-        print(f"report: {report.index} ({plural(len(store.tiers), 'tier')}, {plural(store.run_count, 'run')}, "
-              f"{plural(len(report.figures), 'figure')})")
+        if report.kept:
+            print(f"report: {report.index}: kept as it was ({args.store} holds no stored run)")
+        else:
+            print(f"report: {report.index} ({plural(len(store.tiers), 'tier')}, {plural(store.run_count, 'run')}, "
+                  f"{plural(len(report.figures), 'figure')})")
         for tier in store.tiers:
             if tier.runs:
                 print(f"report: {tier.name}: newest run {tier.runs[-1].label} ({tier.runs[-1].date}) -> "
                       f"{report.index}#{tier.name}")
         for notice in report.notices:
             print(f"report: skipped: {notice}")
-    if refreshed is not None and refreshed != readme:
+    if refreshed is not None and not store.tiers:
+        print(f"report: {args.readme}: generated block kept as it was ({args.store} holds no stored run)",
+              file=sys.stderr)
+    elif refreshed is not None and refreshed != readme:
         Path(args.readme).write_text(refreshed)
         print(f"report: {args.readme}: generated block refreshed", file=sys.stderr)
     return 0

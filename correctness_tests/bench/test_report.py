@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import struct
@@ -284,6 +285,80 @@ def test_an_empty_store_builds_an_empty_report(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "no stored runs at all" in out and "thresholds.json: not in the store" in out
     assert "none: the store holds no runs" in (tmp_path / "out" / "index.html").read_text()
+
+
+def test_an_empty_store_leaves_an_existing_report_and_readme_block_alone(tmp_path, capsys):
+    (tmp_path / "store").mkdir()
+    out = tmp_path / "out"
+    (out / "figures" / "nvidia-h200").mkdir(parents=True)
+    (out / "index.html").write_text("the previous report")
+    (out / "figures" / "nvidia-h200" / "speedup.png").write_bytes(b"png")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{GENERATED_BEGIN}\nthe published numbers\n{GENERATED_END}\n")
+    assert cli_main(["report", "--store", str(tmp_path / "store"), "--out", str(out), "--readme", str(readme)]) == 0
+    printed = capsys.readouterr()
+    assert f"{out / 'index.html'}: kept as it was" in printed.out and "generated block kept as it was" in printed.err
+    assert (out / "index.html").read_text() == "the previous report"
+    assert (out / "figures" / "nvidia-h200" / "speedup.png").read_bytes() == b"png"
+    assert generated_block(readme.read_text()) == "the published numbers"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "out", "store"]
+
+
+def small_store(root: Path) -> Path:
+    """One CPU-tier run of the committed store: a report of it draws a few figures."""
+    source = next((STORE / "cpu-tier").rglob("0001_*.json"))
+    tier = root / "store" / "cpu-tier" / source.parent.name
+    tier.mkdir(parents=True)
+    shutil.copy(source, tier / source.name)
+    return root / "store"
+
+
+def test_a_rebuild_replaces_the_whole_report_folder(tmp_path):
+    pytest.importorskip("matplotlib", reason=NEEDS_MATPLOTLIB)
+    out = tmp_path / "out"
+    (out / "figures" / "gone-tier").mkdir(parents=True)
+    (out / "index.html").write_text("the previous report")
+    (out / "figures" / "gone-tier" / "stale.png").write_bytes(b"png")
+    report = build_report(small_store(tmp_path), out)
+    assert not (out / "figures" / "gone-tier").exists(), "a figure of the previous report outlived the rebuild"
+    assert report.figures and all(figure.is_file() for figure in report.figures)
+    assert "the previous report" not in report.index.read_text()
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~mask   # an ordinary folder, not mkdtemp's private one
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "store"]   # no scratch or old folder left
+
+
+def test_a_failure_while_publishing_puts_the_previous_report_back_whole(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason=NEEDS_MATPLOTLIB)
+    from gpuengine.bench.report import build
+    out = tmp_path / "out"
+    (out / "figures" / "old").mkdir(parents=True)
+    (out / "index.html").write_text("the previous report")
+    (out / "figures" / "old" / "a.png").write_bytes(b"png")
+    real_replace = build.os.replace
+
+    def replace(source, target):   # the new report cannot be moved into place
+        if Path(target) == out and Path(source).name.startswith(".out-new-"):
+            raise OSError("disk trouble")
+        return real_replace(source, target)
+    monkeypatch.setattr(build.os, "replace", replace)
+    with pytest.raises(OSError, match="disk trouble"):
+        build_report(small_store(tmp_path), out)
+    assert (out / "index.html").read_text() == "the previous report"
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["figures", "figures/old", "figures/old/a.png",
+                                                                        "index.html"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "store"]
+
+
+def test_an_out_folder_holding_other_files_is_refused_untouched(tmp_path, capsys):
+    out = tmp_path / "src"
+    out.mkdir()
+    (out / "engine.py").write_text("precious")
+    assert cli_main(["report", "--store", str(small_store(tmp_path)), "--out", str(out)]) == 2
+    assert f"{out}: holds engine.py besides a report" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["engine.py"] and (out / "engine.py").read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src", "store"]
 
 
 def test_a_missing_store_is_an_error_naming_it_and_writes_nothing(tmp_path, capsys):

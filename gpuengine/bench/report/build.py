@@ -1,9 +1,10 @@
 """Building the report: the parts of each tier's section, the figures, the page, and the README's Markdown.
 
-`build_report` writes `<out>/index.html` and `<out>/figures/<tier>/*.png` from a store, through a
-scratch folder beside `<out>` that replaces the old page and figures only once everything is drawn,
-so a failure leaves the previous report whole. What it left out, and why, is in `Report.notices`
-(and on the page); only a store that does not exist stops it (`ReportError`).
+`build_report` writes `<out>/index.html` and `<out>/figures/<tier>/*.png` from a store into a scratch
+folder beside `<out>`, which replaces the whole of `<out>` only once everything is drawn, so a failure
+leaves the previous report whole and a reader never meets half of one. What it left out, and why, is in
+`Report.notices` (and on the page); a store that does not exist, or an `<out>` that holds other files
+than a report's, stops it (`ReportError`). A store with no run at all leaves an existing report alone.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from . import figures, html, sections
 from .parts import FigureRef, Part, TierSection
 from .seeds import seed_tables
-from .store import Store, TierRuns, load_store
+from .store import ReportError, Store, TierRuns, load_store
 from .tables import to_markdown
 
 INDEX = "index.html"
@@ -29,6 +30,7 @@ class Report:
     index: Path
     figures: list[Path]
     notices: list[str]
+    kept: bool = False   # the store held no run: the report already in place was left as it was
 
 
 def _slug(text: str) -> str:
@@ -116,31 +118,67 @@ def tier_section(store: Store, tier: TierRuns, root: Path, notices: list[str]) -
     return TierSection(tier, parts), draw.drawn
 
 
-def _publish(scratch: Path, out: Path) -> None:
-    """Swap the scratch page and figures in for the old ones; nothing else in `out` is touched."""
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / FIGURES).exists():
-        shutil.rmtree(out / FIGURES)
-    if (scratch / FIGURES).exists():
-        os.replace(scratch / FIGURES, out / FIGURES)
-    os.replace(scratch / INDEX, out / INDEX)
+def check_replaceable(out: Path) -> None:
+    """ReportError unless `out` is missing, empty, or holds only a report (index.html, figures/): the
+    build replaces the whole folder, so `--out` pointed at anything else must not cost its files."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ReportError(f"{out}: not a folder; the report needs a folder of its own (--out)")
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in (INDEX, FIGURES))
+    if foreign:
+        raise ReportError(f"{out}: holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''} besides a "
+                          f"report; the report replaces the whole folder, so give it a folder of its own (--out)")
+
+
+def _umask_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o777 & ~mask
+
+
+def _swap_in(scratch: Path, out: Path) -> None:
+    """Put the finished `scratch` folder in the place of `out`, whole: the old report is renamed aside,
+    the new one renamed in, and the old one deleted. If the second rename fails, the old one goes back."""
+    os.chmod(scratch, _umask_mode())   # mkdtemp made it private; the report is an ordinary folder
+    if not out.exists():
+        os.replace(scratch, out)
+        return
+    old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-old-"))
+    os.replace(out, old)   # onto the empty folder mkdtemp reserved
+    try:
+        os.replace(scratch, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def build_report(store: Store | Path | str, out: Path | str) -> Report:
-    """The page and figures of `store` (a loaded Store or its folder) in `out`."""
+    """The page and figures of `store` (a loaded Store or its folder) as the folder `out`.
+
+    Drawn into a scratch folder beside `out` and swapped in whole once finished: a failure part way
+    leaves the previous report as it was. A store without a single run leaves an existing report alone
+    (`Report.kept`): an emptied or mistyped store must not wipe the published numbers."""
     store = store if isinstance(store, Store) else load_store(store)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    check_replaceable(out)
     notices = list(store.skipped)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as scratch_dir:
-        scratch = Path(scratch_dir)
+    if not store.tiers and (out / INDEX).exists():
+        return Report(out / INDEX, [], notices, kept=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-new-"))
+    try:
         tier_sections, drawn = [], []
         for tier in store.tiers:
             section, figure_files = tier_section(store, tier, scratch, notices)
             tier_sections.append(section)
             drawn += figure_files
         (scratch / INDEX).write_text(html.render_page(store, tier_sections, notices), encoding="utf-8")
-        _publish(scratch, out)
+        _swap_in(scratch, out)
+    finally:
+        if scratch.exists():
+            shutil.rmtree(scratch, ignore_errors=True)
     return Report(out / INDEX, [out / p.relative_to(scratch) for p in drawn], notices)
 
 

@@ -262,6 +262,6 @@ def load_store(path: Path | str) -> Store:
         else:
             skipped.append(f"{folder.name}/: no stored runs; no section for this tier")
     if not tiers:
-        skipped.append(f"{store}: no stored runs at all; the report is empty")
+        skipped.append(f"{store}: no stored runs at all")
     tiers.sort(key=lambda tier: (not tier.on_gpu, tier.name))
     return Store(store, tiers, _rules(store, skipped), skipped)
