@@ -448,3 +448,14 @@ def test_the_report_modules_import_one_another_without_a_cycle():
     for module in sorted(graph):
         cycle = cycle_from(module, [])
         assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="needs git and a checkout")
+def test_the_default_report_folder_is_one_git_ignores():
+    """`python -m gpuengine report` (and ./gate perf) build where git does not look; ./gate report names report/."""
+    from gpuengine.__main__ import build_parser
+    out = build_parser().parse_args(["report"]).out
+    for path in (f"{out}/index.html", f"{out}/figures/nvidia-h200/speedup.png"):
+        assert subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode == 0, \
+            f"{path} is not ignored by git: a report build dirties the checkout"
+    assert subprocess.run(["git", "check-ignore", "-q", "report/index.html"], cwd=REPO).returncode == 1
