@@ -88,7 +88,8 @@ def _report(args) -> int:
                   f"{plural(len(report.figures), 'figure')})")
         for tier in store.tiers:
             if tier.runs:
-                print(f"report: {tier.name}: newest run {tier.runs[-1].label} ({tier.runs[-1].date}) -> "
+                print(f"report: {tier.name}: newest run {tier.runs[-1].label} ({tier.runs[-1].date}, "
+                      f"{tier.runs[-1].status}) -> "
                       f"{report.index}#{tier.name}")
         for notice in report.notices:
             print(f"report: skipped: {notice}")

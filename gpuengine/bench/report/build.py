@@ -19,7 +19,7 @@ from . import figures, html, sections
 from .parts import FigureRef, Part, TierSection
 from .seeds import seed_tables
 from .store import ReportError, Store, TierRuns, load_store
-from .tables import to_markdown
+from .tables import FAILED_RUN, to_markdown
 
 INDEX = "index.html"
 FIGURES = "figures"
@@ -54,8 +54,10 @@ def _history_parts(store: Store, tier: TierRuns, draw: _Drawer, notices: list[st
     parts = []
     for series, runs in tier.series().items():
         name = series or "speed runs"
+        failed = sum(not run.passed for run in runs)
         part = Part(f"{tier.name}-history-{_slug(name)}", f"History: {name}",
-                    f"{len(runs)} stored runs of {tier.name}/{series}, oldest first; one point per run.")
+                    f"{len(runs)} stored runs of {tier.name}/{series}, oldest first; one point per run"
+                    + (f"; {failed} of them failed the gate (kept under history/, shaded)." if failed else "."))
         if len(runs) < 2:
             notices.append(f"{tier.name}/{series}: one stored run ({runs[0].label}), no history yet")
             part.intro = f"One stored run ({runs[0].label}, {runs[0].date}): no history yet."
@@ -93,10 +95,10 @@ def tier_section(store: Store, tier: TierRuns, root: Path, notices: list[str]) -
     else:
         seeds.intro = "The CPU tier runs smoke shapes, not the notes' workloads: the seed tables are for GPU tiers."
     workloads = Part(f"{tier.name}-workloads", "Per workload: the engine and every reference")
-    for function, (run, benchmarks) in sections.timed_workloads(tier).items():
+    for function, records in sections.timed_workloads(tier).items():
         draw(workloads, f"workload-{function}", f"{function}: samples/s and speed-ups", figures.workload_figure,
-             function, run, benchmarks)
-        workloads.tables.append(sections.workload_table(function, run, benchmarks))
+             function, records)
+        workloads.tables.append(sections.workload_table(function, records, tier))
     peak = Part(f"{tier.name}-peak", "Fraction of the measured peak", tables=[sections.peak_table(tier)])
     draw(peak, "peak", "fraction of the measured GEMM peak per workload and precision", figures.peak_figure, tier)
     if not peak.tables[0].rows:
@@ -105,11 +107,11 @@ def tier_section(store: Store, tier: TierRuns, root: Path, notices: list[str]) -
                   tables=sections.maxbatch_file_tables(tier))
     found = sections.max_batch_records(tier)
     if found:
-        memory.tables.insert(0, sections.max_batch_table(*found))
-        draw(memory, "max-batch", "largest batch under the memory cap", figures.max_batch_figure, found[1])
+        memory.tables.insert(0, sections.max_batch_table(found, tier))
+        draw(memory, "max-batch", "largest batch under the memory cap", figures.max_batch_figure, found)
     energy = sections.energy_records(tier)
     if energy:
-        memory.tables.append(sections.energy_table(energy))
+        memory.tables.append(sections.energy_table(energy, tier))
         draw(memory, "energy", "energy per training sample", figures.energy_figure, energy)
     if not memory.tables:
         memory.intro = "No stored run of this tier holds max-batch searches or energy readings."
@@ -183,15 +185,22 @@ def build_report(store: Store | Path | str, out: Path | str) -> Report:
 
 
 def markdown_report(store: Store) -> str:
-    """The README's results: per GPU tier, the speed-up summary, the seed tables and the energy readings."""
+    """The README's results: per GPU tier, the speed-up summary, the seed tables and the energy readings,
+    each figure the newest measurement of its test, a failed run's said to be one."""
     blocks = []
     for tier in store.tiers:
         if not tier.on_gpu:
             continue
         blocks.append(f"### {tier.gpu} (`baselines_store/{tier.name}/`)")
+        failed = tier.failed_runs
+        blocks.append(f"Each figure is the newest measurement of its test on this GPU, from {len(tier.runs)} stored "
+                      "runs" + (f"; {len(failed)} of them failed the gate and are kept under `history/` "
+                                f"({sections.runs_text(failed)}): their figures say \"{FAILED_RUN}\", beside the "
+                                "baseline in force (the newest passing run of that test)." if failed else
+                                ", all of which passed the gate."))
         tables = [sections.summary_table(tier), *seed_tables(tier)]
         energy = sections.energy_records(tier)
         if energy:
-            tables.append(sections.energy_table(energy))
+            tables.append(sections.energy_table(energy, tier))
         blocks += [to_markdown(table) for table in tables]
     return "\n\n".join(blocks) if blocks else "No GPU tier has a stored run yet."
