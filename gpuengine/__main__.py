@@ -5,9 +5,10 @@
         memory cap, for the engine and each PyTorch reference, as a table
     python -m gpuengine info
         the machine facts every stored benchmark run records
-    python -m gpuengine report [--store baselines_store] [--out report] [--markdown] [--readme README.md]
-        the report of every stored run: report/index.html and its figures; --markdown prints the
-        README's results tables instead, --readme PATH also rewrites PATH's generated block with them
+    python -m gpuengine report [--store baselines_store] [--out build/report] [--markdown] [--readme README.md]
+        the report of every stored run: <out>/index.html and its figures (by default in build/report/,
+        which git ignores; `./gate report` passes --out report, the committed copy); --markdown prints
+        the README's results tables instead, --readme PATH also rewrites PATH's generated block with them
     python -m gpuengine gatepower [study|calibrate] [--sessions N] [--trials T] [--levels 0,5,10] ...
         the regression gate's false-alarm and detection rates under injected slowdowns, or
         each perf test's run-to-run noise for noise.json (gpuengine/bench/gatepower/cli.py)
@@ -20,6 +21,8 @@ import sys
 
 from .bench.gatepower import cli as gatepower_cli
 from .bench.maxbatch.trial import ENGINES, MODES, TrialSpec, parse_cap
+
+DEFAULT_REPORT_OUT = "build/report"   # git-ignored: building the report never dirties the checkout
 
 
 def _maxbatch(args) -> int:
@@ -72,18 +75,28 @@ def _report(args) -> int:
     else:
         try:
             report = build_report(store, args.out)
+        except ReportError as exc:   # --out holds other files: nothing was written
+            print(f"python -m gpuengine report: error: {exc}", file=sys.stderr)
+            return 2
         except ImportError as exc:   # no matplotlib: the previous report stays as it was
             print(f"python -m gpuengine report: error: {exc}", file=sys.stderr)
             return 1
-        print(f"report: {report.index} ({plural(len(store.tiers), 'tier')}, {plural(store.run_count, 'run')}, "
-              f"{plural(len(report.figures), 'figure')})")
+        if report.kept:
+            print(f"report: {report.index}: kept as it was ({args.store} holds no stored run)")
+        else:
+            print(f"report: {report.index} ({plural(len(store.tiers), 'tier')}, {plural(store.run_count, 'run')}, "
+                  f"{plural(len(report.figures), 'figure')})")
         for tier in store.tiers:
             if tier.runs:
-                print(f"report: {tier.name}: newest run {tier.runs[-1].label} ({tier.runs[-1].date}) -> "
+                print(f"report: {tier.name}: newest run {tier.runs[-1].label} ({tier.runs[-1].date}, "
+                      f"{tier.runs[-1].status}) -> "
                       f"{report.index}#{tier.name}")
         for notice in report.notices:
             print(f"report: skipped: {notice}")
-    if refreshed is not None and refreshed != readme:
+    if refreshed is not None and not store.tiers:
+        print(f"report: {args.readme}: generated block kept as it was ({args.store} holds no stored run)",
+              file=sys.stderr)
+    elif refreshed is not None and refreshed != readme:
         Path(args.readme).write_text(refreshed)
         print(f"report: {args.readme}: generated block refreshed", file=sys.stderr)
     return 0
@@ -116,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(run=_info)
     report = commands.add_parser("report", help="HTML report with figures of the stored runs (or the README's tables)")
     report.add_argument("--store", default="baselines_store", help="the stored runs (default: baselines_store)")
-    report.add_argument("--out", default="report", help="folder of index.html and figures/ (default: report)")
+    report.add_argument("--out", default=DEFAULT_REPORT_OUT,
+                        help=f"folder of index.html and figures/, replaced whole (default: {DEFAULT_REPORT_OUT}, "
+                             "git-ignored; ./gate report writes the committed report/)")
     report.add_argument("--markdown", action="store_true",
                         help="print the README's results tables (Markdown) instead of writing the page")
     report.add_argument("--readme", metavar="PATH", help="also rewrite the generated block of PATH with those tables")

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 import textwrap
 from datetime import datetime
 from pathlib import Path
@@ -275,3 +278,50 @@ def test_the_gate_starts_from_the_stored_cudnn_plans_and_a_saved_run_adds_its_ne
     path.write_text("{")
     with pytest.raises(pytest.UsageError, match="cudnn_plans.json: not valid JSON at line 1"):
         session(exitstatus=0)
+
+
+def working_tree_copy(dest: Path) -> Path:
+    """A fresh git repository holding this checkout's working tree (tracked and untracked-but-not-ignored
+    files, as they are now), committed: what a user's clean checkout looks like before `./gate perf`."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():   # a tracked file deleted in the working tree is not copied
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    git = ["git", "-c", "user.name=gate smoke", "-c", "user.email=gate-smoke@localhost", "-c", "commit.gpgsign=false"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the checkout before ./gate perf"]):
+        subprocess.run(git + args, cwd=dest, check=True, env=git_env())
+    return dest
+
+
+def git_env() -> dict:
+    """The environment less what would point git or the engine somewhere else (hooks set GIT_DIR, say)."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("GIT_", "GPUENGINE_", "GATEPOWER_", "PYTEST_")) and k != "PYTHONPATH"}
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(),
+                    reason="needs git and a git checkout of the repository")
+def test_a_gate_perf_run_leaves_git_status_as_it_found_it_but_the_run_it_stored(tmp_path):
+    """`./gate perf` on the CPU tier (one quick test) in a committed copy of this working tree: afterwards
+    `git status` lists the one run it stored and nothing else; the report went to the ignored build/report/."""
+    repo = working_tree_copy(tmp_path / "repo")
+    env = dict(git_env(), GATE_NO_INSTALL="1", GPUENGINE_DEVICE="cpu", CUDA_VISIBLE_DEVICES="",
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    gate = subprocess.run(["./gate", "perf", "-k", "test_mlp_infer and b64"], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert gate.returncode == 0, gate.stdout[-3000:] + gate.stderr[-3000:]
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo, env=git_env(),
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    stored = [line for line in status if line.startswith("?? baselines_store/cpu-tier/")
+              and line.endswith(".json") and "/history/" not in line]
+    assert len(stored) == 1 and status == stored, f"the gate left more than its stored run: {status}"
+    run = json.loads((repo / stored[0][3:]).read_text())
+    assert [b["name"] for b in run["benchmarks"]] == ["test_mlp_infer[fp32-resident-b64]"]
+    assert run["commit_info"]["dirty"] is False
+    report = repo / "build" / "report" / "index.html"
+    assert report.is_file() and f"{report}" in gate.stdout
+    ignored = subprocess.run(["git", "check-ignore", "-q", "build/report/index.html"], cwd=repo, env=git_env())
+    assert ignored.returncode == 0

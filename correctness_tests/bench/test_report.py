@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import struct
@@ -90,10 +91,11 @@ def number(text: str) -> float:
     return float(match.group(1).replace(",", "")) * scale
 
 
-def stored(tier_folder: Path, test: str) -> dict:
-    """extra_info of `test` in the newest run of the folder that holds it, read straight from the JSON files."""
+def stored(tier_folder: Path, test: str, history: bool = True) -> dict:
+    """extra_info of `test` in the newest run of the folder that holds it (of the passing runs alone with
+    history=False: the baseline in force), read straight from the JSON files."""
     runs = [json.loads(p.read_text()) for p in tier_folder.rglob("[0-9][0-9][0-9][0-9]_*.json")
-            if "history" not in p.parts]   # runs that failed the gate are no results
+            if history or "history" not in p.relative_to(tier_folder).parts]
     holding = [(run["datetime"], b) for run in runs for b in run["benchmarks"] if b["name"] == test]
     assert holding, f"no stored run of {tier_folder} holds {test}"
     return max(holding, key=lambda pair: pair[0])[1]["extra_info"]
@@ -252,7 +254,7 @@ def test_bad_runs_are_skipped_with_their_reasons_and_the_report_builds(messy, ca
     parse_page(root / "out" / "index.html")
 
 
-def test_the_gates_own_files_are_no_results(tmp_path):
+def test_failed_runs_are_read_as_such_and_the_gates_own_files_are_no_results(tmp_path):
     store = messy_store(tmp_path)
     tier = store / "nvidia-test"
     good = next(tier.rglob("0001_good.json"))
@@ -263,7 +265,10 @@ def test_the_gates_own_files_are_no_results(tmp_path):
     (tier / "gatepower").mkdir()
     (tier / "gatepower" / "20261124_000000_abc.json").write_text('{"format": 1, "tests": {}}')
     loaded = load_store(store)
-    assert [run.path.name for tier in loaded.tiers for run in tier.runs] == ["0001_good.json"]
+    runs = [(run.path.name, run.passed, run.series) for tier in loaded.tiers for run in tier.runs]
+    assert sorted(runs) == [("0001_failed.json", False, ""), ("0001_good.json", True, "")]
+    failed = loaded.tiers[0].failed_runs[0]
+    assert failed.label == "history/0001 d225a9f" and failed.status == "failed run" and loaded.failed_count == 1
     assert not [line for line in loaded.skipped if any(f in line for f in ("history", "noise", "gatepower", "cudnn"))]
 
 
@@ -284,6 +289,80 @@ def test_an_empty_store_builds_an_empty_report(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "no stored runs at all" in out and "thresholds.json: not in the store" in out
     assert "none: the store holds no runs" in (tmp_path / "out" / "index.html").read_text()
+
+
+def test_an_empty_store_leaves_an_existing_report_and_readme_block_alone(tmp_path, capsys):
+    (tmp_path / "store").mkdir()
+    out = tmp_path / "out"
+    (out / "figures" / "nvidia-h200").mkdir(parents=True)
+    (out / "index.html").write_text("the previous report")
+    (out / "figures" / "nvidia-h200" / "speedup.png").write_bytes(b"png")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{GENERATED_BEGIN}\nthe published numbers\n{GENERATED_END}\n")
+    assert cli_main(["report", "--store", str(tmp_path / "store"), "--out", str(out), "--readme", str(readme)]) == 0
+    printed = capsys.readouterr()
+    assert f"{out / 'index.html'}: kept as it was" in printed.out and "generated block kept as it was" in printed.err
+    assert (out / "index.html").read_text() == "the previous report"
+    assert (out / "figures" / "nvidia-h200" / "speedup.png").read_bytes() == b"png"
+    assert generated_block(readme.read_text()) == "the published numbers"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "out", "store"]
+
+
+def small_store(root: Path) -> Path:
+    """One CPU-tier run of the committed store: a report of it draws a few figures."""
+    source = next((STORE / "cpu-tier").rglob("0001_*.json"))
+    tier = root / "store" / "cpu-tier" / source.parent.name
+    tier.mkdir(parents=True)
+    shutil.copy(source, tier / source.name)
+    return root / "store"
+
+
+def test_a_rebuild_replaces_the_whole_report_folder(tmp_path):
+    pytest.importorskip("matplotlib", reason=NEEDS_MATPLOTLIB)
+    out = tmp_path / "out"
+    (out / "figures" / "gone-tier").mkdir(parents=True)
+    (out / "index.html").write_text("the previous report")
+    (out / "figures" / "gone-tier" / "stale.png").write_bytes(b"png")
+    report = build_report(small_store(tmp_path), out)
+    assert not (out / "figures" / "gone-tier").exists(), "a figure of the previous report outlived the rebuild"
+    assert report.figures and all(figure.is_file() for figure in report.figures)
+    assert "the previous report" not in report.index.read_text()
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~mask   # an ordinary folder, not mkdtemp's private one
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "store"]   # no scratch or old folder left
+
+
+def test_a_failure_while_publishing_puts_the_previous_report_back_whole(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason=NEEDS_MATPLOTLIB)
+    from gpuengine.bench.report import build
+    out = tmp_path / "out"
+    (out / "figures" / "old").mkdir(parents=True)
+    (out / "index.html").write_text("the previous report")
+    (out / "figures" / "old" / "a.png").write_bytes(b"png")
+    real_replace = build.os.replace
+
+    def replace(source, target):   # the new report cannot be moved into place
+        if Path(target) == out and Path(source).name.startswith(".out-new-"):
+            raise OSError("disk trouble")
+        return real_replace(source, target)
+    monkeypatch.setattr(build.os, "replace", replace)
+    with pytest.raises(OSError, match="disk trouble"):
+        build_report(small_store(tmp_path), out)
+    assert (out / "index.html").read_text() == "the previous report"
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["figures", "figures/old", "figures/old/a.png",
+                                                                        "index.html"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "store"]
+
+
+def test_an_out_folder_holding_other_files_is_refused_untouched(tmp_path, capsys):
+    out = tmp_path / "src"
+    out.mkdir()
+    (out / "engine.py").write_text("precious")
+    assert cli_main(["report", "--store", str(small_store(tmp_path)), "--out", str(out)]) == 2
+    assert f"{out}: holds engine.py besides a report" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["engine.py"] and (out / "engine.py").read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src", "store"]
 
 
 def test_a_missing_store_is_an_error_naming_it_and_writes_nothing(tmp_path, capsys):
@@ -347,3 +426,179 @@ def test_chromium_renders_the_page(built, tmp_path):
     coloured = ((pixels.max(axis=-1) - pixels.min(axis=-1)) > 0.4).mean()
     assert drawn > 0.05, f"a blank page: {drawn:.1%} of it differs from the background"
     assert coloured > 0.01, f"no figure rendered: {coloured:.2%} of the pixels are coloured"
+
+
+def test_the_report_modules_import_one_another_without_a_cycle():
+    """Every `from .x import` between the report's modules, TYPE_CHECKING blocks included, forms no cycle."""
+    import ast
+    package = REPO / "gpuengine" / "bench" / "report"
+    graph = {}
+    for path in package.glob("*.py"):
+        imports = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                imports |= {node.module} if node.module else {alias.name for alias in node.names}
+        graph[path.stem] = {name for name in imports if (package / f"{name}.py").exists()}
+
+    def cycle_from(module, trail):
+        if module in trail:
+            return trail[trail.index(module):] + [module]
+        for imported in sorted(graph.get(module, ())):
+            found = cycle_from(imported, trail + [module])
+            if found:
+                return found
+        return None
+
+    for module in sorted(graph):
+        cycle = cycle_from(module, [])
+        assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="needs git and a checkout")
+def test_the_default_report_folder_is_one_git_ignores():
+    """`python -m gpuengine report` (and ./gate perf) build where git does not look; ./gate report names report/."""
+    from gpuengine.__main__ import build_parser
+    out = build_parser().parse_args(["report"]).out
+    for path in (f"{out}/index.html", f"{out}/figures/nvidia-h200/speedup.png"):
+        assert subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode == 0, \
+            f"{path} is not ignored by git: a report build dirties the checkout"
+    assert subprocess.run(["git", "check-ignore", "-q", "report/index.html"], cwd=REPO).returncode == 1
+
+
+GPU_RUN = next((H200 / "Linux-CPython-3.12-64bit").glob("0004_*.json"))
+MLP_1 = "test_mlp_train[tf32-graph8-resident-bpe1]"
+CNN_128 = "test_cnn_train[tf32-graph8-resident-b128]"
+RESNET = "test_resnet_train[cifar10-tf32-graph8-resident-b128]"
+
+
+def gpu_run(when: str, commit: str, engine_samples_per_s: dict[str, float]) -> dict:
+    """A copy of H200 run 0004 holding only the named tests, the engine's samples/s set as given
+    (RESNET is 0004's CNN record renamed)."""
+    run = json.loads(GPU_RUN.read_text())
+    by_name = {b["name"]: b for b in run["benchmarks"]}
+    benchmarks = []
+    for name, samples in engine_samples_per_s.items():
+        bench = copy.deepcopy(by_name[CNN_128 if name == RESNET else name])
+        bench["name"] = name
+        bench["extra_info"]["samples_per_s"]["gpuengine"] = samples
+        benchmarks.append(bench)
+    return dict(run, benchmarks=benchmarks, datetime=when, commit_info=dict(run["commit_info"], id=commit * 40))
+
+
+def write_run(store: Path, rel: str, run: dict) -> None:
+    path = store / "nvidia-h200" / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(run))
+
+
+@pytest.fixture
+def failing_store(tmp_path) -> Path:
+    """A baseline (0001 aaaaaaa: MLP and CNN), then a run that failed the gate (history/0001 bbbbbbb: MLP faster,
+    and a ResNet record no baseline holds)."""
+    store = tmp_path / "store"
+    write_run(store, "Linux-CPython-3.12-64bit/0001_a.json",
+              gpu_run("2026-11-21T07:00:00+00:00", "a", {MLP_1: 1.0e6, CNN_128: 3.0e6}))
+    write_run(store, "history/Linux-CPython-3.12-64bit/0001_b.json",
+              gpu_run("2026-11-22T07:00:00+00:00", "b", {MLP_1: 2.0e6, RESNET: 9876.0}))
+    return store
+
+
+def cells(table, first: str) -> list[dict[str, str]]:
+    """The rows of a Table whose first cell is `first`, each with the row under it (`next`), as column -> text."""
+    out = []
+    for i, row_cells in enumerate(table.rows):
+        if row_cells[0].text == first:
+            following = table.rows[i + 1] if i + 1 < len(table.rows) else []
+            out.append(dict(zip(table.columns, (c.text for c in row_cells)),
+                            next=dict(zip(table.columns, (c.text for c in following)))))
+    return out
+
+
+def test_tables_show_a_failed_runs_measurement_marked_next_to_the_baseline_in_force(failing_store):
+    from gpuengine.bench.report.sections import summary_table
+    tier = load_store(failing_store).tiers[0]
+    summary = summary_table(tier)
+    (mlp,) = [r for r in cells(summary, "MLP train, 1 batch/epoch") if r["Precision"] == "tf32"]
+    assert mlp["gpuengine"] == "2.00 M/s"
+    assert mlp["Run"].startswith("history/0001 bbbbbbb, 2026-11-22 07:00: failed run")
+    assert mlp["next"]["Workload"] == "↳ baseline in force" and mlp["next"]["gpuengine"] == "1.00 M/s"
+    assert mlp["next"]["Run"].startswith("0001 aaaaaaa, 2026-11-21 07:00: passed")
+    (cnn,) = [r for r in cells(summary, "CNN train, batch 128") if r["Precision"] == "tf32"]
+    assert cnn["gpuengine"] == "3.00 M/s" and cnn["Run"] == "0001 aaaaaaa, 2026-11-21 07:00: passed"
+    assert cnn["next"]["Workload"] != "↳ baseline in force"
+    (resnet,) = [r for r in cells(summary, "ResNet-50 train, CIFAR-10") if r["Precision"] == "tf32"]
+    assert resnet["Run"].endswith("failed run; no baseline yet") and resnet["gpuengine"] == "9.88 k/s"
+    (infer,) = [r for r in cells(summary, "MLP infer, batch 8000") if r["Precision"] == "tf32"]
+    assert infer["gpuengine"] == "not measured yet"   # no run at all holds it
+    assert all(c.failed for c in summary.rows[0][2:]) and not any(c.failed for c in summary.rows[1])
+
+    seeds = {t.title: t for t in seed_tables(tier)}
+    result = seeds["Seed 000 — the result: dense MLP 1000→1000 tanh→1, TF32"]
+    (training,) = cells(result, "Training throughput (1 batch per epoch)")
+    assert training["gpuengine (NVIDIA H200)"] == "2.00 M/s [failed run; baseline 1.00 M/s]"
+    assert "history/0001 bbbbbbb (2026-11-22 07:00, failed run" in result.caption
+    assert "baseline in force" in result.caption and "0001 aaaaaaa (2026-11-21 07:00, passed)" in result.caption
+    resnet_seed = seeds["Seed 002 — ResNet-50 training throughput, batch 128 (samples/s)"]
+    assert cells(resnet_seed, "CIFAR-10")[0]["gpuengine"] == "9,876 [failed run; no baseline]"
+    cnn_seed = seeds["Seed 001 — CNN training throughput (samples/s; note: epoch wall time in parentheses)"]
+    assert cells(cnn_seed, "gpuengine (OpenNN in the note)")[0]["Batch 128 (NVIDIA H200)"] == "3,000,000"
+    assert "0001 aaaaaaa (2026-11-21 07:00, passed" in cnn_seed.caption
+
+    markdown = markdown_report(load_store(failing_store))
+    assert "2 stored runs; 1 of them failed the gate" in markdown and "history/0001 bbbbbbb" in markdown
+    assert "| 2.00 M/s [failed run; baseline 1.00 M/s] |" in markdown
+
+
+def test_a_newer_baseline_is_shown_plain_and_the_failed_run_stays_in_the_history(failing_store):
+    from gpuengine.bench.report.sections import history_table, summary_table
+    write_run(failing_store, "Linux-CPython-3.12-64bit/0002_c.json",
+              gpu_run("2026-11-23T07:00:00+00:00", "c", {MLP_1: 1.5e6}))
+    tier = load_store(failing_store).tiers[0]
+    (mlp,) = [r for r in cells(summary_table(tier), "MLP train, 1 batch/epoch") if r["Precision"] == "tf32"]
+    assert mlp["gpuengine"] == "1.50 M/s" and mlp["Run"] == "0002 ccccccc, 2026-11-23 07:00: passed"
+    history = history_table(tier.runs, load_store(failing_store), tier.gpu)
+    assert history.columns[1:4] == ["0001 aaaaaaa 2026-11-21 07:00",
+                                    "history/0001 bbbbbbb 2026-11-22 07:00 (failed run)",
+                                    "0002 ccccccc 2026-11-23 07:00"]
+
+
+def test_the_workload_table_shows_each_cases_newest_measurement(failing_store):
+    """The failed run holds one MLP case; the workload table still shows the others from the baseline."""
+    from gpuengine.bench.report.sections import timed_workloads, workload_table
+    write_run(failing_store, "Linux-CPython-3.12-64bit/0000_old.json",
+              gpu_run("2026-11-20T07:00:00+00:00", "d", {"test_mlp_train[tf32-graph8-resident-bpe12]": 5.0e5}))
+    tier = load_store(failing_store).tiers[0]
+    table = workload_table("test_mlp_train", timed_workloads(tier)["test_mlp_train"], tier)
+    assert [(r[0].text, r[-1].text.split(",")[0]) for r in table.rows] == [
+        ("tf32-graph8-resident-bpe1", "history/0001 bbbbbbb"), ("↳ baseline in force", "0001 aaaaaaa"),
+        ("tf32-graph8-resident-bpe12", "0000 ddddddd")]
+
+
+def test_the_h100_runs_that_failed_the_gate_show_where_a_reader_looks(store):
+    from gpuengine.bench.report.sections import summary_table, timed_workloads, workload_table
+    h100_folder = STORE / "nvidia-h100-80gb-hbm3"
+    h100 = next(tier for tier in store.tiers if tier.name == "nvidia-h100-80gb-hbm3")
+    zoo = workload_table("test_zoo_train", timed_workloads(h100)["test_zoo_train"], h100)
+    (alexnet,) = cells(zoo, "alexnet-tf32-streamed-b16")
+    assert alexnet["vs torch_graph"].startswith("0.65×") and alexnet["Run"].startswith("history/0001 3e3eb3d")
+    assert "failed run; no baseline yet" in alexnet["Run"]
+    streamed = workload_table("test_mlp_streamed", timed_workloads(h100)["test_mlp_streamed"], h100)
+    assert all(r[-1].text.startswith("history/0002 ec436d0") for r in streamed.rows)   # the newest failed run
+    assert any(r[-1].text.startswith("history/0002 ec436d0") for r in
+               workload_table("test_cnn_streamed", timed_workloads(h100)["test_cnn_streamed"], h100).rows)
+
+    zoo_seed = next(t for t in seed_tables(h100) if t.title.startswith("Seed 003"))
+    info = stored(h100_folder, "test_zoo_train[alexnet-tf32-streamed-b16]")
+    engine_ms = cells(zoo_seed, "gpuengine")[0]["alexnet"]
+    assert engine_ms.endswith(" [failed run; no baseline]")
+    assert float(engine_ms.split()[0]) == pytest.approx(1e3 * 16 / info["samples_per_s"]["gpuengine"], abs=1e-3)
+    assert "history/0001 3e3eb3d (2026-11-23 14:39, failed run" in zoo_seed.caption
+
+    (resnet,) = [r for r in cells(summary_table(h100), "ResNet-50 train, CIFAR-10") if r["Precision"] == "tf32"]
+    newest, in_force = (stored(h100_folder, RESNET), stored(h100_folder, RESNET, history=False))
+    assert number(resnet["vs torch_graph"].split()[0]) == pytest.approx(newest["ratios"]["torch_graph"]["median"],
+                                                                        abs=5e-3)
+    assert resnet["next"]["Workload"] == "↳ baseline in force" and resnet["next"]["Run"].startswith("0001 d4fcd16")
+    assert number(resnet["next"]["vs torch_graph"].split()[0]) == pytest.approx(
+        in_force["ratios"]["torch_graph"]["median"], abs=5e-3)
+    assert "history/0001 3e3eb3d" in markdown_report(store)

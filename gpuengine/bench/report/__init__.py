@@ -6,7 +6,7 @@
 - `sections`: per workload, by precision, peak, max batch, energy, history and machine tables;
 - `figures`: the PNGs (matplotlib, Agg); `html`: the page; `build`: all of it into `<out>/`.
 
-    python -m gpuengine report [--store baselines_store] [--out report] [--markdown] [--readme README.md]
+    python -m gpuengine report [--store baselines_store] [--out build/report] [--markdown] [--readme README.md]
 """
 from .build import Report, build_report, markdown_report
 from .store import ReportError, load_store

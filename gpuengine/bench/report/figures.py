@@ -3,14 +3,17 @@
 Speed-ups are same-run medians of per-round ratios with the lowest and highest round as error bars
 (`gpuengine.bench.benchmarking.RatioSummary`), on a log axis so that 2x faster and 2x slower look
 alike; history plots one point per stored run, labelled by run number, commit and date, with the
-thresholds of `baselines_store/thresholds.json` dashed. matplotlib is the `report` extra.
+thresholds of `baselines_store/thresholds.json` dashed. Every figure shows the newest measurement of
+each test; one from a run that failed the gate is labelled "[failed run]" (history shades that run's
+column). matplotlib is the `report` extra.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from .sections import HISTORY_REFERENCE, references, summary_rows, workload_name
+from .sections import HISTORY_REFERENCE, Record, references, summary_rows, workload_name
 from .store import Benchmark, Run, Store, TierRuns
+from .tables import FAILED_RUN
 from ..thresholds import rule_for
 
 DPI = 100
@@ -38,6 +41,11 @@ def _save(figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png", metadata={"Software": None})  # no version stamp: rebuilds diff only on data
     return path
+
+
+def marked(label: str, run: Run) -> str:
+    """A figure's label for a measurement of `run`: said to come from a failed run where it does."""
+    return label if run.passed else f"{label} [{FAILED_RUN}]"
 
 
 def colour(runner: str) -> str:
@@ -101,7 +109,8 @@ def _speedup_axis(axis, title: str):
 
 def speedup_figure(tier: TierRuns, path: Path) -> Path | None:
     """The README's figure: speed-up over each PyTorch reference for the summary cases that are stored."""
-    stored = [(f"{label} · {precision}", found[1]) for label, precision, found in summary_rows(tier) if found]
+    stored = [(marked(f"{label} · {precision}", found[0]), found[1])
+              for label, precision, found in summary_rows(tier) if found]
     if not stored:
         return None
     labels, benchmarks = [label for label, _ in stored], [bench for _, bench in stored]
@@ -114,9 +123,11 @@ def speedup_figure(tier: TierRuns, path: Path) -> Path | None:
     return _save(figure, path)
 
 
-def workload_figure(function: str, run: Run, benchmarks: list[Benchmark], path: Path) -> Path:
-    """Samples/s of the engine and every reference per case, and the speed-ups with their spread."""
-    labels = [b.case or b.name for b in benchmarks]
+def workload_figure(function: str, records: list[Record], path: Path) -> Path:
+    """Samples/s of the engine and every reference per case (its newest measurement), and the speed-ups
+    with their spread."""
+    benchmarks = [bench for _, bench in records]
+    labels = [marked(bench.case or bench.name, run) for run, bench in records]
     refs = references(benchmarks)
     figure, axes = _figure(0.22 * len(labels) * (len(refs) + 1) / 2 + 1.5, columns=2, sharey=True)
     throughput = {"gpuengine": [b.throughput(b.engine) for b in benchmarks]}
@@ -129,13 +140,15 @@ def workload_figure(function: str, run: Run, benchmarks: list[Benchmark], path: 
                   fontsize=8)
     medians, spans = _ratio_spans(benchmarks, refs)
     _grouped_bars(axes[0][1], labels, medians, spans)
-    _speedup_axis(axes[0][1], f"speed-up, run {run.label} ({run.date})")
+    runs = list(dict.fromkeys(f"{run.label} ({run.date})" for run, _ in records))
+    _speedup_axis(axes[0][1], f"speed-up, run {runs[0]}" if len(runs) == 1 else
+                  f"speed-up, newest run of each case ({len(runs)} runs)")
     return _save(figure, path)
 
 
 def peak_figure(tier: TierRuns, path: Path) -> Path | None:
     """Fraction of the measured GEMM peak of the engine and the references, per workload and precision."""
-    rows = [(f"{label} · {precision}", found[1]) for label, precision, found in summary_rows(tier)
+    rows = [(marked(f"{label} · {precision}", found[0]), found[1]) for label, precision, found in summary_rows(tier)
             if found and found[1].info.get("fraction_of_peak")]
     if not rows:
         return None
@@ -154,7 +167,19 @@ def peak_figure(tier: TierRuns, path: Path) -> Path | None:
 
 
 def _run_ticks(axis, runs: list[Run]):
-    axis.set_xticks(range(len(runs)), [f"{r.number} {r.short_commit}\n{r.date}" for r in runs], fontsize=7)
+    axis.set_xticks(range(len(runs)), [f"{r.label}\n{r.date}" + ("" if r.passed else f"\n{FAILED_RUN}")
+                                       for r in runs], fontsize=7)
+    for tick, run in zip(axis.get_xticklabels(), runs):
+        if not run.passed:
+            tick.set_color("#b31d28")
+
+
+def _shade_failed(axes, runs: list[Run]):
+    """A pale red band behind each run that failed the gate."""
+    for x, run in enumerate(runs):
+        if not run.passed:
+            for axis in axes:
+                axis.axvspan(x - 0.45, x + 0.45, color="#ffd7d5", alpha=0.6, linewidth=0, zorder=0)
 
 
 def history_figure(function: str, runs: list[Run], store: Store, gpu: str, path: Path) -> Path | None:
@@ -191,19 +216,20 @@ def history_figure(function: str, runs: list[Run], store: Store, gpu: str, path:
     bottom.set_ylabel(f"speed-up over {HISTORY_REFERENCE} (log)")
     for axis in (top, bottom):
         axis.grid(alpha=0.3)
+    _shade_failed((top, bottom), runs)
     _run_ticks(bottom, runs)
     bottom.set_xlim(-0.5, len(runs) - 0.5)
     figure.legend(loc="outside right upper", fontsize=7, title="case", title_fontsize=8)
     return _save(figure, path)
 
 
-def max_batch_figure(records: list[Benchmark], path: Path) -> Path | None:
+def max_batch_figure(records: list[Record], path: Path) -> Path | None:
     """Largest batch per runner, training and inference side by side."""
     by_mode: dict[str, dict[str, int]] = {}
-    for bench in records:
+    for run, bench in records:
         for runner, search in bench.info["max_batch"].items():
             if search.get("max_batch"):
-                by_mode.setdefault(bench.info.get("mode", "?"), {})[runner] = search["max_batch"]
+                by_mode.setdefault(bench.info.get("mode", "?"), {})[marked(runner, run)] = search["max_batch"]
     if not by_mode:
         return None
     figure, axes = _figure(0.3 * sum(len(v) for v in by_mode.values()) + 1.5, columns=len(by_mode))
@@ -219,8 +245,8 @@ def max_batch_figure(records: list[Benchmark], path: Path) -> Path | None:
     return _save(figure, path)
 
 
-def energy_figure(records: list[tuple[Run, Benchmark]], path: Path) -> Path | None:
-    rows = [(f"{bench.name} · {runner}", runner, bench.info["energy"]) for _, bench in records
+def energy_figure(records: list[Record], path: Path) -> Path | None:
+    rows = [(marked(f"{bench.name} · {runner}", run), runner, bench.info["energy"]) for run, bench in records
             for runner in bench.info["energy"].get("total_j_per_sample", {})]
     if not rows:
         return None

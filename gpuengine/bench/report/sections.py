@@ -3,13 +3,20 @@
 Each reads what `gpuengine.bench.benchmarking.Comparison.extra_info` and the perf tests store
 (perf_tests/: samples_per_s, ratios with low/high/spread, fraction_of_peak against the GEMM peak
 measured in the same session, max_batch searches, energy) and the machine facts of
-`gpuengine.bench.machine_info`. A workload's table shows the newest run that holds it.
+`gpuengine.bench.machine_info`. Every table shows the newest measurement of each test, whichever run it
+came from: a run that failed the gate (kept under history/) is named as one in the table's Run column,
+and the rows of the baseline in force (the newest passing run of that test) follow its rows.
 """
 from __future__ import annotations
 
+from typing import Callable, Iterable
+
 from ..thresholds import rule_for
 from .store import Benchmark, Run, Store, TierRuns
-from .tables import NONE, NOT_MEASURED, Cell, Table, count, percent, rate, speedup, speedup_with_spread
+from .tables import (BASELINE_ROW, NONE, NOT_MEASURED, Cell, Table, count, percent, rate, speedup,
+                     speedup_with_spread)
+
+Record = tuple[Run, Benchmark]
 
 REFERENCE_ORDER = ("torch_graph", "torch_compile", "torch_eager", "tf_keras", "gpuengine_oneshot")
 HISTORY_REFERENCE = "torch_graph"   # the opponent the engine must beat (DESIGN.md)
@@ -34,7 +41,47 @@ def workload_name(function: str) -> str:
 
 
 def source(run: Run, bench: Benchmark) -> str:
-    return f"{bench.name}, run {run.label} ({run.date})"
+    where = f"{bench.name}, run {run.label} ({run.date})"
+    if run.passed:
+        return where
+    verdict = run.check(bench.name)
+    return (f"{where}, a run that failed the gate (kept under history/, not a baseline)"
+            + (f"; the gate's check of this test: {verdict}" if verdict else ""))
+
+
+def run_text(run: Run) -> str:
+    """'0001 d4fcd16 (2026-11-23 10:58, passed)': the run, its commit and date, and whether it passed the gate."""
+    return f"{run.label} ({run.date}, {run.status})"
+
+
+def runs_text(runs: Iterable[Run]) -> str:
+    return ", ".join(run_text(run) for run in {run.path: run for run in runs}.values()) or "none yet"
+
+
+def run_cell(run: Run, note: str = "") -> Cell:
+    return Cell(f"{run.label}, {run.date}: {run.status}{'; ' + note if note else ''}", str(run.path),
+                failed=not run.passed)
+
+
+def add_measured(table: Table, tier: TierRuns, run: Run, bench: Benchmark,
+                 rows: Callable[[Run, Benchmark], list[list[Cell | str]]]) -> list[Run]:
+    """The rows of one test's newest measurement with its run in the last column; when that run failed
+    the gate, the rows of the baseline in force follow (their first cell says so), or the run cell says
+    there is none. Returns the runs shown, for the caption."""
+    baseline = None if run.passed else tier.baseline_of(run, bench)
+    note = "" if run.passed else "baseline in force below" if baseline else "no baseline yet"
+    for cells in rows(run, bench):
+        table.add(*(_failed(cell) if not run.passed else cell for cell in cells), run_cell(run, note))
+    if baseline is None:
+        return [run]
+    for cells in rows(*baseline):
+        table.add(Cell(BASELINE_ROW, source(*baseline)), *cells[1:], run_cell(baseline[0], "baseline in force"))
+    return [run, baseline[0]]
+
+
+def _failed(cell: Cell | str) -> Cell:
+    cell = cell if isinstance(cell, Cell) else Cell(cell)
+    return Cell(cell.text, cell.source, failed=True)
 
 
 def references(benchmarks: list[Benchmark]) -> list[str]:
@@ -43,34 +90,38 @@ def references(benchmarks: list[Benchmark]) -> list[str]:
     return sorted(names, key=lambda n: (REFERENCE_ORDER.index(n) if n in REFERENCE_ORDER else len(REFERENCE_ORDER), n))
 
 
-def timed_workloads(tier: TierRuns) -> dict[str, tuple[Run, list[Benchmark]]]:
-    """Per test function with throughputs: the newest run that holds it and its cases there."""
-    workloads: dict[str, tuple[Run, list[Benchmark]]] = {}
-    for run in reversed(tier.runs):
-        for bench in run.benchmarks.values():
-            if bench.samples_per_s and bench.function not in workloads:
-                workloads[bench.function] = (run, [])
-            if bench.samples_per_s and workloads[bench.function][0] is run:
-                workloads[bench.function][1].append(bench)
+def timed_workloads(tier: TierRuns) -> dict[str, list[Record]]:
+    """Per test function with throughputs: the newest measurement of each of its cases, passed or failed."""
+    workloads: dict[str, list[Record]] = {}
+    for run, bench in tier.newest(lambda bench: bool(bench.samples_per_s)):
+        workloads.setdefault(bench.function, []).append((run, bench))
     return workloads
 
 
-def workload_table(function: str, run: Run, benchmarks: list[Benchmark]) -> Table:
-    refs = references(benchmarks)
+def with_baselines(tier: TierRuns, records: list[Record]) -> list[Record]:
+    """`records` and, for those of failed runs, the baselines in force."""
+    baselines = [tier.baseline_of(run, bench) for run, bench in records if not run.passed]
+    return records + [found for found in baselines if found is not None]
+
+
+def workload_table(function: str, records: list[Record], tier: TierRuns) -> Table:
+    refs = references([bench for _, bench in with_baselines(tier, records)])
     columns = ["Case", "Precision", "gpuengine"]
     for ref in refs:
         columns += [ref, f"vs {ref}"]
     table = Table(f"{workload_name(function)}: samples/s and same-run speed-up (lowest–highest round)",
-                  columns + ["gpuengine % of peak"],
-                  caption=f"Run {run.label} ({run.date}, {run.path}).")
-    for bench in benchmarks:
+                  columns + ["gpuengine % of peak", "Run"])
+
+    def rows(run: Run, bench: Benchmark) -> list[list[Cell]]:
         where = source(run, bench)
         cells = [Cell(bench.case or bench.name, where), Cell(bench.precision or NONE),
                  Cell(rate(bench.throughput(bench.engine)), where)]
         for ref in refs:
             cells += [Cell(rate(bench.throughput(ref)), where), Cell(speedup_with_spread(bench.ratio(ref)), where)]
         fraction = (bench.info.get("fraction_of_peak") or {}).get(bench.engine)
-        table.add(*cells, Cell(percent(fraction), where))
+        return [cells + [Cell(percent(fraction), where)]]
+    shown = [shown_run for run, bench in records for shown_run in add_measured(table, tier, run, bench, rows)]
+    table.caption = f"The newest measurement of each case. Runs {runs_text(shown)}."
     return table
 
 
@@ -84,67 +135,71 @@ def summary_table(tier: TierRuns) -> Table:
     refs = ("torch_graph", "torch_compile", "torch_eager")
     table = Table(f"Engine speed-up over each PyTorch reference by precision, {tier.title} (same run, median of "
                   "interleaved rounds, lowest–highest round)",
-                  ["Workload", "Precision", "gpuengine", *(f"vs {ref}" for ref in refs), "% of GEMM peak"])
-    used = {}
+                  ["Workload", "Precision", "gpuengine", *(f"vs {ref}" for ref in refs), "% of GEMM peak", "Run"])
+    shown: list[Run] = []
     for label, precision, found in summary_rows(tier):
         if found is None:
-            table.add(label, precision, NOT_MEASURED, *(NOT_MEASURED for _ in refs), NOT_MEASURED)
+            table.add(label, precision, NOT_MEASURED, *(NOT_MEASURED for _ in refs), NOT_MEASURED, NONE)
             continue
-        run, bench = found
-        used[run.label] = run
-        where = source(run, bench)
-        fraction = (bench.info.get("fraction_of_peak") or {}).get(bench.engine)
-        table.add(label, precision, Cell(rate(bench.throughput(bench.engine)), where),
-                  *(Cell(speedup_with_spread(bench.ratio(ref)), where) for ref in refs), Cell(percent(fraction), where))
-    runs = ", ".join(f"{run.label} ({run.date})" for run in used.values()) or "none yet"
-    table.caption = (f"Runs {runs}. fp32 is IEEE fp32; tf32 uses tensor cores with fp32 storage; bf16 computes in "
-                     "bf16 with fp32 master weights, on both sides. % of peak: of the GEMM peak measured in the same "
-                     "session at that precision.")
+
+        def rows(run: Run, bench: Benchmark, label=label, precision=precision) -> list[list[Cell | str]]:
+            where = source(run, bench)
+            fraction = (bench.info.get("fraction_of_peak") or {}).get(bench.engine)
+            return [[label, precision, Cell(rate(bench.throughput(bench.engine)), where),
+                     *(Cell(speedup_with_spread(bench.ratio(ref)), where) for ref in refs),
+                     Cell(percent(fraction), where)]]
+        shown += add_measured(table, tier, *found, rows)
+    table.caption = (f"The newest measurement of each case, from runs {runs_text(shown)}. fp32 is IEEE fp32; tf32 "
+                     "uses tensor cores with fp32 storage; bf16 computes in bf16 with fp32 master weights, on both "
+                     "sides. % of peak: of the GEMM peak measured in the same session at that precision.")
     return table
 
 
 def peak_table(tier: TierRuns) -> Table:
     table = Table("Fraction of the measured GEMM peak, per workload and precision",
                   ["Workload", "Case", "Precision", "Measured peak", "gpuengine", "gpuengine % of peak",
-                   "torch_graph % of peak", "torch_compile % of peak", "torch_eager % of peak"])
-    for function, (run, benchmarks) in timed_workloads(tier).items():
-        for bench in benchmarks:
-            fractions = bench.info.get("fraction_of_peak")
-            if not fractions:
-                continue
-            where = source(run, bench)
-            achieved = (bench.info.get("achieved_tflops") or {}).get(bench.engine)
-            table.add(workload_name(function), Cell(bench.case, where), bench.precision or NONE,
-                      f"{bench.info.get('peak_tflops_measured', 0):.0f} TFLOP/s",
-                      Cell(NONE if achieved is None else f"{achieved:.1f} TFLOP/s", where),
-                      *(Cell(percent(fractions.get(name)), where)
-                        for name in (bench.engine, "torch_graph", "torch_compile", "torch_eager")))
+                   "torch_graph % of peak", "torch_compile % of peak", "torch_eager % of peak", "Run"])
+
+    def rows(run: Run, bench: Benchmark) -> list[list[Cell | str]]:
+        fractions = bench.info.get("fraction_of_peak") or {}
+        where = source(run, bench)
+        achieved = (bench.info.get("achieved_tflops") or {}).get(bench.engine)
+        return [[workload_name(bench.function), Cell(bench.case, where), bench.precision or NONE,
+                 f"{bench.info.get('peak_tflops_measured', 0):.0f} TFLOP/s",
+                 Cell(NONE if achieved is None else f"{achieved:.1f} TFLOP/s", where),
+                 *(Cell(percent(fractions.get(name)), where)
+                   for name in (bench.engine, "torch_graph", "torch_compile", "torch_eager"))]]
+    for records in timed_workloads(tier).values():
+        for run, bench in records:
+            if bench.info.get("fraction_of_peak"):
+                add_measured(table, tier, run, bench, rows)
     return table
 
 
-def max_batch_records(tier: TierRuns) -> tuple[Run, list[Benchmark]] | None:
-    """The newest run holding max-batch searches, and those records."""
-    for run in reversed(tier.runs):
-        records = [bench for bench in run.benchmarks.values() if isinstance(bench.info.get("max_batch"), dict)]
-        if records:
-            return run, records
-    return None
+def max_batch_records(tier: TierRuns) -> list[Record]:
+    """The newest measurement of each test holding max-batch searches."""
+    return tier.newest(lambda bench: isinstance(bench.info.get("max_batch"), dict))
 
 
-def max_batch_table(run: Run, records: list[Benchmark]) -> Table:
+def max_batch_table(records: list[Record], tier: TierRuns) -> Table:
     table = Table("Largest batch under the memory cap (one fresh process per trial)",
                   ["Test", "Mode", "Runner", "Max batch", "Bytes per sample", "Peak device memory at max",
-                   "Trials", "Engine / reference"],
-                  caption=f"Run {run.label} ({run.date}, {run.path}); cap {records[0].info.get('cap_gib')} GiB.")
-    for bench in records:
+                   "Trials", "Engine / reference", "Run"])
+
+    def rows(run: Run, bench: Benchmark) -> list[list[Cell | str]]:
         where = source(run, bench)
         ratio = bench.info.get("ratio", bench.info.get("pool1_over_pool3"))
+        out = []
         for runner, search in bench.info["max_batch"].items():
             peak = search.get("peak_bytes_at_max")
-            table.add(Cell(bench.case or bench.name, where), bench.info.get("mode", NONE), runner,
-                      Cell(count(search.get("max_batch")), where), count(search.get("bytes_per_sample")),
-                      NONE if peak is None else f"{peak / 2**30:.2f} GiB", str(search.get("trials", NONE)),
-                      Cell(speedup(ratio), where))
+            out.append([Cell(bench.case or bench.name, where), bench.info.get("mode", NONE), runner,
+                        Cell(count(search.get("max_batch")), where), count(search.get("bytes_per_sample")),
+                        NONE if peak is None else f"{peak / 2**30:.2f} GiB", str(search.get("trials", NONE)),
+                        Cell(speedup(ratio), where)])
+        return out
+    shown = [shown_run for run, bench in records for shown_run in add_measured(table, tier, run, bench, rows)]
+    caps = sorted({str(bench.info.get("cap_gib")) for _, bench in records})
+    table.caption = f"The newest measurement of each test. Runs {runs_text(shown)}; cap {', '.join(caps)} GiB."
     return table
 
 
@@ -163,36 +218,40 @@ def maxbatch_file_tables(tier: TierRuns) -> list[Table]:
     return tables
 
 
-def energy_records(tier: TierRuns) -> list[tuple[Run, Benchmark]]:
-    """The newest stored record of each energy test."""
-    newest: dict[str, tuple[Run, Benchmark]] = {}
-    for run in reversed(tier.runs):
-        for bench in run.benchmarks.values():
-            if isinstance(bench.info.get("energy"), dict) and bench.name not in newest:
-                newest[bench.name] = (run, bench)
-    return list(newest.values())
+def energy_records(tier: TierRuns) -> list[Record]:
+    """The newest measurement of each energy test, passed or failed."""
+    return tier.newest(lambda bench: isinstance(bench.info.get("energy"), dict))
 
 
-def energy_table(records: list[tuple[Run, Benchmark]]) -> Table:
+def energy_table(records: list[Record], tier: TierRuns) -> Table:
     table = Table("Energy per training sample (NVML energy counter around alternating windows)",
                   ["Test", "Runner", "J per sample", "J per sample above idle", "Average power", "Samples/s",
-                   "Reference J / engine J"])
-    for run, bench in records:
+                   "Reference J / engine J", "Run"])
+
+    def rows(run: Run, bench: Benchmark) -> list[list[Cell | str]]:
         energy, where = bench.info["energy"], source(run, bench)
-        for runner, total in energy.get("total_j_per_sample", {}).items():
-            table.add(Cell(bench.name, where), runner, Cell(f"{total:.3g}", where),
-                      f"{energy.get('active_j_per_sample', {}).get(runner, float('nan')):.3g}",
-                      f"{energy.get('avg_power_w', {}).get(runner, float('nan')):.0f} W",
-                      rate(energy.get("samples_per_s", {}).get(runner)),
-                      Cell(speedup_with_spread(bench.ratio(runner)) if runner != bench.engine else NONE, where))
-    table.caption = " ".join(f"{bench.name}: run {run.label} ({run.date}), idle "
-                             f"{bench.info['energy'].get('idle_power_w')} W." for run, bench in records)
+        return [[Cell(bench.name, where), runner, Cell(f"{total:.3g}", where),
+                 f"{energy.get('active_j_per_sample', {}).get(runner, float('nan')):.3g}",
+                 f"{energy.get('avg_power_w', {}).get(runner, float('nan')):.0f} W",
+                 rate(energy.get("samples_per_s", {}).get(runner)),
+                 Cell(speedup_with_spread(bench.ratio(runner)) if runner != bench.engine else NONE, where)]
+                for runner, total in energy.get("total_j_per_sample", {}).items()]
+    shown = [(shown_run, bench) for run, bench in records
+             for shown_run in add_measured(table, tier, run, bench, rows)]
+    table.caption = " ".join(f"{bench.name}: run {run_text(run)}, idle "
+                             f"{run.benchmarks[bench.name].info['energy'].get('idle_power_w')} W."
+                             for run, bench in shown)
     return table
 
 
+def run_column(run: Run) -> str:
+    return f"{run.label} {run.date}{'' if run.passed else ' (' + run.status + ')'}"
+
+
 def history_table(runs: list[Run], store: Store, gpu: str) -> Table:
-    """Per test, the engine's speed-up over torch_graph in each run, and the threshold it is held to."""
-    table = Table(f"Speed-up over {HISTORY_REFERENCE} by run", ["Test", *(f"{r.label} {r.date}" for r in runs),
+    """Per test, the engine's speed-up over torch_graph in each run (failed runs included, and said so),
+    and the threshold it is held to."""
+    table = Table(f"Speed-up over {HISTORY_REFERENCE} by run", ["Test", *(run_column(r) for r in runs),
                                                                  "Threshold"])
     names = list(dict.fromkeys(name for run in runs for name, bench in run.benchmarks.items()
                                if bench.samples_per_s and bench.ratio(HISTORY_REFERENCE)))   # timed tests only
@@ -203,32 +262,37 @@ def history_table(runs: list[Run], store: Store, gpu: str) -> Table:
         for run in runs:
             bench = run.benchmarks.get(name)
             ratio = bench.ratio(HISTORY_REFERENCE) if bench else None
-            cells.append(Cell(speedup(ratio["median"]) if ratio else NONE, source(run, bench) if bench else ""))
+            cells.append(Cell(speedup(ratio["median"]) if ratio else NONE, source(run, bench) if bench else "",
+                              failed=bench is not None and not run.passed))
         table.add(name, *cells, threshold)
     return table
 
 
 def max_batch_history(runs: list[Run]) -> Table:
-    table = Table("Max batch by run", ["Test", "Runner", *(f"{r.label} {r.date}" for r in runs)])
+    table = Table("Max batch by run", ["Test", "Runner", *(run_column(r) for r in runs)])
     rows = dict.fromkeys((name, runner) for run in runs for name, bench in run.benchmarks.items()
                          for runner in (bench.info.get("max_batch") or {}))
     for name, runner in rows:
-        table.add(name, runner, *(count(((run.benchmarks[name].info.get("max_batch") or {}).get(runner) or {})
-                                        .get("max_batch")) if name in run.benchmarks else NONE for run in runs))
+        table.add(name, runner, *(Cell(count(((run.benchmarks[name].info.get("max_batch") or {}).get(runner) or {})
+                                             .get("max_batch")), source(run, run.benchmarks[name]),
+                                       failed=not run.passed)
+                                  if name in run.benchmarks else Cell(NONE) for run in runs))
     return table
 
 
 def machine_table(tier: TierRuns) -> Table:
-    table = Table("Machine facts of each run", ["Run", "Date", "Series", "GPU", "Driver", "CUDA runtime", "cuDNN",
-                                                "CuPy", "torch", "nvmath", "Python", "Power limit", "SM clock max",
-                                                "Engine config", "Run took"])
+    table = Table("Machine facts of each run", ["Run", "Date", "Gate", "Series", "GPU", "Driver", "CUDA runtime",
+                                                "cuDNN", "CuPy", "torch", "nvmath", "Python", "Power limit",
+                                                "SM clock max", "Engine config", "Run took"])
     for run in tier.runs:
         m = run.machine
         clocks = m.get("gpu_clocks_mhz") or {}
         facts = [m.get(key) for key in ("gpu", "gpu_driver", "cuda_runtime", "cudnn", "cupy", "torch", "nvmath",
                                         "python_version")]
         power = m.get("gpu_power_limit_w")
-        table.add(Cell(run.label, str(run.path)), run.date, run.series or "speed", *(str(f or NONE) for f in facts),
+        table.add(Cell(run.label, str(run.path)), run.date,
+                  Cell("passed: a baseline" if run.passed else "failed: kept under history/", failed=not run.passed),
+                  run.series or "speed", *(str(f or NONE) for f in facts),
                   NONE if power is None else f"{power:g} W",
                   NONE if clocks.get("sm_max") is None else f"{clocks['sm_max']} MHz",
                   str(m.get("gpuengine_config") or NONE), run_took(run.tier_time))

@@ -6,7 +6,9 @@ of 16 at 224x224), 004 (Transformer by sequence length, energy per sample). The 
 with each framework's default TF32 policy: here that is the `tf32` precision. Every row is keyed on
 test names (wildcards `*`, `?`), so a row fills in by itself once a stored run carries its test, and
 says "not measured yet" until then; of several matching tests the fastest engine is shown, as the
-notes show each engine at its best settings, and every cell names its test and run.
+notes show each engine at its best settings, and every cell names its test and run. A figure is the
+newest measurement of its test: one from a run that failed the gate says "failed run" and gives the
+baseline in force's figure beside it, and each table's caption names its runs, commits and verdicts.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .store import ENGINE, Benchmark, Run, TierRuns
-from .tables import NONE, NOT_MEASURED, Cell, Table, count, rate, span, speedup
+from .sections import runs_text, source
+from .tables import FAILED_RUN, NONE, NOT_MEASURED, Cell, Table, count, rate, span, speedup
 from .tables import note_cell as note   # short: every note figure in the tables below goes through it
 
 PRECISION = "tf32"
@@ -23,39 +26,67 @@ Found = tuple[Run, Benchmark]
 
 @dataclass
 class Sources:
-    """Looks tests up in one tier and remembers which runs the figures came from, for the caption."""
+    """Looks tests up in one tier and remembers which runs the figures came from, for the caption: the
+    newest run of each test, passed or failed, and the baselines in force beside the failed ones."""
 
     tier: TierRuns
     used: dict[str, Run] = field(default_factory=dict)
+    baselines: dict[str, Run] = field(default_factory=dict)
 
     def find(self, pattern: str, precision: str | None = PRECISION) -> Found | None:
         found = self.tier.find(pattern, precision)
         if found is not None:
             self.used[found[0].label] = found[0]
+            baseline = self.tier.baseline_of(*found)
+            if not found[0].passed and baseline is not None:
+                self.baselines[baseline[0].label] = baseline[0]
         return found
 
     def caption(self, keyed_on: str) -> str:
         here = self.tier.gpu
         if not self.used:
             return f"{here}: no stored run holds these tests yet. Rows key on {keyed_on}."
-        runs = ", ".join(f"{run.label} ({run.date}, {run.path.parent})" for run in self.used.values())
-        return f"{here}, run{'s' if len(self.used) > 1 else ''} {runs}. Rows key on {keyed_on}."
+        runs = ", ".join(f"{run.label} ({run.date}, {run.status}, {run.path.parent})" for run in self.used.values())
+        text = f"{here}, newest run{'s' if len(self.used) > 1 else ''} of these tests: {runs}."
+        if any(not run.passed for run in self.used.values()):
+            text += (f" A figure from a run that failed the gate says \"{FAILED_RUN}\" and gives the baseline in "
+                     "force, the newest passing run of that test"
+                     + (f" ({runs_text(self.baselines.values())})." if self.baselines else "."))
+        return f"{text} Rows key on {keyed_on}."
 
 
-def measured(found: Found | None, value: Callable[[Benchmark], str]) -> Cell:
-    """One figure of one stored test, or 'not measured yet' when no run holds the test."""
+def measured(tier: TierRuns, found: Found | None, value: Callable[[Benchmark], str]) -> Cell:
+    """One figure of one stored test's newest measurement, or 'not measured yet' when no run holds the test.
+    From a failed run, the figure says so and gives the baseline in force's figure beside it."""
     if found is None:
         return Cell(NOT_MEASURED)
     run, bench = found
-    return Cell(value(bench), f"{bench.name}, run {run.label} ({run.date})")
+    if run.passed:
+        return Cell(value(bench), source(run, bench))
+    baseline = tier.baseline_of(run, bench)
+    text, beside = value(bench), NONE if baseline is None else value(baseline[1])
+    if text == NONE and beside == NONE:   # the runner has no such figure, then or now: nothing to mark
+        return Cell(NONE, source(run, bench), failed=True)
+    if baseline is None:
+        return Cell(f"{text} [{FAILED_RUN}; no baseline]", source(run, bench), failed=True)
+    return Cell(f"{text} [{FAILED_RUN}; baseline {beside}]",
+                f"{source(run, bench)}; baseline in force: {source(*baseline)}", failed=True)
 
 
-def measured_span(founds: list[Found], value: Callable[[Benchmark], float | None], fmt) -> Cell:
-    """The range of one figure over several stored tests ('72.0–133 M/s')."""
+def measured_span(tier: TierRuns, founds: list[Found], value: Callable[[Benchmark], float | None], fmt) -> Cell:
+    """The range of one figure over several stored tests ('72.0–133 M/s'); if any came from a failed run,
+    marked so, with the range of the baselines in force beside it."""
     if not founds:
         return Cell(NOT_MEASURED)
     values = [v for v in (value(bench) for _, bench in founds) if v is not None]
-    return Cell(span(values, fmt), "; ".join(f"{bench.name}, run {run.label}" for run, bench in founds))
+    where = "; ".join(source(run, bench) for run, bench in founds)
+    if all(run.passed for run, _ in founds):
+        return Cell(span(values, fmt), where)
+    baselines = [found for found in (tier.baseline_of(*f) for f in founds) if found is not None]
+    in_force = [v for v in (value(bench) for _, bench in baselines) if v is not None]
+    beside = f"baseline {span(in_force, fmt)}" if baselines else "no baseline"
+    return Cell(f"{span(values, fmt)} [{FAILED_RUN}; {beside}]",
+                f"{where}; baselines in force: {'; '.join(source(*f) for f in baselines) or 'none'}", failed=True)
 
 
 def throughput_of(runner: str) -> Callable[[Benchmark], float | None]:
@@ -101,16 +132,16 @@ def seed_000(tier: TierRuns) -> list[Table]:
                     f"torch_eager ({gpu})", "vs torch_eager", "vs torch_graph"])
     wide = [f for f in (result_sources.find(infer.format(b)) for b in (2000, 8000, 32000)) if f]
     result.add("Inference throughput (batch ≥ 2000)", note("3.8–4.4 M/s", "000"), note("2.5–2.8 M/s", "000"),
-               note("1.43–1.56×", "000"), measured_span(wide, throughput_of("engine"), rate),
-               measured_span(wide, throughput_of("torch_eager"), rate),
-               measured_span(wide, ratio_of("torch_eager"), speedup),
-               measured_span(wide, ratio_of("torch_graph"), speedup))
+               note("1.43–1.56×", "000"), measured_span(tier, wide, throughput_of("engine"), rate),
+               measured_span(tier, wide, throughput_of("torch_eager"), rate),
+               measured_span(tier, wide, ratio_of("torch_eager"), speedup),
+               measured_span(tier, wide, ratio_of("torch_graph"), speedup))
     one = result_sources.find(train.format(1))
     result.add("Training throughput (1 batch per epoch)", note("1.77 M/s", "000"), note("1.31 M/s", "000"),
-               note("1.35×", "000"), measured(one, rate_of("engine")),
-               measured(one, rate_of("torch_eager")),
-               measured(one, speedup_over("torch_eager")),
-               measured(one, speedup_over("torch_graph")))
+               note("1.35×", "000"), measured(tier, one, rate_of("engine")),
+               measured(tier, one, rate_of("torch_eager")),
+               measured(tier, one, speedup_over("torch_eager")),
+               measured(tier, one, speedup_over("torch_graph")))
     for mode, label, ours, theirs, ratio in (("train", "Max training batch (6 GB / 6 GiB cap)", "482,344",
                                               "399,507", "1.21×"),
                                              ("infer", "Max inference batch (6 GB / 6 GiB cap)", "524,288",
@@ -118,9 +149,9 @@ def seed_000(tier: TierRuns) -> list[Table]:
         eager = result_sources.find(max_batch.format(mode, "torch_eager"))
         graph = result_sources.find(max_batch.format(mode, "torch_graph"))
         result.add(label, note(ours, "000"), note(theirs, "000"), note(ratio, "000"),
-                   measured(eager, max_batch_of("engine")), measured(eager, max_batch_of("torch_eager")),
-                   measured(eager, lambda b: speedup(b.info.get("ratio"))),
-                   measured(graph, lambda b: speedup(b.info.get("ratio"))))
+                   measured(tier, eager, max_batch_of("engine")), measured(tier, eager, max_batch_of("torch_eager")),
+                   measured(tier, eager, lambda b: speedup(b.info.get("ratio"))),
+                   measured(tier, graph, lambda b: speedup(b.info.get("ratio"))))
     result.caption = ("Note: RTX 3060 Laptop (6 GB), WSL2, fp32 with TF32, each engine alone. "
                       + result_sources.caption(f"{infer.format('2000|8000|32000')}, {train.format(1)}, "
                                                f"{max_batch.format('train|infer', 'torch_eager|torch_graph')}"))
@@ -134,11 +165,11 @@ def seed_000(tier: TierRuns) -> list[Table]:
                           (32000, "1.02 M", "4.36 M", "2.79 M", "1.56×")):
         found = infer_sources.find(infer.format(batch))
         sweep.add(f"{batch:,}", *(note(text, "000") for text in noted),
-                  measured(found, rate_of("gpuengine_oneshot")),
-                  measured(found, rate_of("engine")),
-                  measured(found, rate_of("torch_eager")),
-                  measured(found, speedup_over("torch_eager")),
-                  measured(found, speedup_over("torch_graph")))
+                  measured(tier, found, rate_of("gpuengine_oneshot")),
+                  measured(tier, found, rate_of("engine")),
+                  measured(tier, found, rate_of("torch_eager")),
+                  measured(tier, found, speedup_over("torch_eager")),
+                  measured(tier, found, speedup_over("torch_graph")))
     sweep.caption = infer_sources.caption(infer.format("<batch>"))
 
     epochs = Table("Seed 000 — training: mini-batches per epoch at batch 8000",
@@ -148,11 +179,11 @@ def seed_000(tier: TierRuns) -> list[Table]:
                             (50, "0.90 M/s", "0.69×")):
         found = train_sources.find(train.format(batches))
         epochs.add(str(batches), *(note(text, "000") for text in noted),
-                   measured(found, rate_of("engine")),
-                   measured(found, rate_of("torch_eager")),
-                   measured(found, speedup_over("torch_eager")),
-                   measured(found, rate_of("torch_graph")),
-                   measured(found, speedup_over("torch_graph")))
+                   measured(tier, found, rate_of("engine")),
+                   measured(tier, found, rate_of("torch_eager")),
+                   measured(tier, found, speedup_over("torch_eager")),
+                   measured(tier, found, rate_of("torch_graph")),
+                   measured(tier, found, speedup_over("torch_graph")))
     epochs.caption = ("The engine at 8 training steps per CUDA graph launch, data resident. "
                       + train_sources.caption(train.format("<batches>")))
 
@@ -166,17 +197,19 @@ def seed_000(tier: TierRuns) -> list[Table]:
         train_found = batch_sources.find(max_batch.format("train", reference))
         infer_found = batch_sources.find(max_batch.format("infer", reference))
         batches.add(note(engine, "000"), reference, note(at_train, "000"), note(at_infer, "000"),
-                    measured(train_found, max_batch_of(reference)), measured(infer_found, max_batch_of(reference)))
+                    measured(tier, train_found, max_batch_of(reference)),
+                    measured(tier, infer_found, max_batch_of(reference)))
     engine_train = batch_sources.find(max_batch.format("train", "torch_eager"))
     engine_infer = batch_sources.find(max_batch.format("infer", "torch_eager"))
     batches.add(note("OpenNN, pool of 3 (default)", "000"), "gpuengine streamed, batch_pool 3",
                 note("306,708", "000"), note(NONE, "000"),
-                measured(pool_cost, max_batch_of("gpuengine[streamed,pool=3]")), Cell(NONE))
+                measured(tier, pool_cost, max_batch_of("gpuengine[streamed,pool=3]")), Cell(NONE))
     batches.add(note("OpenNN, pool of 1", "000"), "gpuengine streamed, batch_pool 1", note("482,344", "000"),
-                note("524,288", "000"), measured(pool_cost, max_batch_of("gpuengine[streamed,pool=1]")), Cell(NONE))
+                note("524,288", "000"), measured(tier, pool_cost, max_batch_of("gpuengine[streamed,pool=1]")),
+                Cell(NONE))
     batches.add(Cell(NONE), "gpuengine resident", Cell(NONE), Cell(NONE),
-                measured(engine_train, max_batch_of("engine")),
-                measured(engine_infer, max_batch_of("engine")))
+                measured(tier, engine_train, max_batch_of("engine")),
+                measured(tier, engine_infer, max_batch_of("engine")))
     batches.caption = ("Note: capped to the card's physical 6 GB. "
                        + batch_sources.caption(f"{max_batch.format('train|infer', '<reference>')}, "
                                                "test_mlp_max_batch_pool_cost"))
@@ -197,14 +230,14 @@ def seed_001(tier: TierRuns) -> list[Table]:
             ("torch_graph", "torch_graph", NONE, NONE, found),
             ("tf_keras (TensorFlow, Keras fit)", "tf_keras", "55,339 (0.181 s)", "134,307 (0.075 s)", with_keras))
     for label, runner, at_128, at_1024, where in rows:
-        table.add(label, note(at_128, "001"), measured(where[128], count_of(runner)),
-                  note(at_1024, "001"), measured(where[1024], count_of(runner)))
+        table.add(label, note(at_128, "001"), measured(tier, where[128], count_of(runner)),
+                  note(at_1024, "001"), measured(tier, where[1024], count_of(runner)))
     for label, reference, at_128, at_1024, where in (
             ("engine vs torch_eager", "torch_eager", "1.9×", "1.3×", found),
             ("engine vs torch_graph", "torch_graph", NONE, NONE, found),
             ("engine vs tf_keras", "tf_keras", "2.9–3.8× (both sizes)", "2.9–3.8× (both sizes)", with_keras)):
-        table.add(label, note(at_128, "001"), measured(where[128], speedup_over(reference)),
-                  note(at_1024, "001"), measured(where[1024], speedup_over(reference)))
+        table.add(label, note(at_128, "001"), measured(tier, where[128], speedup_over(reference)),
+                  note(at_1024, "001"), measured(tier, where[1024], speedup_over(reference)))
     table.caption = ("Note: RTX 3060 Laptop, fp32 with TF32, 40 timed epochs after 2 warm-up. The engine at 8 "
                      "steps per graph launch, data resident. "
                      + sources.caption(f"{train.format('128|1024')}, {keras.format('128|1024')}"))
@@ -223,11 +256,11 @@ def seed_002(tier: TierRuns) -> list[Table]:
                                   ("cifar100", "CIFAR-100", ("8,702", "5,000", "4,124", "1.7× / 2.1×"))):
         found = sources.find(pattern.format(dataset))
         table.add(label, *(note(text, "002") for text in noted),
-                  *(measured(found, count_of(runner))
+                  *(measured(tier, found, count_of(runner))
                     for runner in ("engine", "torch_compile", "torch_eager", "torch_graph")),
-                  measured(found, lambda b: f"{speedup(ratio_of('torch_compile')(b))} / "
+                  measured(tier, found, lambda b: f"{speedup(ratio_of('torch_compile')(b))} / "
                                             f"{speedup(ratio_of('torch_eager')(b))}"),
-                  measured(found, speedup_over("torch_graph")))
+                  measured(tier, found, speedup_over("torch_graph")))
     table.caption = "Note: RTX 3060 Laptop, fp32 with TF32, data resident. " + sources.caption(
         pattern.format("cifar10|cifar100"))
     return [table]
@@ -261,7 +294,7 @@ def seed_003(tier: TierRuns) -> list[Table]:
             samples_per_s = throughput_of(runner)(bench)
             return NONE if not samples_per_s else f"{1e3 * ZOO_BATCH / samples_per_s:.3f}"
         table.add("gpuengine" if runner == "engine" else runner, tier.gpu,
-                  *(measured(f, ms_per_batch) for f in found))
+                  *(measured(tier, f, ms_per_batch) for f in found))
     table.caption = "Note: ms per batch of 16, fp32. " + sources.caption(pattern.format("<model>"))
     return [table]
 
@@ -277,10 +310,10 @@ def seed_004(tier: TierRuns) -> list[Table]:
                            (256, "512", "347", "1.48×"), (384, "400", "236", "1.69×")):
         found = sources.find(pattern.format(length))
         table.add(str(length), *(note(text, "004") for text in noted),
-                  *(measured(found, count_of(runner))
+                  *(measured(tier, found, count_of(runner))
                     for runner in ("engine", "torch_eager", "torch_graph")),
-                  measured(found, speedup_over("torch_eager")),
-                  measured(found, speedup_over("torch_graph")))
+                  measured(tier, found, speedup_over("torch_eager")),
+                  measured(tier, found, speedup_over("torch_graph")))
     table.caption = "Note: RTX 3060 Laptop, fp32. " + sources.caption(pattern.format("<length>"))
 
     energy_pattern = "test_transformer_train_energy[*seq256*]"
@@ -293,7 +326,7 @@ def seed_004(tier: TierRuns) -> list[Table]:
             value = (bench.info.get("energy") or {}).get(key, {}).get(bench.engine if runner == "engine" else runner)
             return NONE if value is None else fmt.format(value)
         energy.add(label, *(note(text, "004") for text in noted),
-                   *(measured(found, lambda b: figure(b, runner))
+                   *(measured(tier, found, lambda b: figure(b, runner))
                      for runner in ("engine", "torch_eager", "torch_graph")))
     energy.caption = "Note: 20 Hz power integrated over the run. " + energy_sources.caption(energy_pattern)
     return [table, energy]

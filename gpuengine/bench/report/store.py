@@ -1,7 +1,11 @@
 """Reading `baselines_store/`: every stored run of every tier, and what could not be read, with why.
 
 The layout is baselines_store/README.md's: `<store>/<tier>/[<series>/]<machine id>/NNNN_<name>.json`,
-where a series (`slow`, `config-<toggles>`) is a folder of runs with a history of its own. A run is
+where a series (`slow`, `config-<toggles>`) is a folder of runs with a history of its own, and
+`<store>/<tier>/[<series>/]history/<machine id>/NNNN_<name>.json` holds the runs that failed the gate
+(`gpuengine.bench.stored_runs`). Both are read: a table shows the newest measurement of each test,
+whichever run it came from, and a measurement of a failed run (`Run.passed` false) says so next to the
+baseline in force, the newest passing run of that test (`TierRuns.baseline_of`). A run is
 pytest-benchmark's JSON file (`machine_info`, `commit_info`, `datetime`, and per benchmark `stats` and
 the suite's `extra_info`: `gpuengine.bench.benchmarking.Comparison.extra_info` plus what a test adds).
 Tables of `python -m gpuengine maxbatch --json` (a JSON list) sit in a tier too. A file that is neither,
@@ -26,7 +30,7 @@ THRESHOLDS_FILE = "thresholds.json"
 MACHINE_ID = re.compile(r"^[A-Za-z]+-[A-Za-z]+-\d+\.\d+-\d+bit$")  # pytest-benchmark's folder per OS/Python
 MAXBATCH_KEYS = {"workload", "mode", "engine", "reference", "ratio", "engine_search", "reference_search"}
 HARNESS_SELF_TEST = "perf_tests/test_harness_smoke.py::"   # stand-in runners, stored by older runs: no workload
-GATE_FOLDERS = {HISTORY, GATEPOWER}
+GATE_FOLDERS = {GATEPOWER}   # the gate's own studies: no results
 
 
 class ReportError(Exception):
@@ -90,6 +94,7 @@ class Run:
     machine: dict
     benchmarks: dict[str, Benchmark]
     tier_time: dict | None = None   # the gate's gpuengine_tier_time: how long the run took, per workload
+    passed: bool = True   # False: the run failed the gate and was kept under history/, not as a baseline
 
     @property
     def short_commit(self) -> str:
@@ -97,7 +102,18 @@ class Run:
 
     @property
     def label(self) -> str:
-        return f"{self.number} {self.short_commit}{'+dirty' if self.dirty else ''}"
+        """'0004 2bc2b0d' for a baseline, 'history/0001 3e3eb3d' for a failed run (numbered apart)."""
+        folder = "" if self.passed else f"{HISTORY}/"
+        return f"{folder}{self.number} {self.short_commit}{'+dirty' if self.dirty else ''}"
+
+    @property
+    def status(self) -> str:
+        return "passed" if self.passed else "failed run"
+
+    def check(self, name: str) -> str | None:
+        """What the gate's stored-run check said of test `name` in this run ('regressed', ...), if it ran."""
+        check = self.benchmarks[name].info.get("stored_run_check") if name in self.benchmarks else None
+        return check.get("verdict") if isinstance(check, dict) else None
 
     @property
     def date(self) -> str:
@@ -144,13 +160,38 @@ class TierRuns:
             grouped.setdefault(run.series, []).append(run)
         return grouped
 
+    @property
+    def failed_runs(self) -> list[Run]:
+        return [run for run in self.runs if not run.passed]
+
     def find(self, pattern: str, precision: str | None = None) -> tuple[Run, Benchmark] | None:
-        """The newest run holding a test that matches `pattern` (`*`, `?`); of its matches, the fastest engine."""
+        """The newest run, passed or failed, holding a test that matches `pattern` (`*`, `?`); of its
+        matches, the fastest engine."""
         for run in reversed(self.runs):
             matches = [b for b in run.benchmarks.values() if wildcard_match(pattern, b.name)
                        and (precision is None or b.precision == precision)]
             if matches:
                 return run, max(matches, key=lambda b: b.throughput(b.engine) or 0.0)
+        return None
+
+    def newest(self, keep=lambda bench: True) -> list[tuple[Run, Benchmark]]:
+        """The newest measurement of every test that `keep` accepts, whichever run (passed or failed) holds it:
+        the newest run's tests in its order, then tests only older runs hold."""
+        found: dict[str, tuple[Run, Benchmark]] = {}
+        for run in reversed(self.runs):
+            for bench in run.benchmarks.values():
+                if bench.name not in found and keep(bench):
+                    found[bench.name] = (run, bench)
+        return list(found.values())
+
+    def baseline_of(self, run: Run, bench: Benchmark) -> tuple[Run, Benchmark] | None:
+        """The baseline in force for `bench` as `run` measured it: the newest passing run of the same series
+        holding that test, as the gate compares with (`run` itself when it passed); None if there is none."""
+        if run.passed:
+            return run, bench
+        for other in reversed(self.runs):
+            if other.passed and other.series == run.series and bench.name in other.benchmarks:
+                return other, other.benchmarks[bench.name]
         return None
 
 
@@ -165,10 +206,14 @@ class Store:
     def run_count(self) -> int:
         return sum(len(tier.runs) for tier in self.tiers)
 
+    @property
+    def failed_count(self) -> int:
+        return sum(len(tier.failed_runs) for tier in self.tiers)
+
 
 def _series_of(parts: tuple[str, ...]) -> str:
-    """The folders between the tier and the file, less pytest-benchmark's machine-id folder."""
-    return "/".join(part for part in parts if not MACHINE_ID.match(part))
+    """The folders between the tier and the file, less pytest-benchmark's machine-id folder and history/."""
+    return "/".join(part for part in parts if not MACHINE_ID.match(part) and part != HISTORY)
 
 
 def _benchmarks(entries, where: str, skipped: list[str]) -> dict[str, Benchmark]:
@@ -208,7 +253,8 @@ def _run(data: dict, rel: Path, tier: str, skipped: list[str]) -> Run | None:
     commit = data.get("commit_info") or {}
     return Run(rel, tier, _series_of(rel.parts[1:-1]), rel.name.split("_", 1)[0], str(commit.get("id") or ""),
                bool(commit.get("dirty")), when, data.get("machine_info") or {}, benchmarks,
-               data.get("gpuengine_tier_time") if isinstance(data.get("gpuengine_tier_time"), dict) else None)
+               data.get("gpuengine_tier_time") if isinstance(data.get("gpuengine_tier_time"), dict) else None,
+               passed=HISTORY not in rel.parts[1:-1])
 
 
 def _read_tier(store: Path, folder: Path, skipped: list[str]) -> TierRuns:
@@ -216,7 +262,7 @@ def _read_tier(store: Path, folder: Path, skipped: list[str]) -> TierRuns:
     for file in sorted(folder.rglob("*.json")):
         rel = file.relative_to(store)
         if rel.name in (NOISE_FILE, PLAN_FILE) or GATE_FOLDERS & set(rel.parts):
-            continue   # the gate's own files: failed runs (history/), noise, cuDNN plans, power studies: no results
+            continue   # the gate's own files: noise, cuDNN plans, power studies: no results
         try:
             data = json.loads(file.read_text())
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -262,6 +308,6 @@ def load_store(path: Path | str) -> Store:
         else:
             skipped.append(f"{folder.name}/: no stored runs; no section for this tier")
     if not tiers:
-        skipped.append(f"{store}: no stored runs at all; the report is empty")
+        skipped.append(f"{store}: no stored runs at all")
     tiers.sort(key=lambda tier: (not tier.on_gpu, tier.name))
     return Store(store, tiers, _rules(store, skipped), skipped)
