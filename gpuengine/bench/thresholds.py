@@ -5,7 +5,7 @@ bottom, most specific first; the first rule matching (GPU, test, reference)
 decides:
 
     {"gpu": "*H100*", "test": "test_mlp_train[tf32-graph*-resident-*]",
-     "reference": "torch_graph", "min_ratio": 1.2, "why": "issue target: ..."}
+     "reference": "torch_graph", "min_ratio": 1.2, "why": "the target: ..."}
 
 Patterns know two wildcards, `*` (any run of characters) and `?` (one
 character); everything else is literal, brackets included, so a pytest id such
