@@ -1,4 +1,4 @@
-"""Engine settings: one dataclass holding every toggle of DESIGN.md.
+"""Engine settings: one dataclass holding every toggle (docs/architecture.md, "Toggles").
 
 Each toggle is settable from code (`EngineConfig(precision="bf16")`), from the
 pytest command line (conftest maps `--gpuengine-<toggle>` onto it) and from a

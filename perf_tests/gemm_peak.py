@@ -1,9 +1,10 @@
 """The GPU's measured GEMM peak for a precision: the denominator of each workload's fraction of peak.
 
 An 8192^3 matmul through PyTorch's cuBLAS, on random data, median of timed
-runs after warm-up, as DESIGN.md's H200 figures were taken (bf16 ~800 TFLOP/s,
-TF32 ~407, IEEE fp32 ~51). PyTorch is an independent measure: the engine's own
-GEMM path is what is being judged, so it cannot also set the yardstick.
+runs after warm-up, as the H200 figures in docs/architecture.md ("Facts
+measured on the GPU machines") were taken (bf16 ~800 TFLOP/s, TF32 ~407, IEEE
+fp32 ~51). PyTorch is an independent measure: the engine's own GEMM path is
+what is being judged, so it cannot also set the yardstick.
 """
 from __future__ import annotations
 

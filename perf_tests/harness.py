@@ -2,10 +2,10 @@
 
 `benchmark.pedantic` calls `setup()` then `target()` once per round: setup
 times one round of every reference and target one round of the engine, so
-runners alternate R1 R2 E R1 R2 E ... in one process (DESIGN.md, "Measuring
-honestly") while pytest-benchmark stores and compares the engine's rounds.
-Both sides are timed by `benchmarking.time_round` (drain the device before
-each clock read). With benchmarks disabled (xdist, --benchmark-disable),
+runners alternate R1 R2 E R1 R2 E ... in one process (docs/architecture.md,
+"Measuring honestly") while pytest-benchmark stores and compares the engine's
+rounds. Both sides are timed by `benchmarking.time_round` (drain the device
+before each clock read). With benchmarks disabled (xdist, --benchmark-disable),
 pedantic would run a single round, so the same alternation runs without it and
 ratios are still measured and gated. Timing gates only on a GPU tier: a ratio
 below its threshold, or a regression against the test's stored baseline run

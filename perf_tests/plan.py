@@ -16,7 +16,8 @@ and its `compare(...)` call asks `rounds_for` (through the gate plugin) how
 many rounds to time; nothing else in a module decides either. `budget_s` is
 the quick tier's seconds of timed rounds for all of the workload's quick cases
 on one GPU (set-up, compilation and capture come on top); the quick tier of
-the whole suite is meant to stay within 10 minutes on one H100 (issue 11).
+the whole suite is meant to stay within 10 minutes on one H100, short enough
+to run before every merge (docs/gate.md, "Tier time").
 The first quick case (or `study=`) is the one `python -m gpuengine gatepower`
 measures for the workload.
 """

@@ -1,4 +1,4 @@
-"""Issue 13: data-parallel training on every visible GPU (weak scaling), engine vs itself on one GPU and PyTorch DDP.
+"""Data-parallel training on every visible GPU (weak scaling), engine vs itself on one GPU and PyTorch DDP.
 
 One worker rank per GPU (gpuengine/bench/dp_group.py, dp_worker.py), driven
 from this process: the engine data parallel (`gpuengine`: NCCL all-reduce in

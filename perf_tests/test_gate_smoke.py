@@ -1,4 +1,4 @@
-"""The gate on any machine: tiers and rounds (plan.py), and the stored-baseline defects of issue 11, fixed.
+"""The gate on any machine: tiers and rounds (plan.py), and stored baselines as a user meets them.
 
 The plugin tests run small pytest sessions of their own (as test_harness_smoke
 does) on the CPU tier, with the suite's two conftests and tiny NumPy runners:

@@ -1,4 +1,4 @@
-"""Issue 10's streamed loader: against the copy engine, and streamed training against its bounds.
+"""The streamed loader: against the copy engine, and streamed training against its bounds.
 
 - `test_loader_bandwidth`: the loader alone (worker gather, upload, the batch
   read into the static buffers; no training) against `pinned_h2d`, pinned

@@ -4,15 +4,16 @@ The precision sweep (fp32, tf32, bf16; CIFAR-10 and, at tf32 and bf16, the
 CIFAR-100 head) runs at the engine's best toggles (8 steps per graph launch,
 data resident), the toggle sweep (eager, 1 step per launch, streamed data) at
 tf32 on CIFAR-10; the TF32 cases at the best toggles race all three PyTorch
-references (issue 8's targets), the others torch_graph, the one to beat
-(torch.compile of ResNet-50 takes a minute or more per model). bf16 cases also time the engine at
-tf32 in the same rounds (`gpuengine_tf32`), so the issue's bf16 >= 1.3x tf32
-target is a same-run ratio too. The protocol is the note's: 2 warm-up epochs,
-then timed epochs, every runner alternating round by round; each test checks
-that the loss descends on every side. The data are generated 32x32x3 images
-(data/cifar.py), 6,400 of them resident on the GPU: 50 steps per epoch (the
-note's 50,000 make each round eight times longer and measure the same steps). Without a GPU the
-same tests train a reduced ResNet on the NumPy backend: a smoke test.
+references (the note's ratios are claims against all three), the others
+torch_graph, the one to beat (torch.compile of ResNet-50 takes a minute or more
+per model). bf16 cases also time the engine at tf32 in the same rounds
+(`gpuengine_tf32`), so the bf16 >= 1.3x tf32 target is a same-run ratio too.
+The protocol is the note's: 2 warm-up epochs, then timed epochs, every runner
+alternating round by round; each test checks that the loss descends on every
+side. The data are generated 32x32x3 images (data/formats/cifar.py), 6,400 of
+them resident on the GPU: 50 steps per epoch (the note's 50,000 make each round
+eight times longer and measure the same steps). Without a GPU the same tests
+train a reduced ResNet on the NumPy backend: a smoke test.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ ROUNDS = 5 if ON_GPU else 2
 
 
 def references(dataset: str, precision: str, graph: int, resident: bool) -> tuple:
-    """All three references where issue 8 sets targets against them (TF32, best toggles); torch_graph, the one
+    """All three references where claims name them (TF32, best toggles); torch_graph, the one
     to beat, everywhere else (torch.compile of ResNet-50 takes a minute or more per model)."""
     if not ON_GPU:
         return ("torch_eager",)
@@ -53,7 +54,7 @@ if ON_GPU:
     ALL_CASES = ([("cifar10", p, 8, True) for p in ("tf32", "fp32", "bf16")]
                  + [("cifar100", p, 8, True) for p in ("tf32", "bf16")]
                  + [("cifar10", "tf32", g, r) for g, r in ((0, True), (1, True), (1, False), (8, False))])
-    # Quick tier (perf_tests/plan.py): the two cases issue 8's targets are about, TF32 and bf16 on CIFAR-10 at
+    # Quick tier (perf_tests/plan.py): the two cases the claims are about, TF32 and bf16 on CIFAR-10 at
     # the best toggles. A ResNet case costs about two minutes of set-up (H100: two CIFAR-100 cases took 4.6 min),
     # so fp32 (no target; 13k samples/s), the toggles (their paths are the MLP's and CNN's quick cases too)
     # and the CIFAR-100 head run nightly (--full).

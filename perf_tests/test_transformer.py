@@ -5,8 +5,8 @@ corpus (vocab 256, 1,024 samples resident on the GPU: 64 steps an epoch) at
 sequence lengths 64, 128, 256 and 384. The quick tier runs tf32 (fp32
 storage, attention in bf16 through cuDNN's fused graphs, as in the note) at
 the best toggles (8 steps per graph launch) at every length against
-torch_graph, and at 384 against torch_eager and torch_compile too (issue 9's
-1.7x over eager); the nightly tier (--full) adds fp32 and bf16 at every
+torch_graph, and at 384 against torch_eager and torch_compile too (seed note
+004's 1.7x over eager, docs/seeds.md); the nightly tier (--full) adds fp32 and bf16 at every
 length and the toggle sweep (eager, 1 step per launch) at 256. The protocol is
 the note's: a warm-up epoch, then timed epochs, every runner alternating round
 by round; each test checks that the loss descends on every side, and reports
@@ -48,7 +48,7 @@ else:
 
 
 def references(length: int, precision: str, graph: int) -> tuple:
-    """torch_graph, the one to beat, everywhere; eager and compiled torch where issue 9 sets a target (384, tf32)."""
+    """torch_graph, the one to beat, everywhere; eager and compiled torch where a claim names them (384, tf32)."""
     if not ON_GPU:
         return ("torch_eager",)
     if precision == "tf32" and graph == 8 and length == max(transformer.SEQUENCE_LENGTHS):

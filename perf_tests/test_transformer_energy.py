@@ -5,7 +5,8 @@ spent 23% less energy per sample than PyTorch. The MLP's protocol
 (energy_protocol.py: an idle reading first, then windows of the same number
 of samples per runner, alternating) at TF32, batch 16, 8 steps per graph
 launch; the per-window ratio reference J/sample over engine J/sample is gated
-by thresholds.json (issue 9: engine <= 0.77x torch_graph, a ratio >= 1.3).
+by thresholds.json (the target: engine <= 0.77x torch_graph's J/sample, the
+note's 23% less; a ratio >= 1.3).
 Total and above-idle joules, average power and samples/s of every runner go
 to the run's extra_info["energy"].
 """

@@ -11,7 +11,7 @@ others torch_graph (whole step captured, fused capturable Adam), and a
 streamed case also races the streamed torch_graph (`torch_graph_streamed`).
 Keras' applications (`tf_keras`, streaming from host arrays through `fit`)
 join the TF32 streamed cases where TensorFlow runs (not on the GPU machines
-here). The issue's target, engine ms/batch <= 0.8x torch_graph channels-last at
+here). The target, engine ms/batch <= 0.8x torch_graph channels-last at
 TF32 streamed, is a ratio rule in baselines_store/thresholds.json. Each test
 records ms per batch for every side (`ms_per_batch`) and checks that every
 side's loss descends over the timed epochs. Adam lr 1e-4 (zoo.LEARNING_RATE)
@@ -51,7 +51,7 @@ LR = zoo.LEARNING_RATE if ON_GPU else 1e-3  # the CPU smoke's few steps on toy w
 # (network, precision, resident)
 if ON_GPU:
     ALL_CASES = [(n, p, r) for n in zoo.NAMES for p in ("tf32", "bf16") for r in (False, True)]
-    QUICK = [(n, "tf32", False) for n in zoo.NAMES]   # the issue's target: TF32, streamed
+    QUICK = [(n, "tf32", False) for n in zoo.NAMES]   # the target's case: TF32, streamed
 else:
     ALL_CASES = QUICK = [("alexnet", "fp32", True), ("resnet18", "fp32", False), ("resnet50", "fp32", True),
                          ("vgg16", "fp32", False), ("mobilenet_v2", "fp32", False)]

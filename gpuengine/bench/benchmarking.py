@@ -5,7 +5,7 @@ a synchronize before reading the clock on both sides, after the runner's own
 warm-up (compilation, graph capture, autotuning) and never on zeros. Runners
 alternate round by round (A B C A B C ...) in one process so that clock and
 thermal drift hit all of them; what is reported is the median of per-round
-ratios and its spread (DESIGN.md, "Measuring honestly").
+ratios and its spread (docs/architecture.md, "Measuring honestly").
 """
 from __future__ import annotations
 

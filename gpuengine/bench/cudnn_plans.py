@@ -1,6 +1,6 @@
 """The perf gate's cuDNN plan choices, kept with its baselines in `baselines_store/<tier>/cudnn_plans.json`.
 
-The engine autotunes every cuDNN graph on its first run (cudnn_graphs.py):
+The engine autotunes every cuDNN graph on its first run (ops/cudnn.py):
 it builds up to eight candidate plans and keeps the fastest. Done afresh in
 every process, that costs minutes of set-up for ResNet-50 and the zoo, and
 the choice itself is noisy: two autotunings of ResNet-50 kept different plans

@@ -1,9 +1,10 @@
 """The loader micro-benchmark: the machine's pinned host-to-device bandwidth next to the streamed loader's.
 
-Issue 10: the streamed loader must reach >= 80% of what the copy engine moves
-from pinned memory, and streamed training >= 0.8x the bound that bandwidth
-sets (bandwidth / bytes per sample). Both sides are `benchmarking.Runner`s, so
-the perf suite interleaves them with the engine round by round:
+The targets: the streamed loader should reach >= 80% of what the copy engine
+moves from pinned memory, and streamed training >= 0.8x the bound that
+bandwidth sets (bandwidth / bytes per sample). Both sides are
+`benchmarking.Runner`s, so the perf suite interleaves them with the engine
+round by round:
 
 - `PinnedCopyRunner`: `copies` asynchronous copies of `chunk_bytes` from a
   pinned host buffer to a device buffer on a stream of its own, bracketed by

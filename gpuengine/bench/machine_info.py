@@ -4,9 +4,9 @@ The tier names the folder of `baselines_store/` a run is stored in and compared
 against: a slug of the GPU's name (`nvidia-h200`, `nvidia-h100-80gb-hbm3`), or
 `cpu-tier` when the engine runs on the NumPy backend. `collect_machine_info`
 is what every stored pytest-benchmark run records next to the CPU facts the
-plugin gathers itself (DESIGN.md: "Record GPU name, driver, CUDA, cuDNN, clocks
-and power limit with every stored run"). Every probe tolerates a missing piece
-(no NVML, no cuDNN frontend, no torch) by recording None rather than failing.
+plugin gathers itself (docs/architecture.md, "Measuring honestly"). Every
+probe tolerates a missing piece (no NVML, no cuDNN frontend, no torch) by
+recording None rather than failing.
 """
 from __future__ import annotations
 

@@ -30,9 +30,9 @@ import numpy as np
 from .significance import (MEDIAN_VARIANCE_FACTOR, bootstrap_median_shift, mann_whitney_less, normal_quantile,
     rank_test_detectable_shift, rank_test_power, robust_sd)
 
-ALPHA = 0.01                  # one-sided, per test: the A/A false-alarm target of issue 11
+ALPHA = 0.01                  # one-sided, per test: at most 1% false alarms with the engine unchanged
 MIN_EFFECT = 0.02             # below 2% a slowdown is not worth a red build, however certain
-TARGET_SLOWDOWN = 0.05        # issue 11: a 5% slowdown ...
+TARGET_SLOWDOWN = 0.05        # the gate's power target (docs/gate.md): a 5% slowdown ...
 TARGET_POWER = 0.95           # ... detected 95% of the time
 DEFAULT_BETWEEN_RUN_SD = 0.01  # uncalibrated prior: H200 graph-captured tests sat at 0.2-1.7% across runs
 PREFERRED_REFERENCE = "torch_graph"

@@ -5,16 +5,17 @@ bottom, most specific first; the first rule matching (GPU, test, reference)
 decides:
 
     {"gpu": "*H100*", "test": "test_mlp_train[tf32-graph*-resident-*]",
-     "reference": "torch_graph", "min_ratio": 1.2, "why": "issue target: ..."}
+     "reference": "torch_graph", "min_ratio": 1.2, "why": "the target: ..."}
 
 Patterns know two wildcards, `*` (any run of characters) and `?` (one
 character); everything else is literal, brackets included, so a pytest id such
 as `test_mlp_infer[tf32-resident-b8000]` reads as itself. GPU names match
 case-insensitively. `min_ratio: null` is an explicit exemption: the ratio is
 reported, not gated. A reference is a runner name from the comparison, or
-`torch_best`: the fastest `torch_*` reference of that run (DESIGN.md: PyTorch
-counts only at its strongest). Ratios come from `benchmarking.Comparison`:
-reference time over engine time, so 1.2 means the engine is 1.2x as fast.
+`torch_best`: the fastest `torch_*` reference of that run (PyTorch counts only
+at its strongest: docs/architecture.md, "The references we compare against").
+Ratios come from `benchmarking.Comparison`: reference time over engine time, so
+1.2 means the engine is 1.2x as fast.
 """
 from __future__ import annotations
 

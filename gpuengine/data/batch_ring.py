@@ -1,6 +1,6 @@
 """The streamed loader's ring: worker threads gather each batch into a host slot and upload it.
 
-Issue 10: gathering on the Python thread between launches held the streamed
+Gathering on the Python thread between launches held the streamed
 loader to ~2 GB/s where pinned copies do tens of GB/s. Here the Python thread
 only hands out steps and orders streams; the gather runs in worker threads
 (NumPy's take releases the GIL), each step split into shares, and the share's

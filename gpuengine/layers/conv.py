@@ -28,7 +28,8 @@ exist but are runtime-compiled kernels that took 0.93 ms of ResNet-50's
 layer with few filter taps (no input gradient; MNIST's 3x3x1) replaces all of
 that with direct_wgrad.py's single fused pass. A depthwise layer (groups =
 channels = filters, MobileNetV2) also builds depthwise.py's kernels and keeps,
-op by op, whichever of them and cuDNN's graphs measures faster (issue 10).
+op by op, whichever of them and cuDNN's graphs measures faster (cuDNN's grouped
+engines are not always fast at this memory-bound shape).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Token embedding scaled by sqrt(d_model) (Vaswani et al. 2017, section 3.4), with its scatter-add gradient.
 
 The network's input row holds token ids as numbers (the source and the shifted
-target side by side, see data/token_corpus.py); an embedding reads the `length`
+target side by side, see data/formats/token_corpus.py); an embedding reads the `length`
 ids starting at column `start` and writes (length, d_model) vectors
 y[t] = sqrt(d) W[id_t]. Its weight gradient is a scatter-add,
 dW[v] = sqrt(d) sum over tokens t with id_t = v of dy[t]: on a GPU one block per

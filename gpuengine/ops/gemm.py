@@ -5,8 +5,9 @@ on every `run()`, where a and b may be transposed views of row-major arrays.
 cuBLASLt is column-major and its bias epilogue runs along the result's first
 (M) dimension, so we ask it for out^T = b^T a^T written in place into the
 transposed view of `out`: the bias then runs along `out`'s columns, which is
-what a dense layer needs (DESIGN.md, "Facts measured"). nvmath's execute() is
-capture-safe, unlike CuPy's cuBLAS calls, and allocates nothing when in place.
+what a dense layer needs (docs/architecture.md, "Facts measured on the GPU
+machines"). nvmath's execute() is capture-safe, unlike CuPy's cuBLAS calls,
+and allocates nothing when in place.
 On the NumPy backend the same object computes with np.matmul in float32.
 
 Each plan's cuBLASLt workspace comes from CuPy's pool at the first execute;

@@ -1,4 +1,4 @@
-"""Keras reference for the MNIST CNN (seed note 001's TensorFlow program; DESIGN.md, `tf_keras`).
+"""Keras reference for the MNIST CNN (seed note 001's TensorFlow program, docs/seeds.md; `tf_keras`).
 
 Conv2D(16, 3, padding="same", activation="relu") -> MaxPooling2D(2) -> Flatten ->
 Dense(10), categorical cross-entropy on logits against one-hot rows, Adam lr

@@ -1,4 +1,4 @@
-"""TensorFlow/Keras reference: `model.fit`, as the seed notes ran it (DESIGN.md, `tf_keras`).
+"""TensorFlow/Keras reference: `model.fit`, as the seed notes ran it (`tf_keras`, docs/architecture.md).
 
 Keras' own loop streams shuffled batches from host NumPy arrays (seed note 001:
 "TensorFlow streams from host NumPy via fit"), with the default compilation of

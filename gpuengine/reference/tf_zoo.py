@@ -1,4 +1,4 @@
-"""Keras references of the model zoo (seed note 003's TF2 baseline; DESIGN.md, `tf_keras`).
+"""Keras references of the model zoo (seed note 003's TF2 baseline, docs/seeds.md; `tf_keras`).
 
 The note timed TensorFlow 2's Keras applications. `keras.applications` has
 VGG16, ResNet50 and MobileNetV2 (untrained: `weights=None`); AlexNet is written

@@ -1,4 +1,4 @@
-"""PyTorch reference for the MNIST CNN (seed note 001; DESIGN.md, workload `cnn`).
+"""PyTorch reference for the MNIST CNN (workloads/cnn.py; seed note 001, docs/seeds.md).
 
 Conv2d(C, 16, 3, padding=1) -> ReLU -> MaxPool2d(2) -> Flatten -> Linear(16*14*14, 10),
 cross-entropy on one-hot (probability) targets, Adam lr 1e-3: the note's

@@ -1,6 +1,6 @@
 """PyTorch reference runners shared by every workload (MLP, CNN, ResNet-50, Transformer).
 
-Three modes per DESIGN.md, "The references we compare against":
+Three modes (docs/architecture.md, "The references we compare against"):
 
 - `torch_eager`: the plain loop, shuffled batches indexed from a device-resident
   dataset, `Adam(fused=True)` on CUDA (foreach on CPU), `zero_grad(set_to_none=True)`.
@@ -21,7 +21,7 @@ Both runners satisfy `gpuengine.bench.benchmarking.Runner`. `prepare()` warms up
 then restores the model's weights, buffers and optimizer state, so the first
 timed epoch starts from the given weights in every mode (parity tests rely on
 it). Losses are summed on the device; only `last_epoch_loss()` reads them
-(DESIGN.md, "Measuring honestly": no host sync inside timing).
+(docs/architecture.md, "Measuring honestly": no host sync inside timing).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PyTorch reference for the dense Rosenbrock MLP (seed note 000; DESIGN.md, workload `mlp`).
+"""PyTorch reference for the dense Rosenbrock MLP (workloads/mlp.py; seed note 000, docs/seeds.md).
 
 Linear(inputs, hidden) -> Tanh -> Linear(hidden, outputs), mean-squared-error
 loss, Adam lr 1e-3. Initialised like the engine (Glorot/Xavier uniform weights,

@@ -1,4 +1,4 @@
-"""PyTorch twin of the ResNet-50 v1.5 workload (seed note 002; DESIGN.md, workload `resnet50`).
+"""PyTorch twin of the ResNet-50 v1.5 workload (workloads/resnet.py; seed note 002, docs/seeds.md).
 
 Written out by hand, as the note's PyTorch program is, with the structure,
 module names and parameter order of torchvision's `resnet50` (He et al. 2016,
@@ -215,7 +215,7 @@ def resnet_train_runner(mode: str, x: np.ndarray, t: np.ndarray, batch_size: int
                         **runner_options) -> TorchTrainRunner:
     """Train on engine arrays x (n, H, W, C) and one-hot t (n, classes), resident on `device`; cross-entropy loss.
 
-    `channels_last=None` takes DESIGN.md's layout per mode: NCHW for torch_eager
+    `channels_last=None` takes each mode's layout: NCHW for torch_eager
     (the loop as written), channels-last for torch_compile and torch_graph (their
     fastest). `runner_options` go to TorchTrainRunner (compile_backend,
     compile_mode, warmup_steps, name, epochs_per_round).

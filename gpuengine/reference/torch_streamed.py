@@ -1,6 +1,6 @@
 """PyTorch's streamed reference: `DataLoader(pin_memory=True, num_workers=N)` with non-blocking copies.
 
-Issue 10's yardstick for the engine's streamed loader, the usual PyTorch way
+The yardstick for the engine's streamed loader, the usual PyTorch way
 to feed a GPU from host arrays. Item k of the data set is the whole batch of
 global step k, gathered with NumPy in a worker process in the engine's own
 Feistel order (data/shuffle.py), so both sides train on the same batches; the

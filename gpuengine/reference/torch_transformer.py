@@ -1,4 +1,4 @@
-"""PyTorch twin of the Transformer workload (seed note 004; DESIGN.md, workload `transformer`).
+"""PyTorch twin of the Transformer workload (workloads/transformer.py; seed note 004, docs/seeds.md).
 
 `nn.Transformer` (d_model 256, 8 heads, feed-forward 1024, 2 + 2 layers,
 post-LN, ReLU, batch-first) between the engine's own front and back: two

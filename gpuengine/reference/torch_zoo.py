@@ -212,7 +212,7 @@ def zoo_train_runner(mode: str, network: str, x: np.ndarray, t: np.ndarray, batc
     """A PyTorch runner of zoo network `network` on engine arrays, starting from the engine's weights.
 
     torchvision's model where `torchvision` (full size only), else the hand-written twin; channels-last
-    except in torch_eager (DESIGN.md). `runner` picks the runner class (torch_host_batches.py streams
+    except in torch_eager (the loop as written). `runner` picks the runner class (torch_host_batches.py streams
     batches from pinned host memory); `runner_options` go to it.
     """
     entry = zoo.zoo_net(network)

@@ -109,7 +109,7 @@ def _percent(value: float | None, digits: int) -> str:
 
 
 def format_table(tests: dict[str, dict]) -> str:
-    """A plain-text table: one line per test, the rates the issue asks for."""
+    """A plain-text table: one line per test, its false-alarm and detection rates."""
     keys = sorted({k for e in tests.values() for k in e if k.startswith("detection_rate_")},
                   key=lambda k: float(k[len("detection_rate_"):-3]))
     header = ["test", "false alarms"] + [k[len("detection_rate_"):].replace("pct", "%") + " caught" for k in keys] + [
