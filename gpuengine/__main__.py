@@ -6,6 +6,7 @@
     python -m gpuengine info
         the machine facts every stored benchmark run records
     python -m gpuengine report [--store baselines_store] [--out build/report] [--markdown] [--readme README.md]
+                               [--results docs/results.md]
         the report of every stored run: <out>/index.html and its figures (by default in build/report/,
         which git ignores; `./gate report` passes --out report, the committed copy); --markdown prints
         the README's results tables instead, --readme PATH also rewrites PATH's generated block with them
@@ -60,13 +61,15 @@ def _report(args) -> int:
     from pathlib import Path
 
     from .bench.report import ReportError, build_report, load_store, markdown_report
-    from .bench.report.tables import plural, replace_generated_block
+    from .bench.report.headline import headline_markdown
+    from .bench.report.tables import plural, replace_generated_block, results_page, write_aside
     try:
         store = load_store(args.store)
         readme = Path(args.readme).read_text() if args.readme else None
         markdown = markdown_report(store)
         # Checked before anything is written: a README without the markers stops the command whole.
-        refreshed = replace_generated_block(readme, markdown, args.readme) if args.readme else None
+        refreshed = (replace_generated_block(readme, headline_markdown(store.tiers), args.readme)
+                     if args.readme else None)
     except (ReportError, OSError, ValueError) as exc:
         print(f"python -m gpuengine report: error: {exc}", file=sys.stderr)
         return 2
@@ -97,8 +100,11 @@ def _report(args) -> int:
         print(f"report: {args.readme}: generated block kept as it was ({args.store} holds no stored run)",
               file=sys.stderr)
     elif refreshed is not None and refreshed != readme:
-        Path(args.readme).write_text(refreshed)
+        write_aside(Path(args.readme), refreshed)
         print(f"report: {args.readme}: generated block refreshed", file=sys.stderr)
+    if args.results and store.tiers:
+        write_aside(Path(args.results), results_page(markdown))
+        print(f"report: {args.results}: every table of the stored runs", file=sys.stderr)
     return 0
 
 
@@ -134,7 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "git-ignored; ./gate report writes the committed report/)")
     report.add_argument("--markdown", action="store_true",
                         help="print the README's results tables (Markdown) instead of writing the page")
-    report.add_argument("--readme", metavar="PATH", help="also rewrite the generated block of PATH with those tables")
+    report.add_argument("--readme", metavar="PATH", help="also rewrite the generated block of PATH with the headline "
+                        "table (claims by workload, per GPU)")
+    report.add_argument("--results", metavar="PATH", help="also write every table of the stored runs to PATH "
+                        "(Markdown; ./gate report writes docs/results.md)")
     report.set_defaults(run=_report)
     gatepower_cli.add_parser(commands)
     return parser

@@ -19,7 +19,8 @@ from gpuengine.__main__ import main as cli_main
 from gpuengine.bench.report import ReportError, build_report, load_store, markdown_report
 from gpuengine.bench.report.sections import machine_table
 from gpuengine.bench.report.seeds import seed_tables
-from gpuengine.bench.report.tables import GENERATED_BEGIN, GENERATED_END, generated_block
+from gpuengine.bench.report.headline import headline_markdown, headline_table
+from gpuengine.bench.report.tables import GENERATED_BEGIN, GENERATED_END, generated_block, results_page
 
 REPO = Path(__file__).resolve().parents[2]
 STORE = REPO / "baselines_store"
@@ -210,10 +211,21 @@ def test_a_stored_run_fills_its_seed_row_by_itself(tmp_path):
     assert [cell.text for cell in table.rows[1]][5] == "not measured yet"   # CIFAR-100: still no run
 
 
-def test_readme_block_is_the_markdown_of_the_stored_runs(store):
+def test_readme_block_is_the_headline_of_the_stored_runs_and_docs_results_every_table(store):
     readme = (REPO / "README.md").read_text()
-    assert generated_block(readme) == markdown_report(store).strip(), \
+    assert generated_block(readme) == headline_markdown(store.tiers).strip(), \
         "README.md's results block differs from the stored runs: run ./gate report and commit README.md"
+    assert (REPO / "docs" / "results.md").read_text() == results_page(markdown_report(store)), \
+        "docs/results.md differs from the stored runs: run ./gate report and commit it"
+
+
+def test_the_headline_counts_held_and_missed_claims_and_names_failed_runs(store):
+    h100 = next(tier for tier in store.tiers if tier.name == "nvidia-h100-80gb-hbm3")
+    rows = {row[0].text: [cell.text for cell in row] for row in headline_table(h100).rows}
+    zoo = rows["Model zoo training (seed 003)"]
+    assert zoo[1].endswith("missed)") and "alexnet" in zoo[2] and "failed run" in zoo[3]
+    transformer = rows["Transformer training (seed 004)"]
+    assert transformer[1] == "5 of 5" and "passed" in transformer[3]
 
 
 def test_committed_report_is_built_from_the_committed_runs(built):
@@ -402,10 +414,14 @@ def test_markdown_option_prints_the_readme_tables_and_writes_nothing(store, tmp_
 def test_readme_option_rewrites_only_the_generated_block(store, tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\n\n{GENERATED_BEGIN}\nstale\n{GENERATED_END}\n\ntail\n")
-    assert cli_main(["report", "--store", str(STORE), "--markdown", "--readme", str(readme)]) == 0
+    results = tmp_path / "results.md"
+    assert cli_main(["report", "--store", str(STORE), "--markdown", "--readme", str(readme),
+                     "--results", str(results)]) == 0
     text = readme.read_text()
     assert text.startswith("# title\n\n") and text.endswith(f"{GENERATED_END}\n\ntail\n")
-    assert generated_block(text) == markdown_report(store).strip()
+    assert generated_block(text) == headline_markdown(store.tiers).strip()
+    assert results.read_text() == results_page(markdown_report(store))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "results.md"]   # nothing left aside
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

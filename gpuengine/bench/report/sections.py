@@ -19,12 +19,19 @@ from .tables import (BASELINE_ROW, NONE, NOT_MEASURED, Cell, Table, count, perce
 Record = tuple[Run, Benchmark]
 
 REFERENCE_ORDER = ("torch_graph", "torch_compile", "torch_eager", "tf_keras", "gpuengine_oneshot")
-HISTORY_REFERENCE = "torch_graph"   # the opponent the engine must beat (DESIGN.md)
+HISTORY_REFERENCE = "torch_graph"   # the opponent the engine must beat (docs/architecture.md, "Measuring honestly")
 WORKLOAD_NAMES = {
     "test_mlp_train": "MLP training (seed 000)", "test_mlp_infer": "MLP inference (seed 000)",
     "test_cnn_train": "CNN training (seed 001)", "test_cnn_train_vs_keras": "CNN training vs Keras (seed 001)",
     "test_resnet_train": "ResNet-50 training (seed 002)", "test_zoo_train": "Model zoo training (seed 003)",
     "test_transformer_train": "Transformer training (seed 004)",
+    "test_mlp_streamed": "MLP training, streamed data (seed 000)",
+    "test_cnn_streamed": "CNN training, streamed data (seed 001)",
+    "test_loader_bandwidth": "Streamed loader bandwidth", "test_mlp_max_batch": "MLP max batch (seed 000)",
+    "test_mlp_max_batch_pool_cost": "MLP max batch by pool size (seed 000)",
+    "test_mlp_train_energy": "MLP training energy (seed 000)",
+    "test_transformer_train_energy": "Transformer training energy (seed 004)",
+    "test_data_parallel_train": "Data-parallel training",
 }
 # (label, test pattern with {p} for the precision): the cases the README's summary shows at each precision.
 SUMMARY_CASES = (("MLP train, 1 batch/epoch", "test_mlp_train[{p}-graph8-resident-bpe1]"),
