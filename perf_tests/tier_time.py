@@ -108,5 +108,5 @@ def pytest_terminal_summary(terminalreporter):
         line += " (CPU tier: this machine's time, not a GPU's)"
     elif record["tier"] == "quick":
         verdict = "within" if elapsed <= QUICK_TIER_TARGET_S else "OVER"
-        line += f", {verdict} the {QUICK_TIER_TARGET_S / 60:.0f}-minute target of one GPU (issue 11)"
+        line += f", {verdict} the {QUICK_TIER_TARGET_S / 60:.0f}-minute target of one GPU"
     terminalreporter.write_line(line)

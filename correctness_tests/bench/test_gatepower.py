@@ -43,7 +43,7 @@ def synthetic_trials(sessions=2, per_level=3, levels=(0.0, 0.05, 0.10), seed=0) 
     return trials.TrialSet(NAME, "mlp_train", 7, out)
 
 
-def test_rates_per_test_have_the_fields_the_issue_names():
+def test_rates_per_test_have_the_fields_the_study_table_needs():
     entry = analysis.analyse_test(synthetic_trials(), NoiseTable(Path("noise.json"), {}, {}))
     assert entry["pairing"] == analysis.ACROSS and entry["pairs"] == {"0pct": 18, "5pct": 18, "10pct": 18}
     assert entry["false_alarm_rate"] == 0.0

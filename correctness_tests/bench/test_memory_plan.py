@@ -4,7 +4,7 @@
 at construction, before any step runs. On the CPU, NumPy reports its
 allocations to tracemalloc, so the bytes a construction really allocated are
 measured and compared with the report. On a GPU, the CuPy pool after a step
-is compared with it (within 5%, the issue's bound).
+is compared with it (within 5%: the pool rounds and caches allocations).
 """
 from __future__ import annotations
 

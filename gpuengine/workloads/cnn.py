@@ -4,7 +4,7 @@ Conv 16@3x3 (stride 1, same padding, ReLU fused into the conv graph) ->
 MaxPool 2x2/2 -> Flatten -> Dense 10, softmax cross-entropy, Adam lr 1e-3, on
 10,000 28x28x1 images of 10 classes resident on the device; trained at batch
 128 and 1024 for timed epochs after 2 warm-up epochs. 31,530 parameters (the
-note's "about 31k"). The data are generated digits (data/mnist.py) unless real
+note's "about 31k"). The data are generated digits (data/formats/mnist.py) unless real
 MNIST files are given; the CPU tier's smoke runs use a smaller image.
 """
 from __future__ import annotations

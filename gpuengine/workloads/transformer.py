@@ -13,7 +13,7 @@ LayerNorm scale one: the initial loss sits near ln(vocab). No dropout: the
 note's engine had none, and its PyTorch twin runs with dropout 0.
 
 The graph has one data input per sample, the row [source | BOS, target[:-1]]
-(data/token_corpus.py, teacher forcing); the two embedding nodes read their
+(data/formats/token_corpus.py, teacher forcing); the two embedding nodes read their
 halves, so the graph has two inputs in effect and cross-attention joins the
 stacks. Node names are the module paths of reference/torch_transformer.py
 (`transformer.encoder.layers.0.self_attn`, `generator`), so the parameter

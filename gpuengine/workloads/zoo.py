@@ -31,7 +31,7 @@ Dropout uses torchvision's rates; `dropout=False` leaves those nodes out (the
 parity tests: torch in eval mode or dropout off computes the same function).
 Every network also has a reduced variant (small images, narrow layers, 10
 classes) of the same structure for the CPU tier. The data are generated
-images (data/cifar.py's learnable patterns) at the network's size.
+images (data/formats/cifar.py's learnable patterns) at the network's size.
 """
 from __future__ import annotations
 

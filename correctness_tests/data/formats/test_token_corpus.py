@@ -1,4 +1,4 @@
-"""The token corpus (data/token_corpus.py): reading, bad lines named, the generator, teacher forcing, training.
+"""The token corpus (data/formats/token_corpus.py): reading, bad lines named, the generator, teacher forcing, training.
 
 Tests write their own small corpus files. A bad line (no tab, a non-integer,
 an id outside the vocabulary, a side too long, a ragged side without a

@@ -1,6 +1,6 @@
 """The seed notes' headline tables, each in its note's own layout: the note's numbers, then this GPU's.
 
-Seed notes: ../shared/seeds/000 (dense MLP: throughput, batches per epoch, max batch under 6 GB),
+Seed notes (docs/seeds.md): 000 (dense MLP: throughput, batches per epoch, max batch under 6 GB),
 001 (MNIST CNN at batch 128 and 1024), 002 (ResNet-50 on CIFAR-10/100), 003 (model zoo, ms per batch
 of 16 at 224x224), 004 (Transformer by sequence length, energy per sample). The notes measured fp32
 with each framework's default TF32 policy: here that is the `tf32` precision. Every row is keyed on

@@ -2,7 +2,7 @@
 
 A table is what both outputs draw: the HTML page (with each cell's source as its tooltip) and the
 Markdown block the README pastes between GENERATED_BEGIN and GENERATED_END, so that the README's
-results and the stored runs cannot disagree (issue 12). Formats follow the seed notes: "38.7 M/s",
+results and the stored runs cannot disagree. Formats follow the seed notes: "38.7 M/s",
 "1,440,316" samples/s, "2.05x" speed-ups (reference time / engine time, >1: the engine is faster).
 """
 from __future__ import annotations
