@@ -3,7 +3,8 @@
 `./gate extras` prints the extras the gate installs here (the same choice as
 `./gate test` makes); with a stand-in `nvidia-smi` first on PATH the choice
 is checked for a machine without a GPU and for CUDA 12 and 13 drivers. tox's
-`cpu` env must install what the gate's CPU tier does.
+`cpu` env must install what the gate's CPU tier does, and the perf envs must
+leave the stack to the gate (no CUDA extra named for a machine that has no GPU).
 """
 from __future__ import annotations
 
@@ -76,6 +77,23 @@ def test_tox_cpu_env_installs_what_the_gate_installs_without_a_gpu():
     assert listed(tox["testenv:cpu"]["deps"]) == {"torch==2.13.0"}   # the gate's CPU_TORCH, before the package
     gate = (ROOT / "gate").read_text()
     assert 'CPU_TORCH="torch==2.13.0"' in gate
+
+
+def test_tox_perf_envs_leave_the_stack_to_the_gate():
+    tox = tox_ini()
+    perf = [name for name in tox.sections() if name == "testenv:perf" or name.startswith("testenv:perf-")]
+    assert len(perf) == 2
+    for name in perf:
+        env = tox[name]
+        assert env.get("skip_install") == "true", name
+        assert "extras" not in env and "deps" not in env, f"{name} installs through tox: {dict(env)}"
+        assert env["commands"].strip() == "{toxinidir}/gate perf {posargs}", name
+    setenv = tox["testenv"]["setenv"]
+    assert "perf: GATE_VENV = " in setenv    # one install of the machine's stack, outside the checkout's .venv
+    assert "GATE_NO_INSTALL" not in setenv   # which would run the gate on tox's bare interpreter
+    for name in tox.sections():   # nothing else in tox.ini names a CUDA extra except the GPU envs
+        if name not in ("testenv:cuda12", "testenv:cuda13"):
+            assert "cuda" not in tox[name].get("extras", ""), name
 
 
 @pytest.mark.tf   # imports TensorFlow: runs after every other test (conftest.py)
