@@ -18,6 +18,7 @@
   facts changed, instead of pytest-benchmark's dump of every machine fact
   (clocks and CPU Hz differ on every run).
 - Tests marked `gpu` are skipped with a stated reason when no GPU is visible.
+- Tests marked `tf` (the TensorFlow/Keras comparisons) run after all the others.
 """
 from __future__ import annotations
 
@@ -182,6 +183,10 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
 
 
 def pytest_collection_modifyitems(config, items):
+    # TensorFlow comes into the process with the first `tf` test and stays: its import (seconds), its thread
+    # pools and Keras' reseeding of Python's and NumPy's global generators (keras.utils.set_random_seed)
+    # then reach no other test. The test modules decide to skip without importing it (tf_common).
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("tf") is not None)   # stable
     if gpu_visible():
         return
     skip = pytest.mark.skip(reason=GPU_SKIP_REASON)

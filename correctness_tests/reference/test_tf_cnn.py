@@ -1,7 +1,12 @@
 """The Keras CNN reference (reference/tf_cnn.py) on the CPU: same logits as the engine, and it trains.
 
 Where TensorFlow is missing, the reference says why and the comparisons skip
-with that reason (tox's `tf` environment installs tensorflow-cpu to run them).
+with that reason; the CPU tier (`./gate test`, `tox -e cpu`) installs
+tensorflow-cpu, so there they run. Whether to skip is decided without importing
+TensorFlow: it is imported by the first test that builds a Keras model (and the
+root conftest.py runs the `tf` tests last), so the rest of the suite never
+shares a process with it. Where it is installed but does not import, these
+tests fail with its error instead of skipping.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from gpuengine.reference.tf_cnn import cnn_fit_runner
 from gpuengine.workloads.cnn import CNNShape, build_cnn, cnn_data, parameter_count
 
 SHAPE = CNNShape(size=14, filters=4, classes=6)
-REASON = tf_common.tensorflow_unavailable()
+REASON = tf_common.tensorflow_missing()
 needs_tf = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 
 

@@ -1,10 +1,13 @@
 """The Keras zoo references (reference/tf_zoo.py): why each cannot run where it cannot, and their sizes where TF is.
 
-Where TensorFlow is missing every reference states it (tox's `tf` environment
-installs tensorflow-cpu to run the rest); ResNet-18 has no Keras application
-at all.
+Where TensorFlow is missing every reference states it (the CPU tier installs
+tensorflow-cpu, so there the sizes are checked); ResNet-18 has no Keras
+application at all. As in test_tf_cnn.py, collection does not import TensorFlow.
 """
 from __future__ import annotations
+
+import importlib.util
+import sys
 
 import numpy as np
 import pytest
@@ -12,7 +15,7 @@ import pytest
 from gpuengine.reference import tf_common, tf_zoo
 from gpuengine.workloads import zoo
 
-REASON = tf_common.tensorflow_unavailable()
+REASON = tf_common.tensorflow_missing()
 needs_tf = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 
 
@@ -22,12 +25,19 @@ def test_resnet18_has_no_keras_application_and_says_so():
         tf_zoo.zoo_fit_runner("resnet18", np.zeros((16, 224, 224, 3), np.float32), np.zeros((16, 1000)), 16, "tf32")
 
 
-def test_missing_tensorflow_is_the_stated_reason():
-    if REASON is None:
-        pytest.skip("TensorFlow imports here")
-    assert tf_zoo.keras_unavailable("vgg16") == REASON
-    with pytest.raises(tf_common.TensorFlowUnavailable, match="TensorFlow"):
+def test_missing_tensorflow_is_the_stated_reason(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)   # as where it is not installed
+    reason = tf_common.tensorflow_missing()
+    assert "TensorFlow is not installed" in reason
+    assert tf_zoo.keras_unavailable("vgg16") == reason
+    with pytest.raises(tf_common.TensorFlowUnavailable, match="TensorFlow is not installed"):
         tf_zoo.build_keras_model("alexnet")
+
+
+def test_no_test_before_the_tf_tests_imported_tensorflow():
+    """Not a `tf` test, and after test_tf_cnn.py's in file order: the root conftest.py moves those after it,
+    and collection decides their skips without importing TensorFlow, so no test so far brought it in."""
+    assert "tensorflow" not in sys.modules and "keras" not in sys.modules
 
 
 @pytest.mark.tf

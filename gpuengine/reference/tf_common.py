@@ -12,7 +12,8 @@ dropped, as the engine and the torch runners do, so every step has one shape.
 
 TensorFlow is optional: `tensorflow_unavailable()` says why it cannot run here
 (None where it can), and building a runner without it raises
-`TensorFlowUnavailable` with that reason, for the suite to skip on.
+`TensorFlowUnavailable` with that reason, for the suite to skip on;
+`tensorflow_missing()` answers "not installed" without importing it.
 """
 from __future__ import annotations
 
@@ -28,10 +29,23 @@ class TensorFlowUnavailable(RuntimeError):
     """TensorFlow cannot run on this machine; the message says why."""
 
 
-def tensorflow_unavailable() -> str | None:
-    """Why the Keras reference cannot run here, or None when it can."""
+def tensorflow_missing() -> str | None:
+    """Why the Keras reference cannot run here when TensorFlow is not installed at all, else None.
+
+    Unlike `tensorflow_unavailable` this imports nothing, so a test module can decide at collection
+    whether to skip without bringing TensorFlow (seconds to import, thread pools of its own) into the
+    process of every other test.
+    """
     if importlib.util.find_spec("tensorflow") is None:
         return "TensorFlow is not installed (pip install -e .[tf]): no tf_keras reference"
+    return None
+
+
+def tensorflow_unavailable() -> str | None:
+    """Why the Keras reference cannot run here, or None when it can (this imports TensorFlow)."""
+    missing = tensorflow_missing()
+    if missing:
+        return missing
     try:
         import tensorflow  # noqa: F401
     except Exception as exc:   # a broken install fails in many ways; all mean "no reference"
