@@ -233,6 +233,36 @@ def test_gpu_modes_track_eager(data, mode, precision):
 
 @pytest.mark.gpu
 @needs_gpu
+def test_gpu_capture_survives_another_thread_calling_cuda(data):
+    """The engine's streamed loader copies and records events from its own threads while a torch reference
+    captures (they alternate in one process): the capture must not fail for it."""
+    import threading
+    x, t = data
+    stop, calls = threading.Event(), []
+
+    def busy():
+        side = torch.cuda.Stream()
+        buffer = torch.empty(1 << 20, dtype=torch.uint8).pin_memory()
+        while not stop.is_set():
+            with torch.cuda.stream(side):
+                buffer.to("cuda", non_blocking=True)
+                torch.cuda.Event().record(side)
+            side.synchronize()
+            calls.append(1)
+
+    thread = threading.Thread(target=busy, daemon=True)
+    thread.start()
+    try:
+        losses = epoch_losses(mlp_train_runner("torch_graph", x, t, 64, "tf32", device="cuda", hidden=HIDDEN, seed=2), 3)
+    finally:
+        stop.set()
+        thread.join()
+    assert calls, "the other thread never called CUDA"
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.gpu
+@needs_gpu
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("mode", ["torch_graph", "torch_compile"])
 def test_gpu_inference_modes_match_eager(data, mode, precision):

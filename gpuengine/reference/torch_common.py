@@ -35,6 +35,9 @@ from ..config import PRECISIONS
 
 MODES = ("torch_eager", "torch_compile", "torch_graph")
 WARMUP_STEPS = 3   # the CUDA-graphs docs warm up three iterations before capture
+# Other threads of the process (the engine's streamed loader, alternating with this reference) may call CUDA while
+# torch captures; torch's default "global" mode turns such a call into a failed capture.
+CAPTURE_MODE = "thread_local"
 
 
 class ReferenceUnavailable(RuntimeError):
@@ -274,7 +277,7 @@ class TorchTrainRunner(_TorchRunner):
         # Grads set to None, so backward inside capture allocates them from the graph's pool.
         self.optimizer.zero_grad(set_to_none=True)
         self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph):
+        with torch.cuda.graph(self._graph, capture_error_mode=CAPTURE_MODE):
             self._graph_step()
 
     def run_round(self) -> None:
@@ -357,7 +360,7 @@ class TorchInferRunner(_TorchRunner):
         for x in self._batches:
             graph = torch.cuda.CUDAGraph()
             pool = self._graphs[0].pool() if self._graphs else None
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode=CAPTURE_MODE):
                 self._static_outputs.append(self._infer(x))
             self._graphs.append(graph)
 
