@@ -68,8 +68,8 @@ def write_rules(path: Path, rules: list[dict]) -> Path:
 
 def test_compare_stores_the_engine_rounds_and_records_ratios(benchmark, compare, run_target, tmp_path, monkeypatch):
     cpu_only_miss = {"gpu": "none (CPU tier*", "test": "test_compare_*", "reference": "torch_eager",
-                     "min_ratio": 1e6, "why": "unreachable: recorded, never gating on the CPU tier"}
-    torch_best = {"gpu": "*", "test": "test_compare_*", "reference": "torch_best", "min_ratio": 1.0,
+                     "min_ratio": 1e6, "kind": "claim", "why": "unreachable: recorded, never gating on the CPU tier"}
+    torch_best = {"gpu": "*", "test": "test_compare_*", "reference": "torch_best", "min_ratio": 1.0, "kind": "claim",
                   "why": "the small-matrix engine beats both fakes"}
     monkeypatch.setattr(thresholds, "RULES_PATH", write_rules(tmp_path / "rules.json", [cpu_only_miss, torch_best]))
     engine, references = engine_and_references()
@@ -121,13 +121,13 @@ def scripted_comparison() -> Comparison:
     return Comparison.from_times("gpuengine", times, {"gpuengine": 10, "torch_graph": 10})
 
 
-MISSED_RULE = thresholds.ThresholdRule("*", "test_x*", "torch_graph", 1.2, "target")
+MISSED_RULE = thresholds.ThresholdRule("*", "test_x*", "torch_graph", 1.2, "a lead", thresholds.CLAIM)
 
 
 def test_a_missed_threshold_fails_on_a_gpu_tier():
     bench = SimpleNamespace(extra_info={})
     gpu = Tier("nvidia-h100-80gb-hbm3", "NVIDIA H100 80GB HBM3")
-    with pytest.raises(pytest.fail.Exception, match=r"torch_graph: 1\.100x, threshold 1\.2x \(target\)"):
+    with pytest.raises(pytest.fail.Exception, match=r"torch_graph: 1\.100x, claim 1\.2x \(a lead\)"):
         record_and_gate(bench, scripted_comparison(), "test_x[tf32]", "tf32", gpu, [MISSED_RULE])
     assert bench.extra_info["timing_gated"] is True
 
@@ -138,7 +138,7 @@ def test_a_missed_threshold_can_be_deferred_to_the_end_of_the_test():
     missed = record_and_gate(bench, scripted_comparison(), "test_x[tf32]", "tf32", gpu, [MISSED_RULE],
                              defer_to=deferred)
     assert [check.reference for check in missed] == ["torch_graph"]
-    assert len(deferred) == 1 and "torch_graph: 1.100x, threshold 1.2x (target)" in deferred[0]
+    assert len(deferred) == 1 and "torch_graph: 1.100x, claim 1.2x (a lead)" in deferred[0]
 
 
 DEFERRED_TEST = textwrap.dedent("""

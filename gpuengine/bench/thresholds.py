@@ -5,7 +5,7 @@ bottom, most specific first; the first rule matching (GPU, test, reference)
 decides:
 
     {"gpu": "*H100*", "test": "test_mlp_train[tf32-graph*-resident-*]",
-     "reference": "torch_graph", "min_ratio": 1.2, "why": "the target: ..."}
+     "reference": "torch_graph", "min_ratio": 1.45, "kind": "claim", "why": "measured 1.59x ..."}
 
 Patterns know two wildcards, `*` (any run of characters) and `?` (one
 character); everything else is literal, brackets included, so a pytest id such
@@ -16,6 +16,19 @@ reported, not gated. A reference is a runner name from the comparison, or
 at its strongest: docs/architecture.md, "The references we compare against").
 Ratios come from `benchmarking.Comparison`: reference time over engine time, so
 1.2 means the engine is 1.2x as fast.
+
+Each rule says what kind it is (`kind`):
+
+- `claim`: the engine has met this floor in the stored runs of that GPU (a
+  floor just under its measured lead, or the target itself where it holds);
+  a miss fails the test, on every tier of the gate;
+- `target`: a goal the stored runs do not show met yet; a miss is recorded in
+  the run and listed in the summary ("target 1.25x, measured 1.11x: not met")
+  and fails the test only with `--claims` (and in the nightly tier, `--full`);
+- `exempt`: `min_ratio: null`, reported and never gated.
+
+correctness_tests/bench/test_claims.py holds the marking to the stored runs:
+a claim that their newest measurement misses fails it.
 """
 from __future__ import annotations
 
@@ -29,6 +42,8 @@ from .json_files import JsonFileError, load_json
 # The repository's file; the package is installed editable (./gate, tox), so this resolves in the checkout.
 RULES_PATH = Path(__file__).resolve().parents[2] / "baselines_store" / "thresholds.json"
 TORCH_BEST = "torch_best"
+CLAIM, TARGET, EXEMPT = "claim", "target", "exempt"
+KINDS = (CLAIM, TARGET, EXEMPT)
 
 
 def wildcard_match(pattern: str, text: str, ignore_case: bool = False) -> bool:
@@ -44,6 +59,15 @@ class ThresholdRule:
     reference: str           # pattern on the reference name ("torch_graph", "torch_best", "*")
     min_ratio: float | None  # None: reported, not gated
     why: str                 # where the number comes from
+    kind: str                # CLAIM (has held: a miss fails), TARGET (a goal not met yet), EXEMPT (min_ratio None)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"'kind' must be one of {', '.join(repr(k) for k in KINDS)}, got {self.kind!r}")
+        if (self.kind == EXEMPT) != (self.min_ratio is None):
+            raise ValueError(f"'kind' is {self.kind!r} with 'min_ratio' {self.min_ratio!r}: a rule with a number is "
+                             f"a {CLAIM!r} (it has held) or a {TARGET!r} (not met yet); 'min_ratio': null is "
+                             f"{EXEMPT!r}")
 
     def matches(self, gpu_name: str, test_name: str, reference: str) -> bool:
         return (wildcard_match(self.gpu, gpu_name, ignore_case=True) and wildcard_match(self.test, test_name)
@@ -54,23 +78,51 @@ class ThresholdRule:
 class RatioCheck:
     """One threshold applied to one measured ratio."""
 
-    reference: str      # as the rule names it ("torch_best" stays torch_best)
-    compared_with: str  # the runner actually compared against
-    ratio: float        # median per-round speed-up of the engine
-    min_ratio: float
-    why: str
+    reference: str       # as the rule names it ("torch_best" stays torch_best)
+    compared_with: str   # the runner actually compared against
+    ratio: float         # median per-round speed-up of the engine
+    rule: ThresholdRule  # the rule that decided (a claim or a target)
+
+    @property
+    def min_ratio(self) -> float:
+        return self.rule.min_ratio
+
+    @property
+    def kind(self) -> str:
+        return self.rule.kind
+
+    @property
+    def why(self) -> str:
+        return self.rule.why
 
     @property
     def passed(self) -> bool:
         return self.ratio >= self.min_ratio
 
+    @property
+    def against(self) -> str:
+        return self.reference if self.reference == self.compared_with else f"{self.reference} ({self.compared_with})"
+
     def as_dict(self) -> dict:
         return {"reference": self.reference, "compared_with": self.compared_with, "ratio": round(self.ratio, 4),
-                "min_ratio": self.min_ratio, "passed": self.passed, "why": self.why}
+                "min_ratio": self.min_ratio, "kind": self.kind, "passed": self.passed, "why": self.why}
 
     def describe(self) -> str:
-        against = self.reference if self.reference == self.compared_with else f"{self.reference} ({self.compared_with})"
-        return f"{against}: {self.ratio:.3f}x, threshold {self.min_ratio}x ({self.why})"
+        return f"{self.against}: {self.ratio:.3f}x, {self.kind} {self.min_ratio:g}x ({self.why})"
+
+    def verdict(self) -> str:
+        """'target 1.25x, measured 1.11x: not met' (or 'claim 1.85x, measured 2.05x: met')."""
+        return f"{self.kind} {self.min_ratio:g}x, measured {measured_text(self.ratio, self.min_ratio)}: " \
+               + ("met" if self.passed else "not met")
+
+
+def measured_text(ratio: float, min_ratio: float) -> str:
+    """The ratio with two decimals, or more where two would round it onto the other side of `min_ratio`."""
+    for digits in (2, 3, 4):
+        text = f"{ratio:.{digits}f}"
+        if (float(text) >= min_ratio) == (ratio >= min_ratio):
+            break
+    return f"{text}x"
 
 
 def _rule_from(entry, where: str) -> ThresholdRule:
@@ -85,7 +137,10 @@ def _rule_from(entry, where: str) -> ThresholdRule:
     if min_ratio is not None and (isinstance(min_ratio, bool) or not isinstance(min_ratio, (int, float))
                                   or not min_ratio > 0):
         raise JsonFileError(f"{where}: 'min_ratio' must be a positive number or null, got {min_ratio!r}")
-    return ThresholdRule(**entry)
+    try:
+        return ThresholdRule(**entry)
+    except ValueError as exc:   # the kind: unknown, or not what min_ratio says
+        raise JsonFileError(f"{where}: {exc}") from None
 
 
 def load_rules(path: Path | str | None = None) -> list[ThresholdRule]:
@@ -114,26 +169,37 @@ def threshold_for(gpu_name: str, test_name: str, reference: str,
     return None if rule is None else rule.min_ratio
 
 
-def fastest_torch_reference(comparison: Comparison) -> str | None:
-    """The torch_* runner the engine is least ahead of."""
-    torch_refs = [name for name in comparison.ratios if name.startswith("torch_")]
-    return min(torch_refs, key=lambda name: comparison.ratios[name].median) if torch_refs else None
+def evaluate_medians(medians: dict[str, float], gpu_name: str, test_name: str,
+                     rules: list[ThresholdRule] | None = None) -> list[RatioCheck]:
+    """Every threshold that applies to the engine's median speed-ups over these references, passed or not."""
+    rules = load_rules() if rules is None else rules
+    candidates = {name: name for name in medians}
+    torch_refs = [name for name in medians if name.startswith("torch_")]
+    if torch_refs:
+        candidates[TORCH_BEST] = min(torch_refs, key=lambda name: medians[name])
+    checks = []
+    for reference, runner in candidates.items():
+        rule = rule_for(gpu_name, test_name, reference, rules)
+        if rule is not None and rule.min_ratio is not None:
+            checks.append(RatioCheck(reference, runner, medians[runner], rule))
+    return checks
 
 
 def evaluate_ratios(comparison: Comparison, gpu_name: str, test_name: str,
                     rules: list[ThresholdRule] | None = None) -> list[RatioCheck]:
     """Every threshold that applies to this comparison, passed or not."""
-    rules = load_rules() if rules is None else rules
-    candidates = {name: name for name in comparison.ratios}
-    best = fastest_torch_reference(comparison)
-    if best is not None:
-        candidates[TORCH_BEST] = best
-    checks = []
-    for reference, runner in candidates.items():
-        rule = rule_for(gpu_name, test_name, reference, rules)
-        if rule is not None and rule.min_ratio is not None:
-            checks.append(RatioCheck(reference, runner, comparison.ratios[runner].median, rule.min_ratio, rule.why))
-    return checks
+    return evaluate_medians({name: summary.median for name, summary in comparison.ratios.items()}, gpu_name,
+                            test_name, rules)
+
+
+def evaluate_stored(ratios: dict, gpu_name: str, test_name: str,
+                    rules: list[ThresholdRule] | None = None) -> list[RatioCheck]:
+    """The same for a stored run's `extra_info["ratios"]` ({reference: {"median": ...}}), against `rules` as
+    they are now: what today's rules say of an old measurement."""
+    medians = {name: summary["median"] for name, summary in (ratios or {}).items()
+               if isinstance(summary, dict) and isinstance(summary.get("median"), (int, float))
+               and not isinstance(summary.get("median"), bool)}
+    return evaluate_medians(medians, gpu_name, test_name, rules)
 
 
 def check_ratios(comparison: Comparison, gpu_name: str, test_name: str,
