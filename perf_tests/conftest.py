@@ -7,8 +7,9 @@ A perf test builds its engine runner and reference runners, then calls
 and gets a `gpuengine.bench.benchmarking.Comparison`; the engine's rounds are what
 pytest-benchmark stores, everything else goes into the run's `extra_info`, and
 on a GPU tier a missed ratio threshold or a regression against the test's
-stored baseline fails the test. In a gatepower study session the same test
-then runs the study's trials (gpuengine/bench/gatepower/trials.py).
+stored baseline fails the test, as does a missed claim; a missed target goes to
+the summary (and fails with --claims). In a gatepower study session the same
+test then runs the study's trials (gpuengine/bench/gatepower/trials.py).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from gpuengine.bench.gatepower import trials as study_trials
 from gpuengine.bench.regression import choose_reference
 
 from .gemm_peak import measure_gemm_peak_tflops
-from .harness import alternate_rounds, record_and_gate, warm_up
+from .harness import alternate_rounds, fail_with, record_and_gate, warm_up
 from .plan import RoundsChoice
 
 
@@ -48,12 +49,12 @@ def pytest_runtest_call(item):
     result = yield
     failures = item.stash.get(GATE_FAILURES, [])
     if failures:
-        pytest.fail("\n".join(failures), pytrace=False)
+        fail_with(failures)
     return result
 
 
 @pytest.fixture
-def compare(request, run_target, gemm_peak_tflops, gate_test):
+def compare(request, run_target, gemm_peak_tflops, gate_test, gate_targets):
     """compare(benchmark, engine, references, *, rounds, precision=None, flops_per_sample=None, warmup_rounds=1).
 
     `rounds` is the test's default: the gate plugin may choose others (noise.json, budget, --full).
@@ -71,7 +72,7 @@ def compare(request, run_target, gemm_peak_tflops, gate_test):
         comparison = Comparison.from_times(engine.name, times, samples, flops_per_sample, peak)
         benchmark.extra_info["rounds_choice"] = choice.as_dict()
         record_and_gate(benchmark, comparison, request.node.name, precision, run_target.tier, gate_test=gate_test,
-                        defer_to=request.node.stash.setdefault(GATE_FAILURES, []))
+                        defer_to=request.node.stash.setdefault(GATE_FAILURES, []), targets=gate_targets)
         if gate_test and gate_test.study:
             read = choose_reference({name: summary.median for name, summary in comparison.ratios.items()})
             study_trials.run_trials(gate_test.fullname, gate_test.workload, engine,

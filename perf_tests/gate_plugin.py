@@ -7,7 +7,12 @@
   named in the header, and the summary says which run each test used.
 - A saved run (`--benchmark-autosave`, `--benchmark-save`) becomes a baseline
   only when the session passed, or with `--save-baseline`; otherwise it is
-  kept apart under `<storage>/history/`, never compared against.
+  kept apart under `<storage>/history/`, never compared against. A session
+  whose only failures are targets not met (`--claims`) counts as passed here:
+  nothing regressed and every claim held, and the misses stay in the run.
+- A target not met yet (thresholds.json's `kind`) is listed in the summary's
+  `gpuengine targets not met` section, one line per miss; it fails its test
+  only with `--claims` or in the nightly tier (plan.targets_fail).
 - `--full` runs the nightly tier; the quick tier deselects `nightly` cases
   (perf_tests/plan.py). Rounds per test come from noise.json and the budget.
 - A broken thresholds.json or noise.json stops the session with one error
@@ -33,6 +38,7 @@ from gpuengine.bench.stored_runs import StoredRun, UnreadableRun, history_folder
 from gpuengine.bench.thresholds import load_rules
 
 from . import plan
+from .harness import Targets, TargetsMissed
 
 NO_BASELINE = "no baseline"
 
@@ -50,6 +56,21 @@ class GateState:
     checked: list[tuple[str, str, str]] = field(default_factory=list)   # (test, verdict, summary line)
     notices: list[str] = field(default_factory=list)
     saved_to_history: Path | None = None
+    targets: Targets = field(default_factory=Targets)   # the targets missed, and whether they fail (--claims)
+    failed_on_targets: set[str] = field(default_factory=set)   # tests that failed on missed targets only
+    failed_otherwise: set[str] = field(default_factory=set)    # tests that failed for any other reason
+    saved_despite_targets: bool = False   # failed on targets only (--claims), saved as a baseline all the same
+
+    def failed_on_targets_only(self, exitstatus) -> bool:
+        """The session failed, and only because tests missed targets: a baseline still (nothing regressed)."""
+        return (exitstatus == pytest.ExitCode.TESTS_FAILED and bool(self.failed_on_targets)
+                and not self.failed_otherwise)
+
+    def outcome(self) -> dict:
+        """What the stored run keeps of the gate's verdict (`gpuengine_gate`): perf_tests/spread.py reads it."""
+        return {"targets_fail": self.targets.fail, "targets_not_met": len(self.targets.missed),
+                "failed_on_targets_only": sorted(self.failed_on_targets - self.failed_otherwise),
+                "failed_otherwise": sorted(self.failed_otherwise)}
 
 
 GATE = pytest.StashKey[GateState]()
@@ -61,6 +82,9 @@ def pytest_addoption(parser):
                     help="nightly tier: every perf case, twice the rounds (default: the quick tier)")
     group.addoption("--save-baseline", action="store_true", default=False,
                     help="save this run as a baseline even if it fails (default: only a passing run is one)")
+    group.addoption("--claims", action="store_true", default=False,
+                    help="targets not met yet fail their tests too (default: only claims that have held, and "
+                         "regressions, fail; targets are listed in the summary); on in the nightly tier (--full)")
     group.addoption("--noise-file", metavar="PATH", default=None,
                     help="learned per-test noise (default: baselines_store/<tier>/noise.json)")
 
@@ -98,6 +122,7 @@ def configure(config: pytest.Config, tier: Tier):
         option.benchmark_autosave = get_tag()
     state = GateState(tier, _storage_folder(option), config.getoption("full"),
                       bool(getattr(option, "benchmark_compare", None)), noise, study)
+    state.targets.fail = plan.targets_fail(full=state.full, claims=config.getoption("claims"))
     if study is not None:
         state.notices.append(f"gatepower study session: injected slowdowns, trials written to {study.out_dir}")
     elif saving and state.storage is not None:
@@ -133,12 +158,21 @@ def pytest_sessionstart(session):
         bench_session.compared_mapping = mapping
 
 
+def targets_policy(state: GateState) -> str:
+    if not state.tier.on_gpu:
+        return "are recorded (CPU tier: nothing about timing gates)"
+    if state.targets.fail:
+        return "fail too (" + ("--claims" if not state.full else "the nightly tier, --full") + ")"
+    return "are listed, not failed (--claims fails them)"
+
+
 def pytest_report_header(config) -> list[str]:
     state = config.stash.get(GATE, None)
     if state is None:
         return []
     tier = "nightly tier (--full): every case" if state.full else "quick tier: nightly cases deselected (--full)"
-    lines = [f"gpuengine gate: {tier}; noise: {state.noise.path.name if state.noise.tests else 'not calibrated'}"]
+    lines = [f"gpuengine gate: {tier}; noise: {state.noise.path.name if state.noise.tests else 'not calibrated'}",
+             f"gpuengine gate: missed claims and regressions fail; targets not met yet {targets_policy(state)}"]
     if state.compare and state.baselines:
         used = sorted({run.label for run in state.baselines.values()})
         lines.append(f"gpuengine gate: {len(state.baselines)} tests have a stored baseline, in {len(used)} runs "
@@ -156,24 +190,63 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=nightly)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Sort failed tests: those that failed on targets not met only (--claims), and the rest."""
+    report = yield
+    state = item.config.stash.get(GATE, None)
+    if state is not None and report.failed:
+        if report.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(TargetsMissed):
+            state.failed_on_targets.add(item.nodeid)
+        else:
+            state.failed_otherwise.add(item.nodeid)
+    return report
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
-    """Before pytest-benchmark saves (in its own sessionfinish): a run that did not pass goes to history."""
+    """Before pytest-benchmark saves (in its own sessionfinish): a run that did not pass goes to history; one that
+    failed on targets not met only (--claims) passed the gate's own verdict and is a baseline."""
     state = session.config.stash.get(GATE, None)
     bench_session = getattr(session.config, "_benchmarksession", None)
     if (state is not None and bench_session is not None and state.storage is not None
             and (bench_session.save or bench_session.autosave) and bench_session.benchmarks
             and exitstatus != 0 and not session.config.getoption("save_baseline")):
-        from pytest_benchmark.storage.file import FileStorage
-        bench_session.storage = FileStorage(history_folder(state.storage), logger=bench_session.logger,
-                                            default_machine_id=bench_session.machine_id)
-        state.saved_to_history = history_folder(state.storage)
+        if state.failed_on_targets_only(exitstatus):
+            state.saved_despite_targets = True
+        else:
+            from pytest_benchmark.storage.file import FileStorage
+            bench_session.storage = FileStorage(history_folder(state.storage), logger=bench_session.logger,
+                                                default_machine_id=bench_session.machine_id)
+            state.saved_to_history = history_folder(state.storage)
     yield
+
+
+@pytest.hookimpl(optionalhook=True)   # a pytest-benchmark hook: absent when that plugin is disabled
+def pytest_benchmark_update_json(config, benchmarks, output_json):
+    """The gate's verdict into the stored run (and a spread worker's JSON): which tests failed on targets only."""
+    state = config.stash.get(GATE, None)
+    if state is not None:
+        output_json["gpuengine_gate"] = state.outcome()
 
 
 def pytest_terminal_summary(terminalreporter):
     state = terminalreporter.config.stash.get(GATE, None)
-    if state is None or not (state.checked or state.saved_to_history):
+    if state is None:
+        return
+    if state.targets.missed:
+        terminalreporter.section("gpuengine targets not met")
+        for missed in state.targets.missed:
+            terminalreporter.write_line(missed.describe())
+        count = len(state.targets.missed)
+        if state.targets.fail:
+            terminalreporter.write_line(f"{count} target(s) not met: their tests failed ("
+                                        f"{'--claims' if not state.full else 'the nightly tier, --full'}); "
+                                        "a run whose only failures these are is still saved as a baseline")
+        else:
+            terminalreporter.write_line(f"{count} target(s) not met: goals, not failures (./gate perf --claims, and "
+                                        "the nightly tier, fail on them); kept in the run's ratio_checks")
+    if not (state.checked or state.saved_to_history or state.saved_despite_targets):
         return
     terminalreporter.section("gpuengine stored-run check")
     for _, _, line in sorted(state.checked):
@@ -187,6 +260,10 @@ def pytest_terminal_summary(terminalreporter):
     if state.saved_to_history:
         terminalreporter.write_line(f"this run did not pass: saved under {state.saved_to_history}, not as a baseline "
                                     "(./gate perf --save-baseline stores a run as a baseline on purpose)")
+    if state.saved_despite_targets:
+        terminalreporter.write_line(f"this run failed only on targets not met ({len(state.failed_on_targets)} "
+                                    "test(s)): saved as a baseline all the same, since nothing regressed and every "
+                                    "claim held")
 
 
 @dataclass(frozen=True)
@@ -228,6 +305,14 @@ class GateTest:
         self.state.checked.append((self.fullname, decision.verdict, f"{decision.verdict:16}{line}"))
         record = {"baseline_run": run.label, **decision.as_dict()}
         return CheckOutcome(record, line if decision.verdict == REGRESSED else None)
+
+
+@pytest.fixture
+def gate_targets(request) -> Targets | None:
+    """The session's targets not met yet and whether they fail (None where the plugin is not configured):
+    hand it to record_and_gate."""
+    state = request.config.stash.get(GATE, None)
+    return None if state is None else state.targets
 
 
 @pytest.fixture

@@ -178,6 +178,89 @@ def test_the_injected_delay_is_refused_outside_a_study_and_a_study_never_saves(s
     saving.stderr.fnmatch_lines(["*a gatepower study session injects slowdowns; its runs are never saved*"])
 
 
+TARGET_TESTS = textwrap.dedent("""
+    from perf_tests.test_harness_smoke import engine_and_references
+
+    def test_meets_all(benchmark, compare):
+        compare(benchmark, *engine_and_references(), rounds=3, precision="fp32")
+
+    def test_misses_a_target(benchmark, compare):
+        compare(benchmark, *engine_and_references(), rounds=3, precision="fp32")
+""")
+
+FAKE_GPU_TIER = textwrap.dedent("""
+    # A GPU tier on any machine, so that ratios gate as on a GPU (the runners are still NumPy's), and the rules
+    # of rules.json beside this file.
+    import pathlib as _pathlib
+    import gpuengine.bench.thresholds as _thresholds
+    from gpuengine.bench.machine_info import Tier as _Tier
+
+    def current_tier(on_gpu):
+        return _Tier("fake-gpu", "FAKE GPU (pytester)")
+
+    _thresholds.RULES_PATH = _pathlib.Path(__file__).parent / "rules.json"
+    from perf_tests.conftest import compare, gemm_peak_tflops, pytest_runtest_call  # noqa: F401
+""")
+
+GOAL = {"gpu": "FAKE*", "test": "test_misses_a_target", "reference": "torch_eager", "min_ratio": 10000,
+        "kind": "target", "why": "a goal far off"}
+HELD = {"gpu": "FAKE*", "test": "test_*", "reference": "torch_graph", "min_ratio": 1.0, "kind": "claim",
+        "why": "the small-matrix engine leads"}
+LOST = {"gpu": "FAKE*", "test": "test_meets_all", "reference": "torch_eager", "min_ratio": 10000, "kind": "claim",
+        "why": "a claim this engine cannot hold"}
+
+
+def test_targets_not_met_are_listed_fail_only_with_claims_and_the_run_is_still_a_baseline(session, pytester):
+    from pytest_benchmark.utils import get_machine_id
+    pytester.makeconftest((REPO / "conftest.py").read_text() + FAKE_GPU_TIER)
+    pytester.makepyfile(test_targets=TARGET_TESTS)
+    tier = pytester.path / "baselines_store" / "fake-gpu"
+
+    def run(rules, *args):
+        """A session under `rules`; returns it with its stored run (where, and the JSON), none compared with."""
+        shutil.rmtree(tier, ignore_errors=True)
+        (pytester.path / "rules.json").write_text(json.dumps(rules))
+        result = session("test_targets.py", *args)
+        (path,) = tier.rglob("0001_*.json")
+        return result, path.relative_to(tier).parts[0], json.loads(path.read_text())
+
+    quick, folder, stored = run([GOAL, HELD])
+    quick.assert_outcomes(passed=2)
+    quick.stdout.fnmatch_lines([
+        "gpuengine tier fake-gpu: GPU FAKE GPU (pytester): same-run ratios and stored-run regressions gate",
+        "gpuengine gate: missed claims and regressions fail; targets not met yet are listed, not failed (--claims*",
+        "*gpuengine targets not met*",
+        "test_misses_a_target vs torch_eager on FAKE GPU (pytester): target 10000x, measured *x: not met",
+        "1 target(s) not met: goals, not failures (./gate perf --claims, and the nightly tier, fail on them)*"])
+    assert folder == get_machine_id()   # a baseline
+    checks = {b["name"]: b["extra_info"]["ratio_checks"] for b in stored["benchmarks"]}
+    assert [(c["kind"], c["passed"]) for c in checks["test_misses_a_target"]] == [("target", False), ("claim", True)]
+    assert stored["gpuengine_gate"] == {"targets_fail": False, "targets_not_met": 1, "failed_on_targets_only": [],
+                                        "failed_otherwise": []}
+
+    claims, folder, stored = run([GOAL, HELD], "--claims")
+    claims.assert_outcomes(passed=1, failed=1)
+    claims.stdout.fnmatch_lines([
+        "gpuengine gate: missed claims and regressions fail; targets not met yet fail too (--claims)",
+        "*test_misses_a_target on FAKE GPU (pytester): targets not met yet, which fail with --claims:",
+        "  torch_eager: target 10000x, measured *x: not met (a goal far off)",
+        "*gpuengine targets not met*",
+        "1 target(s) not met: their tests failed (--claims)*",
+        "this run failed only on targets not met (1 test(s)): saved as a baseline all the same*",
+        "FAILED test_targets.py::test_misses_a_target - TargetsMissed: *"])
+    assert folder == get_machine_id() and claims.ret == pytest.ExitCode.TESTS_FAILED
+    assert stored["gpuengine_gate"]["failed_on_targets_only"] == ["test_targets.py::test_misses_a_target"]
+
+    nightly, folder, _ = run([GOAL, HELD, LOST], "--full")   # the nightly tier fails targets too; a lost claim
+    nightly.assert_outcomes(failed=2)
+    nightly.stdout.fnmatch_lines([
+        "gpuengine gate: missed claims and regressions fail; targets not met yet fail too (the nightly tier, --full)",
+        "*test_meets_all on FAKE GPU (pytester): engine below a claim that has held (same-run ratio):",
+        "  torch_eager: *x, claim 10000x (a claim this engine cannot hold)",
+        "this run did not pass: saved under *history*"])
+    assert folder == "history"
+
+
 TIMED_TESTS = textwrap.dedent("""
     import time
     import pytest

@@ -60,10 +60,11 @@ def summary(result: SearchResult) -> dict:
             "trials": len(result.trials)}
 
 
-def gate(benchmark, request, run_target, engine: str, ratios: dict[str, float]):
-    """Record the ratios and check them against thresholds.json (failing on a GPU tier)."""
+def gate(benchmark, request, run_target, targets, engine: str, ratios: dict[str, float]):
+    """Record the ratios and check them against thresholds.json (a missed claim fails on a GPU tier, a missed
+    target with --claims)."""
     comparison = Comparison(engine, {}, {}, {ref: RatioSummary(ref, r, r, r, [r]) for ref, r in ratios.items()})
-    record_and_gate(benchmark, comparison, request.node.name, PRECISION, run_target.tier)
+    record_and_gate(benchmark, comparison, request.node.name, PRECISION, run_target.tier, targets=targets)
 
 
 def confirm_fit(spec: TrialSpec, batch: int) -> dict:
@@ -77,7 +78,7 @@ CASES = [(mode, reference) for mode in ("train", "infer") for reference in REFER
 
 
 @pytest.mark.parametrize("mode,reference", CASES, ids=[f"{PRECISION}-cap{CAP_GIB:g}-{m}-{r}" for m, r in CASES])
-def test_mlp_max_batch(mode, reference, benchmark, request, run_target):
+def test_mlp_max_batch(mode, reference, benchmark, request, run_target, gate_targets):
     ours_spec = engine_spec(mode)
     ours = searched(ours_spec)
     theirs = searched(replace(ours_spec, engine=reference))
@@ -92,10 +93,10 @@ def test_mlp_max_batch(mode, reference, benchmark, request, run_target):
     # The engine's own report must account for its footprint to 5%, at the batch that matters, or it cannot tell
     # a user what fits.
     assert pool == pytest.approx(plan, rel=PLAN_TOLERANCE), f"pool {pool} bytes vs planned {details['plan']}"
-    gate(benchmark, request, run_target, ours_spec.label, {reference: ours.max_batch / theirs.max_batch})
+    gate(benchmark, request, run_target, gate_targets, ours_spec.label, {reference: ours.max_batch / theirs.max_batch})
 
 
-def test_mlp_max_batch_pool_cost(benchmark, request, run_target):
+def test_mlp_max_batch_pool_cost(benchmark, request, run_target, gate_targets):
     """What the streamed loader's prefetch pool costs: max training batch at batch_pool 1 and 3."""
     one, three = engine_spec("train", "streamed", 1), engine_spec("train", "streamed", 3)
     at_one, at_three, resident = searched(one), searched(three), searched(engine_spec("train"))
@@ -108,4 +109,5 @@ def test_mlp_max_batch_pool_cost(benchmark, request, run_target):
     })
     # Pool 1 holds one device copy of the batch, pool 3 four (three slots and the batch buffer).
     assert at_one.max_batch > 1.5 * at_three.max_batch, (at_one.max_batch, at_three.max_batch)
-    gate(benchmark, request, run_target, one.label, {three.label: at_one.max_batch / at_three.max_batch})
+    gate(benchmark, request, run_target, gate_targets, one.label,
+         {three.label: at_one.max_batch / at_three.max_batch})
