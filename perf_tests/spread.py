@@ -10,8 +10,9 @@
 3. Run the tests that need every GPU (perf_tests/test_data_parallel.py) in
    one pytest that sees them all, after the others (they would share GPUs).
 4. Merge the runs into one per GPU kind and store it like `--benchmark-autosave`
-   does: a baseline if every process passed (or --save-baseline), else under
-   history/. The exit status is the worst of the processes'.
+   does: a baseline if every process passed, or failed only on targets not met
+   (--claims), or with --save-baseline; else under history/. The exit status
+   is the worst of the processes'.
 Workers do not save on their own (no --benchmark-autosave, --save-baseline
 held back): only the merged run is stored.
 """
@@ -25,7 +26,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuengine.bench.spread_runs import merge_runs, next_run_path, split_tests, benchmark_seconds
+from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_only, merge_runs, next_run_path,
+                                         split_tests)
 from gpuengine.bench.stored_runs import history_folder, newest_per_test, scan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +130,8 @@ def save_merged(workers: list[Worker], status: dict[str, int], store: Path, mach
                   file=sys.stderr)
     if not runs:
         return []
-    passed = all(code == 0 for code in status.values()) and len(runs) == len(workers)
+    passed = len(runs) == len(workers) and all(status.get(name) == 0 or failed_on_targets_only(status.get(name), run)
+                                               for name, run in zip(names, runs))
     saved = []
     for merged in merge_runs(runs, names).values():
         tier = store / merged["machine_info"]["tier"]

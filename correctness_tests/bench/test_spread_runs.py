@@ -85,16 +85,40 @@ def test_run_numbers_follow_the_stored_ones(tmp_path):
     assert next_run_path(tmp_path, "tag") == tmp_path / "0008_tag.json"
 
 
-@pytest.mark.parametrize("codes,save_baseline,where", [
-    ({"gpu0": 0, "gpu1": 0}, False, "baseline"), ({"gpu0": 0, "gpu1": 1}, False, "history"),
-    ({"gpu0": 0, "gpu1": 1}, True, "baseline")])
-def test_the_merged_run_is_stored_where_a_single_run_would_be(tmp_path, codes, save_baseline, where):
+def gate_outcome(on_targets=(), otherwise=()) -> dict:
+    """A worker run's gpuengine_gate record (perf_tests/gate_plugin.py): which tests failed, and why."""
+    return {"targets_fail": True, "targets_not_met": len(on_targets), "failed_on_targets_only": list(on_targets),
+            "failed_otherwise": list(otherwise)}
+
+
+ON_TARGETS = {"gpu1": gate_outcome(["perf_tests/t.py::t1"])}    # --claims: gpu1's test missed a target only
+
+
+@pytest.mark.parametrize("codes,save_baseline,where,outcomes", [
+    ({"gpu0": 0, "gpu1": 0}, False, "baseline", {}), ({"gpu0": 0, "gpu1": 1}, False, "history", {}),
+    ({"gpu0": 0, "gpu1": 1}, True, "baseline", {}),
+    ({"gpu0": 0, "gpu1": 1}, False, "baseline", ON_TARGETS),
+    ({"gpu0": 0, "gpu1": 1}, False, "history", {"gpu1": gate_outcome(["perf_tests/t.py::t1"], ["x"])}),
+    ({"gpu0": 0, "gpu1": 2}, False, "history", ON_TARGETS)])   # interrupted: not a verdict of the tests
+def test_the_merged_run_is_stored_where_a_single_run_would_be(tmp_path, codes, save_baseline, where, outcomes):
     workers = [Worker(name, str(i), [], tmp_path / f"{name}.json") for i, name in enumerate(codes)]
     for i, worker in enumerate(workers):
-        worker.json_path.write_text(json.dumps(fake_run("NVIDIA H200", {f"perf_tests/t.py::t{i}": 1.0})))
+        run = fake_run("NVIDIA H200", {f"perf_tests/t.py::t{i}": 1.0})
+        run.update({"gpuengine_gate": outcomes[worker.name]} if worker.name in outcomes else {})
+        worker.json_path.write_text(json.dumps(run))
     store = tmp_path / "store"
     (paths,) = [save_merged(workers, codes, store, "Linux-CPython-3.12-64bit", "tag", save_baseline)]
     folder = store / "nvidia-h200" / ("history" if where == "history" else "") / "Linux-CPython-3.12-64bit"
     assert paths == [folder / "0001_tag.json"]
     run = read_run(paths[0], store / "nvidia-h200")   # readable by the gate plugin like any stored run
     assert sorted(run.benchmarks) == ["perf_tests/t.py::t0", "perf_tests/t.py::t1"]
+    if outcomes:
+        assert json.loads(paths[0].read_text())["gpuengine_gate"] == outcomes["gpu1"]   # kept in the stored run
+
+
+def test_the_merged_run_keeps_every_workers_gate_verdict():
+    runs = [dict(fake_run("NVIDIA H200", {"a": 1.0}), gpuengine_gate=gate_outcome(["a"])),
+            dict(fake_run("NVIDIA H200", {"b": 1.0}), gpuengine_gate=gate_outcome([], ["b"]))]
+    (merged,) = merge_runs(runs, ["gpu0", "gpu1"]).values()
+    assert merged["gpuengine_gate"] == {"targets_fail": True, "targets_not_met": 1, "failed_on_targets_only": ["a"],
+                                        "failed_otherwise": ["b"]}

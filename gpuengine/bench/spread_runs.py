@@ -16,6 +16,21 @@ import statistics
 from pathlib import Path
 
 RUN_NUMBER = re.compile(r"^(\d{4})_")
+GATE_OUTCOME = "gpuengine_gate"   # perf_tests/gate_plugin.py's verdict in a run: which tests failed on targets only
+
+
+def failed_on_targets_only(exit_status: int, run: dict) -> bool:
+    """A worker that failed (pytest's exit status 1) only because tests missed targets (--claims): its run
+    passed the gate's own verdict, as a single run's would (perf_tests/gate_plugin.py)."""
+    outcome = run.get(GATE_OUTCOME) if isinstance(run.get(GATE_OUTCOME), dict) else {}
+    return exit_status == 1 and bool(outcome.get("failed_on_targets_only")) and not outcome.get("failed_otherwise")
+
+
+def _merged_outcome(outcomes: list[dict]) -> dict:
+    return {"targets_fail": any(o.get("targets_fail") for o in outcomes),
+            "targets_not_met": sum(o.get("targets_not_met", 0) for o in outcomes),
+            "failed_on_targets_only": sorted({t for o in outcomes for t in o.get("failed_on_targets_only", [])}),
+            "failed_otherwise": sorted({t for o in outcomes for t in o.get("failed_otherwise", [])})}
 
 
 def split_tests(test_ids: list[str], workers: int, seconds: dict[str, float] | None = None) -> list[list[str]]:
@@ -72,6 +87,9 @@ def merge_runs(runs: list[dict], workers: list[str]) -> dict[str, dict]:
                         "machine_info": machine_info,
                         "datetime": max(str(run.get("datetime", "")) for run, _ in members),
                         "benchmarks": sorted(benchmarks, key=lambda b: b["fullname"])}
+        outcomes = [run[GATE_OUTCOME] for run, _ in members if isinstance(run.get(GATE_OUTCOME), dict)]
+        if outcomes:
+            merged[kind][GATE_OUTCOME] = _merged_outcome(outcomes)
     return merged
 
 
