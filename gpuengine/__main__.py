@@ -68,7 +68,7 @@ def _report(args) -> int:
         readme = Path(args.readme).read_text() if args.readme else None
         markdown = markdown_report(store)
         # Checked before anything is written: a README without the markers stops the command whole.
-        refreshed = (replace_generated_block(readme, headline_markdown(store.tiers), args.readme)
+        refreshed = (replace_generated_block(readme, headline_markdown(store.tiers, store.rules), args.readme)
                      if args.readme else None)
     except (ReportError, OSError, ValueError) as exc:
         print(f"python -m gpuengine report: error: {exc}", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 A rule marked `claim` fails the gate when missed, so it must be one the engine
 has met: the newest stored measurement of every test it decides, on its GPU,
-meets it (gpuengine/bench/claims.py). A target that those measurements now
+meets it (gpuengine/bench/report/claims.py). A target that those measurements now
 meet is a promotion candidate: reported (a warning here, and in the failure
 message when a claim is wrong), not a failure, because making it a claim, and
 at which floor, is a judgment on more than one run (docs/gate.md).
@@ -13,7 +13,7 @@ import json
 import warnings
 from pathlib import Path
 
-from gpuengine.bench.claims import review
+from gpuengine.bench.report.claims import review
 from gpuengine.bench.report.store import load_store
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,6 +21,7 @@ from gpuengine.bench.report.sections import machine_table
 from gpuengine.bench.report.seeds import seed_tables
 from gpuengine.bench.report.headline import headline_markdown, headline_table
 from gpuengine.bench.report.tables import GENERATED_BEGIN, GENERATED_END, generated_block, results_page
+from gpuengine.bench.thresholds import CLAIM, TARGET, ThresholdRule
 
 REPO = Path(__file__).resolve().parents[2]
 STORE = REPO / "baselines_store"
@@ -213,19 +214,34 @@ def test_a_stored_run_fills_its_seed_row_by_itself(tmp_path):
 
 def test_readme_block_is_the_headline_of_the_stored_runs_and_docs_results_every_table(store):
     readme = (REPO / "README.md").read_text()
-    assert generated_block(readme) == headline_markdown(store.tiers).strip(), \
+    assert generated_block(readme) == headline_markdown(store.tiers, store.rules).strip(), \
         "README.md's results block differs from the stored runs: run ./gate report and commit README.md"
     assert (REPO / "docs" / "results.md").read_text() == results_page(markdown_report(store)), \
         "docs/results.md differs from the stored runs: run ./gate report and commit it"
 
 
-def test_the_headline_counts_held_and_missed_claims_and_names_failed_runs(store):
+def test_the_headline_counts_claims_apart_from_targets_and_names_failed_runs(store):
     h100 = next(tier for tier in store.tiers if tier.name == "nvidia-h100-80gb-hbm3")
-    rows = {row[0].text: [cell.text for cell in row] for row in headline_table(h100).rows}
-    zoo = rows["Model zoo training (seed 003)"]
-    assert zoo[1].endswith("missed)") and "alexnet" in zoo[2] and "failed run" in zoo[3]
+    rows = {row[0].text: [cell.text for cell in row] for row in headline_table(h100, store.rules).rows}
+    zoo = rows["Model zoo training (seed 003)"]   # targets only: none of its rules has held
+    assert zoo[1] == "none yet" and zoo[2] == "—" and "failed run" in zoo[4]
+    assert zoo[3] == "1.25× torch_graph: 0.65× (alexnet-tf32-streamed-b16), not met, 0 of 3 cases met"
+    resnet = rows["ResNet-50 training (seed 002)"]   # claims over torch_compile and eager; targets over the rest
+    assert resnet[1] == "4 of 4" and "claim 2.10×" in resnet[2]
+    assert resnet[3].startswith("1.25× torch_graph: 1.10× (cifar100-tf32-graph8-resident-b128), not met, 0 of 2")
+    assert "1.3× gpuengine_tf32: 0.96× (cifar100-bf16-graph8-resident-b128), not met" in resnet[3]
     transformer = rows["Transformer training (seed 004)"]
-    assert transformer[1] == "5 of 5" and "passed" in transformer[3]
+    assert transformer[1] == "5 of 5" and transformer[3] == "—" and "passed" in transformer[4]
+
+
+def test_the_headline_says_a_missed_claim_and_a_met_target(store):
+    """Rules as they might be after a run: a claim the newest measurement misses, a target it meets."""
+    h100 = next(tier for tier in store.tiers if tier.name == "nvidia-h100-80gb-hbm3")
+    rules = [ThresholdRule("*", "test_zoo_train[resnet50-*]", "torch_graph", 1.0, "met", TARGET),
+             ThresholdRule("*", "test_zoo_train[*]", "torch_graph", 0.7, "lost", CLAIM)]
+    (zoo,) = [[cell.text for cell in row] for row in headline_table(h100, rules).rows]
+    assert zoo[1] == "1 of 2 (1 missed)" and zoo[2] == "alexnet-tf32-streamed-b16: 0.65× torch_graph, claim 0.70×"
+    assert zoo[3] == "1× torch_graph: 1.04× (resnet50-tf32-streamed-b16), met"
 
 
 def test_committed_report_is_built_from_the_committed_runs(built):
@@ -419,7 +435,7 @@ def test_readme_option_rewrites_only_the_generated_block(store, tmp_path):
                      "--results", str(results)]) == 0
     text = readme.read_text()
     assert text.startswith("# title\n\n") and text.endswith(f"{GENERATED_END}\n\ntail\n")
-    assert generated_block(text) == headline_markdown(store.tiers).strip()
+    assert generated_block(text) == headline_markdown(store.tiers, store.rules).strip()
     assert results.read_text() == results_page(markdown_report(store))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "results.md"]   # nothing left aside
 

@@ -3,10 +3,10 @@
 - `benchmarking`: runners timed in interleaved rounds, per-round ratios, fraction of peak;
 - `runners`: the engine as runners (training epochs, resident and one-shot inference);
 - `thresholds`: the same-run ratio rules of `baselines_store/thresholds.json`, each a claim, a target or exempt;
-- `claims`: what the stored runs' newest measurements say of each rule (a claim must have held);
 - `machine_info`: the run's tier and the GPU stack stored with every run;
 - `cudnn_plans`: the engine's autotuned cuDNN plans, kept with a GPU kind's baselines;
 - `energy`, `gpu_memory`, `nvml`: energy per sample and device memory, read through NVML;
 - `maxbatch/`: the largest batch under a memory cap, one fresh process per trial;
-- `report/`: the HTML report, figures and README tables built from the stored runs.
+- `report/`: the HTML report, figures and README tables built from the stored runs, and what their newest
+  measurements say of each threshold rule (`report/claims.py`: a claim must have held).
 """

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import figures, html, sections
+from .headline import headline_table
 from .parts import FigureRef, Part, TierSection
 from .seeds import seed_tables
 from .store import ReportError, Store, TierRuns, load_store
@@ -78,11 +79,12 @@ def _history_parts(store: Store, tier: TierRuns, draw: _Drawer, notices: list[st
 def tier_section(store: Store, tier: TierRuns, root: Path, notices: list[str]) -> tuple[TierSection, list[Path]]:
     draw = _Drawer(root, tier)
     stand = Part(f"{tier.name}-summary", "Where the engine stands",
-                 "Speed-up over each PyTorch reference measured in the same run: the engine and the references "
+                 "The claims that have held and the targets not met yet (baselines_store/thresholds.json), then "
+                 "the speed-up over each PyTorch reference measured in the same run: the engine and the references "
                  "alternate round by round; bars are the median of per-round ratios, whiskers the lowest and "
                  "highest round.")
     if tier.on_gpu:
-        stand.tables.append(sections.summary_table(tier))
+        stand.tables += [headline_table(tier, store.rules), sections.summary_table(tier)]
         draw(stand, "speedup", f"engine speed-up over PyTorch on {tier.title}", figures.speedup_figure, tier)
     else:
         stand.intro = ("The CPU tier times smoke shapes on NumPy, not the notes' workloads: see each workload "
@@ -185,8 +187,8 @@ def build_report(store: Store | Path | str, out: Path | str) -> Report:
 
 
 def markdown_report(store: Store) -> str:
-    """The README's results: per GPU tier, the speed-up summary, the seed tables and the energy readings,
-    each figure the newest measurement of its test, a failed run's said to be one."""
+    """docs/results.md: per GPU tier, the claims and targets, the speed-up summary, the seed tables and the energy
+    readings, each figure the newest measurement of its test, a failed run's said to be one."""
     blocks = []
     for tier in store.tiers:
         if not tier.on_gpu:
@@ -198,7 +200,7 @@ def markdown_report(store: Store) -> str:
                                 f"({sections.runs_text(failed)}): their figures say \"{FAILED_RUN}\", beside the "
                                 "baseline in force (the newest passing run of that test)." if failed else
                                 ", all of which passed the gate."))
-        tables = [sections.summary_table(tier), *seed_tables(tier)]
+        tables = [headline_table(tier, store.rules), sections.summary_table(tier), *seed_tables(tier)]
         energy = sections.energy_records(tier)
         if energy:
             tables.append(sections.energy_table(energy, tier))

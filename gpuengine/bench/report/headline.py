@@ -1,51 +1,88 @@
-"""The README's headline: per GPU and workload, whether the newest measurement of every case holds its claims.
+"""The README's headline: per GPU and workload, the claims the newest measurement of each case holds, and the
+targets not met yet.
 
-A claim is a rule of `baselines_store/thresholds.json` that a case's ratio was
-checked against in its run (the benchmark's `ratio_checks`): the engine at
-least k times a reference's speed. Per workload the table counts the claims the
-newest measurement of each case held, names the case furthest below (or
-closest above) its claim, and the runs those measurements come from, a failed
-run said to be one. The full tables are the report's (`report/index.html`)
-and `docs/results.md`'s.
+Every rule of `baselines_store/thresholds.json` with a floor is a claim or a
+target (its `kind`): a claim has held in the stored runs and fails the gate
+when missed; a target is a goal not met yet, listed and not failed (only
+`./gate perf --claims` and the nightly tier fail on it). Per workload the
+table counts the claims the newest measurement of each case holds, under the
+rules as they are now (claims.py), names the case closest to
+its claim, says for each target its floor and the lowest measured ratio, and
+names the runs those measurements come from, a failed run said to be one. The
+same table opens each GPU tier in the report and in `docs/results.md`.
 """
 from __future__ import annotations
 
+from .claims import Measured, newest_checks
+from ..thresholds import CLAIM, TARGET, ThresholdRule, measured_text
 from .sections import run_text, workload_name
-from .store import Benchmark, Run, TierRuns
-from .tables import Table, speedup, to_markdown
+from .store import TierRuns
+from .tables import NONE, Table, speedup, to_markdown
+
+CAPTION = ("Claims held: the rules of baselines_store/thresholds.json that have held (a floor under the engine's "
+           "measured lead, or the target itself where it is met); a missed claim fails the gate. Targets: goals "
+           "not met yet, each with its floor, the lowest ratio measured (and its case) and whether every case "
+           "met it; a missed target fails only ./gate perf --claims and the nightly tier. Both against the "
+           "newest measurement of each case and today's rules. Runs: the run, its commit and date, and whether "
+           "it passed the gate.")
 
 
-def _checks(bench: Benchmark) -> list[dict]:
-    return [c for c in bench.info.get("ratio_checks") or []
-            if isinstance(c, dict) and c.get("min_ratio") and c.get("ratio") is not None]
+def _margin(measured: Measured) -> float:
+    return measured.check.ratio / measured.check.min_ratio
 
 
-def _margin(check: dict) -> float:
-    return check["ratio"] / check["min_ratio"]
+def _times(ratio: float, floor: float) -> str:
+    return measured_text(ratio, floor).replace("x", "×")
 
 
-def headline_table(tier: TierRuns) -> Table:
-    table = Table(f"Claims by workload, {tier.title}: the newest measurement of each case",
-                  ["Workload", "Claims held", "Closest case (ratio, claim)", "Runs"])
-    by_workload: dict[str, list[tuple[Run, Benchmark]]] = {}
-    for run, bench in tier.newest(lambda b: bool(_checks(b))):
-        by_workload.setdefault(bench.function, []).append((run, bench))
-    for function, records in sorted(by_workload.items(), key=lambda kv: workload_name(kv[0])):
-        checks = [(run, bench, check) for run, bench in records for check in _checks(bench)]
-        held = sum(bool(check.get("passed")) for _, _, check in checks)
-        run, bench, worst = min(checks, key=lambda rbc: _margin(rbc[2]))
-        closest = (f"{bench.case}: {speedup(worst['ratio'])} {worst.get('compared_with') or worst['reference']}, "
-                   f"claim {speedup(worst['min_ratio'])}")
-        verdict = f"{held} of {len(checks)}" + ("" if held == len(checks) else f" ({len(checks) - held} missed)")
-        runs = sorted({r.path: r for r, _ in records}.values(), key=lambda r: r.when)
-        table.add(workload_name(function), verdict, closest, "; ".join(run_text(r) for r in runs))
-    table.caption = ("A claim: the engine at least k times a reference's speed in the same run "
-                     "(baselines_store/thresholds.json). A missed claim of a target not met yet is reported here "
-                     "and in the report. Runs: the run, its commit and date, and whether it passed the gate.")
+def claims_cell(claims: list[Measured]) -> str:
+    if not claims:
+        return "none yet"
+    held = sum(m.check.passed for m in claims)
+    return f"{held} of {len(claims)}" + ("" if held == len(claims) else f" ({len(claims) - held} missed)")
+
+
+def closest_cell(claims: list[Measured]) -> str:
+    if not claims:
+        return NONE
+    worst = min(claims, key=_margin)
+    check = worst.check
+    return f"{worst.bench.case}: {speedup(check.ratio)} {check.compared_with}, claim {speedup(check.min_ratio)}"
+
+
+def targets_cell(targets: list[Measured]) -> str:
+    """'1.25× torch_graph: 1.10× (cifar100-...), not met, 0 of 2 cases met' per target floor and reference."""
+    groups: dict[tuple[str, float], list[Measured]] = {}
+    for measured in targets:
+        groups.setdefault((measured.check.reference, measured.check.min_ratio), []).append(measured)
+    cells = []
+    for (reference, floor), found in groups.items():
+        lowest = min(found, key=lambda m: m.check.ratio)
+        met = sum(m.check.passed for m in found)
+        cell = (f"{floor:g}× {reference}: {_times(lowest.check.ratio, floor)} ({lowest.bench.case}), "
+                + ("met" if met == len(found) else "not met"))
+        cells.append(cell + (f", {met} of {len(found)} cases met" if len(found) > 1 else ""))
+    return "; ".join(cells) or NONE
+
+
+def headline_table(tier: TierRuns, rules: list[ThresholdRule]) -> Table:
+    table = Table(f"Claims and targets by workload, {tier.title}: the newest measurement of each case",
+                  ["Workload", "Claims held", "Closest case (ratio, claim)", "Targets (floor: lowest measured)",
+                   "Runs"])
+    by_workload: dict[str, list[Measured]] = {}
+    for measured in newest_checks(tier, rules):
+        by_workload.setdefault(measured.bench.function, []).append(measured)
+    for function, found in sorted(by_workload.items(), key=lambda kv: workload_name(kv[0])):
+        claims = [m for m in found if m.check.kind == CLAIM]
+        targets = [m for m in found if m.check.kind == TARGET]
+        runs = sorted({m.run.path: m.run for m in found}.values(), key=lambda r: r.when)
+        table.add(workload_name(function), claims_cell(claims), closest_cell(claims), targets_cell(targets),
+                  "; ".join(run_text(r) for r in runs))
+    table.caption = CAPTION
     return table
 
 
-def headline_markdown(tiers: list[TierRuns]) -> str:
+def headline_markdown(tiers: list[TierRuns], rules: list[ThresholdRule]) -> str:
     """The README's generated block: one headline table per GPU tier."""
-    blocks = [to_markdown(headline_table(tier)) for tier in tiers if tier.on_gpu and tier.runs]
+    blocks = [to_markdown(headline_table(tier, rules)) for tier in tiers if tier.on_gpu and tier.runs]
     return "\n\n".join(blocks) if blocks else "No GPU tier has a stored run yet."

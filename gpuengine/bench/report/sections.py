@@ -257,14 +257,14 @@ def run_column(run: Run) -> str:
 
 def history_table(runs: list[Run], store: Store, gpu: str) -> Table:
     """Per test, the engine's speed-up over torch_graph in each run (failed runs included, and said so),
-    and the threshold it is held to."""
+    and the threshold it is held to today: a claim (a miss fails the gate) or a target (a goal not met yet)."""
     table = Table(f"Speed-up over {HISTORY_REFERENCE} by run", ["Test", *(run_column(r) for r in runs),
                                                                  "Threshold"])
     names = list(dict.fromkeys(name for run in runs for name, bench in run.benchmarks.items()
                                if bench.samples_per_s and bench.ratio(HISTORY_REFERENCE)))   # timed tests only
     for name in names:
         rule = rule_for(gpu, name, HISTORY_REFERENCE, store.rules)
-        threshold = NONE if rule is None or rule.min_ratio is None else f"≥ {rule.min_ratio:g}×"
+        threshold = NONE if rule is None or rule.min_ratio is None else f"{rule.kind} ≥ {rule.min_ratio:g}×"
         cells = []
         for run in runs:
             bench = run.benchmarks.get(name)

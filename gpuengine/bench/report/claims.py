@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .report.store import Benchmark, Run, Store, TierRuns
-from .thresholds import CLAIM, TARGET, RatioCheck, ThresholdRule, evaluate_stored
+from ..thresholds import CLAIM, TARGET, RatioCheck, ThresholdRule, evaluate_stored
+from .store import Benchmark, Run, Store, TierRuns
 
 
 @dataclass(frozen=True)
