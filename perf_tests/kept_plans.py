@@ -6,8 +6,8 @@ GPU kind, so it runs what its baseline ran; graphs without a stored choice
 usual, and a saved run (`./gate perf` autosaves) adds those choices to the
 file whether it passed or not: a stored choice changes only when it no longer
 builds or with `--retune-cudnn` (every graph autotuned afresh, the file's
-choices replaced by the new ones), so a run that fails a ratio claim, as
-ResNet-50's do today, still pins its plans for the next. A gatepower study
+choices replaced by the new ones), so a run that fails still pins its plans
+for the next. A gatepower study
 or calibration session never writes the file.
 """
 from __future__ import annotations
