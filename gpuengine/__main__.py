@@ -62,7 +62,8 @@ def _report(args) -> int:
 
     from .bench.report import ReportError, build_report, load_store, markdown_report
     from .bench.report.headline import headline_markdown
-    from .bench.report.tables import plural, replace_generated_block, results_page, write_aside
+    from .bench.json_files import write_text
+    from .bench.report.tables import plural, replace_generated_block, results_page
     try:
         store = load_store(args.store)
         readme = Path(args.readme).read_text() if args.readme else None
@@ -100,10 +101,10 @@ def _report(args) -> int:
         print(f"report: {args.readme}: generated block kept as it was ({args.store} holds no stored run)",
               file=sys.stderr)
     elif refreshed is not None and refreshed != readme:
-        write_aside(Path(args.readme), refreshed)
+        write_text(args.readme, refreshed)
         print(f"report: {args.readme}: generated block refreshed", file=sys.stderr)
     if args.results and store.tiers:
-        write_aside(Path(args.results), results_page(markdown))
+        write_text(args.results, results_page(markdown))
         print(f"report: {args.results}: every table of the stored runs", file=sys.stderr)
     return 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -31,14 +32,26 @@ def load_json(path: Path | str):
         raise JsonFileError(f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
 
 
-def write_json(path: Path | str, content) -> Path:
-    """Write `content` to `path` atomically (temporary file, then rename); parent folders are created."""
+def write_text(path: Path | str, text: str) -> Path:
+    """Write `text` to `path` atomically: a temporary file beside it, then a rename (nothing is left behind
+    when the write fails); parent folders are created."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(content, indent=1) + "\n", encoding="utf-8")
-    os.replace(partial, path)
+    fd, scratch = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(scratch, 0o644)
+        os.replace(scratch, path)
+    except BaseException:
+        Path(scratch).unlink(missing_ok=True)
+        raise
     return path
+
+
+def write_json(path: Path | str, content) -> Path:
+    """Write `content` to `path` as JSON, atomically (write_text)."""
+    return write_text(path, json.dumps(content, indent=1) + "\n")
 
 
 def require_number(value, where: str, minimum: float | None = None, allow_none: bool = False):

@@ -13,8 +13,8 @@ same table opens each GPU tier in the report and in `docs/results.md`.
 """
 from __future__ import annotations
 
-from .claims import Measured, newest_checks
 from ..thresholds import CLAIM, TARGET, ThresholdRule, measured_text
+from .claims import Measured, newest_checks
 from .sections import run_text, workload_name
 from .store import TierRuns
 from .tables import NONE, Table, speedup, to_markdown

@@ -8,10 +8,7 @@ results and the stored runs cannot disagree. Formats follow the seed notes: "38.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 NOT_MEASURED = "not measured yet"
 FAILED_RUN = "failed run"   # said of every figure a run that failed the gate measured
@@ -146,17 +143,3 @@ RESULTS_HEADER = ("# Results\n\nEvery table of the stored runs in `baselines_sto
 
 def results_page(markdown: str) -> str:
     return f"{RESULTS_HEADER}\n{markdown.strip()}\n"
-
-
-def write_aside(path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it into place: never half a file."""
-    path = Path(path)
-    fd, scratch = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(scratch, 0o644)
-        os.replace(scratch, path)
-    except BaseException:
-        Path(scratch).unlink(missing_ok=True)
-        raise
