@@ -19,8 +19,11 @@ from gpuengine.bench.benchmarking import Comparison
 from gpuengine.bench.gatepower import trials as study_trials
 from gpuengine.bench.regression import choose_reference
 
+from .ab_session import ab_record
+from .ab_sides import BASE, EnginePair
 from .gemm_peak import measure_gemm_peak_tflops
 from .harness import alternate_rounds, fail_with, record_and_gate, warm_up
+from . import plan
 from .plan import RoundsChoice
 
 
@@ -54,18 +57,33 @@ def pytest_runtest_call(item):
 
 
 @pytest.fixture
+def references(request, run_target):
+    """references(names) -> the names this run times (perf_tests/plan.py: the GPU quick tier leaves some
+    to the nightly tier)."""
+    full = bool(request.config.getoption("full", False))
+    return lambda names: plan.references(names, full=full, on_gpu=run_target.tier.on_gpu)
+
+
+@pytest.fixture
 def compare(request, run_target, gemm_peak_tflops, gate_test, gate_targets):
     """compare(benchmark, engine, references, *, rounds, precision=None, flops_per_sample=None, warmup_rounds=1).
 
-    `rounds` is the test's default: the gate plugin may choose others (noise.json, budget, --full).
+    `rounds` is the test's default: the gate plugin may choose others (noise.json, budget, --full, A/B).
+    `engine` may be an A/B pair (the `engine_for` fixture in an A/B session): its base's rounds go into
+    extra_info["ab"], which the gate reads instead of the stored run.
     """
 
     def run(benchmark, engine, references, *, rounds: int, precision: str | None = None,
             flops_per_sample: float | None = None, warmup_rounds: int = 1) -> Comparison:
         precision = precision or run_target.config.precision
         round_set_ms = warm_up(engine, references, warmup_rounds)
-        choice = gate_test.rounds(rounds, round_set_ms) if gate_test else RoundsChoice(rounds, "the test's default")
+        paired = isinstance(engine, EnginePair)
+        choice = (gate_test.rounds(rounds, round_set_ms, paired_rounds=paired) if gate_test
+                  else RoundsChoice(rounds, "the test's default"))
         times = alternate_rounds(benchmark, engine, references, choice.rounds, warmup_rounds=0)
+        if isinstance(engine, EnginePair):   # A/B: the base's rounds are the gate's, not the comparison's
+            benchmark.extra_info["ab"] = ab_record(request.config, engine, times)
+            del times[BASE]
         samples = {runner.name: runner.samples_per_round for runner in (engine, *references)}
         # Measured after the timed rounds, so the peak's heat and allocations never sit inside them.
         peak = gemm_peak_tflops(precision) if flops_per_sample else None

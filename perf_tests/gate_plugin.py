@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuengine.bench import injected_delay
+from gpuengine.bench import injected_delay, paired
 from gpuengine.bench.gatepower import trials as study_trials
 from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.machine_info import Tier
@@ -281,17 +281,21 @@ class GateTest:
         self._workload = node.get_closest_marker(plan.WORKLOAD)
         self.workload = self._workload.args[0] if self._workload else node.originalname
 
-    def rounds(self, requested: int, round_set_ms: float | None) -> plan.RoundsChoice:
+    def rounds(self, requested: int, round_set_ms: float | None, paired_rounds: bool = False) -> plan.RoundsChoice:
         entry = self.state.noise.tests.get(self.fullname)
         budget = None
         if self._workload is not None and self.state.tier.on_gpu:
             budget = self._workload.kwargs["budget_s"] / self._workload.kwargs["quick_cases"]
         forced = self.state.study.rounds if self.state.study else None
         return plan.rounds_for(requested, recommended=entry.recommended_rounds if entry else None,
-                               full=self.state.full, test_budget_s=budget, round_set_ms=round_set_ms, forced=forced)
+                               full=self.state.full, test_budget_s=budget, round_set_ms=round_set_ms, forced=forced,
+                               min_rounds=paired.MIN_ROUNDS if paired_rounds and self.state.tier.on_gpu else None)
 
     def check(self, extra_info: dict) -> CheckOutcome | None:
-        """The stored-run check of this run's extra_info; None when the run compares with nothing."""
+        """The A/B check where the test ran against a base, else the stored-run check of this run's extra_info;
+        None when the run compares with nothing."""
+        if "ab" in extra_info:
+            return self.check_paired(extra_info["ab"])
         if not self.state.compare:
             return None
         run = self.state.baselines.get(self.fullname)
@@ -305,6 +309,17 @@ class GateTest:
         self.state.checked.append((self.fullname, decision.verdict, f"{decision.verdict:16}{line}"))
         record = {"baseline_run": run.label, **decision.as_dict()}
         return CheckOutcome(record, line if decision.verdict == REGRESSED else None)
+
+
+    def check_paired(self, ab: dict) -> CheckOutcome:
+        """Head over base, round by round in this session (gpuengine/bench/paired.py)."""
+        decision = paired.decide_paired(ab["head_round_ms"], ab["base_round_ms"],
+                                        head_samples=ab["head_samples_per_round"],
+                                        base_samples=ab["base_samples_per_round"])
+        line = f"{self.fullname} (A/B against {ab['base']}) - {decision.describe()}"
+        self.state.checked.append((self.fullname, decision.verdict, f"{decision.verdict:16}{line}"))
+        record = {"mode": "A/B", "base": ab["base"], **decision.as_dict()}
+        return CheckOutcome(record, line if decision.verdict == paired.REGRESSED else None)
 
 
 @pytest.fixture

@@ -65,45 +65,65 @@ class Targets:
     missed: list[MissedTarget] = field(default_factory=list)
 
 
-def _prepare(engine: Runner, references: Sequence[Runner]):
-    names = [runner.name for runner in (engine, *references)]
+def sides(engine) -> list:
+    """The engine runners one test times: the engine, or the base's and the head's of an A/B pair
+    (perf_tests/ab_sides.py), base first."""
+    return list(engine.sides) if hasattr(engine, "sides") else [engine]
+
+
+def round_ms(runner: Runner) -> float:
+    """One timed round: a worker's engine times itself (no pipe inside its clock), the rest here."""
+    timed_round = getattr(runner, "timed_round", None)
+    return timed_round() if timed_round is not None else time_round(runner)
+
+
+def _prepare(engine, references: Sequence[Runner]):
+    names = [runner.name for runner in (*sides(engine), *references)]
     if len(set(names)) != len(names):
         raise ValueError(f"runner names must be unique, got {names}")
-    for runner in (engine, *references):
+    for runner in (engine, *references):   # a pair prepares both sides, the base first
         runner.prepare()
 
 
-def warm_up(engine: Runner, references: Sequence[Runner], warmup_rounds: int) -> float | None:
+def warm_up(engine, references: Sequence[Runner], warmup_rounds: int) -> float | None:
     """Warm-up rounds, references then engine, not recorded; returns the median ms of one round of all
     runners (what a timed round will cost: the rounds budget needs it), None without warm-up rounds."""
     if warmup_rounds < 0:
         raise ValueError(f"warmup_rounds={warmup_rounds}: need warmup_rounds >= 0")
     _prepare(engine, references)
-    sets = [sum(time_round(runner) for runner in (*references, engine)) for _ in range(warmup_rounds)]
+    sets = [sum(round_ms(runner) for runner in (*references, *sides(engine))) for _ in range(warmup_rounds)]
     return float(np.median(sets)) if sets else None
 
 
-def alternate_rounds(benchmark, engine: Runner, references: Sequence[Runner], rounds: int,
+def alternate_rounds(benchmark, engine, references: Sequence[Runner], rounds: int,
                      warmup_rounds: int) -> dict[str, list[float]]:
-    """Per-runner round times in ms after warm-up; the engine's rounds are also pytest-benchmark's."""
+    """Per-runner round times in ms after warm-up; the engine's rounds are also pytest-benchmark's.
+
+    An A/B pair's base runs in the setup of each round, before the references in even rounds and after
+    them in odd ones, so the head is preceded by the base half the time and by a reference the other half.
+    """
     if rounds < 1 or warmup_rounds < 0:
         raise ValueError(f"rounds={rounds}, warmup_rounds={warmup_rounds}: need rounds >= 1, warmup_rounds >= 0")
     _prepare(engine, references)
-    times: dict[str, list[float]] = {runner.name: [] for runner in (engine, *references)}
+    *others, head = sides(engine)
+    times: dict[str, list[float]] = {runner.name: [] for runner in (*others, head, *references)}
+    done = [0]
 
-    def references_round():
-        for reference in references:
-            times[reference.name].append(time_round(reference))
+    def setup_round():
+        order = [*others, *references] if done[0] % 2 == 0 else [*references, *others]
+        done[0] += 1
+        for runner in order:
+            times[runner.name].append(round_ms(runner))
 
     def engine_round():
-        times[engine.name].append(time_round(engine))
+        times[head.name].append(round_ms(head))
 
     if benchmark.disabled:
         for _ in range(warmup_rounds + rounds):
-            references_round()
+            setup_round()
             engine_round()
     else:
-        benchmark.pedantic(engine_round, setup=references_round, rounds=rounds, warmup_rounds=warmup_rounds,
+        benchmark.pedantic(engine_round, setup=setup_round, rounds=rounds, warmup_rounds=warmup_rounds,
                            iterations=1)
     return {name: ms[warmup_rounds:] for name, ms in times.items()}
 
@@ -167,7 +187,7 @@ def skip_unless_selected(run_target, **case):
 
 def epoch_loss(runner) -> float:
     """Train one more round and read the mean loss of its last epoch (outside timing)."""
-    if hasattr(runner, "trainer"):   # the engine reads its device loss history through train()
+    if hasattr(runner, "train"):   # the engine (here or in a worker) reads its device loss history through train()
         return runner.train(runner.epochs_per_round)[-1]
     runner.run_round()
     runner.synchronize()

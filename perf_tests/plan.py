@@ -48,11 +48,16 @@ MARKERS = (
 
 
 def cases(workload: str, full_cases: Sequence, *, quick: Callable[[object], bool] | Collection,
-          ids: Callable[[object], str], budget_s: float, study=None) -> list:
-    """`full_cases` as pytest params: the quick tier's marked with the workload, the others `nightly`."""
+          ids: Callable[[object], str], budget_s: float, study=None, nightly_only: bool = False) -> list:
+    """`full_cases` as pytest params: the quick tier's marked with the workload, the others `nightly`
+    (all of them with `nightly_only`: a comparison too slow to set up for the quick tier, no study case)."""
     full = list(full_cases)
     if not full:
         raise ValueError(f"{workload}: no cases")
+    if nightly_only:
+        workload_mark = getattr(pytest.mark, WORKLOAD)(workload, budget_s=budget_s, quick_cases=len(full))
+        return [pytest.param(case, id=ids(case), marks=[workload_mark, getattr(pytest.mark, NIGHTLY)])
+                for case in full]
     in_quick = [bool(quick(case)) if callable(quick) else case in quick for case in full]
     if not any(in_quick):
         raise ValueError(f"{workload}: the quick tier keeps none of its {len(full)} cases")
@@ -71,6 +76,32 @@ def cases(workload: str, full_cases: Sequence, *, quick: Callable[[object], bool
     return params
 
 
+# References the quick tier on a GPU leaves to the nightly tier: no claim the quick tier checks reads them, and
+# some cost minutes to set up (torch.compile, Keras); the quick tier times the engine and torch_graph.
+NIGHTLY_REFERENCES = frozenset({"torch_eager", "torch_compile", "tf_keras", "torch_graph_streamed",
+                                "gpuengine_oneshot", "gpuengine_tf32", "gpuengine_resident"})
+
+
+def references(names: Sequence[str], *, full: bool, on_gpu: bool) -> list[str]:
+    """The references of `names` a run times: all of them nightly and on the CPU tier (smoke of every path);
+    in the GPU quick tier, those outside NIGHTLY_REFERENCES."""
+    if full or not on_gpu:
+        return list(names)
+    return [name for name in names if name not in NIGHTLY_REFERENCES]
+
+
+def recipes(**tests) -> dict[str, tuple[list, Callable]]:
+    """A module's `ENGINES`: test name -> (its cases as `cases()` made them, build(case) -> engine runner).
+
+    `build` makes the engine side of a case from the case alone, so that an A/B session
+    (perf_tests/ab_session.py) can build it in the base's checkout and in the head's alike."""
+    for test, entry in tests.items():
+        if not (isinstance(entry, tuple) and len(entry) == 2 and callable(entry[1])
+                and all(hasattr(param, "id") for param in entry[0])):
+            raise ValueError(f"{test}: a recipe is (cases from plan.cases, build(case) -> runner)")
+    return dict(tests)
+
+
 def targets_fail(*, full: bool, claims: bool) -> bool:
     """Whether a target not met yet fails its test: with --claims, and in the nightly tier (--full)."""
     return claims or (full and NIGHTLY_FAILS_TARGETS)
@@ -86,23 +117,26 @@ class RoundsChoice:
 
 
 def rounds_for(requested: int, *, recommended: int | None, full: bool, test_budget_s: float | None,
-               round_set_ms: float | None, forced: int | None = None) -> RoundsChoice:
+               round_set_ms: float | None, forced: int | None = None, min_rounds: int | None = None) -> RoundsChoice:
     """The rounds to time: learned (noise.json) or the module's default; doubled nightly; within budget quick.
 
     A budget never cuts below MIN_ROUNDS (fewer cannot reach the rank test's significance), unless the
-    test asked for fewer itself (the CPU tier's smoke rounds).
+    test asked for fewer itself (the CPU tier's smoke rounds). `min_rounds` raises the floor and the test's
+    own request alike (an A/B test's paired rank test needs 7).
     """
     if requested < 1:
         raise ValueError(f"rounds={requested}: at least one timed round is needed")
     if forced is not None:
         return RoundsChoice(forced, "forced by the gatepower study (--rounds)")
     base, why = (recommended, "noise.json's power target") if recommended else (requested, "the test's default")
+    if min_rounds is not None and base < min_rounds:
+        base, why = min_rounds, f"{why}, raised to the {min_rounds} the A/B rank test needs"
     if full:
         return RoundsChoice(max(base, requested) * FULL_ROUNDS_FACTOR, f"{why}, x{FULL_ROUNDS_FACTOR} (--full)")
     if test_budget_s and round_set_ms:
         affordable = int(test_budget_s * 1e3 // round_set_ms)
         if affordable < base:
-            floor = min(base, MIN_ROUNDS)
+            floor = max(min(base, MIN_ROUNDS), min_rounds or 0)
             return RoundsChoice(max(affordable, floor), f"{why}, cut to the workload's budget "
                                                         f"({test_budget_s:.1f} s for this case)")
     return RoundsChoice(base, why)

@@ -22,7 +22,7 @@ from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import cnn
 
 from . import plan
-from .harness import assert_losses_descend, epoch_loss, skip_unless_selected
+from .harness import assert_losses_descend, epoch_loss, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_cnn  # noqa: E402  (needs torch)
@@ -62,8 +62,9 @@ def epochs_per_round(batch: int) -> int:
     return max(1, STEPS_PER_ROUND // (SAMPLES // batch))
 
 
-def engine_runner(case, x, t):
+def engine_runner(case) -> EngineTrainRunner:
     precision, graph, resident, batch = case
+    x, t = cnn.cnn_data(SAMPLES, SHAPE)
     config = EngineConfig(precision=precision, cuda_graph=graph, resident_data=resident,
                           batch_pool=overlapping_pool(graph), device=DEVICE)
     return EngineTrainRunner(cnn.build_cnn(SHAPE), x, t, batch, config, epochs_per_round(batch),
@@ -71,46 +72,48 @@ def engine_runner(case, x, t):
 
 
 def compare_and_check_descent(benchmark, compare, engine, refs, precision):
-    for runner in [engine] + refs:
+    for runner in [engine, *refs]:
         assert runner.parameter_count() == cnn.parameter_count(SHAPE), runner.name
         runner.prepare()
+    runners = [*sides(engine), *refs]
     warmup_rounds = -(-cnn.WARMUP_EPOCHS // engine.epochs_per_round)
-    first = {r.name: epoch_loss(r) for r in [engine] + refs}
+    first = {r.name: epoch_loss(r) for r in runners}
     compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision, warmup_rounds=warmup_rounds,
             flops_per_sample=cnn.build_cnn(SHAPE).train_flops_per_sample())
-    last = {r.name: epoch_loss(r) for r in [engine] + refs}
+    last = {r.name: epoch_loss(r) for r in runners}
     assert_losses_descend(benchmark, first, last)
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_cnn_train(case, benchmark, compare, run_target):
+def test_cnn_train(case, benchmark, compare, run_target, engine_for, references):
     precision, graph, resident, batch = case
     skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
+    engine = engine_for(case)
     x, t = cnn.cnn_data(SAMPLES, SHAPE)
-    engine = engine_runner(case, x, t)
-    weights = engine.trainer.params.state_dict()
     refs = [torch_cnn.cnn_train_runner(mode, x, t, batch, precision, lr=cnn.LEARNING_RATE, device=DEVICE,
-                                       shape=SHAPE, weights=weights, epochs_per_round=engine.epochs_per_round)
-            for mode in REFERENCES]
+                                       shape=SHAPE, weights=engine.state_dict(),
+                                       epochs_per_round=engine.epochs_per_round)
+            for mode in references(REFERENCES)]
     compare_and_check_descent(benchmark, compare, engine, refs, precision)
 
 
+# Keras only nightly on a GPU (its set-up takes minutes); on the CPU tier as the smoke of its path.
 KERAS = [("tf32" if ON_GPU else "fp32", 8 if ON_GPU else 1, True, b) for b in BATCHES]
-KERAS_CASES = plan.cases("cnn_train_vs_keras", KERAS, quick=KERAS, ids=case_id, budget_s=30)
+KERAS_CASES = plan.cases("cnn_train_vs_keras", KERAS, quick=KERAS, ids=case_id, budget_s=30, nightly_only=ON_GPU)
+ENGINES = plan.recipes(test_cnn_train=(CASES, engine_runner), test_cnn_train_vs_keras=(KERAS_CASES, engine_runner))
 
 
 @pytest.mark.tf
 @pytest.mark.parametrize("case", KERAS_CASES)
-def test_cnn_train_vs_keras(case, benchmark, compare, run_target):
+def test_cnn_train_vs_keras(case, benchmark, compare, run_target, engine_for):
     reason = tf_common.tensorflow_unavailable()
     if reason:
         pytest.skip(reason)
     from gpuengine.reference import tf_cnn
     precision, graph, resident, batch = case
     skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
+    engine = engine_for(case)
     x, t = cnn.cnn_data(SAMPLES, SHAPE)
-    engine = engine_runner(case, x, t)
     keras = tf_cnn.cnn_fit_runner(x, t, batch, precision, lr=cnn.LEARNING_RATE, shape=SHAPE,
-                                  weights=engine.trainer.params.state_dict(),
-                                  epochs_per_round=engine.epochs_per_round)
+                                  weights=engine.state_dict(), epochs_per_round=engine.epochs_per_round)
     compare_and_check_descent(benchmark, compare, engine, [keras], precision)

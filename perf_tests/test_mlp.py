@@ -22,7 +22,7 @@ from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import mlp
 
 from . import plan
-from .harness import assert_losses_descend, epoch_loss, skip_unless_selected
+from .harness import assert_losses_descend, epoch_loss, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_mlp  # noqa: E402  (needs torch)
@@ -63,28 +63,34 @@ def numpy_forward(weights: dict, x: np.ndarray) -> np.ndarray:
     return h @ weights["dense2.weight"].T + weights["dense2.bias"]
 
 
-@pytest.mark.parametrize("case", TRAIN_CASES)
-def test_mlp_train(case, benchmark, compare, run_target):
+def train_engine(case) -> EngineTrainRunner:
     precision, graph, resident, bpe = case
-    skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
-    net = mlp.build_mlp(SHAPE)
     x, t = mlp.mlp_data(TRAIN_BATCH * bpe, SHAPE)
     config = EngineConfig(precision=precision, cuda_graph=graph, resident_data=resident,
                           batch_pool=overlapping_pool(graph), device=DEVICE)
-    epochs_per_round = max(1, STEPS_PER_ROUND // bpe)
-    engine = EngineTrainRunner(net, x, t, TRAIN_BATCH, config, epochs_per_round, lr=mlp.LEARNING_RATE)
-    weights = engine.trainer.params.state_dict()
+    return EngineTrainRunner(mlp.build_mlp(SHAPE), x, t, TRAIN_BATCH, config, max(1, STEPS_PER_ROUND // bpe),
+                             lr=mlp.LEARNING_RATE)
+
+
+@pytest.mark.parametrize("case", TRAIN_CASES)
+def test_mlp_train(case, benchmark, compare, run_target, engine_for, references):
+    precision, graph, resident, bpe = case
+    skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
+    engine = engine_for(case)
+    x, t = mlp.mlp_data(TRAIN_BATCH * bpe, SHAPE)
     refs = [torch_mlp.mlp_train_runner(mode, x, t, TRAIN_BATCH, precision, lr=mlp.LEARNING_RATE, device=DEVICE,
-                                       seed=0, weights=weights, epochs_per_round=epochs_per_round)
-            for mode in REFERENCES]
+                                       seed=0, weights=engine.state_dict(), epochs_per_round=engine.epochs_per_round)
+            for mode in references(REFERENCES)]
     for ref in refs:
         assert ref.parameter_count() == engine.parameter_count() == mlp.parameter_count(SHAPE)
 
-    for runner in [engine] + refs:
+    runners = [*sides(engine), *refs]
+    for runner in [engine, *refs]:
         runner.prepare()
-    first = {r.name: epoch_loss(r) for r in [engine] + refs}
-    compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision, flops_per_sample=net.train_flops_per_sample())
-    last = {r.name: epoch_loss(r) for r in [engine] + refs}
+    first = {r.name: epoch_loss(r) for r in runners}
+    compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision,
+            flops_per_sample=mlp.build_mlp(SHAPE).train_flops_per_sample())
+    last = {r.name: epoch_loss(r) for r in runners}
     assert_losses_descend(benchmark, first, last)
 
 
@@ -96,25 +102,45 @@ INFER_CASES = plan.cases("mlp_infer", [(p, b) for p in (("tf32", "fp32", "bf16")
                          study=("tf32", 8000) if ON_GPU else None)
 
 
+def infer_inputs(batch: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(batch)
+    return [rng.uniform(-1, 1, (batch, SHAPE.inputs)).astype(np.float32) for _ in range(3)]
+
+
+def infer_config(precision: str) -> EngineConfig:
+    return EngineConfig(precision=precision, cuda_graph=1, device=DEVICE)
+
+
+def batches_per_round(batch: int) -> int:
+    return max(2, (200_000 if ON_GPU else 1024) // batch)
+
+
+def infer_engine(case) -> EngineInferRunner:
+    precision, batch = case
+    return EngineInferRunner(mlp.build_mlp(SHAPE), infer_inputs(batch), infer_config(precision),
+                             batches_per_round=batches_per_round(batch))
+
+
+ENGINES = plan.recipes(test_mlp_train=(TRAIN_CASES, train_engine), test_mlp_infer=(INFER_CASES, infer_engine))
+
+
 @pytest.mark.parametrize("case", INFER_CASES)
-def test_mlp_infer(case, benchmark, compare, run_target):
+def test_mlp_infer(case, benchmark, compare, run_target, engine_for, references):
     precision, batch = case
     skip_unless_selected(run_target, precision=precision)
-    net = mlp.build_mlp(SHAPE)
-    rng = np.random.default_rng(batch)
-    inputs = [rng.uniform(-1, 1, (batch, SHAPE.inputs)).astype(np.float32) for _ in range(3)]
-    config = EngineConfig(precision=precision, cuda_graph=1, device=DEVICE)
-    per_round = max(2, (200_000 if ON_GPU else 1024) // batch)
-    engine = EngineInferRunner(net, inputs, config, batches_per_round=per_round)
-    weights = engine.predictor.params.state_dict()
-    oneshot = EngineOneShotRunner(net, inputs, config, batches_per_round=max(1, per_round // 10),
-                                  params=engine.predictor.params)
+    engine = engine_for(case)
+    weights = engine.state_dict()
+    inputs, per_round = infer_inputs(batch), batches_per_round(batch)
     refs = [torch_mlp.mlp_infer_runner(mode, inputs, precision, device=DEVICE, weights=weights,
-                                       batches_per_round=per_round) for mode in REFERENCES]
-    compare(benchmark, engine, refs + [oneshot], rounds=ROUNDS, precision=precision,
-            flops_per_sample=net.forward_flops_per_sample())
+                                       batches_per_round=per_round) for mode in references(REFERENCES)]
+    if references(["gpuengine_oneshot"]):   # the convenience path: same seed, so the engine's weights
+        refs.append(EngineOneShotRunner(mlp.build_mlp(SHAPE), inputs, infer_config(precision),
+                                        batches_per_round=max(1, per_round // 10)))
+    compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision,
+            flops_per_sample=mlp.build_mlp(SHAPE).forward_flops_per_sample())
     tolerance = {"fp32": 1e-4, "tf32": 1e-2, "bf16": 5e-2}[precision]
     expected = numpy_forward(weights, inputs[0])
-    error = np.linalg.norm(engine.outputs()[0] - expected) / np.linalg.norm(expected)
-    benchmark.extra_info["output_rel_error_vs_float64"] = float(error)
-    assert error < tolerance, f"engine outputs are off the float64 forward pass: relative error {error:.2e}"
+    for side in sides(engine):
+        error = np.linalg.norm(side.outputs()[0] - expected) / np.linalg.norm(expected)
+        benchmark.extra_info.setdefault("output_rel_error_vs_float64", {})[side.name] = float(error)
+        assert error < tolerance, f"{side.name} outputs are off the float64 forward pass: relative error {error:.2e}"

@@ -26,7 +26,7 @@ from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import resnet
 
 from . import plan
-from .harness import assert_losses_descend, epoch_loss, skip_unless_selected
+from .harness import assert_losses_descend, epoch_loss, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_resnet  # noqa: E402  (needs torch)
@@ -40,7 +40,7 @@ BATCH = resnet.TRAIN_BATCH if ON_GPU else 16
 ROUNDS = 5 if ON_GPU else 2
 
 
-def references(dataset: str, precision: str, graph: int, resident: bool) -> tuple:
+def reference_modes(dataset: str, precision: str, graph: int, resident: bool) -> tuple:
     """All three references where claims name them (TF32, best toggles); torch_graph, the one
     to beat, everywhere else (torch.compile of ResNet-50 takes a minute or more per model)."""
     if not ON_GPU:
@@ -71,31 +71,38 @@ def case_id(case):
 CASES = plan.cases("resnet_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=120)
 
 
-def engine_runner(shape, x, t, precision: str, graph: int, resident: bool, name: str = "gpuengine"):
-    config = EngineConfig(precision=precision, cuda_graph=graph, resident_data=resident,
+def engine_runner(case, precision: str | None = None, name: str = "gpuengine") -> EngineTrainRunner:
+    """The engine of a case (at another precision for the bf16 cases' TF32 side)."""
+    dataset, case_precision, graph, resident = case
+    shape = SHAPES[dataset]
+    x, t = resnet.resnet_data(SAMPLES, shape)
+    config = EngineConfig(precision=precision or case_precision, cuda_graph=graph, resident_data=resident,
                           batch_pool=overlapping_pool(graph), device=DEVICE)
     runner = EngineTrainRunner(resnet.build_resnet(shape), x, t, BATCH, config, lr=resnet.LEARNING_RATE)
     runner.name = name
     return runner
 
 
+ENGINES = plan.recipes(test_resnet_train=(CASES, engine_runner))
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_resnet_train(case, benchmark, compare, run_target):
+def test_resnet_train(case, benchmark, compare, run_target, engine_for, references):
     dataset, precision, graph, resident = case
     skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
     shape = SHAPES[dataset]
+    engine = engine_for(case)
     x, t = resnet.resnet_data(SAMPLES, shape)
-    engine = engine_runner(shape, x, t, precision, graph, resident)
-    weights, buffers = engine.trainer.params.state_dict(), engine.trainer.params.buffers_dict()
-    modes = references(dataset, precision, graph, resident)
+    weights, buffers = engine.state_dict(), engine.buffers_dict()
+    modes = references(reference_modes(dataset, precision, graph, resident))
     refs = [torch_resnet.resnet_train_runner(mode, x, t, BATCH, precision, lr=resnet.LEARNING_RATE, device=DEVICE,
                                              shape=shape, weights=weights, buffers=buffers) for mode in modes]
-    if precision == "bf16" and ON_GPU:
-        refs.append(engine_runner(shape, x, t, "tf32", graph, resident, name="gpuengine_tf32"))
-    runners = [engine] + refs
-    for runner in runners:
+    if precision == "bf16" and ON_GPU and references(["gpuengine_tf32"]):
+        refs.append(engine_runner(case, "tf32", name="gpuengine_tf32"))
+    for runner in [engine, *refs]:
         assert runner.parameter_count() == resnet.parameter_count(shape), runner.name
         runner.prepare()
+    runners = [*sides(engine), *refs]
     first = {r.name: epoch_loss(r) for r in runners}
     compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision, warmup_rounds=resnet.WARMUP_EPOCHS,
             flops_per_sample=resnet.build_resnet(shape).train_flops_per_sample())

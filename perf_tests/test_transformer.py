@@ -25,7 +25,7 @@ from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import transformer
 
 from . import plan
-from .harness import assert_losses_descend, epoch_loss, skip_unless_selected
+from .harness import assert_losses_descend, epoch_loss, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_transformer  # noqa: E402  (needs torch)
@@ -47,7 +47,7 @@ else:
     ALL_CASES = QUICK = [(8, "fp32", 1), (8, "fp32", 0)]
 
 
-def references(length: int, precision: str, graph: int) -> tuple:
+def reference_modes(length: int, precision: str, graph: int) -> tuple:
     """torch_graph, the one to beat, everywhere; eager and compiled torch where a claim names them (384, tf32)."""
     if not ON_GPU:
         return ("torch_eager",)
@@ -64,26 +64,31 @@ def case_id(case):
 CASES = plan.cases("transformer_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=120)
 
 
-def engine_runner(shape, x, t, precision: str, graph: int):
+def engine_runner(case) -> EngineTrainRunner:
+    length, precision, graph = case
+    shape = BASE_SHAPE.with_length(length)
+    x, t = transformer.transformer_data(SAMPLES, shape)
     config = EngineConfig(precision=precision, cuda_graph=graph, resident_data=True, device=DEVICE)
     return EngineTrainRunner(transformer.build_transformer(shape), x, t, BATCH, config, lr=transformer.LEARNING_RATE)
 
 
+ENGINES = plan.recipes(test_transformer_train=(CASES, engine_runner))
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_transformer_train(case, benchmark, compare, run_target):
+def test_transformer_train(case, benchmark, compare, run_target, engine_for, references):
     length, precision, graph = case
     skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=True)
     shape = BASE_SHAPE.with_length(length)
+    engine = engine_for(case)
     x, t = transformer.transformer_data(SAMPLES, shape)
-    engine = engine_runner(shape, x, t, precision, graph)
-    weights = engine.trainer.params.state_dict()
     refs = [torch_transformer.transformer_train_runner(mode, x, t, BATCH, precision, lr=transformer.LEARNING_RATE,
-                                                       device=DEVICE, shape=shape, weights=weights)
-            for mode in references(length, precision, graph)]
-    runners = [engine] + refs
-    for runner in runners:
+                                                       device=DEVICE, shape=shape, weights=engine.state_dict())
+            for mode in references(reference_modes(length, precision, graph))]
+    for runner in [engine, *refs]:
         assert runner.parameter_count() == transformer.parameter_count(shape), runner.name
         runner.prepare()
+    runners = [*sides(engine), *refs]
     first = {r.name: epoch_loss(r) for r in runners}
     compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision, warmup_rounds=WARMUP_EPOCHS,
             flops_per_sample=transformer.build_transformer(shape).train_flops_per_sample())

@@ -32,7 +32,7 @@ from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import zoo
 
 from . import plan
-from .harness import assert_losses_descend, epoch_loss, skip_unless_selected
+from .harness import assert_losses_descend, epoch_loss, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_zoo  # noqa: E402  (needs torch)
@@ -65,7 +65,7 @@ def case_id(case):
 CASES = plan.cases("zoo_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=150)
 
 
-def references(precision: str, resident: bool) -> list[tuple[str, bool]]:
+def reference_modes(precision: str, resident: bool) -> list[tuple[str, bool]]:
     """(mode, streamed) of each PyTorch reference; torch_graph resident everywhere (the target's baseline)."""
     if not ON_GPU:
         return [("torch_eager", not resident)]
@@ -74,11 +74,15 @@ def references(precision: str, resident: bool) -> list[tuple[str, bool]]:
     return [("torch_graph", False)] + ([] if resident else [("torch_graph", True)])
 
 
+def reference_name(mode: str, streamed: bool) -> str:
+    return f"{mode}_streamed" if streamed else mode
+
+
 def torch_runner(mode: str, streamed: bool, name: str, x, t, precision: str, weights, buffers):
     runner = PinnedHostBatchRunner if streamed else torch_zoo.TorchTrainRunner
     return torch_zoo.zoo_train_runner(mode, name, x, t, BATCH, precision, weights, buffers, reduced=REDUCED,
                                       torchvision=not REDUCED, lr=LR, device=DEVICE, runner=runner,
-                                      name=f"{mode}_streamed" if streamed else mode)
+                                      name=reference_name(mode, streamed))
 
 
 def ms_per_batch(comparison, runners) -> dict[str, float]:
@@ -87,36 +91,51 @@ def ms_per_batch(comparison, runners) -> dict[str, float]:
     return {name: float(np.median(ms)) / steps[name] for name, ms in comparison.times_ms.items()}
 
 
+def engine_runner(case) -> EngineTrainRunner:
+    name, precision, resident = case
+    entry = zoo.zoo_net(name)
+    shape = entry.shape(REDUCED)
+    x, t = zoo.zoo_data(SAMPLES, shape.size, shape.classes)
+    config = EngineConfig(precision=precision, cuda_graph=GRAPH, resident_data=resident,
+                          batch_pool=overlapping_pool(GRAPH), device=DEVICE)
+    return EngineTrainRunner(entry.network(REDUCED), x, t, BATCH, config, lr=LR)
+
+
+ENGINES = plan.recipes(test_zoo_train=(CASES, engine_runner))
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_zoo_train(case, benchmark, compare, run_target):
+def test_zoo_train(case, benchmark, compare, run_target, engine_for, references):
     name, precision, resident = case
     skip_unless_selected(run_target, precision=precision, cuda_graph=GRAPH, resident_data=resident)
     if ON_GPU and torch_zoo.torchvision_unavailable():
         pytest.skip(torch_zoo.torchvision_unavailable())
     entry = zoo.zoo_net(name)
     shape = entry.shape(REDUCED)
+    engine = engine_for(case)
     x, t = zoo.zoo_data(SAMPLES, shape.size, shape.classes)
-    config = EngineConfig(precision=precision, cuda_graph=GRAPH, resident_data=resident,
-                          batch_pool=overlapping_pool(GRAPH), device=DEVICE)
-    engine = EngineTrainRunner(entry.network(REDUCED), x, t, BATCH, config, lr=LR)
-    weights, buffers = engine.trainer.params.state_dict(), engine.trainer.params.buffers_dict() or None
+    weights, buffers = engine.state_dict(), engine.buffers_dict()
+    modes = reference_modes(precision, resident)
+    kept = references([reference_name(*mode) for mode in modes])
     refs = [torch_runner(mode, streamed, name, x, t, precision, weights, buffers)
-            for mode, streamed in references(precision, resident)]
+            for mode, streamed in modes if reference_name(mode, streamed) in kept]
     for runner in refs:
         assert runner.parameter_count() == entry.network(REDUCED).parameter_count(), runner.name
     # Keras' applications at full size where TensorFlow runs (their own initial weights and, for ResNet-50 and
     # MobileNetV2, their own architectures: tf_zoo.KERAS_PARAMETERS); why not, recorded otherwise.
     keras_reason = "the CPU tier trains reduced networks" if REDUCED else tf_zoo.keras_unavailable(name)
+    if keras_reason is None and not references(["tf_keras"]):
+        keras_reason = "nightly tier only (--full)"
     if keras_reason is None and precision == "tf32" and not resident:
         refs.append(tf_zoo.zoo_fit_runner(name, x, t, BATCH, precision, lr=LR))
     benchmark.extra_info["tf_keras"] = keras_reason or "run"
-    runners = [engine] + refs
-    for runner in runners:
+    for runner in [engine, *refs]:
         runner.prepare()
+    runners = [*sides(engine), *refs]
     first = {r.name: epoch_loss(r) for r in runners}
     comparison = compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision,
                          warmup_rounds=zoo.WARMUP_EPOCHS,
                          flops_per_sample=entry.network(REDUCED).train_flops_per_sample())
-    benchmark.extra_info["ms_per_batch"] = ms_per_batch(comparison, runners)
+    benchmark.extra_info["ms_per_batch"] = ms_per_batch(comparison, [engine, *refs])
     last = {r.name: epoch_loss(r) for r in runners}
     assert_losses_descend(benchmark, first, last)

@@ -40,6 +40,14 @@ class EngineTrainRunner:
     def parameter_count(self) -> int:
         return self.trainer.params.count
 
+    def state_dict(self) -> dict:
+        """The weights as host arrays by name: references start from them."""
+        return self.trainer.params.state_dict()
+
+    def buffers_dict(self) -> dict | None:
+        """Non-trained state (BatchNorm running statistics) by name; None where the network has none."""
+        return self.trainer.params.buffers_dict() or None
+
     def prepare(self):
         self.trainer.warm_up()
 
@@ -75,6 +83,12 @@ class EngineInferRunner:
             self.workspaces.append(workspace)
         self.batches_per_round = batches_per_round
         self.samples_per_round = samples_in_rotation([len(x) for x in inputs], batches_per_round)
+
+    def parameter_count(self) -> int:
+        return self.predictor.params.count
+
+    def state_dict(self) -> dict:
+        return self.predictor.params.state_dict()
 
     def prepare(self):
         for workspace in self.workspaces:

@@ -34,6 +34,7 @@ class StoredRun:
     saved_at: datetime
     benchmarks: dict[str, dict]   # fullname (pytest node id) -> the stored benchmark
     machine_info: dict
+    commit: str | None = None     # the commit the run measured (pytest-benchmark's commit_info), where it says
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,10 @@ def read_run(path: Path, folder: Path) -> StoredRun:
         benchmarks[bench["fullname"]] = bench
     if saved_at.tzinfo is not None:   # pytest-benchmark writes UTC with an offset; older files may be naive UTC
         saved_at = saved_at.astimezone(timezone.utc).replace(tzinfo=None)
+    commit_info = content.get("commit_info")
+    commit = commit_info.get("id") if isinstance(commit_info, dict) else None
     return StoredRun(path, _label(path, folder), saved_at, benchmarks,
-                     content.get("machine_info") or {})
+                     content.get("machine_info") or {}, commit if isinstance(commit, str) and commit else None)
 
 
 def scan(folder: Path | str) -> tuple[list[StoredRun], list[UnreadableRun]]:

@@ -1,0 +1,145 @@
+"""Which engine `./gate perf --against` compares with, checked out where a worker can import it.
+
+    --against REV    a commit, checked out with `git worktree` in a temporary folder outside the tree
+    --against DIR    a checkout already on disk (a machine whose copy has no usable git history); its commit
+                     is git's there, else the first word of a file named COMMIT at its top
+    --against auto   what `./gate perf` passes: in a branch, the merge base with main; on main, the commit of
+                     the newest stored baseline of this GPU; no git history or no such commit: stored-run mode
+    --against none   (the plugin's default, as `pytest perf_tests --benchmark-compare`): stored-run mode
+A base that cannot be checked out is one error naming REV and git's words.
+The worktree is removed when the session ends (Ctrl-C included: pytest's
+cleanup, and atexit behind it); a stale one from a killed session is pruned by
+the next.
+"""
+from __future__ import annotations
+
+import atexit
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+AUTO, NONE = "auto", "none"
+MAIN = "main"
+WORKTREE_PREFIX = "gpuengine-base-"
+
+
+class BaseError(Exception):
+    """The base cannot be used; the message names it and the cause."""
+
+
+@dataclass
+class Base:
+    """A base checkout on disk, what it is, and how to let go of it."""
+
+    root: Path
+    commit: str | None      # full id where known
+    label: str              # what the summary and the failure lines call it
+    why: str                # how it was chosen
+    cleanup: Callable[[], None] = field(default=lambda: None, repr=False)
+
+    @property
+    def short(self) -> str:
+        return self.commit[:7] if self.commit else self.label
+
+
+def git(root: Path, *args: str) -> str:
+    result = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BaseError((result.stderr or result.stdout).strip().splitlines()[-1] if (result.stderr or result.stdout)
+                        else f"git {' '.join(args)} failed")
+    return result.stdout.strip()
+
+
+def in_git_checkout(root: Path) -> bool:
+    try:
+        return git(root, "rev-parse", "--is-inside-work-tree") == "true"
+    except (BaseError, OSError):
+        return False
+
+
+def auto_commit(root: Path, newest_baseline_commit: str | None) -> tuple[str | None, str]:
+    """(commit, why) of the default base; None with the reason where there is none."""
+    if not in_git_checkout(root):
+        return None, "no git history in this checkout"
+    branch = git(root, "rev-parse", "--abbrev-ref", "HEAD")
+    if branch != MAIN:
+        try:
+            return git(root, "merge-base", "HEAD", MAIN), f"the merge base of {branch} with {MAIN}"
+        except BaseError:
+            pass   # no main here: fall through to the stored baseline
+    if newest_baseline_commit is None:
+        return None, "no stored baseline run names a commit for this GPU"
+    try:
+        commit = git(root, "rev-parse", "--verify", f"{newest_baseline_commit}^{{commit}}")
+    except BaseError:
+        return None, f"the newest stored baseline's commit {newest_baseline_commit} is not in this history"
+    return commit, f"the commit of the newest stored baseline on this GPU ({newest_baseline_commit[:7]})"
+
+
+def checkout(root: Path, commit: str, why: str, label: str) -> Base:
+    """`commit` checked out in a temporary worktree outside the tree; removed by Base.cleanup."""
+    git(root, "worktree", "prune")   # a killed session's worktree
+    folder = Path(tempfile.mkdtemp(prefix=WORKTREE_PREFIX))
+    try:
+        git(root, "worktree", "add", "--detach", "--force", str(folder), commit)
+    except BaseError as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise BaseError(f"cannot check out {label}: {exc}") from None
+    removed = []
+
+    def cleanup():
+        if removed:
+            return
+        removed.append(True)
+        try:
+            git(root, "worktree", "remove", "--force", str(folder))
+        except (BaseError, OSError):
+            pass
+        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            git(root, "worktree", "prune")
+        except (BaseError, OSError):
+            pass
+
+    atexit.register(cleanup)
+    return Base(folder, commit, label, why, cleanup)
+
+
+def from_folder(folder: Path) -> Base:
+    folder = Path(folder).resolve()
+    missing = [part for part in ("gpuengine", "perf_tests") if not (folder / part / "__init__.py").is_file()]
+    if missing:
+        raise BaseError(f"--against {folder}: not a gpuengine checkout (no {' or '.join(missing)} package there)")
+    commit = None
+    if in_git_checkout(folder):
+        commit = git(folder, "rev-parse", "HEAD")
+    elif (folder / "COMMIT").is_file():
+        words = (folder / "COMMIT").read_text().split()
+        commit = words[0] if words else None
+    return Base(folder, commit, commit[:7] if commit else str(folder), f"the checkout at {folder}")
+
+
+def resolve(against: str, root: Path, newest_baseline_commit: str | None = None) -> tuple[Base | None, str]:
+    """The base of `--against`, checked out; None in stored-run mode, with the reason either way."""
+    root = Path(root)
+    if against == NONE:
+        return None, "--against none"
+    if against == AUTO:
+        commit, why = auto_commit(root, newest_baseline_commit)
+        if commit is None:
+            return None, why
+        return checkout(root, commit, why, commit[:7]), why
+    if Path(against).is_dir():
+        base = from_folder(Path(against))
+        return base, base.why
+    if not in_git_checkout(root):
+        raise BaseError(f"--against {against}: no git history here to find it in, and no such folder "
+                        "(--against DIR takes a checkout on disk)")
+    try:
+        commit = git(root, "rev-parse", "--verify", f"{against}^{{commit}}")
+    except BaseError as exc:
+        raise BaseError(f"--against {against}: not a commit here ({exc})") from None
+    return checkout(root, commit, f"--against {against}", f"{against} ({commit[:7]})"), f"--against {against}"

@@ -1,0 +1,192 @@
+"""The A/B mode of the gate: `--against`, the base it names, and the `engine_for` fixture.
+
+With `--against REV|DIR|auto` (perf_tests/ab_base.py) the session checks out
+the base, asks the base's perf modules, before the first test, which engine
+recipes and cases they have, and then builds each covered test's engine in
+both checkouts (perf_tests/ab_sides.py). A test is covered when its module
+names its recipe in `ENGINES` and the base has the same test and case. With
+an explicit base, a test the base lacks stops the session with one error
+naming the base and the tests, before anything runs or is saved; with `auto`
+(what `./gate perf` passes) such a test is compared with its stored baseline
+instead, said per test. A base that cannot be checked out or imported is one
+error too. The worktree and the workers go when the session ends, Ctrl-C
+included. Root conftest.py registers this plugin after the gate plugin.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from gpuengine.bench.json_files import JsonFileError
+from gpuengine.bench.stored_runs import scan
+
+from . import ab_base
+from .ab_sides import BASE, HEAD, EnginePair, SideError, Sides
+from .gate_plugin import GATE
+
+STORED_MODE = "stored-run mode"
+LOG_DIR = Path("build") / "ab"   # the workers' logs, git-ignored
+
+
+@dataclass
+class AbState:
+    base: ab_base.Base
+    explicit: bool                      # named by the user, not chosen by auto
+    sides: Sides | None = None
+    covered: set[str] = field(default_factory=set)           # node ids run A/B
+    uncovered: dict[str, str] = field(default_factory=dict)  # node id -> why it compares with its stored run
+
+    def close(self):
+        if self.sides is not None:
+            self.sides.close()
+        self.base.cleanup()
+
+
+AB = pytest.StashKey[AbState]()
+
+
+def pytest_addoption(parser):
+    parser.getgroup("gpuengine gate").addoption(
+        "--against", metavar="REV|DIR|auto|none", default=ab_base.NONE,
+        help="A/B mode: time the engine of REV (a commit, checked out in a worktree; or DIR, a checkout on disk) "
+             "and the working tree's in this session, rounds alternating, and fail on head-over-base slowdowns; "
+             "auto: the merge base with main in a branch, the newest stored baseline's commit on main "
+             "(./gate perf's default); none: compare with stored runs only (the default)")
+
+
+def _newest_baseline_commit(storage: Path | None) -> str | None:
+    if storage is None or not storage.exists():
+        return None
+    try:
+        runs, _ = scan(storage)
+    except JsonFileError:
+        return None
+    commits = [run.commit for run in runs if run.commit]
+    return commits[-1] if commits else None
+
+
+@pytest.hookimpl(trylast=True)   # after the root conftest configured the gate
+def pytest_configure(config):
+    state = config.stash.get(GATE, None)
+    against = config.getoption("against", ab_base.NONE)
+    if state is None or against == ab_base.NONE:
+        return
+    if state.study is not None:
+        raise pytest.UsageError("gpuengine: --against cannot run inside a gatepower study session")
+    try:
+        base, why = ab_base.resolve(against, config.rootpath, _newest_baseline_commit(state.storage))
+    except ab_base.BaseError as exc:
+        raise pytest.UsageError(f"gpuengine: {exc}") from None
+    if base is None:
+        state.notices.append(f"{STORED_MODE}: no A/B base ({why}); each test compares with its stored baseline")
+        return
+    ab = AbState(base, explicit=against != ab_base.AUTO)
+    config.stash[AB] = ab
+    config.add_cleanup(ab.close)
+    state.notices.append(f"A/B against {base.label}: {why}; base and head engines alternate round by round with "
+                         f"the references, each in its own process (checkout {base.root})")
+
+
+def _plan_presets(config) -> dict | None:
+    """The cuDNN plans the session starts from (perf_tests/kept_plans.py), for both workers: None off a GPU."""
+    from .kept_plans import KEPT
+    kept = config.stash.get(KEPT, None)
+    if kept is None:
+        return None
+    return dict(kept["choices"].preset)
+
+
+def pytest_collection_finish(session):
+    """Ask the base which of the selected tests it can build; stop before anything runs if it cannot."""
+    ab = session.config.stash.get(AB, None)
+    if ab is None:
+        return
+    wanted: dict[str, list] = {}
+    for item in session.items:
+        recipes = getattr(getattr(item, "module", None), "ENGINES", None)
+        if isinstance(recipes, dict) and getattr(item, "originalname", None) in recipes:
+            wanted.setdefault(item.module.__name__, []).append(item)
+    if not wanted:
+        return
+    log_dir = session.config.rootpath / LOG_DIR
+    shutil.rmtree(log_dir, ignore_errors=True)   # the last session's logs: one session's at a time
+    ab.sides = Sides(session.config.rootpath, ab.base.root, log_dir, _plan_presets(session.config))
+    try:
+        catalog = ab.sides.catalog(BASE, sorted(wanted))
+    except SideError as exc:
+        pytest.exit(f"gpuengine: the base {ab.base.label} cannot serve A/B: {exc}", pytest.ExitCode.USAGE_ERROR)
+    for module, items in wanted.items():
+        tests = catalog.get(module)
+        for item in items:
+            case_id = item.callspec.id
+            if not isinstance(tests, dict):
+                ab.uncovered[item.nodeid] = f"the base's {module}: {tests or 'missing'}"
+            elif case_id not in tests.get(item.originalname, []):
+                ab.uncovered[item.nodeid] = f"the base has no {item.originalname}[{case_id}]"
+            else:
+                ab.covered.add(item.nodeid)
+    if ab.uncovered and ab.explicit:
+        lines = "\n  ".join(f"{node}: {why}" for node, why in sorted(ab.uncovered.items()))
+        pytest.exit(f"gpuengine: the base {ab.base.label}'s tests differ from this tree's, nothing was run or saved "
+                    f"(deselect them with -k, or --against another base):\n  {lines}", pytest.ExitCode.USAGE_ERROR)
+    state = session.config.stash[GATE]
+    if ab.uncovered:
+        state.notices.append(f"A/B: {len(ab.uncovered)} test(s) the base lacks compare with their stored baseline")
+
+
+def pytest_report_collectionfinish(config):
+    ab = config.stash.get(AB, None)
+    if ab is None or ab.sides is None:
+        return []
+    return [f"gpuengine A/B: {len(ab.covered)} test(s) against {ab.base.label}, worker logs in {ab.sides.log_dir}"]
+
+
+@pytest.hookimpl(tryfirst=True)   # before kept_plans saves: the head worker's new plan choices go with the run
+def pytest_sessionfinish(session):
+    ab = session.config.stash.get(AB, None)
+    if ab is None or ab.sides is None:
+        return
+    ab.sides.close()
+    from .kept_plans import KEPT
+    kept = session.config.stash.get(KEPT, None)
+    if kept is not None and ab.sides.tuned:
+        kept["choices"].tuned.update(ab.sides.tuned)
+
+
+def ab_state(config) -> AbState | None:
+    return config.stash.get(AB, None)
+
+
+@pytest.fixture
+def engine_for(request):
+    """engine_for(case) -> the test's engine runner from its module's `ENGINES` recipe: built here, or, for a
+    test an A/B session covers, an `EnginePair` of the base's and the head's built in their workers."""
+    recipes = getattr(request.module, "ENGINES", None)
+    test = request.node.originalname
+    if not isinstance(recipes, dict) or test not in recipes:
+        raise pytest.UsageError(f"{request.module.__name__}: no ENGINES recipe for {test}")
+    _, build = recipes[test]
+    ab = ab_state(request.config)
+    if ab is None or request.node.nodeid not in ab.covered:
+        return build
+
+    def pair(case) -> EnginePair:
+        request.addfinalizer(ab.sides.drop)
+        try:
+            return ab.sides.pair(request.module.__name__, test, request.node.callspec.id)
+        except SideError as exc:
+            pytest.fail(f"A/B against {ab.base.label}: {exc}", pytrace=False)
+
+    return pair
+
+
+def ab_record(config, pair: EnginePair, times: dict[str, list[float]]) -> dict:
+    """What the stored run keeps of the A/B rounds: both sides' round times and where each side came from."""
+    ab = config.stash[AB]
+    return {"base": ab.base.label, "base_commit": ab.base.commit, "base_why": ab.base.why,
+            "base_round_ms": [round(ms, 6) for ms in times[BASE]], "head_round_ms": [round(ms, 6) for ms in times[HEAD]],
+            "base_samples_per_round": pair.base.samples_per_round,
+            "head_samples_per_round": pair.head.samples_per_round}

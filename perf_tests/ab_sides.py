@@ -1,0 +1,240 @@
+"""The two engines of an A/B session: base and head, each in a worker process, driven from the test.
+
+A perf module that can run A/B names, per test, the cases and the function
+that builds its engine runner from a case alone (`ENGINES`, perf_tests/plan.py's
+`recipes`). In an A/B session (`--against`) the test's `engine_for(case)`
+fixture returns an `EnginePair`: the same recipe built by the base's checkout
+in one worker and by the head's (the working tree) in another
+(perf_tests/ab_worker.py). The test hands the pair to `compare` as it would
+its engine; rounds then go base, head, references, the first two swapping
+places every other round so neither always runs first. Each worker times its
+own rounds (no pipe inside the clock), with the head's timing code on both
+sides. The references stay in the pytest process.
+
+Workers live for the whole session; a test builds its engine in both and
+drops it at teardown. A worker that dies (out of memory, a crash) fails that
+test with the tail of its log and is started afresh for the next.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .ab_worker import PROTOCOL
+
+WORKER_SCRIPT = Path(__file__).with_name("ab_worker.py")
+REPLY_TIMEOUT_S = 1800   # a ResNet-50 build with autotuning takes minutes; a hung GPU takes forever
+HEAD, BASE = "gpuengine", "gpuengine_base"
+READS = frozenset({"state_dict", "buffers_dict", "parameter_count", "outputs"})   # an engine runner's reads
+
+
+class SideError(RuntimeError):
+    """A worker could not do what the test asked; the message names the side and the cause."""
+
+
+class Worker:
+    """One worker process: the engine of one checkout."""
+
+    def __init__(self, side: str, root: Path, log_dir: Path, env: dict | None = None):
+        self.side, self.root = side, Path(root)
+        self.log_path = Path(log_dir) / f"{side}.log"
+        self.env = {**os.environ, **(env or {})}
+        self.process = None
+        self.info: dict = {}
+
+    def start(self):
+        log = open(self.log_path, "ab")
+        try:
+            self.process = subprocess.Popen([sys.executable, str(WORKER_SCRIPT), str(self.root)], cwd=self.root,
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=self.env)
+        finally:
+            log.close()
+        self.info = self._reply("start")
+        if self.info.get("protocol") != PROTOCOL:
+            raise SideError(f"{self.side} worker speaks protocol {self.info.get('protocol')}, not {PROTOCOL}")
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            with open(self.log_path, errors="replace") as log:
+                return "".join(deque(log, maxlen=lines)).rstrip()
+        except OSError:
+            return "(no log)"
+
+    def _reply(self, what: str):
+        out = self.process.stdout
+        ready, _, _ = select.select([out], [], [], REPLY_TIMEOUT_S)
+        try:
+            if not ready:
+                raise SideError(f"no reply in {REPLY_TIMEOUT_S} s")
+            status, value = pickle.load(out)
+        except (EOFError, pickle.UnpicklingError, SideError) as exc:
+            self.stop()
+            reason = str(exc) if isinstance(exc, SideError) else f"exit status {self.process.returncode}"
+            raise SideError(f"the {self.side} worker ({self.root}) died during {what}: {reason}; the end of its "
+                            f"log {self.log_path}:\n{self.log_tail()}") from None
+        if status != "ok":
+            raise SideError(f"{self.side} ({self.root}): {what}: {value}")
+        return value
+
+    def request(self, op: str, *args):
+        if not self.alive:
+            self.start()
+        try:
+            pickle.dump((op, args), self.process.stdin)
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            self.stop()
+            raise SideError(f"the {self.side} worker ({self.root}) is gone; its log {self.log_path}:\n"
+                            f"{self.log_tail()}") from None
+        return self._reply(op if op != "call" else f"{args[0]}()")
+
+    def stop(self, timeout_s: float = 10):
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            try:
+                pickle.dump(("quit", ()), process.stdin)
+                process.stdin.flush()
+                process.wait(timeout_s)
+            except (OSError, subprocess.TimeoutExpired):
+                process.kill()
+                process.wait()
+        for stream in (process.stdin, process.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+class RemoteRunner:
+    """A `benchmarking.Runner` whose engine lives in a worker; it times its own rounds (`timed_round`)."""
+
+    def __init__(self, worker: Worker, name: str, built: dict):
+        self.worker, self.name = worker, name
+        self.samples_per_round = built["samples_per_round"]
+        self.epochs_per_round = built["epochs_per_round"]
+        self.engine_file = built["engine_file"]
+
+    def prepare(self):
+        self.worker.request("call", "prepare")
+
+    def run_round(self):
+        self.worker.request("call", "run_round")
+
+    def synchronize(self):
+        self.worker.request("call", "synchronize")
+
+    def timed_round(self) -> float:
+        return self.worker.request("timed_round")
+
+    def train(self, epochs: int) -> list[float]:
+        return self.worker.request("call", "train", epochs)
+
+    def call(self, method: str, *args):
+        return self.worker.request("call", method, *args)
+
+    def __getattr__(self, method: str):
+        """The engine runner's reads (READS) as methods here."""
+        if method not in READS:
+            raise AttributeError(method)
+        return lambda *args: self.call(method, *args)
+
+
+@dataclass
+class EnginePair:
+    """The base's and the head's engine for one case; reads (weights, outputs) come from the head's."""
+
+    head: RemoteRunner
+    base: RemoteRunner
+    name: str = HEAD
+
+    tuned: dict = field(default_factory=dict)   # cuDNN plans the base timed and the head then ran too
+
+    @property
+    def sides(self) -> list[RemoteRunner]:
+        return [self.base, self.head]
+
+    def prepare(self):
+        """The base first; plans it had to time are handed to the head, so both run the same ones."""
+        self.base.prepare()
+        self.tuned = self.base.worker.request("tuned_plans")
+        if self.tuned:
+            self.head.worker.request("add_plans", self.tuned)
+        self.head.prepare()
+
+    @property
+    def samples_per_round(self) -> int:
+        return self.head.samples_per_round
+
+    @property
+    def epochs_per_round(self):
+        return self.head.epochs_per_round
+
+    def __getattr__(self, method: str):
+        """The head's reads (READS): what references start from and what the test checks."""
+        if method not in READS:
+            raise AttributeError(method)
+        return lambda *args: self.head.call(method, *args)
+
+
+class Sides:
+    """The session's two workers and the pair of the running test."""
+
+    def __init__(self, head_root: Path, base_root: Path, log_dir: Path, plan_presets: dict | None):
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = log_dir
+        self.workers = {HEAD: Worker("head", head_root, log_dir), BASE: Worker("base", base_root, log_dir)}
+        self.presets = plan_presets
+        self.pairs: list[EnginePair] = []
+        self.tuned: dict = {}
+
+    def _worker(self, name: str) -> Worker:
+        worker = self.workers[name]
+        if not worker.alive:
+            worker.start()
+            if self.presets is not None:
+                worker.request("use_plans", self.presets)
+        return worker
+
+    def catalog(self, name: str, modules: list[str]) -> dict:
+        return self._worker(name).request("catalog", modules)
+
+    def pair(self, module: str, test: str, case_id: str) -> EnginePair:
+        runners = {}
+        for name in (BASE, HEAD):
+            worker = self._worker(name)
+            runners[name] = RemoteRunner(worker, name, worker.request("build", module, test, case_id))
+        self.pairs.append(EnginePair(runners[HEAD], runners[BASE]))
+        return self.pairs[-1]
+
+    def drop(self):
+        for worker in self.workers.values():
+            if worker.alive:
+                try:
+                    worker.request("drop")
+                except SideError:
+                    pass   # a dead worker holds nothing; the next test starts it afresh
+
+    def close(self):
+        """Stop both workers; the head's new cuDNN plan choices are kept for the session's plan file."""
+        for pair in self.pairs:
+            self.tuned.update(pair.tuned)
+        head = self.workers[HEAD]
+        if head.alive and self.presets is not None:
+            try:
+                self.tuned.update(head.request("tuned_plans"))
+            except SideError:
+                pass
+        for worker in self.workers.values():
+            worker.stop()

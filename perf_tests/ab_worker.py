@@ -1,0 +1,170 @@
+"""One side of `./gate perf --against`: the engine of one checkout, in a process of its own.
+
+perf_tests/ab_sides.py starts this script twice per session, as
+
+    python perf_tests/ab_worker.py ROOT
+
+once with the base's checkout as ROOT and once with the head's (the working
+tree). ROOT goes first on sys.path, so `gpuengine` and the perf test modules
+whose `ENGINES` recipes build the engine are that checkout's, while this
+script, and so the timing of a round, is the head's for both sides. Requests
+and replies are pickled tuples on stdin and stdout; whatever the engine
+prints goes to stderr, the worker's log. Only the standard library is
+imported before ROOT is on the path.
+"""
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import pickle
+import sys
+import time
+import traceback
+
+PROTOCOL = 1   # ab_sides.py refuses a worker that speaks another
+
+
+class WorkerError(Exception):
+    """A request this checkout cannot serve; the message goes back to the session as it is."""
+
+
+class Side:
+    """The checkout's engine runner of the current test, built from its module's recipe."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.runner = None
+        self.choices = None   # the cuDNN plan choices handed to this process's engine (GPU tier)
+
+    def catalog(self, modules: list[str]) -> dict:
+        """{module: {test: [case ids]}} of every recipe, or {module: "why not"} where a module has none."""
+        found = {}
+        for name in modules:
+            try:
+                module = importlib.import_module(name)
+            except Exception as exc:   # the checkout's own module fails to import: say how
+                found[name] = f"import failed: {type(exc).__name__}: {exc}"
+                continue
+            recipes = getattr(module, "ENGINES", None)
+            if not isinstance(recipes, dict):
+                found[name] = "no ENGINES recipes (older than A/B mode)"
+                continue
+            found[name] = {test: [param.id for param in cases] for test, (cases, _) in recipes.items()}
+        return found
+
+    def build(self, module_name: str, test: str, case_id: str) -> dict:
+        self.drop()
+        module = importlib.import_module(module_name)
+        recipes = getattr(module, "ENGINES", None)
+        if not isinstance(recipes, dict) or test not in recipes:
+            raise WorkerError(f"{module_name} of {self.root} has no engine recipe for {test}")
+        cases, build = recipes[test]
+        matches = [param.values[0] for param in cases if param.id == case_id]
+        if not matches:
+            raise WorkerError(f"{module_name}::{test} of {self.root} has no case {case_id}")
+        self.runner = build(matches[0])
+        return {"samples_per_round": int(self.runner.samples_per_round),
+                "epochs_per_round": getattr(self.runner, "epochs_per_round", None),
+                "engine_file": sys.modules["gpuengine"].__file__}
+
+    def call(self, method: str, *args):
+        if self.runner is None:
+            raise WorkerError(f"no engine built: cannot call {method}")
+        if method.startswith("_"):
+            raise WorkerError(f"{method} is not the runner's to call")
+        return getattr(self.runner, method)(*args)
+
+    def timed_round(self) -> float:
+        """Milliseconds of one round, the device drained before both clock reads (as benchmarking.time_round)."""
+        runner = self.runner
+        if runner is None:
+            raise WorkerError("no engine built: nothing to time")
+        runner.synchronize()
+        start = time.perf_counter()
+        runner.run_round()
+        runner.synchronize()
+        return (time.perf_counter() - start) * 1e3
+
+    def use_plans(self, presets: dict) -> int:
+        from gpuengine.ops import autotune
+        self.choices = autotune.use_plan_choices(presets)
+        return len(presets)
+
+    def add_plans(self, presets: dict) -> int:
+        """Run these choices too (the other side's, just timed), so both sides run the same plans."""
+        if self.choices is None:
+            return self.use_plans(presets)
+        self.choices.preset.update(presets)
+        return len(presets)
+
+    def tuned_plans(self) -> dict:
+        return dict(self.choices.tuned) if self.choices is not None else {}
+
+    def drop(self):
+        """Let go of the test's engine and its device memory before the next is built."""
+        runner, self.runner = self.runner, None
+        close = getattr(getattr(runner, "trainer", None), "close", None)
+        if close is not None:
+            close()
+        del runner
+        gc.collect()
+        if "cupy" in sys.modules:
+            sys.modules["cupy"].get_default_memory_pool().free_all_blocks()
+            sys.modules["cupy"].get_default_pinned_memory_pool().free_all_blocks()
+
+
+def serve(side: Side, requests, replies):
+    handlers = {"catalog": side.catalog, "build": side.build, "call": side.call, "timed_round": side.timed_round,
+                "use_plans": side.use_plans, "add_plans": side.add_plans, "tuned_plans": side.tuned_plans, "drop": side.drop}
+    while True:
+        try:
+            op, args = pickle.load(requests)
+        except EOFError:   # the session went away: so does the worker
+            return
+        if op == "quit":
+            side.drop()
+            pickle.dump(("ok", None), replies)
+            replies.flush()
+            return
+        try:
+            handler = handlers.get(op)
+            if handler is None:
+                raise WorkerError(f"unknown request {op!r}")
+            reply = ("ok", handler(*args))
+        except WorkerError as exc:
+            reply = ("error", str(exc))
+        except Exception as exc:   # the engine failed: the session fails the test with this text
+            traceback.print_exc(file=sys.stderr)
+            reply = ("error", f"{type(exc).__name__}: {exc}")
+        pickle.dump(reply, replies)
+        replies.flush()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or not os.path.isdir(argv[1]):
+        print(f"usage: ab_worker.py ROOT (a checkout folder); got {argv[1:]}", file=sys.stderr)
+        return 2
+    root = os.path.realpath(argv[1])
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)                 # prints of the engine and of imported modules go to the log, not the protocol
+    sys.stdout = sys.stderr
+    sys.path[0] = root            # instead of this script's folder: the checkout's packages come first
+    try:
+        import gpuengine
+        engine_file = os.path.realpath(gpuengine.__file__)
+        if not engine_file.startswith(root + os.sep):
+            raise WorkerError(f"gpuengine was imported from {engine_file}, not from the checkout {root}")
+        hello = ("ok", {"protocol": PROTOCOL, "root": root, "pid": os.getpid(), "engine_file": engine_file})
+    except Exception as exc:
+        hello = ("error", f"cannot import gpuengine from {root}: {type(exc).__name__}: {exc}")
+    pickle.dump(hello, replies)
+    replies.flush()
+    if hello[0] != "ok":
+        return 1
+    serve(Side(root), sys.stdin.buffer, replies)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
