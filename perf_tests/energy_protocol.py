@@ -24,8 +24,8 @@ from gpuengine.bench.energy import EnergyMeter, NvmlPowerProbe
 from .harness import assert_losses_descend, epoch_loss
 
 WINDOWS = 3            # windows per runner, alternating
-WINDOW_S = 4.0         # at least; longer where the counter's step needs it
-WINDOW_MARGIN = 1.5    # rounds inside a long window can run faster than the few timed to size it
+WINDOW_S = 2.0         # at least; longer where the counter's step needs it (a test: <= 30 s with two sides)
+WINDOW_MARGIN = 1.25   # rounds inside a long window can run faster than the few timed to size it
 IDLE_S = 2.0
 
 

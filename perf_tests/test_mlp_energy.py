@@ -3,8 +3,8 @@
 Seed note 004 integrated 20 Hz power over a run and divided by the samples;
 here the shared protocol (energy_protocol.py: NVML's energy counter around
 synchronised windows, an idle reading first, runners alternating window by
-window with equal samples) compares the engine with torch_graph and
-torch_eager training TF32, batch 8000, 4 batches per epoch. The energy
+window with equal samples) compares the engine with torch_graph training
+TF32, batch 8000, 4 batches per epoch; nightly tier only. The energy
 figures go to the run's extra_info["energy"]; the per-window ratio reference
 J/sample over engine J/sample is gated by thresholds.json.
 """
@@ -22,13 +22,13 @@ from .harness import record_and_gate, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_mlp  # noqa: E402  (needs torch)
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.nightly]   # the quick tier leaves energy to ./gate perf --full
 
 PRECISION = "tf32"
 BATCH = mlp.TRAIN_BATCH
 BATCHES_PER_EPOCH = 4
 GRAPH_STEPS = 1        # the engine's default toggles: what the stored H200 run measured
-REFERENCES = ("torch_graph", "torch_eager")
+REFERENCES = ("torch_graph",)   # what the claim reads; three windows of two sides stay within 30 s
 
 
 @pytest.mark.parametrize("precision", [PRECISION])

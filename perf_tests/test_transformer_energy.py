@@ -6,7 +6,7 @@ spent 23% less energy per sample than PyTorch. The MLP's protocol
 of samples per runner, alternating) at TF32, batch 16, 8 steps per graph
 launch; the per-window ratio reference J/sample over engine J/sample is gated
 by thresholds.json (the target: engine <= 0.77x torch_graph's J/sample, the
-note's 23% less; a ratio >= 1.3).
+note's 23% less; a ratio >= 1.3). Nightly tier only.
 Total and above-idle joules, average power and samples/s of every runner go
 to the run's extra_info["energy"].
 """
@@ -24,10 +24,10 @@ from .harness import record_and_gate, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_transformer  # noqa: E402  (needs torch)
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.nightly]   # the quick tier leaves energy to ./gate perf --full
 
 GRAPH_STEPS = 8
-REFERENCES = ("torch_graph", "torch_eager")
+REFERENCES = ("torch_graph",)   # what the claim reads; three windows of two sides stay within 30 s
 
 
 @pytest.mark.parametrize("precision", ["tf32"])
