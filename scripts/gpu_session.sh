@@ -6,6 +6,8 @@
 #   scripts/gpu_session.sh start LOGDIR steps STEP[=MINUTES] ...
 #                                                      the named steps in order, each stopped after its minutes
 #   scripts/gpu_session.sh status LOGDIR               the last lines of each log, and whether it finished
+#   scripts/gpu_session.sh base REV                    REV's gpuengine/ and perf_tests/ into build/base (git-ignored,
+#                                                      for `carry`), with REV's commit id in build/base/COMMIT
 #
 #   suite:     correctness tests (the GPU ones run here), then `./gate perf` (MLP, CNN, energy; stored run autosaved)
 #   memory:    `./gate perf -m slow` (the max-batch searches, ~20-30 min)
@@ -20,6 +22,9 @@
 #                perf     `./gate perf` (the quick tier; its run is saved by outcome)
 #                perf-new `./gate perf` of the workloads never measured on this GPU: zoo, loader, ResNet
 #                perf-core `./gate perf` of the MLP and CNN cases: a quick check that a change kept the engine's speed
+#                ab       `./gate perf --against build/base` (the quick tier A/B against the checkout carried to
+#                         build/base, its commit in build/base/COMMIT: `scripts/gpu_session.sh base REV` makes it)
+#                ab-core  the same for the MLP and CNN cases
 #                calibrate / study   `python -m gpuengine gatepower calibrate -m gatepower` / the power study
 #
 # For machines whose commands are cut off after a few minutes (a lent GPU): start, then poll `status`.
@@ -57,6 +62,10 @@ step_gpu() { python3 -m pytest correctness_tests -m gpu -q -p no:cacheprovider -
 step_perf() { ./gate perf -p no:cacheprovider --durations=0; }
 step_perf-core() { ./gate perf -p no:cacheprovider --durations=0 -k "test_mlp_train or test_mlp_infer or test_cnn_train"; }
 step_perf-new() { ./gate perf -p no:cacheprovider --durations=0 -k "zoo or loader or streamed or test_resnet_train"; }
+step_ab() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against build/base; s=$?
+    cp -r build/ab "$logdir/ab-logs" 2>/dev/null; return $s; }
+step_ab-core() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against build/base \
+    -k "test_mlp_train or test_mlp_infer or test_cnn_train"; s=$?; cp -r build/ab "$logdir/ab-logs" 2>/dev/null; return $s; }
 step_calibrate() { python3 -m gpuengine gatepower calibrate -m gatepower --keep-trials "$logdir/trials-calibrate"; }
 step_study() { python3 -m gpuengine gatepower --keep-trials "$logdir/trials-study"; }
 
@@ -97,6 +106,13 @@ case "$command" in
             echo \$? > '$logdir/done'; tar czf '$logdir/baselines_store.tgz' baselines_store" \
             > "$logdir/session.log" 2>&1 < /dev/null &
         echo "started $what (pid $!), logs in $logdir"
+        ;;
+    base)
+        rev=$(git rev-parse --verify "$logdir^{commit}") || exit 2   # the second word is REV here
+        rm -rf build/base && mkdir -p build/base
+        git archive "$rev" gpuengine perf_tests | tar -x -C build/base
+        echo "$rev" > build/base/COMMIT
+        echo "build/base: gpuengine/ and perf_tests/ of $rev"
         ;;
     status)
         for log in "$logdir"/*.log; do
