@@ -114,8 +114,8 @@ def from_folder(folder: Path) -> Base:
     if missing:
         raise BaseError(f"--against {folder}: not a gpuengine checkout (no {' or '.join(missing)} package there)")
     commit = None
-    if in_git_checkout(folder):
-        commit = git(folder, "rev-parse", "HEAD")
+    if in_git_checkout(folder) and Path(git(folder, "rev-parse", "--show-toplevel")).resolve() == folder:
+        commit = git(folder, "rev-parse", "HEAD")   # its own checkout, not a folder inside another one
     elif (folder / "COMMIT").is_file():
         words = (folder / "COMMIT").read_text().split()
         commit = words[0] if words else None

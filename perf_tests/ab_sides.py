@@ -170,7 +170,7 @@ class EnginePair:
         self.base.prepare()
         self.tuned = self.base.worker.request("tuned_plans")
         if self.tuned:
-            self.head.worker.request("add_plans", self.tuned)
+            self.head.worker.request("add_plans", {key: entry["plan"] for key, entry in self.tuned.items()})
         self.head.prepare()
 
     @property

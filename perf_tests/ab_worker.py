@@ -23,6 +23,8 @@ import time
 import traceback
 
 PROTOCOL = 1   # ab_sides.py refuses a worker that speaks another
+# The core both workers time on: the last one this process may use (the first tends to take interrupts).
+TIMING_CPU = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
 class WorkerError(Exception):
@@ -76,10 +78,16 @@ class Side:
         return getattr(self.runner, method)(*args)
 
     def timed_round(self) -> float:
-        """Milliseconds of one round, the device drained before both clock reads (as benchmarking.time_round)."""
+        """Milliseconds of one round, the device drained before both clock reads (as benchmarking.time_round).
+
+        The timing thread runs on TIMING_CPU in both workers: a launch-bound round otherwise moves with the core
+        the scheduler happened to give each process. Threads the engine started earlier (the streamed loader's)
+        keep every core."""
         runner = self.runner
         if runner is None:
             raise WorkerError("no engine built: nothing to time")
+        if TIMING_CPU is not None:
+            os.sched_setaffinity(0, {TIMING_CPU})   # pid 0: this thread only
         runner.synchronize()
         start = time.perf_counter()
         runner.run_round()

@@ -248,7 +248,7 @@ def pytest_terminal_summary(terminalreporter):
                                         "the nightly tier, fail on them); kept in the run's ratio_checks")
     if not (state.checked or state.saved_to_history or state.saved_despite_targets):
         return
-    terminalreporter.section("gpuengine stored-run check")
+    terminalreporter.section("gpuengine regression check (A/B against a base, or the stored run)")
     for _, _, line in sorted(state.checked):
         terminalreporter.write_line(line)
     regressed = [line for _, verdict, line in sorted(state.checked) if verdict == REGRESSED]
