@@ -13,6 +13,10 @@
     python -m gpuengine gatepower [study|calibrate] [--sessions N] [--trials T] [--levels 0,5,10] ...
         the regression gate's false-alarm and detection rates under injected slowdowns, or
         each perf test's run-to-run noise for noise.json (gpuengine/bench/gatepower/cli.py)
+
+Every command checks its arguments, and the GPUENGINE_* toggles where it runs the
+engine, before any work starts: a bad one is a usage error (status 2) naming the
+argument or variable, the value and what is allowed (gpuengine/bench/cli_args.py).
 """
 from __future__ import annotations
 
@@ -20,10 +24,13 @@ import argparse
 import json
 import sys
 
+from .bench.cli_args import UsageError
 from .bench.gatepower import cli as gatepower_cli
 from .bench.maxbatch.trial import ENGINES, MODES, TrialSpec, parse_cap
+from .config import ConfigError, EngineConfig
 
 DEFAULT_REPORT_OUT = "build/report"   # git-ignored: building the report never dirties the checkout
+ENGINE_COMMANDS = ("maxbatch", "info", "gatepower")   # these read the GPUENGINE_* toggles (trials, sessions)
 
 
 def _maxbatch(args) -> int:
@@ -131,9 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     mb.add_argument("--timeout", type=float, default=900, help="seconds before one trial counts as an error")
     mb.add_argument("--json", metavar="PATH", help="also write every search and trial as JSON")
     mb.add_argument("--quiet", action="store_true", help="no per-trial progress on stderr")
-    mb.set_defaults(run=_maxbatch)
+    mb.set_defaults(run=_maxbatch, parser=mb)
     info = commands.add_parser("info", help="GPU, driver, CUDA, cuDNN, clocks and power limit of this machine")
-    info.set_defaults(run=_info)
+    info.set_defaults(run=_info, parser=info)
     report = commands.add_parser("report", help="HTML report with figures of the stored runs (or the README's tables)")
     report.add_argument("--store", default="baselines_store", help="the stored runs (default: baselines_store)")
     report.add_argument("--out", default=DEFAULT_REPORT_OUT,
@@ -145,13 +152,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "table (claims by workload, per GPU)")
     report.add_argument("--results", metavar="PATH", help="also write every table of the stored runs to PATH "
                         "(Markdown; ./gate report writes docs/results.md)")
-    report.set_defaults(run=_report)
+    report.set_defaults(run=_report, parser=report)
     gatepower_cli.add_parser(commands)
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    try:   # before any work: a bad value is refused once, not by every trial or session it would reach
+        if args.command in ENGINE_COMMANDS:
+            EngineConfig.from_env()
+        if getattr(args, "check", None):
+            args.check(args)
+    except (UsageError, ConfigError) as exc:
+        args.parser.error(str(exc))   # prints the usage and the message, exits 2
     return args.run(args)
 
 
