@@ -26,32 +26,11 @@ import sys
 
 from .bench.cli_args import UsageError
 from .bench.gatepower import cli as gatepower_cli
-from .bench.maxbatch.trial import ENGINES, MODES, TrialSpec, parse_cap
+from .bench.maxbatch import cli as maxbatch_cli
 from .config import ConfigError, EngineConfig
 
 DEFAULT_REPORT_OUT = "build/report"   # git-ignored: building the report never dirties the checkout
 ENGINE_COMMANDS = ("maxbatch", "info", "gatepower")   # these read the GPUENGINE_* toggles (trials, sessions)
-
-
-def _maxbatch(args) -> int:
-    from .bench.maxbatch.search import compare_max_batches, format_table
-    base = TrialSpec(workload=args.workload, precision=args.precision, cap_gib=args.cap_gib, shape=args.shape,
-                     device=args.device)
-    log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    rows = compare_max_batches(base, args.engines, args.batch_pool, args.modes, start=args.start,
-                               precision=args.precision_target, limit=args.limit, timeout_s=args.timeout, log=log)
-    print(format_table(rows, args.cap_gib))
-    if args.json:
-        record = [{"workload": r.workload, "mode": r.mode, "precision": r.precision, "engine": r.engine,
-                   "reference": r.reference, "ratio": r.ratio, "cap_gib": args.cap_gib,
-                   "engine_search": r.engine_result.as_dict() if r.engine_result else None,
-                   "reference_search": r.reference_result.as_dict() if r.reference_result else None}
-                  for r in rows]
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
-    failed = any(r is not None and r.error is not None
-                 for row in rows for r in (row.engine_result, row.reference_result))
-    return 1 if failed else 0
 
 
 def _info(args) -> int:
@@ -119,26 +98,7 @@ def _report(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m gpuengine", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    mb = commands.add_parser("maxbatch", help="largest batch under a memory cap, engine vs PyTorch")
-    mb.add_argument("workload", help="e.g. mlp")
-    mb.add_argument("--cap-gib", type=parse_cap, default=6.0,
-                    help="memory cap of the whole process in GiB (default 6, seed note 000's card), or 'full'")
-    mb.add_argument("--precision", default="tf32", help="fp32 | tf32 | bf16 (default tf32)")
-    mb.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES),
-                    help="which of the engine and the PyTorch references to search (default: all)")
-    mb.add_argument("--batch-pool", nargs="+", type=int, default=[1, 3],
-                    help="streamed-loader pool sizes to search for training (default: 1 3)")
-    mb.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    mb.add_argument("--start", type=int, default=1024, help="first batch tried; the search doubles from it")
-    mb.add_argument("--limit", type=int, default=1 << 31, help="largest batch tried (the table shows >= it)")
-    mb.add_argument("--precision-target", type=float, default=1e-3, help="bisection stops within this fraction")
-    mb.add_argument("--shape", default="seed", help="the workload's shape: seed (the note's) | smoke (tiny)")
-    mb.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                    help="cpu runs the plumbing on NumPy/CPU torch: nothing is capped or measured")
-    mb.add_argument("--timeout", type=float, default=900, help="seconds before one trial counts as an error")
-    mb.add_argument("--json", metavar="PATH", help="also write every search and trial as JSON")
-    mb.add_argument("--quiet", action="store_true", help="no per-trial progress on stderr")
-    mb.set_defaults(run=_maxbatch, parser=mb)
+    maxbatch_cli.add_parser(commands)
     info = commands.add_parser("info", help="GPU, driver, CUDA, cuDNN, clocks and power limit of this machine")
     info.set_defaults(run=_info, parser=info)
     report = commands.add_parser("report", help="HTML report with figures of the stored runs (or the README's tables)")
