@@ -8,7 +8,6 @@ file stands for a forbidden place, and `os.access` is stubbed for the rest.
 from __future__ import annotations
 
 import argparse
-import os
 
 import pytest
 
