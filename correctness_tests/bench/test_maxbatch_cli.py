@@ -95,7 +95,7 @@ def searched(monkeypatch):
     asked = {}
 
     def compare(base, engines, batch_pools, modes, **options):
-        asked.update(engines=list(engines), batch_pools=list(batch_pools), **options)
+        asked.update(engines=list(engines), batch_pools=list(batch_pools), modes=list(modes), **options)
         found = SearchResult(64, None, [TrialResult(64, Status.FITS, seconds=0.1)])
         return [MaxBatchRow(base.workload, mode, base.precision, "gpuengine", found, None, None) for mode in modes]
     monkeypatch.setattr(search, "compare_max_batches", compare)
@@ -130,3 +130,10 @@ def test_a_json_write_that_fails_at_the_end_is_one_line(searched, tmp_path, monk
     err = capsys.readouterr().err
     assert err == (f"python -m gpuengine maxbatch: error: --json {tmp_path}/m.json: not written ([Errno 28] No space "
                    "left on device)\n")
+
+
+def test_a_name_given_twice_is_searched_once(searched):
+    assert cli_main(["maxbatch", "mlp", *CPU, "--quiet", "--engines", "gpuengine", "torch_eager", "gpuengine",
+                     "--batch-pool", "3", "1", "3", "--modes", "infer", "infer"]) == 0
+    assert searched["engines"] == ["gpuengine", "torch_eager"] and searched["batch_pools"] == [3, 1]
+    assert searched["modes"] == ["infer"]

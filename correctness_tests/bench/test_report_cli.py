@@ -324,3 +324,14 @@ def test_a_readme_or_results_page_that_cannot_be_written_is_refused_first(tmp_pa
     assert capsys.readouterr().err.splitlines()[-1] == (f"{PROG}argument {option}: '{missing}' cannot be written: "
                                                         f"its folder {missing.parent} does not exist")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]
+
+
+def test_a_readme_that_does_not_exist_is_refused_first(tmp_path, capsys):
+    missing = tmp_path / "README.md"
+    with pytest.raises(SystemExit) as stopped:
+        cli_main(["report", "--store", str(small_store(tmp_path)), "--out", str(tmp_path / "out"), "--readme",
+                  str(missing)])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (f"{PROG}argument --readme: '{missing}' does not exist; give "
+                                                        "the file whose generated block to rewrite")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]

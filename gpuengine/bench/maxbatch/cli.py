@@ -62,11 +62,14 @@ def check(args) -> None:
         raise UsageError("argument --device: cuda (the default) needs a GPU, and no CUDA GPU is visible here "
                          "(CuPy missing or no device); --device cpu runs the search on the NumPy backend "
                          "(and CPU torch), with nothing capped or measured")
+    # A name given twice would search twice (hours on a GPU): each once, in the order given.
+    args.modes, args.batch_pool = list(dict.fromkeys(args.modes)), list(dict.fromkeys(args.batch_pool))
     if args.engines is None:
         args.engines = list(ENGINES if args.device == "cuda" else CPU_ENGINES)
     elif args.device == "cpu" and "torch_graph" in args.engines:
         raise UsageError("argument --engines: torch_graph captures a torch.cuda.CUDAGraph and needs --device cuda; "
                          f"with --device cpu use {', '.join(CPU_ENGINES)}")
+    args.engines = list(dict.fromkeys(args.engines))
     asked_torch = [e for e in args.engines if e in TORCH_ENGINES]
     if asked_torch and importlib.util.find_spec("torch") is None:
         raise UsageError(f"argument --engines: {', '.join(asked_torch)} need PyTorch, which is not installed "

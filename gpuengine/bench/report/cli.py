@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..cli_args import checked, output_file, replaced_folder
+from ..cli_args import UsageError, checked, output_file, replaced_folder
 
 DEFAULT_OUT = "build/report"   # git-ignored: building the report never dirties the checkout
 PROG = "python -m gpuengine report"
@@ -44,6 +44,9 @@ def check(args) -> None:
     for option, path in (("--readme", args.readme), ("--results", args.results)):
         if path is not None:
             checked(option, output_file, str(path))
+    if args.readme is not None and not args.readme.is_file():   # its generated block is rewritten, not made
+        raise UsageError(f"argument --readme: '{args.readme}' does not exist; give the file whose generated block "
+                         "to rewrite")
 
 
 def _error(message: str, status: int) -> int:
