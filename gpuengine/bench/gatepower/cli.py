@@ -132,7 +132,7 @@ def main(args) -> int:
     trials = args.trials or DEFAULT_TRIALS[args.action]
     levels = args.levels if study else "0"
     tier = _tier()
-    store = args.store   # check() filled in baselines_store/<tier>
+    store = args.store or REPO / "baselines_store" / tier.name   # check() fills it in and checks it
     noise_path = store / NOISE_FILE
     try:   # a broken noise.json stops here, once, not in every session
         noise = NoiseTable.load(noise_path)
