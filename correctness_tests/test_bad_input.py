@@ -110,11 +110,14 @@ def test_inputs_without_a_sample_axis(no_allocation):
 
 BAD_TOGGLES = [("precision", "fp16", "use one of fp32, tf32, bf16"),
                ("precision", "", "use one of fp32, tf32, bf16"),
-               ("cuda_graph", "-1", "use a whole number >= 0"),
-               ("cuda_graph", "two", "use a whole number >= 0"),
-               ("cuda_graph", "1.5", "use a whole number >= 0"),
+               ("cuda_graph", "-1", "use a whole number from 0 to 1024"),
+               ("cuda_graph", "two", "use a whole number from 0 to 1024"),
+               ("cuda_graph", "1.5", "use a whole number from 0 to 1024"),
+               ("cuda_graph", "1025", "use a whole number from 0 to 1024"),
+               ("cuda_graph", "99999999999999999999", "use a whole number from 0 to 1024"),   # named a folder once
                ("resident_data", "maybe", "use one of 0, 1, true, false"),
-               ("batch_pool", "0", "use a whole number >= 1"),
+               ("batch_pool", "0", "use a whole number from 1 to 2048"),
+               ("batch_pool", "2049", "use a whole number from 1 to 2048"),
                ("profile", "2", "use one of 0, 1, true, false"),
                ("device", "tpu", "use one of cuda, cpu"),
                ("vram_cap_gib", "0", "use a positive number of GiB, or 'full'"),
@@ -131,9 +134,22 @@ def test_bad_toggle_value_in_code(toggle, raw, accepted):
 
 
 @pytest.mark.parametrize("toggle,raw,accepted", [t for t in BAD_TOGGLES if t[1] != ""])   # "" in env = unset
-def test_bad_toggle_value_in_the_environment(toggle, raw, accepted):
-    with pytest.raises(ConfigError, match=f"^{toggle}={raw!r} is not accepted; {accepted}$"):
-        EngineConfig.from_env(environ={f"GPUENGINE_{toggle.upper()}": raw})
+def test_bad_toggle_value_in_the_environment_names_the_variable(toggle, raw, accepted):
+    variable = f"GPUENGINE_{toggle.upper()}"
+    with pytest.raises(ConfigError, match=f"^{variable}={raw!r} is not accepted; {accepted}$"):
+        EngineConfig.from_env(environ={variable: raw})
+
+
+def test_a_bad_variable_is_refused_even_where_an_override_replaces_it():
+    with pytest.raises(ConfigError, match="^GPUENGINE_CUDA_GRAPH='5000' is not accepted"):
+        EngineConfig.from_env(environ={"GPUENGINE_CUDA_GRAPH": "5000"}, cuda_graph=2)
+
+
+@pytest.mark.parametrize("toggle,value", [("cuda_graph", 0), ("cuda_graph", 1024), ("batch_pool", 1),
+                                          ("batch_pool", 2048)])
+def test_the_ends_of_the_whole_number_ranges_are_accepted(toggle, value):
+    assert getattr(EngineConfig(**{toggle: value}), toggle) == value
+    assert getattr(EngineConfig.from_env(environ={f"GPUENGINE_{toggle.upper()}": str(value)}), toggle) == value
 
 
 @pytest.mark.parametrize("toggle,raw", [("cuda_graph", True), ("cuda_graph", 2.0), ("batch_pool", False),

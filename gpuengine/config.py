@@ -3,7 +3,9 @@
 Each toggle is settable from code (`EngineConfig(precision="bf16")`), from the
 pytest command line (conftest maps `--gpuengine-<toggle>` onto it) and from a
 `GPUENGINE_<TOGGLE>` environment variable (so tox can set it). An unknown value
-is a `ConfigError` naming the toggle and what it accepts, never a silent default.
+is a `ConfigError` naming the toggle (or the variable it came from), the value
+and what it accepts, never a silent default. Whole-number toggles have a range:
+a value past it is a typo, and would still name a folder of stored runs.
 """
 from __future__ import annotations
 
@@ -15,6 +17,10 @@ from typing import Mapping
 PRECISIONS = ("fp32", "tf32", "bf16")
 DEVICES = ("cuda", "cpu")
 ENV_PREFIX = "GPUENGINE_"
+# Steps per graph launch: launch overhead is already negligible at tens of steps; capture time grows with each.
+CUDA_GRAPH_RANGE = (0, 1024)
+# Prefetched batches: up to twice the longest launch, the pool whose uploads overlap a whole launch (streamed.py).
+BATCH_POOL_RANGE = (1, 2 * CUDA_GRAPH_RANGE[1])
 
 
 class ConfigError(ValueError):
@@ -32,13 +38,13 @@ def _parse_bool(toggle: str, raw) -> bool:
     raise ConfigError(f"{toggle}={raw!r} is not accepted; use one of 0, 1, true, false")
 
 
-def _parse_int(toggle: str, raw, minimum: int) -> int:
+def _parse_int(toggle: str, raw, bounds: tuple[int, int]) -> int:
     try:
         value = int(str(raw).strip()) if not isinstance(raw, int) or isinstance(raw, bool) else raw
     except ValueError:
         value = None
-    if isinstance(raw, bool) or value is None or value < minimum:
-        raise ConfigError(f"{toggle}={raw!r} is not accepted; use a whole number >= {minimum}")
+    if isinstance(raw, bool) or value is None or not bounds[0] <= value <= bounds[1]:
+        raise ConfigError(f"{toggle}={raw!r} is not accepted; use a whole number from {bounds[0]} to {bounds[1]}")
     return value
 
 
@@ -47,6 +53,12 @@ def _parse_choice(toggle: str, raw, choices) -> str:
     if text not in choices:
         raise ConfigError(f"{toggle}={raw!r} is not accepted; use one of {', '.join(choices)}")
     return text
+
+
+def _parse_device(toggle: str, raw) -> str | None:
+    if raw is None or str(raw).strip().lower() in ("", "auto"):
+        return None
+    return _parse_choice(toggle, raw, DEVICES)
 
 
 def _parse_cap(toggle: str, raw) -> float | None:
@@ -63,6 +75,18 @@ def _parse_cap(toggle: str, raw) -> float | None:
     return value
 
 
+# toggle -> parser(label, raw): label is the toggle, or the variable the value came from.
+_PARSERS = {
+    "precision": lambda label, raw: _parse_choice(label, raw, PRECISIONS),
+    "cuda_graph": lambda label, raw: _parse_int(label, raw, CUDA_GRAPH_RANGE),
+    "resident_data": _parse_bool,
+    "batch_pool": lambda label, raw: _parse_int(label, raw, BATCH_POOL_RANGE),
+    "profile": _parse_bool,
+    "device": _parse_device,
+    "vram_cap_gib": _parse_cap,
+}
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Every engine toggle; validated and normalised on construction."""
@@ -76,17 +100,8 @@ class EngineConfig:
     vram_cap_gib: float | None = None  # cap the engine's device memory pool
 
     def __post_init__(self):
-        set_ = object.__setattr__
-        set_(self, "precision", _parse_choice("precision", self.precision, PRECISIONS))
-        set_(self, "cuda_graph", _parse_int("cuda_graph", self.cuda_graph, 0))
-        set_(self, "resident_data", _parse_bool("resident_data", self.resident_data))
-        set_(self, "batch_pool", _parse_int("batch_pool", self.batch_pool, 1))
-        set_(self, "profile", _parse_bool("profile", self.profile))
-        if self.device is not None and str(self.device).strip().lower() not in ("", "auto"):
-            set_(self, "device", _parse_choice("device", self.device, DEVICES))
-        else:
-            set_(self, "device", None)
-        set_(self, "vram_cap_gib", _parse_cap("vram_cap_gib", self.vram_cap_gib))
+        for name, parse in _PARSERS.items():
+            object.__setattr__(self, name, parse(name, getattr(self, name)))
 
     @classmethod
     def toggles(cls) -> tuple[str, ...]:
@@ -94,7 +109,9 @@ class EngineConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "EngineConfig":
-        """Defaults, then `GPUENGINE_*` variables, then explicit overrides (None = not given)."""
+        """Defaults, then `GPUENGINE_*` variables, then explicit overrides (None = not given).
+
+        Every variable set is checked, even one an override replaces, and its error names the variable."""
         environ = os.environ if environ is None else environ
         known_env = {ENV_PREFIX + name.upper() for name in cls.toggles()}
         unknown_env = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known_env)
@@ -105,7 +122,7 @@ class EngineConfig:
         for name in cls.toggles():
             raw = environ.get(ENV_PREFIX + name.upper())
             if raw is not None and raw != "":
-                values[name] = raw
+                values[name] = _PARSERS[name](ENV_PREFIX + name.upper(), raw)
         known = set(cls.toggles())
         for name, value in overrides.items():
             if name not in known:

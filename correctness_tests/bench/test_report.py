@@ -1,26 +1,25 @@
 """gpuengine.bench.report: the page and figures built from the committed runs, the seed tables read back
-against the stored JSON, the README's generated block, bad stores, and (where Chromium is) a screenshot."""
+against the stored JSON, the README's generated block, bad stores, and (where Chromium is) a screenshot.
+The command and how it publishes (whole, or not at all) are in test_report_cli.py."""
 from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import shutil
 import struct
 import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
 from gpuengine.__main__ import main as cli_main
-from gpuengine.bench.report import ReportError, build_report, load_store, markdown_report
+from gpuengine.bench.report import build_report, load_store, markdown_report
 from gpuengine.bench.report.sections import machine_table
 from gpuengine.bench.report.seeds import seed_tables
 from gpuengine.bench.report.headline import headline_markdown, headline_table
-from gpuengine.bench.report.tables import GENERATED_BEGIN, GENERATED_END, generated_block, results_page
+from gpuengine.bench.report.tables import generated_block, results_page
 from gpuengine.bench.thresholds import CLAIM, TARGET, ThresholdRule
 
 REPO = Path(__file__).resolve().parents[2]
@@ -311,135 +310,6 @@ def test_the_machine_table_says_how_long_each_run_took(tmp_path):
     assert table.columns[-1] == "Run took" and took == ["—", "quick tier, 9.4 min"]   # before the gate timed runs
 
 
-def test_an_empty_store_builds_an_empty_report(tmp_path, capsys):
-    (tmp_path / "store").mkdir()
-    assert cli_main(["report", "--store", str(tmp_path / "store"), "--out", str(tmp_path / "out")]) == 0
-    out = capsys.readouterr().out
-    assert "no stored runs at all" in out and "thresholds.json: not in the store" in out
-    assert "none: the store holds no runs" in (tmp_path / "out" / "index.html").read_text()
-
-
-def test_an_empty_store_leaves_an_existing_report_and_readme_block_alone(tmp_path, capsys):
-    (tmp_path / "store").mkdir()
-    out = tmp_path / "out"
-    (out / "figures" / "nvidia-h200").mkdir(parents=True)
-    (out / "index.html").write_text("the previous report")
-    (out / "figures" / "nvidia-h200" / "speedup.png").write_bytes(b"png")
-    readme = tmp_path / "README.md"
-    readme.write_text(f"{GENERATED_BEGIN}\nthe published numbers\n{GENERATED_END}\n")
-    assert cli_main(["report", "--store", str(tmp_path / "store"), "--out", str(out), "--readme", str(readme)]) == 0
-    printed = capsys.readouterr()
-    assert f"{out / 'index.html'}: kept as it was" in printed.out and "generated block kept as it was" in printed.err
-    assert (out / "index.html").read_text() == "the previous report"
-    assert (out / "figures" / "nvidia-h200" / "speedup.png").read_bytes() == b"png"
-    assert generated_block(readme.read_text()) == "the published numbers"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "out", "store"]
-
-
-def small_store(root: Path) -> Path:
-    """One CPU-tier run of the committed store: a report of it draws a few figures."""
-    source = next((STORE / "cpu-tier").rglob("0001_*.json"))
-    tier = root / "store" / "cpu-tier" / source.parent.name
-    tier.mkdir(parents=True)
-    shutil.copy(source, tier / source.name)
-    return root / "store"
-
-
-def test_a_rebuild_replaces_the_whole_report_folder(tmp_path):
-    pytest.importorskip("matplotlib", reason=NEEDS_MATPLOTLIB)
-    out = tmp_path / "out"
-    (out / "figures" / "gone-tier").mkdir(parents=True)
-    (out / "index.html").write_text("the previous report")
-    (out / "figures" / "gone-tier" / "stale.png").write_bytes(b"png")
-    report = build_report(small_store(tmp_path), out)
-    assert not (out / "figures" / "gone-tier").exists(), "a figure of the previous report outlived the rebuild"
-    assert report.figures and all(figure.is_file() for figure in report.figures)
-    assert "the previous report" not in report.index.read_text()
-    mask = os.umask(0)
-    os.umask(mask)
-    assert out.stat().st_mode & 0o777 == 0o777 & ~mask   # an ordinary folder, not mkdtemp's private one
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "store"]   # no scratch or old folder left
-
-
-def test_a_failure_while_publishing_puts_the_previous_report_back_whole(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib", reason=NEEDS_MATPLOTLIB)
-    from gpuengine.bench.report import build
-    out = tmp_path / "out"
-    (out / "figures" / "old").mkdir(parents=True)
-    (out / "index.html").write_text("the previous report")
-    (out / "figures" / "old" / "a.png").write_bytes(b"png")
-    real_replace = build.os.replace
-
-    def replace(source, target):   # the new report cannot be moved into place
-        if Path(target) == out and Path(source).name.startswith(".out-new-"):
-            raise OSError("disk trouble")
-        return real_replace(source, target)
-    monkeypatch.setattr(build.os, "replace", replace)
-    with pytest.raises(OSError, match="disk trouble"):
-        build_report(small_store(tmp_path), out)
-    assert (out / "index.html").read_text() == "the previous report"
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["figures", "figures/old", "figures/old/a.png",
-                                                                        "index.html"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "store"]
-
-
-def test_an_out_folder_holding_other_files_is_refused_untouched(tmp_path, capsys):
-    out = tmp_path / "src"
-    out.mkdir()
-    (out / "engine.py").write_text("precious")
-    assert cli_main(["report", "--store", str(small_store(tmp_path)), "--out", str(out)]) == 2
-    assert f"{out}: holds engine.py besides a report" in capsys.readouterr().err
-    assert [p.name for p in out.iterdir()] == ["engine.py"] and (out / "engine.py").read_text() == "precious"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["src", "store"]
-
-
-def test_a_missing_store_is_an_error_naming_it_and_writes_nothing(tmp_path, capsys):
-    missing = tmp_path / "no-such-store"
-    assert cli_main(["report", "--store", str(missing), "--out", str(tmp_path / "out")]) == 2
-    assert f"{missing}: no such store folder" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
-    with pytest.raises(ReportError, match="no such store folder"):
-        load_store(missing)
-
-
-def test_a_readme_without_the_markers_is_an_error_before_anything_is_written(tmp_path, capsys):
-    readme = tmp_path / "README.md"
-    readme.write_text("# no generated block here\n")
-    assert cli_main(["report", "--out", str(tmp_path / "out"), "--readme", str(readme)]) == 2
-    assert f"{readme}: no generated block" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists() and readme.read_text() == "# no generated block here\n"
-
-
-def test_without_matplotlib_the_error_names_the_extra_and_the_old_report_stays(tmp_path, monkeypatch, capsys):
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "index.html").write_text("the previous report")
-    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)   # import matplotlib.figure now fails
-    assert cli_main(["report", "--store", str(STORE), "--out", str(tmp_path / "out")]) == 1
-    assert "pip install -e '.[report]'" in capsys.readouterr().err
-    assert (tmp_path / "out" / "index.html").read_text() == "the previous report"
-    assert [p.name for p in tmp_path.iterdir()] == ["out"]   # no scratch folder left behind
-
-
-def test_markdown_option_prints_the_readme_tables_and_writes_nothing(store, tmp_path, capsys):
-    assert cli_main(["report", "--store", str(STORE), "--out", str(tmp_path / "out"), "--markdown"]) == 0
-    printed = capsys.readouterr().out
-    assert printed.strip() == markdown_report(store).strip() and printed.startswith("### NVIDIA ")   # a GPU tier first, the CPU tier last
-    assert not (tmp_path / "out").exists()
-
-
-def test_readme_option_rewrites_only_the_generated_block(store, tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# title\n\n{GENERATED_BEGIN}\nstale\n{GENERATED_END}\n\ntail\n")
-    results = tmp_path / "results.md"
-    assert cli_main(["report", "--store", str(STORE), "--markdown", "--readme", str(readme),
-                     "--results", str(results)]) == 0
-    text = readme.read_text()
-    assert text.startswith("# title\n\n") and text.endswith(f"{GENERATED_END}\n\ntail\n")
-    assert generated_block(text) == headline_markdown(store.tiers, store.rules).strip()
-    assert results.read_text() == results_page(markdown_report(store))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "results.md"]   # nothing left aside
-
-
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
@@ -484,17 +354,6 @@ def test_the_report_modules_import_one_another_without_a_cycle():
     for module in sorted(graph):
         cycle = cycle_from(module, [])
         assert cycle is None, "import cycle: " + " -> ".join(cycle)
-
-
-@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="needs git and a checkout")
-def test_the_default_report_folder_is_one_git_ignores():
-    """`python -m gpuengine report` (and ./gate perf) build where git does not look; ./gate report names report/."""
-    from gpuengine.__main__ import build_parser
-    out = build_parser().parse_args(["report"]).out
-    for path in (f"{out}/index.html", f"{out}/figures/nvidia-h200/speedup.png"):
-        assert subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode == 0, \
-            f"{path} is not ignored by git: a report build dirties the checkout"
-    assert subprocess.run(["git", "check-ignore", "-q", "report/index.html"], cwd=REPO).returncode == 1
 
 
 GPU_RUN = next((H200 / "Linux-CPython-3.12-64bit").glob("0004_*.json"))

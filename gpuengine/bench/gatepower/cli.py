@@ -17,7 +17,8 @@ about 5); a calibration costs about `sessions` quick-tier runs
 (`-m gatepower` calibrates the study's cases only, about as long as the
 study). `--budget-min` stops starting sessions once the next would overrun
 it; `--sessions`, `--trials`, `--trial-budget`, `--levels`, `-k`, `--rounds`
-shrink the work, `--session-timeout` bounds one session.
+shrink the work, `--session-timeout` bounds one session. Every option is
+checked before the first session starts (`check`): a session costs minutes.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..cli_args import UsageError, checked, number, output_folder, whole
 from ..json_files import write_json
 from ..noise import NOISE_FILE, NoiseTable
 from ..regression import ALPHA, MIN_EFFECT, TARGET_POWER, TARGET_SLOWDOWN
@@ -41,29 +43,65 @@ from .trials import parse_levels, read_trials
 FORMAT = 1
 STUDY_MARKER = "gatepower and not slow"
 CALIBRATE_MARKER = "perf_workload and not slow"   # every case planned by perf_tests/plan.py
+DEFAULT_SESSIONS = {"study": 2, "calibrate": 3}
+DEFAULT_TRIALS = {"study": 10, "calibrate": 4}
+MAX_TRIALS = 10   # docs/gate.md's maximum: past it another session teaches more than more trials in one
+
+
+def _levels(text: str) -> str:
+    """argparse type: the study's levels, checked here (the sessions read the text as given)."""
+    try:
+        parse_levels(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def add_parser(commands) -> None:
     parser = commands.add_parser("gatepower", help="measure the regression gate's power; calibrate its noise",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", nargs="?", choices=("study", "calibrate"), default="study")
-    parser.add_argument("--sessions", type=int, help="separate pytest processes (default: study 2, calibrate 3)")
-    parser.add_argument("--trials", type=int, help="at most this many trials per test and session "
-                                                   "(default: study 10, calibrate 4)")
-    parser.add_argument("--trial-budget", type=float, default=60.0,
+    parser.add_argument("--sessions", type=whole(1), help="separate pytest processes (default: study 2, calibrate 3)")
+    parser.add_argument("--trials", type=whole(1, MAX_TRIALS),
+                        help=f"at most this many trials per test and session, 1 to {MAX_TRIALS} "
+                             "(default: study 10, calibrate 4)")
+    parser.add_argument("--trial-budget", type=number(0, low_open=True), default=60.0,
                         help="seconds of trials per test and session; at least 2 trials run (default 60)")
-    parser.add_argument("--levels", default="0,5,10", help="study: injected slowdowns in %%, 0 first (default 0,5,10)")
+    parser.add_argument("--levels", type=_levels, default="0,5,10",
+                        help="study: injected slowdowns in %%, 0 first, each under 1000 (default 0,5,10)")
     parser.add_argument("-m", "--marker", help=f"pytest -m of the tests (default: study {STUDY_MARKER!r}, "
                                                f"calibrate {CALIBRATE_MARKER!r})")
     parser.add_argument("-k", "--keyword", help="pytest -k to narrow the tests")
     parser.add_argument("--full", action="store_true", help="the nightly tier's cases and rounds")
-    parser.add_argument("--rounds", type=int, help="rounds per trial (default: the gate's own choice)")
-    parser.add_argument("--budget-min", type=float, help="stop starting sessions once the next would overrun this")
-    parser.add_argument("--session-timeout", type=float, help="seconds before one session is stopped")
-    parser.add_argument("--store", type=Path, help="tier folder for noise.json and gatepower/ "
-                                                   "(default baselines_store/<tier>)")
-    parser.add_argument("--keep-trials", type=Path, help="keep the raw trial files and session logs here")
-    parser.set_defaults(run=main)
+    parser.add_argument("--rounds", type=whole(1), help="rounds per trial (default: the gate's own choice)")
+    parser.add_argument("--budget-min", type=number(0, low_open=True),
+                        help="stop starting sessions once the next would overrun this many minutes")
+    parser.add_argument("--session-timeout", type=number(0, low_open=True),
+                        help="seconds before one session is stopped")
+    parser.add_argument("--store", type=output_folder, help="tier folder for noise.json and gatepower/ "
+                                                            "(default baselines_store/<tier>)")
+    parser.add_argument("--keep-trials", type=Path, help="keep the raw trial files and session logs here (a new "
+                                                         "or empty folder)")
+    parser.set_defaults(run=main, check=check, parser=parser)
+
+
+def check(args) -> None:
+    """What would otherwise fail inside every session, or after the last, refused before the first."""
+    sessions = args.sessions or DEFAULT_SESSIONS[args.action]
+    trials = args.trials or DEFAULT_TRIALS[args.action]
+    if sessions * trials < 2:
+        raise UsageError(f"arguments --sessions {sessions} and --trials {trials}: sessions x trials must be >= 2: "
+                         "one run has no run-to-run spread to learn and no pair to judge")
+    keep = args.keep_trials
+    if keep is not None:
+        checked("--keep-trials", output_folder, str(keep))
+        if keep.is_dir() and any(keep.iterdir()):
+            raise UsageError(f"argument --keep-trials: {str(keep)!r} is not empty; old trials would mix in "
+                             "(give a new or empty folder)")
+    if not (REPO / "perf_tests").is_dir():
+        raise UsageError(f"{REPO} has no perf_tests/: gatepower runs from a checkout of the repository")
+    if args.store is None:   # the result is written after the last session: its folder is checked now
+        args.store = checked("--store", output_folder, str(REPO / "baselines_store" / _tier().name))
 
 
 def _commit() -> str:
@@ -90,19 +128,13 @@ def _log(line: str):
 
 def main(args) -> int:
     study = args.action == "study"
-    sessions = args.sessions or (2 if study else 3)
-    trials = args.trials or (10 if study else 4)
+    sessions = args.sessions or DEFAULT_SESSIONS[args.action]   # check() refused 0 and the rest
+    trials = args.trials or DEFAULT_TRIALS[args.action]
     levels = args.levels if study else "0"
-    if sessions * trials < 2:
-        raise SystemExit("gatepower: sessions x trials must be >= 2: one run has no run-to-run spread to learn "
-                         "and no pair to judge")
-    if args.keep_trials and args.keep_trials.exists() and any(args.keep_trials.iterdir()):
-        raise SystemExit(f"gatepower: --keep-trials {args.keep_trials} is not empty: old trials would mix in")
     tier = _tier()
-    store = args.store or REPO / "baselines_store" / tier.name
+    store = args.store or REPO / "baselines_store" / tier.name   # check() fills it in and checks it
     noise_path = store / NOISE_FILE
-    try:   # a bad --levels or a broken noise.json stops here, once, not in every session
-        parse_levels(levels)
+    try:   # a broken noise.json stops here, once, not in every session
         noise = NoiseTable.load(noise_path)
     except ValueError as exc:
         raise SystemExit(f"gatepower: {exc}") from None

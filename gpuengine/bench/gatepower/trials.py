@@ -58,7 +58,8 @@ def parse_levels(raw: str) -> tuple[float, ...]:
     except ValueError:
         values = ()
     if not values or values[0] != 0 or len(set(values)) != len(values) or any(not 0 <= v < 10 for v in values):
-        raise ValueError(f"levels {raw!r}: use distinct percentages separated by commas, 0 first, e.g. 0,5,10")
+        raise ValueError(f"levels {raw!r}: use distinct percentages from 0 to under 1000, separated by commas, "
+                         "0 first, e.g. 0,5,10")
     return values
 
 

@@ -66,9 +66,12 @@ class TrialSpec:
 def parse_cap(text: str) -> float | None:
     if text.strip().lower() == "full":
         return None
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"--cap-gib {text!r}: use a positive number of GiB or 'full'")
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):   # NaN fails here too
+        raise argparse.ArgumentTypeError(f"{text!r} is not accepted; use a positive number of GiB, or 'full'")
     return value
 
 

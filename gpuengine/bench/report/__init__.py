@@ -4,11 +4,12 @@
 - `tables`: cells that name their source, the number formats, Markdown and the README's generated block;
 - `seeds`: the seed notes' headline tables in their own layouts, the note's numbers beside this GPU's;
 - `sections`: per workload, by precision, peak, max batch, energy, history and machine tables;
-- `figures`: the PNGs (matplotlib, Agg); `html`: the page; `build`: all of it into `<out>/`.
+- `figures`: the PNGs (matplotlib, Agg); `html`: the page; `build`: all of it into a scratch folder;
+- `publish`: the scratch folder swapped in for `<out>/` whole; `cli`: the command, its checks and errors.
 
     python -m gpuengine report [--store baselines_store] [--out build/report] [--markdown] [--readme README.md]
 """
-from .build import Report, build_report, markdown_report
+from .build import PublishError, Report, build_report, markdown_report
 from .store import ReportError, load_store
 
-__all__ = ["Report", "ReportError", "build_report", "load_store", "markdown_report"]
+__all__ = ["PublishError", "Report", "ReportError", "build_report", "load_store", "markdown_report"]

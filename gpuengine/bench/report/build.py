@@ -3,12 +3,13 @@
 `build_report` writes `<out>/index.html` and `<out>/figures/<tier>/*.png` from a store into a scratch
 folder beside `<out>`, which replaces the whole of `<out>` only once everything is drawn, so a failure
 leaves the previous report whole and a reader never meets half of one. What it left out, and why, is in
-`Report.notices` (and on the page); a store that does not exist, or an `<out>` that holds other files
-than a report's, stops it (`ReportError`). A store with no run at all leaves an existing report alone.
+`Report.notices` (and on the page). A store that does not exist or holds no run at all, or an `<out>` that
+holds other files than a report's, stops it before anything is written (`ReportError`); a failure to
+write the new report stops it with `PublishError`, naming `<out>` and the cause, the previous report
+as it was and no scratch folder left.
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import tempfile
@@ -18,12 +19,13 @@ from pathlib import Path
 from . import figures, html, sections
 from .headline import headline_table
 from .parts import FigureRef, Part, TierSection
+from .publish import FIGURES, INDEX, check_replaceable, swap_in
 from .seeds import seed_tables
 from .store import ReportError, Store, TierRuns, load_store
 from .tables import FAILED_RUN, to_markdown
 
-INDEX = "index.html"
-FIGURES = "figures"
+class PublishError(ReportError):
+    """The new report could not be written or swapped in; the previous one is as it was."""
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class Report:
     index: Path
     figures: list[Path]
     notices: list[str]
-    kept: bool = False   # the store held no run: the report already in place was left as it was
+    leftover: str | None = None   # the previous report, replaced but not deleted: why, and where it is
 
 
 def _slug(text: str) -> str:
@@ -122,68 +124,38 @@ def tier_section(store: Store, tier: TierRuns, root: Path, notices: list[str]) -
     return TierSection(tier, parts), draw.drawn
 
 
-def check_replaceable(out: Path) -> None:
-    """ReportError unless `out` is missing, empty, or holds only a report (index.html, figures/): the
-    build replaces the whole folder, so `--out` pointed at anything else must not cost its files."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise ReportError(f"{out}: not a folder; the report needs a folder of its own (--out)")
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in (INDEX, FIGURES))
-    if foreign:
-        raise ReportError(f"{out}: holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''} besides a "
-                          f"report; the report replaces the whole folder, so give it a folder of its own (--out)")
-
-
-def _umask_mode() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o777 & ~mask
-
-
-def _swap_in(scratch: Path, out: Path) -> None:
-    """Put the finished `scratch` folder in the place of `out`, whole: the old report is renamed aside,
-    the new one renamed in, and the old one deleted. If the second rename fails, the old one goes back."""
-    os.chmod(scratch, _umask_mode())   # mkdtemp made it private; the report is an ordinary folder
-    if not out.exists():
-        os.replace(scratch, out)
-        return
-    old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-old-"))
-    os.replace(out, old)   # onto the empty folder mkdtemp reserved
-    try:
-        os.replace(scratch, out)
-    except BaseException:
-        os.replace(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def build_report(store: Store | Path | str, out: Path | str) -> Report:
     """The page and figures of `store` (a loaded Store or its folder) as the folder `out`.
 
     Drawn into a scratch folder beside `out` and swapped in whole once finished: a failure part way
-    leaves the previous report as it was. A store without a single run leaves an existing report alone
-    (`Report.kept`): an emptied or mistyped store must not wipe the published numbers."""
+    (PublishError) leaves the previous report as it was. A store without a single run is a ReportError:
+    an emptied or mistyped store must not wipe the published numbers."""
     store = store if isinstance(store, Store) else load_store(store)
     out = Path(out)
     check_replaceable(out)
+    if not store.tiers:
+        raise ReportError(f"{store.path}: no stored run, nothing to report; {out} is left as it was")
     notices = list(store.skipped)
-    if not store.tiers and (out / INDEX).exists():
-        return Report(out / INDEX, [], notices, kept=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-new-"))
+    scratch = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-new-"))
         tier_sections, drawn = [], []
         for tier in store.tiers:
             section, figure_files = tier_section(store, tier, scratch, notices)
             tier_sections.append(section)
             drawn += figure_files
         (scratch / INDEX).write_text(html.render_page(store, tier_sections, notices), encoding="utf-8")
-        _swap_in(scratch, out)
+        left = swap_in(scratch, out)
+        published, scratch = scratch, None   # swapped in: what is left at that name is swap_in's to delete
+    except OSError as exc:
+        raise PublishError(f"{out}: the report could not be written ({exc}); "
+                           + ("the previous report is left as it was" if (out / INDEX).exists() else
+                              "nothing was published")) from exc
     finally:
-        if scratch.exists():
+        if scratch is not None and scratch.exists():
             shutil.rmtree(scratch, ignore_errors=True)
-    return Report(out / INDEX, [out / p.relative_to(scratch) for p in drawn], notices)
+    return Report(out / INDEX, [out / p.relative_to(published) for p in drawn], notices, left)
 
 
 def markdown_report(store: Store) -> str:
