@@ -1,9 +1,11 @@
 """What the stored runs say of each rule in thresholds.json: the evidence for marking it a claim or a target.
 
 A rule is a claim only where the stored runs show it held. For every GPU tier
-of the store, the newest measurement of each test (whichever run holds it: a
-run that failed the gate is still a measurement) is checked against the rules
-as they are now (`thresholds.evaluate_stored`). Then:
+of the store, each rule is checked, per test, against the newest measurement
+that measured the reference it reads (whichever run holds it: a run that
+failed the gate is still a measurement; the quick tier times fewer
+references than the nightly one), with the rules as they are now
+(`thresholds.evaluate_stored`). Then:
 
 - a claim is **contradicted** when one of the measurements it decides misses
   it, and **unsupported** when it decides none (no stored run of its GPU
@@ -38,12 +40,16 @@ class Measured:
 
 
 def newest_checks(tier: TierRuns, rules: list[ThresholdRule]) -> list[Measured]:
-    """Every gated rule applied to the newest measurement of each test of `tier`, in the store's order."""
-    found = []
-    for run, bench in tier.newest(lambda b: bool(b.ratios)):
+    """Every gated rule applied, per test, to the newest measurement of `tier` that measured what the rule reads
+    (the quick tier leaves some references to the nightly one), newest runs first."""
+    found, decided = [], set()
+    for run in reversed(tier.runs):
         gpu = run.machine.get("gpu") or tier.gpu
-        found += [Measured(tier.name, gpu, run, bench, check)
-                  for check in evaluate_stored(bench.ratios, gpu, bench.name, rules)]
+        for bench in run.benchmarks.values():
+            for check in evaluate_stored(bench.ratios, gpu, bench.name, rules) if bench.ratios else []:
+                if (bench.name, id(check.rule)) not in decided:
+                    decided.add((bench.name, id(check.rule)))
+                    found.append(Measured(tier.name, gpu, run, bench, check))
     return found
 
 
