@@ -13,6 +13,7 @@ backward. The causal mask belongs to the decoder's self-attention.
 """
 from __future__ import annotations
 
+from .. import checks
 from ..ops.attention import Heads, NumpyAttention, attention_flops
 from ..ops.gemm import Gemm
 from ..ops.reductions import ColumnSum
@@ -62,8 +63,8 @@ class MultiHeadAttention(Layer):
     """Self-attention (arity 1) or cross-attention (arity 2: queries' input, then memory); causal optional."""
 
     def __init__(self, heads: int, causal: bool = False, cross: bool = False, name: str = ""):
-        if heads < 1:
-            raise ValueError(f"MultiHeadAttention needs heads >= 1, got {heads}")
+        heads = checks.whole("MultiHeadAttention heads", heads)
+        causal, cross = checks.flag("MultiHeadAttention causal", causal), checks.flag("MultiHeadAttention cross", cross)
         if causal and cross:
             raise ValueError("a causal mask belongs to self-attention; cross-attention sees the whole memory")
         self.heads, self.causal, self.cross, self.name = heads, causal, cross, name
