@@ -189,6 +189,13 @@ class Network:
                           f"parameters: {self.parameter_count():,}"])
 
 
+def checked_network(net) -> Network:
+    """`net` if it is a Network: the first check of the trainer and the predictor."""
+    if not isinstance(net, Network):
+        checks.refuse("net", net, "a Network: Sequential([...], loss, input_shape) or NetworkBuilder(...).network(loss)")
+    return net
+
+
 class Sequential(Network):
     """A chain: each layer reads the one before it. Unnamed layers are named after their type and position."""
 
