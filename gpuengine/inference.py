@@ -60,6 +60,7 @@ class Predictor:
         x = check_features(x, self.net.input_shape, "inputs")
         if len(x) == 0:
             raise DataError("predict() got 0 samples; pass at least one row")
+        self.net.check_data(x)
         with self.backend.activate():
             if self._one_shot is None or self._one_shot.batch != len(x):
                 if self._one_shot is not None:
@@ -111,6 +112,7 @@ class ResidentPredictor:
         if tuple(x.shape) != tuple(self.input.shape):
             raise DataError(f"input batch has shape {tuple(x.shape)}, this workspace takes {tuple(self.input.shape)}")
         if isinstance(x, np.ndarray):
+            self.predictor.net.check_data(x)   # host data only: checking a device array would cost a sync
             with self.backend.activate():
                 self.backend.upload(self.input, x)
             return

@@ -48,6 +48,7 @@ class Trainer:
         self.net = net = checked_network(net)
         self.config = EngineConfig.given_or_from_env(config)
         x, t = check_training_data(x, t, net.input_shape, net.target_shape)
+        net.check_data(x, t)
         self.batch = check_batch(batch, len(x))
         lr, seed = checks.number("lr", lr, above=0.0), checks.seed("seed", seed)   # Adam checks lr again later
         fuse, step_hook = checks.flag("fuse", fuse), checks.optional_callable("step_hook", step_hook)

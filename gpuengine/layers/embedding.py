@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from .. import checks
+from ..data.checks import check_ids
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel, launch_shape
 from ..runtime.params import ParamSpec
@@ -105,6 +106,12 @@ class TokenEmbedding(Layer):
     def output_shape(self, input_shape):
         self._row_len(input_shape)
         return (self.length, self.d_model)
+
+    def check_data(self, x):
+        """Ids outside the table would read past it on a GPU (and wrap around on NumPy): refused at entry."""
+        end = self.start + self.length
+        check_ids(x[:, self.start:end], "inputs", self.vocab, f"{self.name} reads columns {self.start}..{end - 1} "
+                  "of each input row as token ids", offset=(0, self.start))
 
     def build_forward(self, ctx: BuildContext, x):
         if ctx.policy.compute_dtype.itemsize == 2 and self.vocab > BF16_EXACT_IDS + 1:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..data.checks import check_ids
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel
 
@@ -68,6 +69,10 @@ class TokenCrossEntropy:
         if len(output_shape) != 2:
             raise ValueError(f"token cross-entropy takes (positions, vocabulary) logits, got {tuple(output_shape)}")
         return tuple(output_shape[:1])
+
+    def check_targets(self, t, output_shape: tuple):
+        """Target ids index the logits' vocabulary: whole numbers in range, or the padding id."""
+        check_ids(t, "targets", output_shape[-1], "token ids into the vocabulary of the logits", self.pad_id)
 
     def build(self, ctx, z, target, state):
         if z.ndim != 3 or target.shape != z.shape[:2]:

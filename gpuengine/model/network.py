@@ -135,6 +135,17 @@ class Network:
         shape_of = getattr(self.loss, "target_shape", None)
         return self.output_shape if shape_of is None else tuple(shape_of(self.output_shape))
 
+    def check_data(self, x=None, t=None):
+        """Host checks of what the layers reading the input, and the loss, read from the data (token ids,
+        probability rows); shapes are data/checks.py's. Once at entry, never per step."""
+        if x is not None:
+            for node in self.nodes:
+                if INPUT in node.inputs:
+                    node.layer.check_data(x)
+        check_targets = getattr(self.loss, "check_targets", None)
+        if t is not None and check_targets is not None:
+            check_targets(t, self.output_shape)
+
     def input_shapes(self, node: Node) -> list[tuple]:
         return [self.shapes[i] for i in node.inputs]
 
