@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from gpuengine.checks import ArgumentError
-from gpuengine.layers import (Activation, BatchNorm2D, Conv2D, Dense, Dropout, LayerNorm, Linear, MultiHeadAttention,
-    TokenEmbedding)
+from gpuengine.layers import (Activation, BatchNorm2D, Conv2D, Dense, Dropout, LayerNorm, Linear, MaxPool2D,
+    MultiHeadAttention, TokenEmbedding)
 
 BAD = [
     (lambda: Dense(2.5), "Dense units=2.5", "a whole number >= 1"),
@@ -40,6 +40,12 @@ BAD = [
 def test_a_bad_layer_argument_is_refused_naming_it_its_value_and_what_is_accepted(make, given, allowed):
     with pytest.raises(ArgumentError, match=f"^{re.escape(given)} is not accepted; use {re.escape(allowed)}"):
         make()
+
+
+def test_pool_padding_is_checked_when_the_layer_is_made():
+    """As Conv2D's: a bad padding used to surface only once the layer met an input shape."""
+    with pytest.raises(ValueError, match=r"^MaxPool2D: padding must be 'valid', 'same', or pixels >= 0 .*got 'full'$"):
+        MaxPool2D(2, padding="full")
 
 
 def test_argument_errors_are_value_and_type_errors():
