@@ -1,20 +1,26 @@
 """Bad input gets a clear error of a specific type, and leaves nothing half-written.
 
 Each case asserts the error type (DataError for data and batch sizes,
-ConfigError for toggles, ValueError otherwise; both named ones are
-ValueErrors), that the message names the problem, and that what existed before
+ConfigError for toggles, ArgumentError for the trainer's and predictor's other
+arguments, ValueError otherwise; all are ValueErrors, and ArgumentError is a
+TypeError too), that the message names the argument and the value, and that what existed before
 is intact: the caller's arrays, a predictor or workspace that refused an input,
 weights that refused a load. Trainer checks that can run before allocation do:
 a stub allocator that fails on use proves nothing was allocated first.
 """
 from __future__ import annotations
 
+import math
+import re
+
 import numpy as np
 import pytest
 
+from gpuengine.checks import ArgumentError
 from gpuengine.config import ConfigError, EngineConfig
 from gpuengine.data.checks import DataError
 from gpuengine.inference import Predictor, ResidentPredictor
+from gpuengine.optim import Adam
 from gpuengine.runtime.backend import GIB, Backend, gpu_visible
 from gpuengine.runtime.memory import Allocator
 from gpuengine.runtime.params import FlatParameters
@@ -209,7 +215,7 @@ def test_bad_epoch_count_changes_nothing(data):
     x, t = data
     trainer = Trainer(build_mlp(SHAPE), x, t, 10, CPU)
     before = trainer.params.state_dict()
-    with pytest.raises(ValueError, match="epochs must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"^epochs=0 is not accepted; use a whole number >= 1$"):
         trainer.train(0)
     assert trainer.steps_done == 0 and trainer.state.read_step() == 0 and not trainer.warmed_up
     for name, value in trainer.params.state_dict().items():
@@ -218,8 +224,68 @@ def test_bad_epoch_count_changes_nothing(data):
 
 def test_non_positive_learning_rate(data):
     x, t = data
-    with pytest.raises(ValueError, match="Adam lr must be > 0, got 0"):
+    with pytest.raises(ValueError, match=r"^lr=0.0 is not accepted; use a finite number > 0.0$"):
         Trainer(build_mlp(SHAPE), x, t, 10, CPU, lr=0.0)
+
+
+# -- the trainer's other arguments -----------------------------------------------------
+
+def refused_argument(data, match: str, **kwargs):
+    x, t = data
+    with pytest.raises(ArgumentError, match=match):
+        Trainer(kwargs.pop("net", build_mlp(SHAPE)), x, t, 10, kwargs.pop("config", CPU), **kwargs)
+
+
+@pytest.mark.parametrize("lr", [math.inf, -math.inf, math.nan, -1e-3, "1e-3", None])
+def test_a_learning_rate_that_is_not_a_finite_positive_number(data, no_allocation, lr):
+    """lr=inf was accepted and every loss came back NaN."""
+    refused_argument(data, rf"^lr={re.escape(repr(lr))} is not accepted; use a finite number > 0.0$", lr=lr)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "0", None])
+def test_a_seed_that_is_not_a_whole_number_from_zero(data, no_allocation, seed):
+    """seed=-1 gave NumPy's 'expected non-negative integer', naming no argument."""
+    refused_argument(data, rf"^seed={re.escape(repr(seed))} is not accepted; use a whole number >= 0$", seed=seed)
+    with pytest.raises(ArgumentError, match=rf"^seed={re.escape(repr(seed))} is not accepted"):
+        Predictor(build_mlp(SHAPE), CPU, seed=seed)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(net=None), r"^net=None is not accepted; use a Network: Sequential\(\[...\], loss, input_shape\)"),
+    (dict(config={"device": "cpu"}), r"^config=\{'device': 'cpu'\} is not accepted; use an EngineConfig, or None"),
+    (dict(fuse="yes"), r"^fuse='yes' is not accepted; use True or False$"),
+    (dict(step_hook=3), r"^step_hook=3 is not accepted; use a callable or None$"),
+])
+def test_a_network_config_or_switch_of_the_wrong_kind(data, no_allocation, kwargs, match):
+    error = ConfigError if "config" in kwargs else ArgumentError
+    x, t = data
+    with pytest.raises(error, match=match):
+        Trainer(kwargs.pop("net", build_mlp(SHAPE)), x, t, 10, kwargs.pop("config", CPU), **kwargs)
+
+
+@pytest.mark.parametrize("epochs", [1.5, "2", None, -1, True])
+def test_an_epoch_count_that_is_not_a_whole_number(data, epochs):
+    """epochs=1.5 and '2' were raw TypeErrors from range() and '<'; both error types still catch the new one."""
+    x, t = data
+    trainer = Trainer(build_mlp(SHAPE), x, t, 10, CPU)
+    given = re.escape(repr(epochs))
+    for error in (ValueError, TypeError):
+        with pytest.raises(error, match=rf"^epochs={given} is not accepted; use a whole number >= 1$"):
+            trainer.train(epochs)
+    with pytest.raises(ArgumentError, match=rf"^epochs={given} is not accepted"):
+        trainer.run_epochs(epochs)
+    assert trainer.steps_done == 0 and not trainer.warmed_up
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(betas=(0.9, 1.0)), r"^betas\[1\]=1.0 is not accepted; use a finite number >= 0.0 and < 1.0$"),
+    (dict(betas=0.9), r"^betas=0.9 is not accepted; use a pair \(b1, b2\)"),
+    (dict(eps=0.0), r"^eps=0.0 is not accepted; use a finite number > 0.0$")])
+def test_adam_betas_and_eps_are_checked(data, kwargs, match):
+    x, t = data
+    trainer = Trainer(build_mlp(SHAPE), x, t, 10, CPU)
+    with pytest.raises(ArgumentError, match=match):
+        Adam(trainer.backend, trainer.allocator, trainer.params, trainer.state, **kwargs)
 
 
 # -- inference -------------------------------------------------------------------------
@@ -244,6 +310,17 @@ def test_failed_predict_leaves_the_predictor_usable(predictor, bad, match):
 def test_bad_workspace_batch(predictor, batch):
     with pytest.raises(DataError, match=f"batch size must be a whole number >= 1, got {batch!r}"):
         ResidentPredictor(predictor, batch)
+
+
+def test_predictor_arguments_of_the_wrong_kind(predictor):
+    with pytest.raises(ArgumentError, match=r"^net=None is not accepted; use a Network"):
+        Predictor(None, CPU)
+    with pytest.raises(ArgumentError, match=r"^params=\{\} is not accepted; use FlatParameters"):
+        Predictor(build_mlp(SHAPE), CPU, params={})
+    with pytest.raises(ArgumentError, match=r"^predictor=None is not accepted; use a Predictor$"):
+        ResidentPredictor(None, 4)
+    with pytest.raises(ArgumentError, match=r"^capture='no' is not accepted; use True or False$"):
+        ResidentPredictor(predictor, 4, capture="no")
 
 
 def test_failed_workspace_load_leaves_its_input_and_output(predictor):

@@ -1,4 +1,8 @@
-"""Inference plumbing: predict() keeps its workspace while the size repeats; runners count what they run."""
+"""Inference plumbing: predict() keeps its workspace while the size repeats; runners count what they run.
+
+A Predictor given no parameters draws its own (seeded, as a Trainer does), inference-only: no layer may ask
+them for gradients while its forward pass is wired (attention once did, and a transformer could not predict).
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +12,9 @@ from gpuengine.bench.runners import EngineInferRunner, EngineOneShotRunner, samp
 from gpuengine.config import EngineConfig
 from gpuengine.inference import Predictor
 from gpuengine.runtime.backend import gpu_visible
+from gpuengine.trainer import Trainer
 from gpuengine.workloads.mlp import MLPShape, build_mlp
+from gpuengine.workloads.transformer import SMOKE_SHAPE, build_transformer, transformer_data
 
 SHAPE = MLPShape(inputs=6, hidden=10)
 CPU = EngineConfig(device="cpu", precision="fp32", cuda_graph=0)
@@ -34,6 +40,18 @@ def test_predict_reuses_its_workspace_for_the_same_size_and_replaces_it_for_anot
     for x, y in ((a, first), (b, second), (c, third)):
         np.testing.assert_allclose(y, fresh.predict(x), rtol=1e-5, atol=1e-6)
     assert not np.array_equal(first, second)                # the reused workspace read the new input
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_predictor_without_parameters_draws_its_own_and_runs_a_transformer(device):
+    config = CPU.replace(device=device)
+    x, t = transformer_data(16, SMOKE_SHAPE, seed=3)
+    fresh = Predictor(build_transformer(SMOKE_SHAPE), config, seed=4)
+    assert not fresh.params.training
+    logits = fresh.predict(x[:5])
+    assert logits.shape == (5, SMOKE_SHAPE.length, SMOKE_SHAPE.vocab) and np.isfinite(logits).all()
+    untrained = Trainer(build_transformer(SMOKE_SHAPE), x, t, 8, config, seed=4)   # same seed: same weights
+    np.testing.assert_allclose(logits, Predictor.from_trainer(untrained).predict(x[:5]), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible: a released plan only exists on the GPU")

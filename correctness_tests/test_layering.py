@@ -1,7 +1,7 @@
 """The package's structure: no import circle, and no arrow running back up the layers.
 
-From the bottom (docs/architecture.md, "Layers of the package"): config; the
-runtime; ops and data; layers; losses; model; the loop (optim, trainer,
+From the bottom (docs/architecture.md, "Layers of the package"): checks and
+config (neither imports the other); the runtime; ops and data; layers; losses; model; the loop (optim, trainer,
 inference); parallel; then above the engine the workloads, the references,
 the benchmark support and the command line. A module may import its own area
 and the areas below it. Every import counts, inside functions and under
@@ -14,7 +14,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gpuengine"
-LEVEL = {"config": 0, "runtime": 1, "ops": 2, "data": 2, "layers": 3, "losses": 4, "model": 5, "optim": 6,
+LEVEL = {"checks": 0, "config": 0, "runtime": 1, "ops": 2, "data": 2, "layers": 3, "losses": 4, "model": 5, "optim": 6,
          "trainer": 7, "inference": 7, "parallel": 8, "workloads": 9, "reference": 10, "bench": 11, "__main__": 12}
 
 

@@ -137,6 +137,16 @@ class EngineConfig:
             raise ConfigError(f"unknown toggle(s) {sorted(unknown)}; the toggles are {', '.join(self.toggles())}")
         return dataclasses.replace(self, **changes)
 
+    @classmethod
+    def given_or_from_env(cls, config) -> "EngineConfig":
+        """`config` itself, or the environment's settings for None; anything else is refused by name."""
+        if config is None:
+            return cls.from_env()
+        if not isinstance(config, cls):
+            raise ConfigError(f"config={config!r} is not accepted; use an EngineConfig, or None for the "
+                              "GPUENGINE_* environment's settings")
+        return config
+
     def describe(self) -> str:
         shown = {"device": self.device or "auto", "vram_cap_gib": self.vram_cap_gib or "full"}
         return " ".join(f"{name}={shown.get(name, getattr(self, name))}" for name in self.toggles())

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import checks
 from .config import EngineConfig
 from .data.checks import DataError, check_features
 from .layers.base import BuildContext
-from .model.network import Network
+from .model.network import Network, checked_network
 from .model.program import InferenceProgram
 from .runtime.backend import get_backend
 from .runtime.capture import GraphCapturedStep
@@ -30,8 +31,12 @@ class Predictor:
                  seed: int = 0, step_hook=None):
         """step_hook: a callable that ends every forward pass of this predictor's workspaces, captured with it
         (the gate's power study hands its injected delay here); None adds no work."""
-        self.net, self.step_hook = net, step_hook
-        self.config = config or EngineConfig.from_env()
+        self.net = net = checked_network(net)
+        self.step_hook = checks.optional_callable("step_hook", step_hook)
+        self.config = EngineConfig.given_or_from_env(config)
+        if params is not None and not isinstance(params, FlatParameters):
+            checks.refuse("params", params, "FlatParameters (a trainer's .params), or None to draw fresh ones")
+        seed = checks.seed("seed", seed)
         self.backend = get_backend(self.config)
         self.policy = policy_for(self.config.precision)
         self.allocator = Allocator(self.backend)   # books the weights it owns (none when given a trainer's)
@@ -55,6 +60,7 @@ class Predictor:
         x = check_features(x, self.net.input_shape, "inputs")
         if len(x) == 0:
             raise DataError("predict() got 0 samples; pass at least one row")
+        self.net.check_data(x)
         with self.backend.activate():
             if self._one_shot is None or self._one_shot.batch != len(x):
                 if self._one_shot is not None:
@@ -69,8 +75,12 @@ class ResidentPredictor:
     """A caller-owned inference workspace for batches of `batch` rows on the device."""
 
     def __init__(self, predictor: Predictor, batch: int, capture: bool | None = None):
+        if not isinstance(predictor, Predictor):
+            checks.refuse("predictor", predictor, "a Predictor")
         if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
             raise DataError(f"batch size must be a whole number >= 1, got {batch!r}")
+        if capture is not None:
+            capture = checks.flag("capture", capture)
         self.predictor = predictor
         self.backend = backend = predictor.backend
         self.batch, self.step_hook = int(batch), predictor.step_hook
@@ -102,6 +112,7 @@ class ResidentPredictor:
         if tuple(x.shape) != tuple(self.input.shape):
             raise DataError(f"input batch has shape {tuple(x.shape)}, this workspace takes {tuple(self.input.shape)}")
         if isinstance(x, np.ndarray):
+            self.predictor.net.check_data(x)   # host data only: checking a device array would cost a sync
             with self.backend.activate():
                 self.backend.upload(self.input, x)
             return

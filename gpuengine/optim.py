@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import checks
 from .runtime.kernels import ctype, get_kernel
 
 _SOURCE = r"""
@@ -35,7 +36,10 @@ extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, CO
 class Adam:
     def __init__(self, backend, allocator, params, state, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8):
         self.backend, self.params, self.state = backend, params, state
-        self.b1, self.b2, self.eps = float(betas[0]), float(betas[1]), float(eps)
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            checks.refuse("betas", betas, "a pair (b1, b2) of finite numbers >= 0.0 and < 1.0")
+        self.b1, self.b2 = (checks.number(f"betas[{k}]", b, at_least=0.0, below=1.0) for k, b in enumerate(betas))
+        self.eps = checks.number("eps", eps, above=0.0)
         self._lr_device = allocator.zeros((1,), np.float32, "workspace")   # a scalar, like the step counter
         self.lr = lr
         self.has_copy = params.compute is not params.master
@@ -51,9 +55,7 @@ class Adam:
     @lr.setter
     def lr(self, value: float):
         """Validate, then write the device scalar on the engine stream (ordered before later launches)."""
-        if not value > 0:
-            raise ValueError(f"Adam lr must be > 0, got {value}")
-        self._lr = float(value)
+        self._lr = checks.number("lr", value, above=0.0)   # lr=inf trains to NaN as surely as lr=nan
         with self.backend.activate():
             self.backend.upload(self._lr_device, np.array([self._lr], np.float32))
 

@@ -17,12 +17,13 @@ import statistics
 
 import numpy as np
 
+from . import checks
 from .config import ConfigError, EngineConfig
-from .data.checks import check_batch, check_training_data
+from .data.checks import DataError, check_batch, check_training_data
 from .data.resident import ResidentDataset
 from .data.streamed import StreamedDataset, check_streamed_launch
 from .layers.base import BuildContext
-from .model.network import Network
+from .model.network import Network, checked_network
 from .model.program import TrainingProgram
 from .optim import Adam
 from .runtime.backend import GIB, get_backend
@@ -44,10 +45,15 @@ class Trainer:
         over the ranks; `train()` returns this rank's losses, `sync.mean_over_ranks` the global ones);
         None trains in this process alone, with no extra work in the step. loader_workers: the streamed
         loader's gather threads (resident_data=0; None: one per core, up to 8)."""
-        self.config = config or EngineConfig.from_env()
-        self.net = net
+        self.net = net = checked_network(net)
+        self.config = EngineConfig.given_or_from_env(config)
         x, t = check_training_data(x, t, net.input_shape, net.target_shape)
+        net.check_data(x, t)
         self.batch = check_batch(batch, len(x))
+        lr, seed = checks.number("lr", lr, above=0.0), checks.seed("seed", seed)   # Adam checks lr again later
+        fuse, step_hook = checks.flag("fuse", fuse), checks.optional_callable("step_hook", step_hook)
+        if loader_workers is not None:   # the loader's own check, before anything is allocated
+            loader_workers = checks.whole("loader_workers", loader_workers, error=DataError)
         self.backend = backend = get_backend(self.config)
         self.policy = policy_for(self.config.precision)
         self._check_vram_cap(net.param_specs(), net.buffer_specs())
@@ -141,7 +147,8 @@ class Trainer:
         self.warmed_up = True
 
     def run_epochs(self, epochs: int):
-        """Enqueue `epochs` epochs of training without reading anything back."""
+        """Enqueue `epochs` epochs of training without reading anything back (0: nothing)."""
+        epochs = checks.whole("epochs", epochs, 0)
         if not self.warmed_up:
             self.warm_up()
         with self.backend.activate():
@@ -153,8 +160,7 @@ class Trainer:
 
     def train(self, epochs: int) -> list[float]:
         """Train `epochs` epochs; the mean loss of each, read back once per history chunk."""
-        if epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {epochs}")
+        epochs = checks.whole("epochs", epochs)
         if not self.warmed_up:
             self.warm_up()
         losses: list[float] = []
@@ -176,6 +182,7 @@ class Trainer:
 
     def profile(self, steps: int = 10) -> dict[str, float]:
         """Median device milliseconds of each phase of an eager step (runs real steps)."""
+        steps = checks.whole("steps", steps)
         phases = {"gather": self.data.load_batch, "forward": self.program.forward,
                   "loss_backward": self._loss_and_backward, "optimizer": self.optimizer.step}
         timer = self.backend.timer()

@@ -165,7 +165,9 @@ def test_rosenbrock_data_is_deterministic_per_seed():
     assert not np.array_equal(a[0], c[0])
 
 
-@pytest.mark.parametrize("samples,inputs,message", [(1, 4, "samples must be >= 2"), (10, 1, "inputs must be >= 2")])
+@pytest.mark.parametrize("samples,inputs,message", [(1, 4, "samples=1 is not accepted; use a whole number >= 2"),
+                                                    (10, 1, "inputs=1 is not accepted; use a whole number >= 2"),
+                                                    (10.0, 4, "samples=10.0 is not accepted")])
 def test_rosenbrock_refuses_degenerate_sizes(samples, inputs, message):
     with pytest.raises(ValueError, match=message):
         make_rosenbrock(samples, inputs)

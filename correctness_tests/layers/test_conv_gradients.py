@@ -62,7 +62,9 @@ def test_conv_valid_window_larger_than_the_map_is_refused_by_name():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(filters=0), "filters must be"), (dict(filters=4, activation="tanh"), "not fused"),
+    (dict(filters=0), "Conv2D filters=0 is not accepted; use a whole number >= 1"),
+    (dict(filters=2.0), "Conv2D filters=2.0 is not accepted"), (dict(filters=4, use_bias=None), "use_bias=None"),
+    (dict(filters=4, activation="tanh"), r"activation='tanh' is not accepted; use one of None, 'relu' \(what a cuDNN"),
     (dict(filters=4, padding="full"), "padding must be"), (dict(filters=4, stride=0), "stride must be"),
 ])
 def test_conv_arguments_are_checked(kwargs, message):

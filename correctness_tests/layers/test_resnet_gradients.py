@@ -75,7 +75,10 @@ def test_batchnorm_training_output_is_normalized_and_running_statistics_follow_t
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(activation="tanh"), "not fused"), (dict(momentum=1.5), "momentum"), (dict(epsilon=0.0), "epsilon"),
+    (dict(activation="tanh"), r"activation='tanh' is not accepted; use one of None, 'relu' \(what the cuDNN"),
+    (dict(momentum=1.5), "momentum=1.5 is not accepted; use a finite number >= 0.0 and <= 1.0"),
+    (dict(epsilon=0.0), "epsilon=0.0 is not accepted; use a finite number > 0.0"),
+    (dict(epsilon="1e-5"), "epsilon='1e-5' is not accepted"), (dict(residual=1), "residual=1 is not accepted"),
 ])
 def test_batchnorm_arguments_are_checked(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -10,6 +10,8 @@ one that does not (overlapping bins) and to the map's own size (a view).
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -68,7 +70,7 @@ def test_grouped_conv_shapes_parameters_and_flops():
 
 @pytest.mark.parametrize("kwargs, shape, message", [
     (dict(filters=6, groups=4), None, "filters=6 is not a multiple of groups=4"),
-    (dict(filters=4, groups=0), None, "groups must be a whole number >= 1"),
+    (dict(filters=4, groups=0), None, "groups=0 is not accepted; use a whole number >= 1"),
     (dict(filters=4, groups=4), (5, 5, 6), "dw: 6 input channels do not split into 4 groups"),
 ])
 def test_grouped_conv_arguments_are_checked(kwargs, shape, message):
@@ -135,8 +137,9 @@ def test_dropout_draws_a_fresh_mask_each_step_and_streams_differ_by_name_and_see
 
 
 def test_dropout_rate_is_checked():
-    for p in (1.0, -0.1, "0.5"):
-        with pytest.raises(ValueError, match="Dropout rate p must be a number in"):
+    for p in (1.0, -0.1, "0.5", True, float("nan")):
+        with pytest.raises(ValueError, match=rf"^Dropout p={re.escape(repr(p))} is not accepted; use a finite number "
+                                             r">= 0.0 and < 1.0$"):
             Dropout(p)
 
 
@@ -169,5 +172,5 @@ def test_he_fan_out_init_has_torchvisions_spread_and_bad_inits_are_refused():
     (spec, _) = layer.param_specs((8, 8, 64))
     weights = initial_value(spec, np.random.default_rng(12))
     assert abs(weights.std() / np.sqrt(2.0 / (3 * 3 * 256)) - 1) < 0.02 and abs(weights.mean()) < 1e-3
-    with pytest.raises(ValueError, match="Conv2D init 'uniform' is not one of"):
+    with pytest.raises(ValueError, match="Conv2D init='uniform' is not accepted; use one of 'glorot', 'he_fan_out'"):
         Conv2D(4, init="uniform")

@@ -7,6 +7,8 @@ together with the order-independence of how the nodes were listed.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -83,6 +85,34 @@ def test_a_shape_mismatch_names_the_node_and_its_inputs():
 def test_output_must_be_a_node():
     with pytest.raises(NetworkError, match="output 'nowhere' is not a node"):
         Network([Node("a", Dense(1), (INPUT,))], MSELoss(), (4,), output="nowhere")
+
+
+@pytest.mark.parametrize("shape", [(-4,), (0,), (), (2.5,), (True,), 8, "8", None])
+def test_an_input_shape_that_is_not_whole_numbers_is_refused_by_name(shape):
+    """(-4,) was accepted and the summary showed -9 parameters."""
+    message = rf"^input_shape={re.escape(repr(shape))} is not accepted; use a tuple of whole numbers >= 1$"
+    with pytest.raises(NetworkError, match=message):
+        Sequential([Dense(3)], MSELoss(), shape)
+    with pytest.raises(NetworkError, match=message):
+        NetworkBuilder(shape)
+
+
+def test_numpy_whole_numbers_and_lists_make_an_input_shape():
+    assert Sequential([Dense(3)], MSELoss(), [np.int64(4)]).input_shape == (4,)
+
+
+@pytest.mark.parametrize("loss", [None, MSELoss, "mse"])
+def test_a_loss_that_is_not_one_is_refused_by_name(loss):
+    """loss=None was an AttributeError when the trainer built its program."""
+    with pytest.raises(NetworkError, match=rf"^loss={re.escape(repr(loss))} is not accepted; use a loss such as "):
+        Sequential([Dense(1)], loss, (4,))
+
+
+def test_a_layer_that_is_not_one_is_refused_by_name():
+    with pytest.raises(NetworkError, match=r"^layers\[1\]=<function Tanh at .*> is not accepted; use a Layer instance"):
+        Sequential([Dense(3), Tanh], MSELoss(), (4,))
+    with pytest.raises(NetworkError, match=r"^node 'a': layer=None is not accepted; use a Layer instance"):
+        Network([Node("a", None, (INPUT,))], MSELoss(), (4,))
 
 
 def test_sequential_is_the_chain_special_case_with_generated_names():

@@ -71,3 +71,10 @@ def test_a_wrong_shape_or_name_is_refused_and_changes_nothing():
         params.load(good | {"nope": np.zeros(1, np.float32)})
     for key, value in params.state_dict().items():
         np.testing.assert_array_equal(value, before[key])
+
+
+def test_inference_parameters_have_no_gradient_views():
+    """A layer that asks inference-only parameters for a gradient gets an error naming the parameter."""
+    params = flat(training=False)
+    with pytest.raises(ValueError, match=r"dense1.weight: these parameters were built for inference"):
+        params.grad_view("dense1.weight")

@@ -32,6 +32,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import checks
 from .checks import DataError
 
 MAX_DEFAULT_WORKERS = 8
@@ -49,9 +50,8 @@ def default_workers() -> int:
 
 
 def check_whole(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise DataError(f"{name}={value!r} is not accepted; use a whole number >= {minimum}")
-    return int(value)
+    """The loader's sizes: the shared whole-number check, raising the data's own error."""
+    return checks.whole(name, value, minimum, error=DataError)
 
 
 def shares(batch: int, workers: int) -> list[tuple[int, int]]:

@@ -11,6 +11,8 @@ import functools
 
 import numpy as np
 
+from .. import checks
+from .checks import DataError
 
 _ROWS_PER_CHUNK = 16384   # bounds the temporaries: a 400k x 1000 data set is 1.6 GB
 
@@ -34,10 +36,9 @@ def make_rosenbrock(samples: int, inputs: int, seed: int = 0) -> tuple[np.ndarra
 
     Cached (read-only arrays): benchmarks at 50 batches per epoch reuse 1.6 GB of inputs.
     """
-    if samples < 2:
-        raise ValueError(f"samples must be >= 2 to standardise targets, got {samples}")
-    if inputs < 2:
-        raise ValueError(f"inputs must be >= 2 for the Rosenbrock function, got {inputs}")
+    samples = checks.whole("samples", samples, 2, error=DataError)   # standardising the targets needs two
+    inputs = checks.whole("inputs", inputs, 2, error=DataError)      # the function couples neighbouring inputs
+    seed = checks.seed("seed", seed, DataError)
     rng = np.random.default_rng(seed)
     x = rng.uniform(-1.0, 1.0, size=(samples, inputs)).astype(np.float32)
     y = rosenbrock(x)

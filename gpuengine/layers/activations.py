@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import checks
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel, launch_shape
 from .base import BuildContext, Layer
@@ -44,8 +45,7 @@ SOURCES = {kind: _SOURCE.replace("@FORWARD@", forward).replace("@BACKWARD@", bac
 
 
 def _check_kind(kind: str):
-    if kind not in _ACTIVATIONS:
-        raise ValueError(f"unknown activation {kind!r}; use one of {', '.join(_ACTIVATIONS)}")
+    checks.choice("Activation kind", kind, tuple(_ACTIVATIONS))
 
 
 def activation_forward(backend, kind: str, x, out):

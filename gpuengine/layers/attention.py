@@ -13,6 +13,7 @@ backward. The causal mask belongs to the decoder's self-attention.
 """
 from __future__ import annotations
 
+from .. import checks
 from ..ops.attention import Heads, NumpyAttention, attention_flops
 from ..ops.gemm import Gemm
 from ..ops.reductions import ColumnSum
@@ -31,14 +32,18 @@ def make_attention(backend, policy, allocator, q: Heads, k: Heads, v: Heads, out
 class _Projection:
     """out = x @ W[rows]^T + b[rows] (a block of the stacked in-projection) and its backward."""
 
-    def __init__(self, ctx: BuildContext, x, out, weight, bias, grad_w, grad_b):
-        self.ctx, self.x, self.out, self.weight, self.grad_w, self.grad_b = ctx, x, out, weight, grad_w, grad_b
+    def __init__(self, ctx: BuildContext, x, out, names: tuple[str, str], rows: slice = slice(None)):
+        self.ctx, self.x, self.out, self.names, self.rows = ctx, x, out, names, rows
+        weight, bias = (ctx.params.compute_view(n)[rows] for n in names)
+        self.weight = weight
         self.forward = Gemm(ctx.backend, ctx.policy, out, x, weight.T, bias, ctx.allocator)
 
     def build_backward(self, d_out, needs_input_grad: bool):
         ctx = self.ctx
-        self._gw = Gemm(ctx.backend, ctx.policy, self.grad_w, d_out.T, self.x, allocator=ctx.allocator)
-        self._gb = ColumnSum(ctx.backend, ctx.allocator, d_out, self.grad_b)
+        # Gradient views are taken here, not in __init__: inference-only parameters have none.
+        grad_w, grad_b = (ctx.params.grad_view(n)[self.rows] for n in self.names)
+        self._gw = Gemm(ctx.backend, ctx.policy, grad_w, d_out.T, self.x, allocator=ctx.allocator)
+        self._gb = ColumnSum(ctx.backend, ctx.allocator, d_out, grad_b)
         self.dx = ctx.allocator.zeros(self.x.shape, ctx.policy.compute_dtype, "activations") if needs_input_grad else None
         self._gx = (Gemm(ctx.backend, ctx.policy, self.dx, d_out, self.weight, allocator=ctx.allocator)
                     if needs_input_grad else None)
@@ -58,8 +63,8 @@ class MultiHeadAttention(Layer):
     """Self-attention (arity 1) or cross-attention (arity 2: queries' input, then memory); causal optional."""
 
     def __init__(self, heads: int, causal: bool = False, cross: bool = False, name: str = ""):
-        if heads < 1:
-            raise ValueError(f"MultiHeadAttention needs heads >= 1, got {heads}")
+        heads = checks.whole("MultiHeadAttention heads", heads)
+        causal, cross = checks.flag("MultiHeadAttention causal", causal), checks.flag("MultiHeadAttention cross", cross)
         if causal and cross:
             raise ValueError("a causal mask belongs to self-attention; cross-attention sees the whole memory")
         self.heads, self.causal, self.cross, self.name = heads, causal, cross, name
@@ -97,29 +102,26 @@ class MultiHeadAttention(Layer):
         memory = x if memory is None else memory
         keys, d_head = memory.shape[1], d // self.heads
         self.ctx, self.x2, self.m2 = ctx, x.reshape(-1, d), memory.reshape(-1, d)
-        p, g = ctx.params.compute_view, ctx.params.grad_view
-        w, b = p(f"{self.name}.in_proj_weight"), p(f"{self.name}.in_proj_bias")
-        gw, gb = g(f"{self.name}.in_proj_weight"), g(f"{self.name}.in_proj_bias")
+        in_proj = (f"{self.name}.in_proj_weight", f"{self.name}.in_proj_bias")
         dtype = ctx.policy.compute_dtype
         if self.cross:
             self.q_buf = ctx.allocator.zeros((batch * queries, d), dtype, "activations")
             self.kv_buf = ctx.allocator.zeros((batch * keys, 2 * d), dtype, "activations")
-            self._projections = [_Projection(ctx, self.x2, self.q_buf, w[:d], b[:d], gw[:d], gb[:d]),
-                                 _Projection(ctx, self.m2, self.kv_buf, w[d:], b[d:], gw[d:], gb[d:])]
+            self._projections = [_Projection(ctx, self.x2, self.q_buf, in_proj, slice(None, d)),
+                                 _Projection(ctx, self.m2, self.kv_buf, in_proj, slice(d, None))]
             q = Heads(self.q_buf, 0, batch, queries, self.heads, d_head)
             k, v = (Heads(self.kv_buf, c, batch, keys, self.heads, d_head) for c in (0, d))
         else:
             self.qkv_buf = ctx.allocator.zeros((batch * queries, 3 * d), dtype, "activations")
-            self._projections = [_Projection(ctx, self.x2, self.qkv_buf, w, b, gw, gb)]
+            self._projections = [_Projection(ctx, self.x2, self.qkv_buf, in_proj)]
             q, k, v = (Heads(self.qkv_buf, c, batch, queries, self.heads, d_head) for c in (0, d, 2 * d))
         self.q, self.k, self.v = q, k, v
         self.context = ctx.allocator.zeros((batch * queries, d), dtype, "activations")
         self.heads_out = Heads(self.context, 0, batch, queries, self.heads, d_head)
         self._core = make_attention(ctx.backend, ctx.policy, ctx.allocator, q, k, v, self.heads_out, self.causal)
         self.out = ctx.allocator.zeros(x.shape, dtype, "activations")
-        self._out_proj = _Projection(ctx, self.context, self.out.reshape(-1, d), p(f"{self.name}.out_proj.weight"),
-                                     p(f"{self.name}.out_proj.bias"), g(f"{self.name}.out_proj.weight"),
-                                     g(f"{self.name}.out_proj.bias"))
+        self._out_proj = _Projection(ctx, self.context, self.out.reshape(-1, d),
+                                     (f"{self.name}.out_proj.weight", f"{self.name}.out_proj.bias"))
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad):

@@ -73,6 +73,10 @@ class Layer:
     def release(self):
         """Free library plans the layer holds (cuDNN graphs are cached process-wide and stay)."""
 
+    def check_data(self, x) -> None:
+        """Refuse, on the host, network input the layer cannot read (token ids out of range): called with the
+        whole host array by the trainer and the predictor, for a node that reads the network's input."""
+
     def forward_flops(self, *input_shapes: tuple) -> int:
         """Multiply-adds x2 per sample of the forward pass (for fraction-of-peak reports)."""
         return 0

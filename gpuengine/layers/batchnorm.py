@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import checks
 from ..ops.cudnn import CudnnUnsupported, runtime_for
 from ..ops.cudnn_batchnorm import batchnorm_backward, batchnorm_forward, mask_shape
 from ..runtime.backend import widen
@@ -56,10 +57,10 @@ class BatchNorm2D(Layer):
 
     def __init__(self, activation: str | None = None, residual: bool = False, momentum: float = 0.1,
                  epsilon: float = 1e-5, name: str = ""):
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"BatchNorm2D activation {activation!r} is not fused; use one of {ACTIVATIONS}")
-        if not 0.0 <= momentum <= 1.0 or not epsilon > 0.0:
-            raise ValueError(f"BatchNorm2D needs 0 <= momentum <= 1 and epsilon > 0, got {momentum}, {epsilon}")
+        checks.choice("BatchNorm2D activation", activation, ACTIVATIONS, "what the cuDNN graphs fuse")
+        residual = checks.flag("BatchNorm2D residual", residual)
+        momentum = checks.number("BatchNorm2D momentum", momentum, at_least=0.0, at_most=1.0)
+        epsilon = checks.number("BatchNorm2D epsilon", epsilon, above=0.0)
         self.activation, self.residual, self.momentum, self.epsilon = activation, residual, momentum, epsilon
         self.arity = 2 if residual else 1
         self.name = name

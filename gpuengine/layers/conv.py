@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import checks
 from ..ops import autotune, depthwise, direct_wgrad
 from ..ops.cudnn import CudnnUnsupported, conv_data_grad, conv_forward, conv_weight_grad, graph_key, runtime_for
 from ..ops.reductions import ColumnSum
@@ -51,15 +52,12 @@ INITS = ("glorot", "he_fan_out")
 class Conv2D(Layer):
     def __init__(self, filters: int, kernel_size=3, stride=1, padding="same", activation: str | None = None,
                  use_bias: bool = True, groups: int = 1, init: str = "glorot", name: str = ""):
-        for what, value in (("filters", filters), ("groups", groups)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"Conv2D {what} must be a whole number >= 1, got {value!r}")
+        filters, groups = checks.whole("Conv2D filters", filters), checks.whole("Conv2D groups", groups)
+        use_bias = checks.flag("Conv2D use_bias", use_bias)
         if filters % groups:
             raise ValueError(f"Conv2D filters={filters} is not a multiple of groups={groups}")
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"Conv2D activation {activation!r} is not fused; use one of {ACTIVATIONS}")
-        if init not in INITS:
-            raise ValueError(f"Conv2D init {init!r} is not one of {INITS}")
+        checks.choice("Conv2D activation", activation, ACTIVATIONS, "what a cuDNN forward graph fuses")
+        checks.choice("Conv2D init", init, INITS)
         self.init = init
         self.filters, self.kernel_size, self.stride, self.padding = int(filters), kernel_size, stride, padding
         self.activation, self.use_bias, self.groups, self.name = activation, use_bias, int(groups), name

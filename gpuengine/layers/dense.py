@@ -7,6 +7,7 @@ a column sum for db, unless a fused consumer already produced db (see
 """
 from __future__ import annotations
 
+from .. import checks
 from ..ops.gemm import Gemm
 from ..ops.reductions import ColumnSum
 from ..runtime.params import ParamSpec
@@ -15,9 +16,7 @@ from .base import BuildContext, Layer
 
 class Dense(Layer):
     def __init__(self, units: int, name: str = ""):
-        if units < 1:
-            raise ValueError(f"Dense units must be >= 1, got {units}")
-        self.units = units
+        self.units = checks.whole("Dense units", units)
         self.name = name
         self.bias_grad_fused = False   # set by a fusion that computes db itself
 

@@ -20,6 +20,7 @@ import zlib
 
 import numpy as np
 
+from .. import checks
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel, launch_shape
 from .base import BuildContext, Layer
@@ -76,9 +77,8 @@ class Dropout(Layer):
     """Inverted dropout with rate p in [0, 1); `seed` and the layer's name pick its random stream."""
 
     def __init__(self, p: float = 0.5, seed: int = 0, name: str = ""):
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
-            raise ValueError(f"Dropout rate p must be a number in [0, 1), got {p!r}")
-        self.p, self.seed, self.name = float(p), int(seed), name
+        p = checks.number("Dropout p", p, at_least=0.0, below=1.0)
+        self.p, self.seed, self.name = p, checks.seed("Dropout seed", seed), name
 
     @property
     def key(self) -> tuple[int, int]:

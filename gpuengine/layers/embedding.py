@@ -18,6 +18,8 @@ import math
 
 import numpy as np
 
+from .. import checks
+from ..data.checks import check_ids
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel, launch_shape
 from ..runtime.params import ParamSpec
@@ -84,10 +86,11 @@ class TokenEmbedding(Layer):
     """Ids in columns [start, start + length) of each input row -> (length, d_model) scaled embeddings."""
 
     def __init__(self, vocab: int, d_model: int, start: int, length: int, name: str = ""):
-        if vocab < 1 or d_model < 1 or start < 0 or length < 1:
-            raise ValueError(f"TokenEmbedding needs vocab, d_model, length >= 1 and start >= 0; got vocab={vocab}, "
-                             f"d_model={d_model}, start={start}, length={length}")
-        self.vocab, self.d_model, self.start, self.length, self.name = vocab, d_model, start, length, name
+        self.vocab = checks.whole("TokenEmbedding vocab", vocab)
+        self.d_model = checks.whole("TokenEmbedding d_model", d_model)
+        self.start = checks.whole("TokenEmbedding start", start, 0)
+        self.length = checks.whole("TokenEmbedding length", length)
+        self.name = name
         self.scale = math.sqrt(d_model)
 
     def _row_len(self, input_shape) -> int:
@@ -103,6 +106,12 @@ class TokenEmbedding(Layer):
     def output_shape(self, input_shape):
         self._row_len(input_shape)
         return (self.length, self.d_model)
+
+    def check_data(self, x):
+        """Ids outside the table would read past it on a GPU (and wrap around on NumPy): refused at entry."""
+        end = self.start + self.length
+        check_ids(x[:, self.start:end], "inputs", self.vocab, f"{self.name} reads columns {self.start}..{end - 1} "
+                  "of each input row as token ids", offset=(0, self.start))
 
     def build_forward(self, ctx: BuildContext, x):
         if ctx.policy.compute_dtype.itemsize == 2 and self.vocab > BF16_EXACT_IDS + 1:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import checks
 from ..ops.reductions import ColumnSum
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel
@@ -64,8 +65,7 @@ class LayerNorm(Layer):
     """Normalizes each sample's last axis; weight (gamma) starts at one, bias (beta) at zero, torch's names."""
 
     def __init__(self, epsilon: float = EPSILON, name: str = ""):
-        if not epsilon > 0:
-            raise ValueError(f"LayerNorm epsilon must be > 0, got {epsilon}")
+        epsilon = checks.number("LayerNorm epsilon", epsilon, above=0.0)
         self.epsilon, self.name = epsilon, name
 
     def param_specs(self, input_shape):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import checks
 from ..ops.gemm import Gemm
 from ..ops.reductions import ColumnSum
 from ..runtime.params import ParamSpec
@@ -18,9 +19,7 @@ from .base import BuildContext, Layer
 
 class Linear(Layer):
     def __init__(self, units: int, name: str = ""):
-        if units < 1:
-            raise ValueError(f"Linear units must be >= 1, got {units}")
-        self.units, self.name = units, name
+        self.units, self.name = checks.whole("Linear units", units), name
 
     def param_specs(self, input_shape):
         fan_in = input_shape[-1]

@@ -70,6 +70,7 @@ class MaxPool2D(Layer):
         self.pool_size = pair("MaxPool2D pool size", pool_size)
         self.stride = self.pool_size if stride is None else pair("MaxPool2D stride", stride)
         self.padding, self.name = padding, name
+        resolve_window("MaxPool2D", (1 << 20, 1 << 20), self.pool_size, self.stride, padding)   # bad padding fails here
 
     def _window(self, input_shape):
         if len(input_shape) != 3:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..data.checks import check_probability_rows
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel
 
@@ -45,6 +46,10 @@ class SoftmaxCrossEntropy:
     """Mean cross-entropy of softmax(logits (B, K)) against float32 target rows (B, K)."""
 
     name = "softmax_cross_entropy"
+
+    def check_targets(self, t, output_shape: tuple):
+        """The loss and its gradient (p - t) / B assume probability rows: a row summing to 5 trains silently wrong."""
+        check_probability_rows(t, "targets")
 
     def build(self, ctx, z, target, state):
         if z.ndim != 2 or z.shape != target.shape:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import checks
+from ..data.checks import check_ids
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel
 
@@ -59,15 +61,19 @@ class TokenCrossEntropy:
     name = "token_cross_entropy"
 
     def __init__(self, pad_id: int | None = None):
-        if pad_id is not None and (isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)) or pad_id < 0):
-            raise ValueError(f"pad_id must be a token id (an int >= 0) or None, got {pad_id!r}")
-        self.pad_id = pad_id
+        if pad_id is not None and not (checks.is_whole(pad_id) and pad_id >= 0):
+            checks.refuse("pad_id", pad_id, "a token id (a whole number >= 0), or None for no padding")
+        self.pad_id = None if pad_id is None else int(pad_id)
 
     def target_shape(self, output_shape: tuple) -> tuple:
         """Per-sample targets: one id per position of the (T, V) logits."""
         if len(output_shape) != 2:
             raise ValueError(f"token cross-entropy takes (positions, vocabulary) logits, got {tuple(output_shape)}")
         return tuple(output_shape[:1])
+
+    def check_targets(self, t, output_shape: tuple):
+        """Target ids index the logits' vocabulary: whole numbers in range, or the padding id."""
+        check_ids(t, "targets", output_shape[-1], "token ids into the vocabulary of the logits", self.pad_id)
 
     def build(self, ctx, z, target, state):
         if z.ndim != 3 or target.shape != z.shape[:2]:

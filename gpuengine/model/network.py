@@ -10,7 +10,8 @@ buffer exists; `program.py` wires it onto buffers for one batch size.
 Checks, each an error naming the nodes: unknown (dangling) inputs, cycles,
 duplicate names, a layer given the wrong number of inputs, nodes whose output
 never reaches the network's output, and shapes a layer cannot take (a residual
-add of two different shapes). `summary()` prints the graph like Keras'
+add of two different shapes); and, naming the argument, an input shape that is
+not whole numbers >= 1, a loss that is not one, a layer that is not a Layer. `summary()` prints the graph like Keras'
 `Model.summary()` / torchinfo: each node, its inputs, output shape, parameters.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from .. import checks
 from ..layers.base import Layer
 from ..runtime.params import ParamSpec
 
@@ -25,7 +27,10 @@ INPUT = "input"
 
 
 class NetworkError(ValueError):
-    """The layers do not form a valid network; the message names the nodes."""
+    """The layers do not form a valid network; the message names the nodes (or the argument)."""
+
+
+LOSS_METHODS = ("build", "forward_backward")   # what a training program calls on a loss
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,9 @@ class Network:
     def __init__(self, nodes: list[Node], loss, input_shape: tuple, output: str | None = None):
         if not nodes:
             raise NetworkError("a network needs at least one layer")
-        self.loss, self.input_shape = loss, tuple(input_shape)
+        self.loss = checks.has_methods("loss", loss, LOSS_METHODS, "a loss such as gpuengine.losses.MSELoss() "
+                                       "(an object with build() and forward_backward())", NetworkError)
+        self.input_shape = checks.shape("input_shape", input_shape, error=NetworkError)
         by_name = self._index(nodes)
         self.output = nodes[-1].name if output is None else output
         if self.output not in by_name:
@@ -61,8 +68,11 @@ class Network:
     def _index(nodes: list[Node]) -> dict[str, Node]:
         by_name: dict[str, Node] = {}
         for node in nodes:
-            if node.name == INPUT or not node.name:
+            if not isinstance(node.name, str) or node.name == INPUT or not node.name:
                 raise NetworkError(f"a node may not be named {node.name!r}")
+            if not isinstance(node.layer, Layer):
+                checks.refuse(f"node {node.name!r}: layer", node.layer, "a Layer instance, e.g. Dense(10)",
+                              NetworkError)
             if node.name in by_name:
                 raise NetworkError(f"two nodes are named {node.name!r}")
             if len(node.inputs) != node.layer.arity:
@@ -125,6 +135,17 @@ class Network:
         shape_of = getattr(self.loss, "target_shape", None)
         return self.output_shape if shape_of is None else tuple(shape_of(self.output_shape))
 
+    def check_data(self, x=None, t=None):
+        """Host checks of what the layers reading the input, and the loss, read from the data (token ids,
+        probability rows); shapes are data/checks.py's. Once at entry, never per step."""
+        if x is not None:
+            for node in self.nodes:
+                if INPUT in node.inputs:
+                    node.layer.check_data(x)
+        check_targets = getattr(self.loss, "check_targets", None)
+        if t is not None and check_targets is not None:
+            check_targets(t, self.output_shape)
+
     def input_shapes(self, node: Node) -> list[tuple]:
         return [self.shapes[i] for i in node.inputs]
 
@@ -179,6 +200,13 @@ class Network:
                           f"parameters: {self.parameter_count():,}"])
 
 
+def checked_network(net) -> Network:
+    """`net` if it is a Network: the first check of the trainer and the predictor."""
+    if not isinstance(net, Network):
+        checks.refuse("net", net, "a Network: Sequential([...], loss, input_shape) or NetworkBuilder(...).network(loss)")
+    return net
+
+
 class Sequential(Network):
     """A chain: each layer reads the one before it. Unnamed layers are named after their type and position."""
 
@@ -187,7 +215,9 @@ class Sequential(Network):
             raise NetworkError("a network needs at least one layer")
         counts: dict[str, int] = {}
         nodes, previous = [], INPUT
-        for layer in layers:
+        for k, layer in enumerate(layers):
+            if not isinstance(layer, Layer):
+                checks.refuse(f"layers[{k}]", layer, "a Layer instance, e.g. Dense(10)", NetworkError)
             if not layer.name:
                 prefix = type(layer).__name__.lower()
                 counts[prefix] = counts.get(prefix, 0) + 1
@@ -201,7 +231,7 @@ class NetworkBuilder:
     """Adds layers one at a time: `x = b.add(Conv2D(...), x, name="conv1")`; `b.network(loss)` finishes."""
 
     def __init__(self, input_shape: tuple):
-        self.input_shape, self.nodes = tuple(input_shape), []
+        self.input_shape, self.nodes = checks.shape("input_shape", input_shape, error=NetworkError), []
 
     def add(self, layer: Layer, *inputs: str, name: str) -> str:
         self.nodes.append(Node(name, layer, tuple(inputs)))

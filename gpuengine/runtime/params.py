@@ -106,6 +106,9 @@ class FlatParameters:
         return self._view(self.master, name)
 
     def grad_view(self, name):
+        if self.grad is None:
+            raise ValueError(f"{name}: these parameters were built for inference (training=False) and carry no "
+                             "gradients; build them with training=True to train")
         return self._view(self.grad, name)
 
     def compute_view(self, name):

@@ -275,7 +275,7 @@ def test_a_class_mean_image_holds_no_pattern():
 
 
 def test_generator_refuses_sizes_off_the_grid():
-    with pytest.raises(ValueError, match="multiple of 8"):
+    with pytest.raises(DataError, match=r"^size=28 is not accepted; use a whole number that is a multiple of 8"):
         make_images(10, 10, size=28)
-    with pytest.raises(ValueError, match="classes >= 2"):
+    with pytest.raises(DataError, match=r"^classes=1 is not accepted; use a whole number >= 2$"):
         make_images(10, 1)

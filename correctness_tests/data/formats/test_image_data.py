@@ -1,14 +1,18 @@
 """Image data readers on small files the tests write: MNIST IDX files, BMP class folders, generated digits.
 
 Good files read back exactly (pixels scaled to [0, 1] once, labels one-hot);
-every bad case -- wrong magic, truncated or overlong files, corrupt gzip, count
-mismatch, labels out of range, BMPs of the wrong size or depth, compressed or
-colour BMPs in a grayscale set, empty class folders -- is a DataError that
-names the offending file or folder, and no data come back.
+every bad case -- missing files, wrong magic, truncated or overlong files,
+corrupt gzip, count mismatch, labels out of range, BMPs of the wrong size or
+depth, compressed or colour BMPs in a grayscale set, a pixel offset inside the
+headers, empty class folders -- is a DataError that names the offending file
+or folder and what was expected, and no data come back. Bad arguments (an
+image shape that is not (H, W, C), a channel count other than 1 or 3) are
+refused by name before any file is read.
 """
 from __future__ import annotations
 
 import gzip
+import re
 import struct
 
 import numpy as np
@@ -100,6 +104,16 @@ def test_label_out_of_range_is_named(idx_pair):
     assert str(labels) in str(info.value)
 
 
+@pytest.mark.parametrize("which, kind, magic", [(0, "images", IMAGE_MAGIC), (1, "labels", LABEL_MAGIC)])
+def test_a_missing_idx_file_is_named_with_what_was_expected(idx_pair, which, kind, magic):
+    """Was a raw FileNotFoundError; a missing labels file is named before the images are read."""
+    paths = list(idx_pair)
+    paths[which] = paths[which].with_name("missing-idx")
+    with pytest.raises(DataError, match=rf"missing-idx: no such file; expected an IDX file of unsigned-byte {kind} "
+                                        rf"\(magic {magic}, gzipped or not\)$"):
+        load_idx(*paths)
+
+
 def test_labels_read_as_images_are_refused(idx_pair):
     with pytest.raises(DataError, match="expected 2051"):
         read_idx(idx_pair[1], IMAGE_MAGIC)
@@ -170,6 +184,7 @@ def _patch(path, offset, fmt, value):
     (lambda p: p.write_bytes(p.read_bytes()[:-10]), "truncated"),
     (lambda p: p.write_bytes(b"PK" + p.read_bytes()[2:]), "not a Windows BMP"),
     (lambda p: write_bmp(p, RNG.integers(0, 256, (8, 8, 3), dtype=np.uint8)), "has colour"),
+    (lambda p: _patch(p, 10, "<I", 0), "pixel data offset 0 points into the headers"),
 ])
 def test_bad_bmp_in_a_folder_is_named_and_nothing_loads(tmp_path, spoil, message):
     root = _class_folder(tmp_path / "data")
@@ -178,6 +193,36 @@ def test_bad_bmp_in_a_folder_is_named_and_nothing_loads(tmp_path, spoil, message
     with pytest.raises(DataError, match=message) as info:
         load_bmp_folder(root, (8, 8, 1))
     assert str(bad) in str(info.value)
+
+
+def test_a_24_bit_bmp_whose_pixel_offset_points_into_the_headers_is_refused(tmp_path):
+    """Offset 0 read the headers as pixels: garbage, silently."""
+    write_bmp(tmp_path / "c.bmp", RNG.integers(0, 256, (4, 4, 3), dtype=np.uint8))
+    _patch(tmp_path / "c.bmp", 10, "<I", 0)
+    with pytest.raises(DataError, match=r"c.bmp: pixel data offset 0 points into the headers; expected an offset "
+                                        r">= 54, where they end"):
+        read_bmp(tmp_path / "c.bmp", 3)
+
+
+def test_a_missing_bmp_is_named_with_what_was_expected(tmp_path):
+    with pytest.raises(DataError, match=r"none.bmp: no such file; expected an uncompressed 8- or 24-bit BMP image$"):
+        read_bmp(tmp_path / "none.bmp")
+
+
+@pytest.mark.parametrize("shape, allowed", [((8, 8), "a tuple of 3 whole numbers >= 1"),
+                                            ((8, -8, 1), "a tuple of 3 whole numbers >= 1"),
+                                            ("8x8", "a tuple of 3 whole numbers >= 1"),
+                                            ((8, 8, 2), r"\(height, width, channels\) with channels 1 \(gray\) or 3")])
+def test_an_image_shape_that_is_not_height_width_channels_is_refused_by_name(tmp_path, shape, allowed):
+    """A 2-tuple was a raw IndexError once the first image had been read."""
+    root = _class_folder(tmp_path / "data")
+    with pytest.raises(DataError, match=rf"^image_shape={re.escape(repr(shape))} is not accepted; use {allowed}"):
+        load_bmp_folder(root, shape)
+
+
+def test_a_channel_count_other_than_gray_or_rgb_is_refused_before_reading(tmp_path):
+    with pytest.raises(DataError, match=r"^channels=2 is not accepted; use one of 1, 3 \(1 for gray, 3 for RGB\)$"):
+        read_bmp(tmp_path / "none.bmp", 2)
 
 
 def test_empty_class_folder_is_named(tmp_path):
@@ -204,6 +249,13 @@ def test_generated_digits_are_balanced_deterministic_and_in_range():
     again, _ = digits_data(500, seed=3)
     np.testing.assert_array_equal(x, again)
     assert not np.array_equal(x, digits_data(500, seed=4)[0])
+
+
+@pytest.mark.parametrize("kwargs, given", [(dict(samples=10.5), "samples=10.5"), (dict(samples=10, classes=1),
+                                           "classes=1"), (dict(samples=10, seed=-1), "seed=-1")])
+def test_generated_digits_refuse_bad_arguments_by_name(kwargs, given):
+    with pytest.raises(DataError, match=rf"^{given} is not accepted; use a whole number >= "):
+        make_digits(**kwargs)
 
 
 def test_generated_digits_carry_their_class():

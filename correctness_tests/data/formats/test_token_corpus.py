@@ -9,6 +9,7 @@ the smoke-size model on the CPU bring the loss well down.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -50,6 +51,24 @@ def test_bad_corpus_is_an_error_naming_the_line(tmp_path, text, pad_id, message)
     (tmp_path / "c.tsv").write_text(text)
     with pytest.raises(DataError, match=message):
         read_corpus(tmp_path / "c.tsv", vocab=10, length=2, pad_id=pad_id)
+
+
+@pytest.mark.parametrize("pad_id", [999, 10, -1, 2.0, True, "0"])
+def test_a_padding_id_outside_the_vocabulary_is_refused_before_reading(tmp_path, pad_id):
+    """999 and -1 were padded into the arrays unchecked; the source's padding reaches the embedding."""
+    (tmp_path / "c.tsv").write_text("2 3\t4\n")
+    with pytest.raises(DataError, match=rf"^pad_id={re.escape(repr(pad_id))} is not accepted; use a token id in "
+                                        r"0\.\.9 \(padding is embedded like any token\), or None$"):
+        read_corpus(tmp_path / "c.tsv", vocab=10, length=3, pad_id=pad_id)
+
+
+@pytest.mark.parametrize("kwargs, given", [(dict(vocab="10", length=3), "vocab='10'"),
+                                           (dict(vocab=10, length=0), "length=0")])
+def test_vocab_and_length_are_whole_numbers(tmp_path, kwargs, given):
+    with pytest.raises(DataError, match=rf"^{given} is not accepted; use a whole number >= 1$"):
+        read_corpus(tmp_path / "c.tsv", **kwargs)
+    with pytest.raises(DataError, match=rf"^{given} is not accepted"):
+        synthetic_corpus(4, **kwargs)
 
 
 def test_missing_corpus_file_is_an_error_naming_it(tmp_path):

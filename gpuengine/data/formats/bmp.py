@@ -7,9 +7,11 @@ top-down rows --, planes = 1, bits per pixel, compression = 0 for BI_RGB, ...,
 palette size), for 8-bit images a palette of BGRA entries, then rows padded to
 a multiple of 4 bytes, bottom-up unless the height is negative. Read: 8-bit
 palette images and 24-bit BGR. Anything else -- another depth, compression, a
-truncated file, a size other than the data set's, colour in a grayscale set,
-an empty class folder -- is a DataError naming the file, and nothing is
-returned: a folder loads completely or not at all.
+truncated or missing file, a pixel offset that points into the headers, a size
+other than the data set's, colour in a grayscale set, an empty class folder --
+is a DataError naming the file, and nothing is returned: a folder loads
+completely or not at all. The arguments (channels, the image shape) are checked
+before any file is read.
 """
 from __future__ import annotations
 
@@ -18,12 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ... import checks
 from ..checks import DataError
 from ..labels import training_arrays
 
 _FILE_HEADER = struct.Struct("<2sIHHI")
 _INFO_HEADER = struct.Struct("<IiiHHIIiiII")
 _LUMA = np.array([0.299, 0.587, 0.114])   # ITU-R BT.601, for grayscale palettes that are not exactly gray
+CHANNELS = (1, 3)   # gray or RGB
 
 
 def _row_bytes(width: int, bits: int) -> int:
@@ -32,8 +36,14 @@ def _row_bytes(width: int, bits: int) -> int:
 
 def read_bmp(path, channels: int = 1) -> np.ndarray:
     """uint8 (H, W, channels) pixels of an 8- or 24-bit uncompressed BMP; channels 1 (gray) or 3 (RGB)."""
+    checks.choice("channels", channels, CHANNELS, "1 for gray, 3 for RGB", DataError)
     path = Path(path)
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file; expected an uncompressed 8- or 24-bit BMP image") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read the BMP image: {exc}") from exc
     if len(data) < _FILE_HEADER.size + _INFO_HEADER.size:
         raise DataError(f"{path}: {len(data)} bytes is too short for a BMP header (truncated?)")
     magic, _, _, _, offset = _FILE_HEADER.unpack_from(data, 0)
@@ -45,6 +55,10 @@ def read_bmp(path, channels: int = 1) -> np.ndarray:
         raise DataError(f"{path}: {bits}-bit BMP; only 8-bit (palette) and 24-bit images are read")
     if compression != 0:
         raise DataError(f"{path}: compressed BMP (compression type {compression}); only uncompressed is read")
+    headers_end = _FILE_HEADER.size + header_size
+    if offset < headers_end:   # pixels read from there would be the headers themselves: garbage, silently
+        raise DataError(f"{path}: pixel data offset {offset} points into the headers; expected an offset >= "
+                        f"{headers_end}, where they end (a damaged file?)")
     rows, stride = abs(height), _row_bytes(width, bits)
     if width < 1 or rows < 1 or offset + rows * stride > len(data):
         raise DataError(f"{path}: {width}x{rows} pixels need {offset + rows * stride} bytes, the file has "
@@ -54,7 +68,7 @@ def read_bmp(path, channels: int = 1) -> np.ndarray:
         pixels = pixels[::-1]   # bottom-up rows
     if bits == 8:
         entries = palette_size or 256
-        palette_at = _FILE_HEADER.size + header_size
+        palette_at = headers_end
         if palette_at + 4 * entries > offset:
             raise DataError(f"{path}: a palette of {entries} colours does not fit before the pixels")
         palette = np.frombuffer(data, np.uint8, 4 * entries, palette_at).reshape(entries, 4)[:, 2::-1]
@@ -66,8 +80,6 @@ def read_bmp(path, channels: int = 1) -> np.ndarray:
         rgb = pixels[:, :3 * width].reshape(rows, width, 3)[:, :, ::-1]
     if channels == 3:
         return np.ascontiguousarray(rgb)
-    if channels != 1:
-        raise DataError(f"{path}: images are read with 1 (gray) or 3 (RGB) channels, not {channels}")
     if not ((rgb[..., 0] == rgb[..., 1]) & (rgb[..., 1] == rgb[..., 2])).all():
         raise DataError(f"{path}: the image has colour, but the data set is grayscale (1 channel)")
     return np.ascontiguousarray(rgb[..., :1])
@@ -99,6 +111,10 @@ def load_bmp_folder(root, image_shape: tuple) -> tuple[np.ndarray, np.ndarray, l
     whole number (so folder "10" is label 10, not 2); each must hold at least one
     .bmp, and every image must be `image_shape` = (H, W, C) with C 1 or 3.
     """
+    image_shape = checks.shape("image_shape", image_shape, 3, DataError)
+    if image_shape[2] not in CHANNELS:
+        checks.refuse("image_shape", image_shape, "(height, width, channels) with channels 1 (gray) or 3 (RGB)",
+                      DataError)
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"{root}: no such folder of class subfolders")
@@ -114,7 +130,7 @@ def load_bmp_folder(root, image_shape: tuple) -> tuple[np.ndarray, np.ndarray, l
             raise DataError(f"{folder}: empty class folder (no .bmp files)")
         for file in files:
             image = read_bmp(file, image_shape[2])
-            if image.shape != tuple(image_shape):
+            if image.shape != image_shape:
                 raise DataError(f"{file}: image is {image.shape[1]}x{image.shape[0]} pixels, the data set's "
                                 f"images are {image_shape[1]}x{image_shape[0]}")
             images.append(image)

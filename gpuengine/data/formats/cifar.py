@@ -21,6 +21,7 @@ from typing import Iterable
 
 import numpy as np
 
+from ... import checks
 from ..checks import DataError
 from ..labels import training_arrays
 
@@ -166,9 +167,13 @@ def make_images(samples: int, classes: int, seed: int = 0, size: int = SIZE, clu
     classes averages losses of about 2.0, 1.0 and 0.55 over its first three
     epochs, starting from ln 10 = 2.30: learnable, not trivial.)
     """
-    if samples < 1 or classes < 2 or size < _GRID or size % _GRID:
-        raise ValueError(f"make_images needs samples >= 1, classes >= 2 and a size that is a multiple of {_GRID}; "
-                         f"got {samples}, {classes}, {size}")
+    samples = checks.whole("samples", samples, error=DataError)
+    classes = checks.whole("classes", classes, 2, error=DataError)
+    if not checks.is_whole(size) or size < _GRID or size % _GRID:
+        checks.refuse("size", size, f"a whole number that is a multiple of {_GRID} (the class grid's cells)", DataError)
+    seed = checks.seed("seed", seed, DataError)
+    clutter = checks.number("clutter", clutter, at_least=0.0, error=DataError)
+    noise = checks.number("noise", noise, at_least=0.0, error=DataError)
     rng = np.random.default_rng(seed)
     order = rng.permutation(samples)
     labels = order % classes

@@ -4,9 +4,9 @@ IDX (LeCun et al., "THE MNIST DATABASE" file-format notes): a big-endian header
 of a magic number -- two zero bytes, the element type (0x08 = unsigned byte)
 and the number of dimensions -- then one uint32 per dimension, then the data.
 Images are magic 2051 (n, rows, cols), labels 2049 (n,). Gzipped files (as
-distributed) are read too. A wrong magic, a truncated or overlong file, image
-and label counts that differ, or a label out of range is a DataError naming the
-file; nothing is returned then.
+distributed) are read too. A missing file, a wrong magic, a truncated or
+overlong file, image and label counts that differ, or a label out of range is a
+DataError naming the file and what was expected; nothing is returned then.
 
 No machine here can download MNIST, so tests and benchmarks use `make_digits`:
 28x28 grayscale images of 10 classes, each class a fixed pattern of strokes,
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ... import checks
 from ..checks import DataError
 from ..labels import training_arrays
 
@@ -33,8 +34,22 @@ _MAX_SHIFT = 3
 _STROKES = 3
 
 
-def _read(path: Path) -> bytes:
-    data = path.read_bytes()
+def _kind(magic: int) -> str:
+    return {IMAGE_MAGIC: "images", LABEL_MAGIC: "labels"}.get(magic, "data")
+
+
+def _no_such_file(path, magic: int) -> DataError:
+    return DataError(f"{path}: no such file; expected an IDX file of unsigned-byte {_kind(magic)} "
+                     f"(magic {magic}, gzipped or not)")
+
+
+def _read(path: Path, magic: int) -> bytes:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise _no_such_file(path, magic) from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read the IDX file: {exc}") from exc
     if data[:2] != b"\x1f\x8b":
         return data
     try:
@@ -46,12 +61,11 @@ def _read(path: Path) -> bytes:
 def read_idx(path, magic: int) -> np.ndarray:
     """The uint8 array of an IDX file whose header carries `magic` (2051 images, 2049 labels)."""
     path = Path(path)
-    data = _read(path)
+    data = _read(path, magic)
     dims = magic & 0xFF
     found = struct.unpack_from(">I", data, 0)[0] if len(data) >= 4 else None
     if found is not None and found != magic:
-        kind = {IMAGE_MAGIC: "images", LABEL_MAGIC: "labels"}.get(magic, "data")
-        raise DataError(f"{path}: IDX magic number {found}, expected {magic} for unsigned-byte {kind}")
+        raise DataError(f"{path}: IDX magic number {found}, expected {magic} for unsigned-byte {_kind(magic)}")
     if len(data) < 4 + 4 * dims:
         raise DataError(f"{path}: {len(data)} bytes is too short for an IDX header (truncated?)")
     shape = struct.unpack_from(f">{dims}I", data, 4)
@@ -74,6 +88,10 @@ def write_idx(path, array: np.ndarray):
 
 def load_idx(images_path, labels_path, classes: int = CLASSES) -> tuple[np.ndarray, np.ndarray]:
     """(x float32 (n, rows, cols, 1) in [0, 1], t float32 (n, classes) one-hot) from an IDX pair."""
+    classes = checks.whole("classes", classes, error=DataError)
+    for path, magic in ((images_path, IMAGE_MAGIC), (labels_path, LABEL_MAGIC)):
+        if not Path(path).exists():   # both looked for before either is read: a typo should not cost a full read
+            raise _no_such_file(path, magic)
     images = read_idx(images_path, IMAGE_MAGIC)
     labels = read_idx(labels_path, LABEL_MAGIC)
     if len(images) != len(labels):
@@ -100,9 +118,10 @@ def _stroke_templates(size: int, classes: int) -> np.ndarray:
 def make_digits(samples: int, seed: int = 0, classes: int = CLASSES, size: int = IMAGE_SHAPE[0],
                 noise: float = 0.15) -> tuple[np.ndarray, np.ndarray]:
     """uint8 images (samples, size, size) and int64 labels (balanced classes, shuffled)."""
-    if samples < 1 or classes < 2 or size < 2 * _MAX_SHIFT + 8:
-        raise ValueError(f"make_digits needs samples >= 1, classes >= 2, size >= {2 * _MAX_SHIFT + 8}; "
-                         f"got {samples}, {classes}, {size}")
+    samples = checks.whole("samples", samples, error=DataError)
+    classes = checks.whole("classes", classes, 2, error=DataError)
+    size = checks.whole("size", size, 2 * _MAX_SHIFT + 8, error=DataError)   # room for the shifts and a stroke
+    seed, noise = checks.seed("seed", seed, DataError), checks.number("noise", noise, at_least=0.0, error=DataError)
     rng = np.random.default_rng(seed)
     labels = rng.permutation(np.arange(samples) % classes)
     padded = np.pad(_stroke_templates(size, classes), ((0, 0), (_MAX_SHIFT,) * 2, (_MAX_SHIFT,) * 2))

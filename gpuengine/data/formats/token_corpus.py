@@ -5,7 +5,9 @@ side space-separated integers. The reader checks everything before anything is
 returned, and a bad line is an error naming the file, the line and the value:
 a missing tab, a token that is not an integer or lies outside the vocabulary,
 a side longer than the sequence length, ragged sides (shorter than the
-sequence length where no padding id is given), and an empty corpus.
+sequence length where no padding id is given), and an empty corpus. The
+arguments are checked first: vocab and length whole numbers >= 1, and the
+padding id a token id in the vocabulary, since padding is read like any token.
 
 Ids 0 and 1 are reserved by convention: PAD_ID pads short sides, BOS_ID starts
 the decoder input. The generator writes a corpus the model can learn: the
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ... import checks
 from ..checks import DataError
 
 PAD_ID, BOS_ID = 0, 1
@@ -51,8 +54,11 @@ def _parse_side(text: str, path, number: int, side: str, vocab: int, length: int
 
 def read_corpus(path, vocab: int, length: int, pad_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(source, target) int32 arrays (samples, length); short sides padded with `pad_id` if given."""
-    if vocab < 1 or length < 1:
-        raise DataError(f"vocab and length must be >= 1, got vocab={vocab}, length={length}")
+    vocab, length = checks.whole("vocab", vocab, error=DataError), checks.whole("length", length, error=DataError)
+    if pad_id is not None and not (checks.is_whole(pad_id) and 0 <= pad_id < vocab):
+        # The source's padding reaches the embedding: an id outside the table cannot be read.
+        checks.refuse("pad_id", pad_id, f"a token id in 0..{vocab - 1} (padding is embedded like any token), or None",
+                      DataError)
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -80,6 +86,8 @@ def write_corpus(path, source: np.ndarray, target: np.ndarray):
 
 def synthetic_corpus(samples: int, vocab: int, length: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Random sources over the content ids and their fixed position-wise substitution as targets."""
+    samples, length = checks.whole("samples", samples, error=DataError), checks.whole("length", length, error=DataError)
+    vocab, seed = checks.whole("vocab", vocab, error=DataError), checks.seed("seed", seed, DataError)
     if vocab <= FIRST_CONTENT_ID:
         raise DataError(f"vocab {vocab} leaves no content ids (0..{FIRST_CONTENT_ID - 1} are reserved)")
     rng = np.random.default_rng(seed)
