@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuengine.bench import aa_noise
 from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.stored_runs import scan
 
@@ -35,6 +36,8 @@ LOG_DIR = Path("build") / "ab"   # the workers' logs, git-ignored
 class AbState:
     base: ab_base.Base
     explicit: bool                      # named by the user, not chosen by auto
+    base_code: str = ""                 # aa_noise.code_hash of each side: equal on an A/A run
+    head_code: str = ""
     sides: Sides | None = None
     covered: set[str] = field(default_factory=set)           # node ids run A/B
     uncovered: dict[str, str] = field(default_factory=dict)  # node id -> why it compares with its stored run
@@ -83,11 +86,17 @@ def pytest_configure(config):
     if base is None:
         state.notices.append(f"{STORED_MODE}: no A/B base ({why}); each test compares with its stored baseline")
         return
-    ab = AbState(base, explicit=against != ab_base.AUTO)
+    ab = AbState(base, explicit=against != ab_base.AUTO, base_code=aa_noise.code_hash(base.root),
+                 head_code=aa_noise.code_hash(config.rootpath))
+    if state.storage is not None:
+        state.process_noise = {test: aa_noise.learn(runs)
+                               for test, runs in aa_noise.stored_aa_runs(state.storage).items()}
     config.stash[AB] = ab
     config.add_cleanup(ab.close)
-    state.notices.append(f"A/B against {base.label}: {why}; base and head engines alternate round by round with "
-                         f"the references, each in its own process (checkout {base.root})")
+    same = " (the same code: an A/A run)" if ab.base_code == ab.head_code else ""
+    state.notices.append(f"A/B against {base.label}{same}: {why}; base and head engines alternate round by round "
+                         f"with the references, each in its own process (checkout {base.root}); process noise "
+                         f"learned from stored A/A runs for {len(state.process_noise)} test(s)")
 
 
 def _plan_presets(config) -> dict | None:
@@ -160,6 +169,7 @@ def ab_state(config) -> AbState | None:
     return config.stash.get(AB, None)
 
 
+
 @pytest.fixture
 def engine_for(request):
     """engine_for(case) -> the test's engine runner from its module's `ENGINES` recipe: built here, or, for a
@@ -187,6 +197,7 @@ def ab_record(config, pair: EnginePair, times: dict[str, list[float]]) -> dict:
     """What the stored run keeps of the A/B rounds: both sides' round times and where each side came from."""
     ab = config.stash[AB]
     return {"base": ab.base.label, "base_commit": ab.base.commit, "base_why": ab.base.why,
+            "base_code": ab.base_code, "head_code": ab.head_code,
             "base_round_ms": [round(ms, 6) for ms in times[BASE]], "head_round_ms": [round(ms, 6) for ms in times[HEAD]],
             "base_samples_per_round": pair.base.samples_per_round,
             "head_samples_per_round": pair.head.samples_per_round}

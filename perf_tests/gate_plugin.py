@@ -60,6 +60,7 @@ class GateState:
     failed_on_targets: set[str] = field(default_factory=set)   # tests that failed on missed targets only
     failed_otherwise: set[str] = field(default_factory=set)    # tests that failed for any other reason
     saved_despite_targets: bool = False   # failed on targets only (--claims), saved as a baseline all the same
+    process_noise: dict = field(default_factory=dict)   # test -> aa_noise.ProcessNoise (A/B sessions fill it)
 
     def failed_on_targets_only(self, exitstatus) -> bool:
         """The session failed, and only because tests missed targets: a baseline still (nothing regressed)."""
@@ -313,9 +314,12 @@ class GateTest:
 
     def check_paired(self, ab: dict) -> CheckOutcome:
         """Head over base, round by round in this session (gpuengine/bench/paired.py)."""
+        learned = self.state.process_noise.get(self.fullname)
         decision = paired.decide_paired(ab["head_round_ms"], ab["base_round_ms"],
                                         head_samples=ab["head_samples_per_round"],
-                                        base_samples=ab["base_samples_per_round"])
+                                        base_samples=ab["base_samples_per_round"],
+                                        process_sd=learned.sd if learned else None,
+                                        source=learned.source() if learned else None)
         line = f"{self.fullname} (A/B against {ab['base']}) - {decision.describe()}"
         self.state.checked.append((self.fullname, decision.verdict, f"{decision.verdict:16}{line}"))
         record = {"mode": "A/B", "base": ab["base"], **decision.as_dict()}

@@ -1,0 +1,63 @@
+"""Process noise learned from stored A/A runs (gpuengine/bench/aa_noise.py)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gpuengine.bench.aa_noise import AaRun, code_hash, learn, stored_aa_runs
+from gpuengine.bench.paired import DEFAULT_PROCESS_SD
+
+
+def record(rng, process_sd, rounds=9, round_sd=0.002, same_code=True) -> dict:
+    offsets = rng.normal(0, process_sd, 2)
+    base = 50 * np.exp(offsets[0] + rng.normal(0, round_sd, rounds))
+    head = 50 * np.exp(offsets[1] + rng.normal(0, round_sd, rounds))
+    return {"head_round_ms": head.tolist(), "base_round_ms": base.tolist(), "head_samples_per_round": 100,
+            "base_samples_per_round": 100, "head_code": "abc", "base_code": "abc" if same_code else "def"}
+
+
+def test_many_aa_runs_recover_the_process_offset_and_few_lean_on_the_prior():
+    rng = np.random.default_rng(5)
+    runs = [AaRun.from_record(record(rng, 0.02)) for _ in range(400)]
+    assert learn(runs).sd == pytest.approx(0.02, rel=0.15)
+    steady = [AaRun.from_record(record(rng, 0.0)) for _ in range(2)]
+    assert DEFAULT_PROCESS_SD / 2 < learn(steady).sd < DEFAULT_PROCESS_SD   # two quiet runs cannot zero it
+    assert learn([]).sd == DEFAULT_PROCESS_SD and learn([]).runs == 0
+    assert "2 run(s)" in learn(steady).source()
+
+
+def test_only_runs_of_the_same_code_on_both_sides_count():
+    rng = np.random.default_rng(6)
+    assert AaRun.from_record(record(rng, 0.01, same_code=False)) is None
+    assert AaRun.from_record({**record(rng, 0.01), "head_code": ""}) is None
+    assert AaRun.from_record(record(rng, 0.01)) is not None
+
+
+def test_stored_aa_runs_come_from_baselines_and_history_alike(tmp_path):
+    rng = np.random.default_rng(7)
+
+    def write(folder, name, ab):
+        folder.mkdir(parents=True, exist_ok=True)
+        bench = {"name": "t[a]", "fullname": "perf_tests/x.py::t[a]", "stats": {}, "extra_info": {"ab": ab}}
+        (folder / name).write_text(json.dumps({"benchmarks": [bench], "datetime": "2026-11-24T10:00:00"}))
+
+    write(tmp_path / "Linux", "0001_a_x.json", record(rng, 0.01))
+    write(tmp_path / "history" / "Linux", "0002_b_x.json", record(rng, 0.01))
+    write(tmp_path / "Linux", "0003_c_x.json", record(rng, 0.01, same_code=False))   # a real A/B run
+    (tmp_path / "Linux" / "0004_d_x.json").write_text("{not json")                   # unreadable: left out
+    assert len(stored_aa_runs(tmp_path)["perf_tests/x.py::t[a]"]) == 2
+
+
+def test_the_code_hash_sees_a_changed_source_and_nothing_else(tmp_path):
+    for folder in ("gpuengine", "perf_tests"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "a.py").write_text("x = 1\n")
+    before = code_hash(tmp_path)
+    (tmp_path / "README.md").write_text("words")
+    (tmp_path / "gpuengine" / "__pycache__").mkdir()
+    (tmp_path / "gpuengine" / "__pycache__" / "a.py").write_text("stale")
+    assert code_hash(tmp_path) == before
+    (tmp_path / "gpuengine" / "a.py").write_text("x = 2\n")
+    assert code_hash(tmp_path) != before

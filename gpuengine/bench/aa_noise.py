@@ -1,0 +1,102 @@
+"""The A/B rule's process noise, learned from the A/A runs among a GPU's stored runs.
+
+An A/A run is an A/B run whose two sides ran the same code: the head's
+and the base's `gpuengine/` and `perf_tests/` hash alike (`code_hash`, kept
+in each test's `extra_info["ab"]`), whatever commits they were. Every such
+run, passed or failed (history/ included: leaving out the failed ones
+would hide exactly the alarms), gives per test one median d = median of
+log(head/base) per sample whose true value is 0, so
+
+    E[d^2] = 2 sd_process^2 + pi/2 sd_round^2 / n
+
+and sd_process follows from the runs' d and their rounds' spread
+(gpuengine/bench/paired.py uses it for the bar). With few runs the estimate
+is pulled towards the prior with the weight of PRIOR_RUNS runs, as
+noise.json's is (noise.py), so two runs that happen to agree cannot make a
+test look steadier than it is. `./gate perf --against HEAD` on a clean tree
+is an A/A run: every one the gate saves sharpens the bar.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .json_files import JsonFileError, load_json
+from .paired import DEFAULT_PROCESS_SD
+from .significance import MEDIAN_VARIANCE_FACTOR, robust_sd
+from .stored_runs import history_folder, run_files
+
+PRIOR_RUNS = 2
+CODE_FOLDERS = ("gpuengine", "perf_tests")
+
+
+def code_hash(root: Path) -> str:
+    """sha256 of the Python sources under the checkout's gpuengine/ and perf_tests/ (paths and contents)."""
+    digest = hashlib.sha256()
+    root = Path(root)
+    for folder in CODE_FOLDERS:
+        for path in sorted((root / folder).rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class AaRun:
+    """One A/A run of one test."""
+
+    median: float      # median log(head/base) per sample
+    round_sd: float    # robust sd of the per-round log ratios
+    rounds: int
+
+    @classmethod
+    def from_record(cls, ab: dict) -> "AaRun | None":
+        """From a test's extra_info["ab"]; None unless both sides ran the same code."""
+        if not ab.get("head_code") or ab.get("head_code") != ab.get("base_code"):
+            return None
+        head, base = np.asarray(ab["head_round_ms"], float), np.asarray(ab["base_round_ms"], float)
+        if len(head) != len(base) or len(head) < 2 or min(head.min(), base.min()) <= 0:
+            return None
+        d = np.log(head / ab["head_samples_per_round"]) - np.log(base / ab["base_samples_per_round"])
+        return cls(float(np.median(d)), robust_sd(d), len(d))
+
+
+@dataclass(frozen=True)
+class ProcessNoise:
+    sd: float
+    runs: int
+
+    def source(self) -> str:
+        return f"A/A: process offset {self.sd:.2%} from {self.runs} run(s) and the {DEFAULT_PROCESS_SD:.1%} prior"
+
+
+def learn(runs: list[AaRun], prior: float = DEFAULT_PROCESS_SD, prior_runs: int = PRIOR_RUNS) -> ProcessNoise:
+    """sd_process of one test from its A/A runs, shrunk towards `prior`."""
+    if not runs:
+        return ProcessNoise(prior, 0)
+    excess = [run.median ** 2 - MEDIAN_VARIANCE_FACTOR * run.round_sd ** 2 / run.rounds for run in runs]
+    estimate = max(0.0, float(np.mean(excess))) / 2
+    return ProcessNoise(math.sqrt((len(runs) * estimate + prior_runs * prior ** 2) / (len(runs) + prior_runs)),
+                        len(runs))
+
+
+def stored_aa_runs(tier_folder: Path) -> dict[str, list[AaRun]]:
+    """Per test name (with its case id), the A/A runs among every stored run of the tier, history included.
+    An unreadable file is left out here: the gate names it where it reads baselines."""
+    found: dict[str, list[AaRun]] = {}
+    for path in run_files(tier_folder) + run_files(history_folder(tier_folder)):
+        try:
+            content = load_json(path)
+        except JsonFileError:
+            continue
+        for bench in content.get("benchmarks", []) if isinstance(content, dict) else []:
+            ab = (bench.get("extra_info") or {}).get("ab") if isinstance(bench, dict) else None
+            run = AaRun.from_record(ab) if isinstance(ab, dict) else None
+            if run is not None:
+                found.setdefault(bench.get("fullname", bench.get("name")), []).append(run)
+    return found

@@ -1,0 +1,91 @@
+"""A/B mode end to end on the CPU tier: real perf tests, real workers, a real base checkout.
+
+Each test runs a pytest session of the repository's own perf modules in a
+subprocess (perf_tests/ab_session.py needs a fresh session per base), with
+the run stored into a temporary folder so nothing here touches
+baselines_store/. They check what a user relies on: both engines ran and the
+rounds were recorded, a base whose tests differ stops the session before
+anything runs or is saved, and the base's worktree goes when the session
+ends.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CASE = "perf_tests/test_mlp.py::test_mlp_train[fp32-graph1-resident-bpe1]"
+
+
+def gate_session(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    storage = tmp_path / "store"
+    return subprocess.run([sys.executable, "-m", "pytest", CASE, "-p", "no:cacheprovider", "-rA",
+                           f"--benchmark-storage=file://{storage}", "--benchmark-autosave", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def saved_runs(tmp_path: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in (tmp_path / "store").rglob("[0-9][0-9][0-9][0-9]_*.json")]
+
+
+def copy_of(tmp_path: Path, name: str) -> Path:
+    folder = tmp_path / name
+    for part in ("gpuengine", "perf_tests"):
+        shutil.copytree(REPO / part, folder / part, ignore=shutil.ignore_patterns("__pycache__"))
+    return folder
+
+
+def test_a_base_folder_runs_beside_the_head_and_both_rounds_are_kept(tmp_path):
+    base = copy_of(tmp_path, "base")
+    (base / "COMMIT").write_text("0123456789abcdef\n")
+    result = gate_session(tmp_path, f"--against={base}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "A/B against 0123456 (the same code: an A/A run)" in result.stdout
+    (run,) = saved_runs(tmp_path)
+    (bench,) = run["benchmarks"]
+    ab = bench["extra_info"]["ab"]
+    assert ab["base_commit"] == "0123456789abcdef" and ab["base_code"] == ab["head_code"]
+    assert len(ab["base_round_ms"]) == len(ab["head_round_ms"]) >= 1 and min(ab["base_round_ms"]) > 0
+    assert bench["extra_info"]["stored_run_check"]["mode"] == "A/B"
+    assert {"gpuengine", "gpuengine_base"} <= set(bench["extra_info"]["loss_before"])   # both sides trained
+
+
+def test_a_base_without_the_tests_stops_the_session_before_anything_runs(tmp_path):
+    base = copy_of(tmp_path, "old")
+    module = base / "perf_tests" / "test_mlp.py"
+    module.write_text(module.read_text().replace("ENGINES = plan.recipes(", "OLD_ENGINES = plan.recipes("))
+    result = gate_session(tmp_path, f"--against={base}")
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout[-3000:]
+    assert "tests differ from this tree's, nothing was run or saved" in result.stdout + result.stderr
+    assert "no ENGINES recipes" in result.stdout + result.stderr
+    assert saved_runs(tmp_path) == []
+
+
+def test_a_folder_that_is_no_checkout_and_a_commit_that_is_none_are_one_error(tmp_path):
+    result = gate_session(tmp_path, f"--against={tmp_path}")
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR and "not a gpuengine checkout" in result.stderr
+    result = gate_session(tmp_path, "--against=no-such-commit-anywhere")
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR and "--against no-such-commit-anywhere" in result.stderr
+    assert saved_runs(tmp_path) == []
+
+
+def worktrees() -> set[str]:
+    listed = subprocess.run(["git", "-C", str(REPO), "worktree", "list", "--porcelain"], capture_output=True,
+                            text=True, check=True).stdout
+    return {line.split(" ", 1)[1] for line in listed.splitlines() if line.startswith("worktree ")}
+
+
+@pytest.mark.skipif(not (REPO / ".git").exists(), reason="no git history in this copy of the tree")
+def test_a_commit_is_checked_out_beside_the_tree_and_removed_after(tmp_path):
+    before = worktrees()
+    result = gate_session(tmp_path, "--against=HEAD")
+    if "no ENGINES recipes" in result.stdout + result.stderr:
+        pytest.skip("HEAD predates the A/B recipes (a commit of the change that adds them)")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "A/B against HEAD" in result.stdout
+    assert worktrees() == before
