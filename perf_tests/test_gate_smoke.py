@@ -133,7 +133,7 @@ def test_partial_failing_and_corrupt_runs_do_not_spoil_the_baselines(session, py
     failing.assert_outcomes(passed=2, failed=1)
     failing.stdout.fnmatch_lines([
         f"gpuengine gate: stored run {machine}/0003_corrupt.json is unreadable and skipped: *not valid JSON at line 1*",
-        "*gpuengine stored-run check*",
+        "*gpuengine regression check*",
         f"not significant*test_gate.py::test_a ({machine}/0002_*",   # its own newest result: the partial run
         f"not significant*test_gate.py::test_b ({machine}/0001_*",   # the partial run did not hide b's baseline
         "no baseline*test_gate.py::test_c",
