@@ -19,6 +19,7 @@
 #                kernels  every engine kernel through CuPy (test_gpu_kernels_compile) and NVRTC
 #                zoo      depthwise (both ways), GPU zoo tests without the full-size parity, NCCL on one GPU
 #                gpu      every GPU correctness test
+#                gpu-api  the GPU correctness tests of attention, the Transformer, prediction and argument checks
 #                perf     `./gate perf` (the quick tier; its run is saved by outcome)
 #                perf-new `./gate perf` of the workloads never measured on this GPU: zoo, loader, ResNet
 #                perf-core `./gate perf` of the MLP and CNN cases: a quick check that a change kept the engine's speed
@@ -59,6 +60,8 @@ step_kernels() { python3 -m pytest correctness_tests/runtime/test_gpu_kernels_co
 step_zoo() { python3 -m pytest correctness_tests/ops/test_gpu_depthwise.py correctness_tests/workloads/test_gpu_zoo.py \
     correctness_tests/parallel/test_nccl_one_gpu.py -k "not full_size" -q -p no:cacheprovider -rs --durations=15; }
 step_gpu() { python3 -m pytest correctness_tests -m gpu -q -p no:cacheprovider -rs --durations=15; }
+step_gpu-api() { python3 -m pytest correctness_tests -m gpu -k "attention or transformer or predict or embedding or checks" \
+    -q -p no:cacheprovider -rs --durations=10; }
 step_perf() { ./gate perf -p no:cacheprovider --durations=0; }
 step_perf-core() { ./gate perf -p no:cacheprovider --durations=0 -k "test_mlp_train or test_mlp_infer or test_cnn_train"; }
 step_perf-new() { ./gate perf -p no:cacheprovider --durations=0 -k "zoo or loader or streamed or test_resnet_train"; }
