@@ -25,7 +25,7 @@ from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.stored_runs import scan
 
 from . import ab_base
-from .ab_sides import BASE, HEAD, EnginePair, SideError, Sides
+from .ab_sides import BASE, EnginePair, SideError, Sides
 from .gate_plugin import GATE
 
 STORED_MODE = "stored-run mode"
@@ -170,6 +170,13 @@ def ab_state(config) -> AbState | None:
 
 
 
+def close_runner(runner):
+    """Stop what a runner started (the streamed loader's threads, its pinned memory) when its test ends."""
+    close = getattr(getattr(runner, "trainer", runner), "close", None)   # a trainer's, or a loader's own
+    if close is not None:
+        close()
+
+
 @pytest.fixture
 def engine_for(request):
     """engine_for(case) -> the test's engine runner from its module's `ENGINES` recipe: built here, or, for a
@@ -181,7 +188,12 @@ def engine_for(request):
     _, build = recipes[test]
     ab = ab_state(request.config)
     if ab is None or request.node.nodeid not in ab.covered:
-        return build
+        def local(case):
+            runner = build(case)
+            request.addfinalizer(lambda: close_runner(runner))
+            return runner
+
+        return local
 
     def pair(case) -> EnginePair:
         request.addfinalizer(ab.sides.drop)
@@ -198,6 +210,7 @@ def ab_record(config, pair: EnginePair, times: dict[str, list[float]]) -> dict:
     ab = config.stash[AB]
     return {"base": ab.base.label, "base_commit": ab.base.commit, "base_why": ab.base.why,
             "base_code": ab.base_code, "head_code": ab.head_code,
-            "base_round_ms": [round(ms, 6) for ms in times[BASE]], "head_round_ms": [round(ms, 6) for ms in times[HEAD]],
+            "base_round_ms": [round(ms, 6) for ms in times[pair.base.name]],
+            "head_round_ms": [round(ms, 6) for ms in times[pair.head.name]],
             "base_samples_per_round": pair.base.samples_per_round,
             "head_samples_per_round": pair.head.samples_per_round}

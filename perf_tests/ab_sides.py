@@ -30,8 +30,9 @@ from .ab_worker import PROTOCOL
 
 WORKER_SCRIPT = Path(__file__).with_name("ab_worker.py")
 REPLY_TIMEOUT_S = 1800   # a ResNet-50 build with autotuning takes minutes; a hung GPU takes forever
-HEAD, BASE = "gpuengine", "gpuengine_base"
-READS = frozenset({"state_dict", "buffers_dict", "parameter_count", "outputs"})   # an engine runner's reads
+HEAD, BASE = "head", "base"   # the workers; the runners keep the recipe's name, the base's with "_base"
+READS = frozenset({"state_dict", "buffers_dict", "parameter_count", "outputs", "bytes_per_step",
+                   "delivered"})   # an engine runner's reads
 
 
 class SideError(RuntimeError):
@@ -120,8 +121,9 @@ class Worker:
 class RemoteRunner:
     """A `benchmarking.Runner` whose engine lives in a worker; it times its own rounds (`timed_round`)."""
 
-    def __init__(self, worker: Worker, name: str, built: dict):
-        self.worker, self.name = worker, name
+    def __init__(self, worker: Worker, built: dict):
+        self.worker = worker
+        self.name = built["name"] + ("_base" if worker.side == BASE else "")
         self.samples_per_round = built["samples_per_round"]
         self.epochs_per_round = built["epochs_per_round"]
         self.engine_file = built["engine_file"]
@@ -157,9 +159,12 @@ class EnginePair:
 
     head: RemoteRunner
     base: RemoteRunner
-    name: str = HEAD
 
     tuned: dict = field(default_factory=dict)   # cuDNN plans the base timed and the head then ran too
+
+    @property
+    def name(self) -> str:
+        return self.head.name
 
     @property
     def sides(self) -> list[RemoteRunner]:
@@ -194,7 +199,7 @@ class Sides:
     def __init__(self, head_root: Path, base_root: Path, log_dir: Path, plan_presets: dict | None):
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
-        self.workers = {HEAD: Worker("head", head_root, log_dir), BASE: Worker("base", base_root, log_dir)}
+        self.workers = {HEAD: Worker(HEAD, head_root, log_dir), BASE: Worker(BASE, base_root, log_dir)}
         self.presets = plan_presets
         self.pairs: list[EnginePair] = []
         self.tuned: dict = {}
@@ -214,7 +219,7 @@ class Sides:
         runners = {}
         for name in (BASE, HEAD):
             worker = self._worker(name)
-            runners[name] = RemoteRunner(worker, name, worker.request("build", module, test, case_id))
+            runners[name] = RemoteRunner(worker, worker.request("build", module, test, case_id))
         self.pairs.append(EnginePair(runners[HEAD], runners[BASE]))
         return self.pairs[-1]
 

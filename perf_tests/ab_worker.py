@@ -66,7 +66,7 @@ class Side:
         if not matches:
             raise WorkerError(f"{module_name}::{test} of {self.root} has no case {case_id}")
         self.runner = build(matches[0])
-        return {"samples_per_round": int(self.runner.samples_per_round),
+        return {"name": self.runner.name, "samples_per_round": int(self.runner.samples_per_round),
                 "epochs_per_round": getattr(self.runner, "epochs_per_round", None),
                 "engine_file": sys.modules["gpuengine"].__file__}
 
@@ -112,7 +112,7 @@ class Side:
     def drop(self):
         """Let go of the test's engine and its device memory before the next is built."""
         runner, self.runner = self.runner, None
-        close = getattr(getattr(runner, "trainer", None), "close", None)
+        close = getattr(getattr(runner, "trainer", runner), "close", None)   # a trainer's, or a loader's own
         if close is not None:
             close()
         del runner

@@ -20,7 +20,7 @@ from gpuengine.bench.gatepower import trials as study_trials
 from gpuengine.bench.regression import choose_reference
 
 from .ab_session import ab_record
-from .ab_sides import BASE, EnginePair
+from .ab_sides import EnginePair
 from .gemm_peak import measure_gemm_peak_tflops
 from .harness import alternate_rounds, fail_with, record_and_gate, warm_up
 from . import plan
@@ -83,7 +83,7 @@ def compare(request, run_target, gemm_peak_tflops, gate_test, gate_targets):
         times = alternate_rounds(benchmark, engine, references, choice.rounds, warmup_rounds=0)
         if isinstance(engine, EnginePair):   # A/B: the base's rounds are the gate's, not the comparison's
             benchmark.extra_info["ab"] = ab_record(request.config, engine, times)
-            del times[BASE]
+            del times[engine.base.name]
         samples = {runner.name: runner.samples_per_round for runner in (engine, *references)}
         # Measured after the timed rounds, so the peak's heat and allocations never sit inside them.
         peak = gemm_peak_tflops(precision) if flops_per_sample else None

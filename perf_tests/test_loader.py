@@ -31,7 +31,7 @@ from gpuengine.runtime.backend import get_backend, gpu_visible
 from gpuengine.workloads import cnn, mlp
 
 from . import plan
-from .harness import assert_losses_descend, epoch_loss, skip_unless_selected
+from .harness import assert_losses_descend, epoch_loss, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_mlp  # noqa: E402  (needs torch)
@@ -61,23 +61,30 @@ LOADER_CASES = plan.cases("loader_bandwidth", LOADER, quick=LOADER[:1], ids=lamb
                           budget_s=10)
 
 
+def loader_runner(case) -> LoaderRunner:
+    precision, pool = case
+    x, t = mlp.mlp_data(MLP_BATCH * MLP_BATCHES_PER_EPOCH, MLP_SHAPE)
+    return LoaderRunner(x, t, MLP_BATCH, streamed_config(precision, 1, pool), STEPS_PER_ROUND, workers=WORKERS)
+
+
 @pytest.mark.parametrize("case", LOADER_CASES)
-def test_loader_bandwidth(case, benchmark, compare, run_target):
+def test_loader_bandwidth(case, benchmark, compare, run_target, engine_for):
     precision, pool = case
     skip_unless_selected(run_target, precision=precision, batch_pool=pool)
     x, t = mlp.mlp_data(MLP_BATCH * MLP_BATCHES_PER_EPOCH, MLP_SHAPE)
-    loader = LoaderRunner(x, t, MLP_BATCH, streamed_config(precision, 1, pool), STEPS_PER_ROUND, workers=WORKERS)
-    pinned = PinnedCopyRunner(loader.backend, loader.data.bytes_per_step, STEPS_PER_ROUND)
+    loader = engine_for(case)
+    backend = get_backend(streamed_config(precision, 1, pool))
+    pinned = PinnedCopyRunner(backend, loader.bytes_per_step(), STEPS_PER_ROUND)
     comparison = compare(benchmark, loader, [pinned], rounds=ROUNDS, precision=precision)
-    large = measure_pinned_h2d_gbps(loader.backend)
+    large = measure_pinned_h2d_gbps(backend)
     benchmark.extra_info["loader"] = {
-        "bytes_per_step": loader.data.bytes_per_step, "workers": WORKERS, "batch_pool": pool,
+        "bytes_per_step": loader.bytes_per_step(), "workers": WORKERS, "batch_pool": pool,
         "loader_gbps": gbps(comparison, loader.name, 1), "pinned_h2d_gbps": gbps(comparison, pinned.name, 1),
         "pinned_h2d_gbps_device_events": pinned.last_round_gbps(), "pinned_h2d_gbps_1GiB": large}
-    bx, bt, rows = loader.delivered()
-    np.testing.assert_array_equal(bt, t[rows])       # the timed batches were the right ones
-    np.testing.assert_array_equal(bx.astype(np.float32), x[rows].astype(bx.dtype).astype(np.float32))
-    loader.close()
+    for side in sides(loader):
+        bx, bt, rows = side.delivered()
+        np.testing.assert_array_equal(bt, t[rows])       # the timed batches were the right ones
+        np.testing.assert_array_equal(bx.astype(np.float32), x[rows].astype(bx.dtype).astype(np.float32))
 
 
 # (precision, cuda_graph, batch_pool)
@@ -86,39 +93,50 @@ MLP_CASES = plan.cases("mlp_streamed", MLP, quick=MLP[:2], ids=lambda c: f"{c[0]
                        budget_s=60)
 
 
+def mlp_epochs() -> int:
+    return max(1, STEPS_PER_ROUND // MLP_BATCHES_PER_EPOCH)
+
+
+def mlp_engine(case) -> EngineTrainRunner:
+    precision, graph, pool = case
+    x, t = mlp.mlp_data(MLP_BATCH * MLP_BATCHES_PER_EPOCH, MLP_SHAPE)
+    return EngineTrainRunner(mlp.build_mlp(MLP_SHAPE), x, t, MLP_BATCH, streamed_config(precision, graph, pool),
+                             mlp_epochs(), lr=mlp.LEARNING_RATE, loader_workers=WORKERS)
+
+
 @pytest.mark.parametrize("case", MLP_CASES)
-def test_mlp_streamed(case, benchmark, compare, run_target):
+def test_mlp_streamed(case, benchmark, compare, run_target, engine_for, references):
     precision, graph, pool = case
     skip_unless_selected(run_target, precision=precision, cuda_graph=graph, batch_pool=pool)
     net = mlp.build_mlp(MLP_SHAPE)
     x, t = mlp.mlp_data(MLP_BATCH * MLP_BATCHES_PER_EPOCH, MLP_SHAPE)
-    epochs = max(1, STEPS_PER_ROUND // MLP_BATCHES_PER_EPOCH)
-    engine = EngineTrainRunner(net, x, t, MLP_BATCH, streamed_config(precision, graph, pool), epochs,
-                               lr=mlp.LEARNING_RATE, loader_workers=WORKERS)
-    weights = engine.trainer.params.state_dict()
-    resident = EngineTrainRunner(mlp.build_mlp(MLP_SHAPE), x, t, MLP_BATCH, streamed_config(precision, 8, 3, True),
-                                 epochs, lr=mlp.LEARNING_RATE)
-    resident.name = "gpuengine_resident"   # same seed, so the same initial weights as the streamed engine
-    bytes_per_sample = engine.trainer.data.bytes_per_step / MLP_BATCH
-    bound = PinnedCopyRunner(get_backend(engine.trainer.config), engine.trainer.data.bytes_per_step,
+    engine = engine_for(case)
+    weights, bytes_per_step = engine.state_dict(), engine.bytes_per_step()
+    bound = PinnedCopyRunner(get_backend(streamed_config(precision, graph, pool)), bytes_per_step,
                              engine.samples_per_round // MLP_BATCH, name="copy_bound",
                              samples_per_round=engine.samples_per_round)
     dataloader = torch_mlp.mlp_dataloader_runner(x, t, MLP_BATCH, precision, lr=mlp.LEARNING_RATE, device=DEVICE,
-                                                 weights=weights, workers=WORKERS, epochs_per_round=epochs)
-    trainers = [engine, resident, dataloader]
-    for runner in trainers:
+                                                 weights=weights, workers=WORKERS, epochs_per_round=mlp_epochs())
+    refs = [bound, dataloader]
+    if references(["gpuengine_resident"]):   # same seed, so the same initial weights as the streamed engine
+        resident = EngineTrainRunner(mlp.build_mlp(MLP_SHAPE), x, t, MLP_BATCH,
+                                     streamed_config(precision, 8, 3, True), mlp_epochs(), lr=mlp.LEARNING_RATE)
+        resident.name = "gpuengine_resident"
+        refs.append(resident)
+    trainers = [*sides(engine), *refs[1:]]
+    for runner in [engine, *refs[1:]]:
         runner.prepare()
     first = {r.name: epoch_loss(r) for r in trainers}
-    comparison = compare(benchmark, engine, [bound, dataloader, resident], rounds=ROUNDS, precision=precision,
+    comparison = compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision,
                          flops_per_sample=net.train_flops_per_sample())
     last = {r.name: epoch_loss(r) for r in trainers}
+    bytes_per_sample = bytes_per_step / MLP_BATCH
     benchmark.extra_info["loader"] = {
         "bytes_per_sample": bytes_per_sample, "workers": WORKERS, "batch_pool": pool,
         "bound_samples_per_s": round(comparison.throughput(bound.name), 1),
         "copy_bound_gbps": gbps(comparison, bound.name, bytes_per_sample),
         "streamed_gbps": {r.name: gbps(comparison, r.name, bytes_per_sample) for r in (engine, dataloader)}}
     dataloader.close()
-    engine.trainer.close()
     assert_losses_descend(benchmark, first, last)
 
 
@@ -130,25 +148,42 @@ CNN_CASES = plan.cases("cnn_streamed", CNN, quick=CNN[:1], ids=lambda c: f"{c[0]
                        budget_s=30)
 
 
+def cnn_epochs(batch: int) -> int:
+    return max(1, (75 if ON_GPU else 4) // (CNN_SAMPLES // batch))
+
+
+def cnn_engine(case) -> EngineTrainRunner:
+    precision, graph, pool, batch = case
+    x, t = cnn.cnn_data(CNN_SAMPLES, CNN_SHAPE)
+    return EngineTrainRunner(cnn.build_cnn(CNN_SHAPE), x, t, batch, streamed_config(precision, graph, pool),
+                             cnn_epochs(batch), lr=cnn.LEARNING_RATE, loader_workers=WORKERS)
+
+
+ENGINES = plan.recipes(test_loader_bandwidth=(LOADER_CASES, loader_runner), test_mlp_streamed=(MLP_CASES, mlp_engine),
+                       test_cnn_streamed=(CNN_CASES, cnn_engine))
+
+
 @pytest.mark.parametrize("case", CNN_CASES)
-def test_cnn_streamed(case, benchmark, compare, run_target):
+def test_cnn_streamed(case, benchmark, compare, run_target, engine_for, references):
     precision, graph, pool, batch = case
     skip_unless_selected(run_target, precision=precision, cuda_graph=graph, batch_pool=pool)
-    x, t = cnn.cnn_data(CNN_SAMPLES, CNN_SHAPE)
-    epochs = max(1, (75 if ON_GPU else 4) // (CNN_SAMPLES // batch))
-    engine = EngineTrainRunner(cnn.build_cnn(CNN_SHAPE), x, t, batch, streamed_config(precision, graph, pool),
-                               epochs, lr=cnn.LEARNING_RATE, loader_workers=WORKERS)
-    resident = EngineTrainRunner(cnn.build_cnn(CNN_SHAPE), x, t, batch, streamed_config(precision, graph, 3, True),
-                                 epochs, lr=cnn.LEARNING_RATE)
-    resident.name = "gpuengine_resident"   # same seed, so the same initial weights as the streamed engine
-    for runner in (engine, resident):
+    engine = engine_for(case)
+    refs = []
+    if references(["gpuengine_resident"]):   # same seed, so the same initial weights as the streamed engine
+        x, t = cnn.cnn_data(CNN_SAMPLES, CNN_SHAPE)
+        resident = EngineTrainRunner(cnn.build_cnn(CNN_SHAPE), x, t, batch,
+                                     streamed_config(precision, graph, 3, True), cnn_epochs(batch),
+                                     lr=cnn.LEARNING_RATE)
+        resident.name = "gpuengine_resident"
+        refs.append(resident)
+    for runner in [engine, *refs]:
         runner.prepare()
-    first = {r.name: epoch_loss(r) for r in (engine, resident)}
-    comparison = compare(benchmark, engine, [resident], rounds=ROUNDS, precision=precision,
+    trainers = [*sides(engine), *refs]
+    first = {r.name: epoch_loss(r) for r in trainers}
+    comparison = compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision,
                          flops_per_sample=cnn.build_cnn(CNN_SHAPE).train_flops_per_sample())
-    last = {r.name: epoch_loss(r) for r in (engine, resident)}
-    bytes_per_sample = engine.trainer.data.bytes_per_step / batch
+    last = {r.name: epoch_loss(r) for r in trainers}
+    bytes_per_sample = engine.bytes_per_step() / batch
     benchmark.extra_info["loader"] = {"bytes_per_sample": bytes_per_sample, "workers": WORKERS, "batch_pool": pool,
                                       "streamed_gbps": gbps(comparison, engine.name, bytes_per_sample)}
-    engine.trainer.close()
     assert_losses_descend(benchmark, first, last)

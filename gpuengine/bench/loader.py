@@ -139,6 +139,9 @@ class LoaderRunner:
     def synchronize(self):
         self.backend.synchronize()
 
+    def bytes_per_step(self) -> int:
+        return self.data.bytes_per_step
+
     def delivered(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Host copies of the batch buffers and the data set rows they should hold (the last step's)."""
         self.synchronize()

@@ -44,6 +44,10 @@ class EngineTrainRunner:
         """The weights as host arrays by name: references start from them."""
         return self.trainer.params.state_dict()
 
+    def bytes_per_step(self) -> int:
+        """Host bytes one step's batch carries (streamed data: what the loader uploads per step)."""
+        return self.trainer.data.bytes_per_step
+
     def buffers_dict(self) -> dict | None:
         """Non-trained state (BatchNorm running statistics) by name; None where the network has none."""
         return self.trainer.params.buffers_dict() or None
