@@ -77,8 +77,6 @@ def pytest_configure(config):
     against = config.getoption("against", ab_base.NONE)
     if state is None or against == ab_base.NONE:
         return
-    if state.study is not None:
-        raise pytest.UsageError("gpuengine: --against cannot run inside a gatepower study session")
     try:
         base, why = ab_base.resolve(against, config.rootpath, _newest_baseline_commit(state.storage))
     except ab_base.BaseError as exc:

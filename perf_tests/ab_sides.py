@@ -143,6 +143,10 @@ class RemoteRunner:
     def train(self, epochs: int) -> list[float]:
         return self.worker.request("call", "train", epochs)
 
+    def set_delay_us(self, us: float):
+        """The gatepower study's injected delay per step in this side's engine."""
+        self.worker.request("set_delay", us)
+
     def call(self, method: str, *args):
         return self.worker.request("call", method, *args)
 

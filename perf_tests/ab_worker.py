@@ -94,6 +94,11 @@ class Side:
         runner.synchronize()
         return (time.perf_counter() - start) * 1e3
 
+    def set_delay(self, us: float) -> None:
+        """The gatepower study's injected delay per step, in this checkout's engine (armed by the study only)."""
+        from gpuengine.bench import injected_delay
+        injected_delay.set_delay_us(us)
+
     def use_plans(self, presets: dict) -> int:
         from gpuengine.ops import autotune
         self.choices = autotune.use_plan_choices(presets)
@@ -124,7 +129,7 @@ class Side:
 
 def serve(side: Side, requests, replies):
     handlers = {"catalog": side.catalog, "build": side.build, "call": side.call, "timed_round": side.timed_round,
-                "use_plans": side.use_plans, "add_plans": side.add_plans, "tuned_plans": side.tuned_plans, "drop": side.drop}
+                "set_delay": side.set_delay, "use_plans": side.use_plans, "add_plans": side.add_plans, "tuned_plans": side.tuned_plans, "drop": side.drop}
     while True:
         try:
             op, args = pickle.load(requests)

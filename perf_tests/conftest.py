@@ -93,8 +93,9 @@ def compare(request, run_target, gemm_peak_tflops, gate_test, gate_targets):
                         defer_to=request.node.stash.setdefault(GATE_FAILURES, []), targets=gate_targets)
         if gate_test and gate_test.study:
             read = choose_reference({name: summary.median for name, summary in comparison.ratios.items()})
-            study_trials.run_trials(gate_test.fullname, gate_test.workload, engine,
-                                    [ref for ref in references if ref.name == read], choice.rounds, gate_test.study)
+            run = study_trials.run_paired_trials if isinstance(engine, EnginePair) else study_trials.run_trials
+            run(gate_test.fullname, gate_test.workload, engine, [ref for ref in references if ref.name == read],
+                choice.rounds, gate_test.study)
         return comparison
 
     return run

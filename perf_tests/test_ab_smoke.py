@@ -89,3 +89,20 @@ def test_a_commit_is_checked_out_beside_the_tree_and_removed_after(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "A/B against HEAD" in result.stdout
     assert worktrees() == before
+
+
+def test_the_power_study_runs_a_b_with_the_delay_on_the_head_only(tmp_path):
+    base = copy_of(tmp_path, "base")
+    store, kept = tmp_path / "study-store", tmp_path / "trials"
+    store.mkdir()
+    result = subprocess.run([sys.executable, "-m", "gpuengine", "gatepower", f"--against={base}", "--sessions", "2",
+                             "--trials", "2", "--levels", "0,10", "-k", "test_mlp_train", "--store", str(store),
+                             "--keep-trials", str(kept)], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (study,) = [json.loads(p.read_text()) for p in (store / "gatepower").glob("*.json")]
+    assert study["rule"]["mode"] == "A/B" and study["against"] == str(base)
+    (entry,) = study["tests"].values()
+    assert entry["pairing"].startswith("A/B") and entry["pairs"] == {"0pct": 4, "10pct": 4}
+    trials = [t for path in kept.rglob("*test_mlp_train*.json") for t in json.loads(path.read_text())["trials"]]
+    assert {t["level"] for t in trials} == {0.0, 0.1}
+    assert all((t["delay_us"] > 0) == (t["level"] > 0) and "ab" in t["extra_info"] for t in trials)

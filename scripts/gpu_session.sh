@@ -26,6 +26,8 @@
 #                ab       `./gate perf --against build/base` (the quick tier A/B against the checkout carried to
 #                         build/base, its commit in build/base/COMMIT: `scripts/gpu_session.sh base REV` makes it)
 #                ab-core  the same for the MLP and CNN cases
+#                study-ab the power study in A/B mode against build/base (A/A at level 0): MLP, CNN, Transformer,
+#                         3 sessions of 20 s of trials per test
 #                calibrate / study   `python -m gpuengine gatepower calibrate -m gatepower` / the power study
 #
 # For machines whose commands are cut off after a few minutes (a lent GPU): start, then poll `status`.
@@ -69,6 +71,8 @@ step_ab() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against
     cp -r build/ab "$logdir/ab-logs" 2>/dev/null; return $s; }
 step_ab-core() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against build/base \
     -k "test_mlp_train or test_mlp_infer or test_cnn_train"; s=$?; cp -r build/ab "$logdir/ab-logs" 2>/dev/null; return $s; }
+step_study-ab() { python3 -m gpuengine gatepower --against build/base --sessions 3 --trial-budget 20 \
+    -k "test_mlp_train or test_cnn_train or test_transformer_train" --keep-trials "$logdir/trials-study-ab"; }
 step_calibrate() { python3 -m gpuengine gatepower calibrate -m gatepower --keep-trials "$logdir/trials-calibrate"; }
 step_study() { python3 -m gpuengine gatepower --keep-trials "$logdir/trials-study"; }
 

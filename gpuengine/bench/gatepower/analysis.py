@@ -18,11 +18,14 @@ import statistics
 
 import numpy as np
 
+from .. import paired
+from ..aa_noise import ProcessNoise
 from ..noise import NoiseTable, signal_noise
 from ..regression import ALPHA, REGRESSED, TARGET_POWER, TARGET_SLOWDOWN, decide, detectable_slowdown
 from .trials import Trial, TrialSet
 
 ACROSS, WITHIN = "across sessions", "within one session (understates run-to-run noise)"
+PAIRED = "A/B: each trial judged alone, head against base in its session (trials of a session share its processes)"
 
 
 def level_key(level: float) -> str:
@@ -51,8 +54,41 @@ def _achieved(test: TrialSet, level: float) -> float | None:
     return round(statistics.median(shifts), 4) if shifts else None
 
 
-def analyse_test(test: TrialSet, noise: NoiseTable) -> dict:
+def analyse_paired_test(test: TrialSet, process: ProcessNoise | None) -> dict:
+    """The figures of an A/B study's test: every trial judged alone, head against base in its own session, with
+    the bar the gate would use (`process`: learned from the stored A/A runs)."""
+    levels = sorted({t.level for t in test.trials})
+    entry: dict = {"workload": test.workload, "rounds": test.rounds, "sessions": len({t.session for t in test.trials}),
+                   "pairing": PAIRED, "noise": process.source() if process else "A/A not calibrated: the prior"}
+    detection: dict[float, float] = {}
+    for level in levels:
+        decisions = [paired.decide_paired(t.ab["head_round_ms"], t.ab["base_round_ms"],
+                                          head_samples=t.ab["head_samples_per_round"],
+                                          base_samples=t.ab["base_samples_per_round"],
+                                          process_sd=process.sd if process else None,
+                                          source=process.source() if process else None) for t in test.at(level)]
+        rate = sum(d.verdict == paired.REGRESSED for d in decisions) / len(decisions)
+        entry.setdefault("pairs", {})[level_key(level)] = len(decisions)
+        entry.setdefault("median_slowdown", {})[level_key(level)] = round(statistics.median(
+            d.slowdown for d in decisions), 4)
+        if level == 0:
+            entry["false_alarm_rate"] = round(rate, 4)
+        else:
+            detection[level] = rate
+            entry[f"detection_rate_{level_key(level)}"] = round(rate, 4)
+    caught = [level for level, rate in sorted(detection.items()) if rate >= TARGET_POWER]
+    entry["smallest_detected_95pct"] = caught[0] if caught else None
+    entry["smallest_detectable_95pct_model"] = None
+    entry["meets_targets"] = (None if TARGET_SLOWDOWN not in detection or "false_alarm_rate" not in entry
+                              else entry["false_alarm_rate"] <= paired.ALPHA
+                              and detection[TARGET_SLOWDOWN] >= TARGET_POWER)
+    return entry
+
+
+def analyse_test(test: TrialSet, noise: NoiseTable, process: ProcessNoise | None = None) -> dict:
     """The study's figures for one test (the JSON entry under "tests")."""
+    if test.trials and all(t.ab is not None for t in test.trials):
+        return analyse_paired_test(test, process)
     levels = sorted({t.level for t in test.trials})
     across = len({t.session for t in test.trials}) > 1
     baselines = test.at(0.0)
@@ -117,7 +153,7 @@ def format_table(tests: dict[str, dict]) -> str:
     rows = [header]
     for name, e in sorted(tests.items()):
         smallest = e["smallest_detected_95pct"]
-        rows.append([name.split("::")[-1], f"{e['false_alarm_rate']:.1%} of {e['pairs']['0pct']}"]
+        rows.append([name.split("::")[-1], f"{e['false_alarm_rate']:.1%} of {e['pairs'].get('0pct', 0)}"]
                     + [f"{e[k]:.0%}" for k in keys]
                     + [f"{_percent(smallest, 0)} / {_percent(e['smallest_detectable_95pct_model'], 1)}",
                        {True: "met", False: "missed", None: "5% not run"}[e["meets_targets"]]])

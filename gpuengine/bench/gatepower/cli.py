@@ -31,6 +31,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .. import aa_noise, paired
 from ..cli_args import UsageError, checked, number, output_folder, whole
 from ..json_files import write_json
 from ..noise import NOISE_FILE, NoiseTable
@@ -80,6 +81,10 @@ def add_parser(commands) -> None:
                         help="seconds before one session is stopped")
     parser.add_argument("--store", type=output_folder, help="tier folder for noise.json and gatepower/ "
                                                             "(default baselines_store/<tier>)")
+    parser.add_argument("--against", default="none", metavar="REV|DIR|none",
+                        help="study in A/B mode: each session times the engine of REV (or the checkout DIR) beside "
+                             "the working tree's, the injected slowdown on the head only; REV = HEAD on a clean tree "
+                             "makes level 0 an A/A run (default none: the stored-run rule's study)")
     parser.add_argument("--keep-trials", type=Path, help="keep the raw trial files and session logs here (a new "
                                                          "or empty folder)")
     parser.set_defaults(run=main, check=check, parser=parser)
@@ -139,7 +144,7 @@ def main(args) -> int:
     except ValueError as exc:
         raise SystemExit(f"gatepower: {exc}") from None
     plan = SessionPlan(args.marker or (STUDY_MARKER if study else CALIBRATE_MARKER), args.keyword, levels, trials,
-                       args.trial_budget, args.rounds, args.full, noise_path, args.session_timeout)
+                       args.trial_budget, args.rounds, args.full, noise_path, args.session_timeout, args.against)
     started, date = time.monotonic(), datetime.now(timezone.utc)
     with tempfile.TemporaryDirectory(prefix="gatepower-") as scratch:
         work = args.keep_trials or Path(scratch)
@@ -161,18 +166,23 @@ def main(args) -> int:
         print(calibration.format_table(learned))
         print(f"\nnoise of {len(learned)} tests written to {path}")
         return 1 if failed else 0
-    figures = {name: analysis.analyse_test(test, noise) for name, test in sorted(tests.items())}
+    process = {name: aa_noise.learn(runs) for name, runs in aa_noise.stored_aa_runs(store).items()}
+    figures = {name: analysis.analyse_test(test, noise, process.get(name)) for name, test in sorted(tests.items())}
     record = {
         "format": FORMAT, "tier": tier.name, "gpu": tier.gpu_label, "commit": commit,
         "date": date.isoformat(timespec="seconds"), "command": ["python", "-m", "gpuengine", *sys.argv[1:]],
         "sessions": len(results), "sessions_asked": sessions, "session_status": [r.returncode for r in results],
         "trials": trials, "levels_pct": levels, "rounds": args.rounds or "the gate's own (noise.json, budget)",
         "seconds": round(time.monotonic() - started, 1),
-        "rule": {"alpha": ALPHA, "min_effect": MIN_EFFECT,
+        "against": args.against,
+        "rule": {"alpha": ALPHA, "min_effect": MIN_EFFECT} if args.against == "none" else {
+            "mode": "A/B", "alpha": paired.ALPHA, "rank_alpha": paired.RANK_ALPHA, "min_effect": paired.MIN_EFFECT,
+            "process_noise": f"learned from the stored A/A runs of {len(process)} test(s), else the prior"},
+        "stored_run_rule": {"alpha": ALPHA, "min_effect": MIN_EFFECT,
                  "noise_file": str(noise_path.relative_to(REPO) if noise_path.is_relative_to(REPO) else noise_path),
                  "noise_calibrated": bool(noise.tests)},
-        "targets": {"false_alarm_rate_max": ALPHA, f"detection_rate_{analysis.level_key(TARGET_SLOWDOWN)}_min":
-                    TARGET_POWER},
+        "targets": {"false_alarm_rate_max": ALPHA if args.against == "none" else paired.ALPHA,
+                    f"detection_rate_{analysis.level_key(TARGET_SLOWDOWN)}_min": TARGET_POWER},
         "tests": figures, "families": analysis.summarise_families(figures),
     }
     path = write_json(store / GATEPOWER / f"{date:%Y%m%d_%H%M%S}_{commit[:10]}.json", record)

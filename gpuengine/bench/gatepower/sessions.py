@@ -37,13 +37,14 @@ class SessionPlan:
     full: bool                  # the nightly tier's cases and rounds
     noise_file: Path
     timeout_s: float | None
+    against: str = "none"       # A/B: the base each session checks out (perf_tests/ab_base.py); none: stored-run
 
     def command(self) -> list[str]:
         args = [sys.executable, "-m", "pytest", "perf_tests", "-p", "no:cacheprovider", "-q", "-rfEs",
                 "--benchmark-disable", "-m", self.marker, "--noise-file", str(self.noise_file)]
         if self.keyword:
             args += ["-k", self.keyword]
-        return args + (["--full"] if self.full else [])
+        return args + (["--full"] if self.full else []) + ["--against", self.against]
 
     def environment(self, out_dir: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != ROUNDS_ENV}

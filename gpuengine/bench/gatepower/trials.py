@@ -83,18 +83,19 @@ def _engine_ms(engine) -> float:
     return statistics.median(time_round(engine) for _ in range(PROBE_ROUNDS))
 
 
-def delay_slope(engine) -> tuple[float, float, float]:
-    """(engine round ms undelayed, probe delay us, round ms added per us of delay), measured on the engine."""
-    injected_delay.set_delay_us(0)
-    base = _engine_ms(engine)
+def delay_slope(measure_ms, set_delay_us=injected_delay.set_delay_us) -> tuple[float, float, float]:
+    """(engine round ms undelayed, probe delay us, round ms added per us of delay): `measure_ms()` times the
+    engine's round (median of a few), `set_delay_us` sets its per-step delay (this process's, or a worker's)."""
+    set_delay_us(0)
+    base = measure_ms()
     probe = PROBE_START_US
     while True:
-        injected_delay.set_delay_us(probe)
-        added = _engine_ms(engine) - base
+        set_delay_us(probe)
+        added = measure_ms() - base
         if added >= PROBE_TARGET * base or probe >= PROBE_MAX_US:
             break
         probe *= 4
-    injected_delay.set_delay_us(0)
+    set_delay_us(0)
     if added <= 0:
         raise RuntimeError(f"a {probe:.0f} us delay per step did not slow the engine's round of {base:.3f} ms: "
                            "is the injected delay reaching its steps?")
@@ -110,7 +111,8 @@ def run_trials(nodeid: str, workload: str, engine, references, rounds: int, stud
 
     `references`: the one the rule reads (or none, where the test measures no torch reference)."""
     # a calibration runs the unchanged engine only: no delay to size
-    base_ms, probe_us, ms_per_us = delay_slope(engine) if any(study.levels) else (None, None, None)
+    base_ms, probe_us, ms_per_us = (delay_slope(lambda: _engine_ms(engine)) if any(study.levels)
+                                    else (None, None, None))
     delays = {level: level * base_ms / ms_per_us if level else 0.0 for level in study.levels}
     runners = [*references, engine]    # the gate's order: references, then the engine, round by round
     samples = {runner.name: runner.samples_per_round for runner in runners}
@@ -134,12 +136,55 @@ def run_trials(nodeid: str, workload: str, engine, references, rounds: int, stud
     return write_json(study.out_dir / file_name(nodeid), record)
 
 
+def _paired_rounds(pair, references, rounds: int) -> dict[str, list[float]]:
+    """The gate's A/B order: base and references (swapping every other round), then the head."""
+    runners = [pair.base, *references, pair.head]
+    times: dict[str, list[float]] = {runner.name: [] for runner in runners}
+    for i in range(rounds):
+        order = [pair.base, *references] if i % 2 == 0 else [*references, pair.base]
+        for runner in [*order, pair.head]:
+            timed = getattr(runner, "timed_round", None)
+            times[runner.name].append(timed() if timed is not None else time_round(runner))
+    return times
+
+
+def run_paired_trials(nodeid: str, workload: str, pair, references, rounds: int, study: StudySettings) -> Path:
+    """A/B trials: the head's engine slowed by each level (its worker's delay), the base's never; each trial keeps
+    both sides' rounds for the A/B rule (analysis.py judges every trial alone). Both workers run the same code
+    in an A/A study, so level 0 measures false alarms, the others detection."""
+    head = pair.head
+    base_ms, probe_us, ms_per_us = (delay_slope(lambda: statistics.median(head.timed_round() for _ in range(
+        PROBE_ROUNDS)), head.set_delay_us) if any(study.levels) else (None, None, None))
+    delays = {level: level * base_ms / ms_per_us if level else 0.0 for level in study.levels}
+    trials, started = [], time.monotonic()
+    try:
+        for trial in range(study.trials):
+            spent = time.monotonic() - started
+            if trial >= MIN_TRIALS and study.budget_s and spent + spent / trial > study.budget_s:
+                break
+            shift = trial % len(study.levels)
+            for level in study.levels[shift:] + study.levels[:shift]:
+                head.set_delay_us(delays[level])
+                times = _paired_rounds(pair, references, rounds)
+                ab = {"head_round_ms": times[head.name], "base_round_ms": times[pair.base.name],
+                      "head_samples_per_round": head.samples_per_round,
+                      "base_samples_per_round": pair.base.samples_per_round}
+                trials.append({"trial": trial, "level": level, "delay_us": round(delays[level], 3),
+                               "extra_info": {"ab": ab}})
+    finally:
+        head.set_delay_us(0)
+    record = {"fullname": nodeid, "workload": workload, "rounds": rounds, "levels": list(study.levels), "mode": "A/B",
+              "base_round_ms": base_ms, "probe_us": probe_us, "ms_per_us": ms_per_us, "trials": trials}
+    return write_json(study.out_dir / file_name(nodeid), record)
+
+
 @dataclass(frozen=True)
 class Trial:
     session: int
     index: int
     level: float
     samples: RunSamples
+    ab: dict | None = None   # an A/B trial's rounds, head and base (run_paired_trials)
 
 
 @dataclass(frozen=True)
@@ -164,7 +209,8 @@ def read_trials(session_dirs: list[Path]) -> dict[str, TrialSet]:
             try:
                 fullname, workload, rounds = record["fullname"], record["workload"], int(record["rounds"])
                 trials = [Trial(session, int(t["trial"]), float(t["level"]),
-                                RunSamples.from_extra_info(t["extra_info"])) for t in record["trials"]]
+                                RunSamples.from_extra_info(t["extra_info"]), t["extra_info"].get("ab"))
+                          for t in record["trials"]]
             except (KeyError, TypeError, ValueError) as exc:
                 raise JsonFileError(f"{path}: not a gatepower trial file ({exc!r})") from None
             entry = tests.setdefault(fullname, TrialSet(fullname, workload, rounds, []))
