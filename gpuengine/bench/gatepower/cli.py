@@ -167,6 +167,9 @@ def main(args) -> int:
         print(f"\nnoise of {len(learned)} tests written to {path}")
         return 1 if failed else 0
     process = {name: aa_noise.learn(runs) for name, runs in aa_noise.stored_aa_runs(store).items()}
+    stored_rule = {"alpha": ALPHA, "min_effect": MIN_EFFECT,
+                   "noise_file": str(noise_path.relative_to(REPO) if noise_path.is_relative_to(REPO) else noise_path),
+                   "noise_calibrated": bool(noise.tests)}
     figures = {name: analysis.analyse_test(test, noise, process.get(name)) for name, test in sorted(tests.items())}
     record = {
         "format": FORMAT, "tier": tier.name, "gpu": tier.gpu_label, "commit": commit,
@@ -175,12 +178,9 @@ def main(args) -> int:
         "trials": trials, "levels_pct": levels, "rounds": args.rounds or "the gate's own (noise.json, budget)",
         "seconds": round(time.monotonic() - started, 1),
         "against": args.against,
-        "rule": {"alpha": ALPHA, "min_effect": MIN_EFFECT} if args.against == "none" else {
+        "rule": stored_rule if args.against == "none" else {
             "mode": "A/B", "alpha": paired.ALPHA, "rank_alpha": paired.RANK_ALPHA, "min_effect": paired.MIN_EFFECT,
             "process_noise": f"learned from the stored A/A runs of {len(process)} test(s), else the prior"},
-        "stored_run_rule": {"alpha": ALPHA, "min_effect": MIN_EFFECT,
-                 "noise_file": str(noise_path.relative_to(REPO) if noise_path.is_relative_to(REPO) else noise_path),
-                 "noise_calibrated": bool(noise.tests)},
         "targets": {"false_alarm_rate_max": ALPHA if args.against == "none" else paired.ALPHA,
                     f"detection_rate_{analysis.level_key(TARGET_SLOWDOWN)}_min": TARGET_POWER},
         "tests": figures, "families": analysis.summarise_families(figures),
