@@ -72,7 +72,8 @@ step_ab() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against
 step_ab-core() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against build/base \
     -k "test_mlp_train or test_mlp_infer or test_cnn_train"; s=$?; cp -r build/ab "$logdir/ab-logs" 2>/dev/null; return $s; }
 step_study-ab() { python3 -m gpuengine gatepower --against build/base --sessions 3 --trial-budget 20 \
-    -k "test_mlp_train or test_cnn_train or test_transformer_train" --keep-trials "$logdir/trials-study-ab"; }
+    -k "test_mlp_train or test_cnn_train or test_transformer_train" --keep-trials "$logdir/trials-study-ab"; local s=$?
+    tar czf "$logdir/trials-study-ab.tgz" -C "$logdir" trials-study-ab; return $s; }
 step_calibrate() { python3 -m gpuengine gatepower calibrate -m gatepower --keep-trials "$logdir/trials-calibrate"; }
 step_study() { python3 -m gpuengine gatepower --keep-trials "$logdir/trials-study"; }
 

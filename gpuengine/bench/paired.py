@@ -18,8 +18,10 @@ variance 2 sd_process^2 + pi/2 sd_round^2 / n. A test regressed when
 
 ALPHA is per test and small (0.1%) because a quick tier runs about forty
 tests and the whole tier must be green on an unchanged engine at least 95% of
-the time; the bar carries that. The rank test keeps a few odd rounds from
-deciding; its exact p cannot go below 2^-n, hence MIN_ROUNDS.
+the time; the bar carries that. The rank test only keeps a few odd rounds
+from deciding, so its level is looser (5%): at 0.01, 7 rounds would all have
+to be slower, and one stray round let a 5% slowdown through (H100 A/B study
+at 51993c7: 90-93% caught at 5%).
 """
 from __future__ import annotations
 
@@ -32,10 +34,10 @@ import numpy as np
 from .significance import MEDIAN_VARIANCE_FACTOR, normal_quantile, robust_sd
 
 ALPHA = 0.001           # per test: ~40 tests stay green together >= 95% of the time
-RANK_ALPHA = 0.01       # the signed-rank test's level: 7 rounds can reach it (1/128)
+RANK_ALPHA = 0.05       # the signed-rank test's level: with 7 rounds, one small stray round may disagree
 MIN_EFFECT = 0.02       # below 2% a slowdown is not worth a red build, however certain
 DEFAULT_PROCESS_SD = 0.005   # prior per-process offset before any A/A run: half the stored-run prior
-MIN_ROUNDS = 7          # fewest paired rounds whose exact signed-rank p can fall below RANK_ALPHA
+MIN_ROUNDS = 7          # fewest paired rounds: the median of fewer is loose, and the rank test could allow no stray
 INTERVAL = 0.95
 
 REGRESSED, IMPROVED, NOT_SIGNIFICANT = "regressed", "improved", "not significant"
