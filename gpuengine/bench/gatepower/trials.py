@@ -102,6 +102,19 @@ def delay_slope(measure_ms, set_delay_us=injected_delay.set_delay_us) -> tuple[f
     return base, probe, added / probe
 
 
+def schedule(study: StudySettings):
+    """(trial, level) in the study's order: the levels rotated trial by trial, so drift within the process hits
+    each alike; trials stop at the budget once MIN_TRIALS ran."""
+    started = time.monotonic()
+    for trial in range(study.trials):
+        spent = time.monotonic() - started
+        if trial >= MIN_TRIALS and study.budget_s and spent + spent / trial > study.budget_s:
+            return
+        shift = trial % len(study.levels)
+        for level in study.levels[shift:] + study.levels[:shift]:
+            yield trial, level
+
+
 def file_name(nodeid: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_") + ".json"
 
@@ -117,18 +130,12 @@ def run_trials(nodeid: str, workload: str, engine, references, rounds: int, stud
     runners = [*references, engine]    # the gate's order: references, then the engine, round by round
     samples = {runner.name: runner.samples_per_round for runner in runners}
     trials = []
-    started = time.monotonic()
     try:
-        for trial in range(study.trials):
-            spent = time.monotonic() - started
-            if trial >= MIN_TRIALS and study.budget_s and spent + spent / trial > study.budget_s:
-                break
-            shift = trial % len(study.levels)
-            for level in study.levels[shift:] + study.levels[:shift]:
-                injected_delay.set_delay_us(delays[level])   # a device scalar: no warm-up round needed
-                info = Comparison.from_times(engine.name, interleave(runners, rounds, 0), samples).extra_info()
-                trials.append({"trial": trial, "level": level, "delay_us": round(delays[level], 3),
-                               "extra_info": {key: info[key] for key in KEPT}})
+        for trial, level in schedule(study):
+            injected_delay.set_delay_us(delays[level])   # a device scalar: no warm-up round needed
+            info = Comparison.from_times(engine.name, interleave(runners, rounds, 0), samples).extra_info()
+            trials.append({"trial": trial, "level": level, "delay_us": round(delays[level], 3),
+                           "extra_info": {key: info[key] for key in KEPT}})
     finally:
         injected_delay.set_delay_us(0)
     record = {"fullname": nodeid, "workload": workload, "rounds": rounds, "levels": list(study.levels),
@@ -156,21 +163,14 @@ def run_paired_trials(nodeid: str, workload: str, pair, references, rounds: int,
     base_ms, probe_us, ms_per_us = (delay_slope(lambda: statistics.median(head.timed_round() for _ in range(
         PROBE_ROUNDS)), head.set_delay_us) if any(study.levels) else (None, None, None))
     delays = {level: level * base_ms / ms_per_us if level else 0.0 for level in study.levels}
-    trials, started = [], time.monotonic()
+    trials = []
     try:
-        for trial in range(study.trials):
-            spent = time.monotonic() - started
-            if trial >= MIN_TRIALS and study.budget_s and spent + spent / trial > study.budget_s:
-                break
-            shift = trial % len(study.levels)
-            for level in study.levels[shift:] + study.levels[:shift]:
-                head.set_delay_us(delays[level])
-                times = _paired_rounds(pair, references, rounds)
-                ab = {"head_round_ms": times[head.name], "base_round_ms": times[pair.base.name],
-                      "head_samples_per_round": head.samples_per_round,
-                      "base_samples_per_round": pair.base.samples_per_round}
-                trials.append({"trial": trial, "level": level, "delay_us": round(delays[level], 3),
-                               "extra_info": {"ab": ab}})
+        for trial, level in schedule(study):
+            head.set_delay_us(delays[level])
+            times = _paired_rounds(pair, references, rounds)
+            ab = {"head_round_ms": times[head.name], "base_round_ms": times[pair.base.name],
+                  "head_samples_per_round": head.samples_per_round, "base_samples_per_round": pair.base.samples_per_round}
+            trials.append({"trial": trial, "level": level, "delay_us": round(delays[level], 3), "extra_info": {"ab": ab}})
     finally:
         head.set_delay_us(0)
     record = {"fullname": nodeid, "workload": workload, "rounds": rounds, "levels": list(study.levels), "mode": "A/B",
