@@ -498,7 +498,7 @@ def store_at_cd502ab(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("at-cd502ab") / "baselines_store"
 
     def later_runs(directory, names):
-        return [name for name in names if name[:4].isdigit() and name.endswith(".json")
+        return [name for name in names if re.match(r"\d{4}_.*\.json$", name)
                 and json.loads((Path(directory) / name).read_text())["datetime"] > "2026-11-24T15:40"]
 
     shutil.copytree(STORE, folder, ignore=later_runs)
