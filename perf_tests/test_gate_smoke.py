@@ -149,6 +149,21 @@ def test_partial_failing_and_corrupt_runs_do_not_spoil_the_baselines(session, py
     session("-k", "test_c").stdout.fnmatch_lines([f"not significant*test_gate.py::test_c ({machine}/0004_*"])
 
 
+def test_a_store_that_cannot_take_the_run_stops_the_session_before_the_first_test(session, pytester):
+    blocker = pytester.path / "a-file"
+    blocker.write_text("not a folder")
+    result = session(f"--benchmark-storage=file://{blocker}/store")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*gpuengine: this run could not be saved, so nothing ran: {blocker} is not a folder*"])
+    real = pytester.path / "real-store"
+    real.mkdir()
+    (pytester.path / "linked-store").symlink_to(real)
+    result = session(f"--benchmark-storage=file://{pytester.path / 'linked-store'}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*linked-store is a symbolic link, which pytest-benchmark cannot save through*"])
+    assert not any(real.iterdir())
+
+
 def test_a_corrupt_thresholds_or_noise_file_is_one_error_naming_it(session, pytester):
     bad = pytester.path / "bad.json"
     bad.write_text('[\n  {"gpu": "*",,}\n]')
