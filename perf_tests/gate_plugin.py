@@ -174,7 +174,11 @@ def pytest_sessionstart(session):
         runs.sort(key=lambda run: run.saved_at)
     else:
         runs, state.unreadable = scan(state.storage)
-    state.baselines = newest_per_test(runs)
+    state.baselines = newest_per_test(runs, usable=_has_timings)
+    lacking = [name for name, run in newest_per_test(runs).items() if state.baselines.get(name) is not run]
+    if lacking:
+        state.notices.append(f"{len(lacking)} test(s) have a newer stored result without timings (no per-round "
+                             "ratios or engine times): each compares with its newest result that has them, or none")
     for bad in state.unreadable:
         state.notices.append(f"stored run {bad.label} is unreadable and skipped: {bad.reason}; each test compares "
                              "with its newest readable result instead (named per test in the summary)")
@@ -183,6 +187,11 @@ def pytest_sessionstart(session):
         for fullname, run in state.baselines.items():
             mapping.setdefault(run.path.relative_to(state.storage), {})[fullname] = run.benchmarks[fullname]
         bench_session.compared_mapping = mapping
+
+
+def _has_timings(bench: dict) -> bool:
+    samples = RunSamples.from_extra_info(bench.get("extra_info") or {})
+    return samples.ratio_cost is not None or samples.time_cost is not None
 
 
 def targets_policy(state: GateState) -> str:

@@ -149,6 +149,21 @@ def test_partial_failing_and_corrupt_runs_do_not_spoil_the_baselines(session, py
     session("-k", "test_c").stdout.fnmatch_lines([f"not significant*test_gate.py::test_c ({machine}/0004_*"])
 
 
+def test_a_newer_stored_result_without_timings_does_not_hide_an_older_one_with_them(session, pytester):
+    from pytest_benchmark.utils import get_machine_id
+    folder = pytester.path / "baselines_store" / "cpu-tier" / get_machine_id()
+    session("-k", "test_a").assert_outcomes(passed=1)
+    (first,) = folder.glob("0001_*.json")
+    run = json.loads(first.read_text())
+    run["datetime"] = run["datetime"].replace(run["datetime"][:4], str(int(run["datetime"][:4]) + 1), 1)
+    for bench in run["benchmarks"]:
+        bench["extra_info"] = {}
+    (folder / "0002_emptied.json").write_text(json.dumps(run))
+    result = session("-k", "test_a")
+    result.stdout.fnmatch_lines(["*1 test(s) have a newer stored result without timings*",
+                                 f"not significant*test_gate.py::test_a (*/{first.name})*"])
+
+
 def test_a_store_that_cannot_take_the_run_stops_the_session_before_the_first_test(session, pytester):
     blocker = pytester.path / "a-file"
     blocker.write_text("not a folder")

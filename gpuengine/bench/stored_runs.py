@@ -100,10 +100,12 @@ def scan(folder: Path | str) -> tuple[list[StoredRun], list[UnreadableRun]]:
     return runs, unreadable
 
 
-def newest_per_test(runs: list[StoredRun]) -> dict[str, StoredRun]:
-    """For each test any run contains, the newest run containing it (`runs` oldest first, as scan returns)."""
+def newest_per_test(runs: list[StoredRun], usable=lambda bench: True) -> dict[str, StoredRun]:
+    """For each test any run contains, the newest run containing it (`runs` oldest first, as scan returns)
+    whose benchmark of it `usable` accepts (the gate: one that carries timings to compare with)."""
     newest: dict[str, StoredRun] = {}
     for run in runs:
-        for fullname in run.benchmarks:
-            newest[fullname] = run
+        for fullname, bench in run.benchmarks.items():
+            if usable(bench):
+                newest[fullname] = run
     return newest
