@@ -6,8 +6,9 @@ that builds its engine runner from a case alone (`ENGINES`, perf_tests/plan.py's
 fixture returns an `EnginePair`: the same recipe built by the base's checkout
 in one worker and by the head's (the working tree) in another
 (perf_tests/ab_worker.py). The test hands the pair to `compare` as it would
-its engine; rounds then go base, head, references, the first two swapping
-places every other round so neither always runs first. Each worker times its
+its engine; each round times the base, the references and then the head, the
+base and the references swapping places every other round, so the head follows
+the base half the time and a reference the other half. Each worker times its
 own rounds (no pipe inside the clock), with the head's timing code on both
 sides. The references stay in the pytest process.
 

@@ -1,10 +1,16 @@
-"""The gate's pytest plugin: per-test baselines, where a run is saved, tiers, and the stored-run check.
+"""The gate's pytest plugin: per-test baselines, where a run is saved, tiers, and the regression checks.
 
-- Each test is compared with the newest stored baseline result *for that
-  test* (gpuengine/bench/stored_runs.py) in this tier's storage folder, so a
-  partial run (`-k`) never hides the other tests' baselines; pytest-benchmark's
-  compare table is fed the same per-test runs. An unreadable stored run is
-  named in the header, and the summary says which run each test used.
+- A test that ran A/B (perf_tests/ab_session.py) is judged head against base
+  by gpuengine/bench/paired.py, its bar from the stored A/A runs
+  (`process_noise`, which the A/B plugin fills in).
+- Otherwise each test is compared with the newest stored baseline result *for
+  that test* that carries timings (gpuengine/bench/stored_runs.py) in this
+  tier's storage folder, so a partial run (`-k`) never hides the other tests'
+  baselines; pytest-benchmark's compare table is fed the same per-test runs. An
+  unreadable stored run is named in the header, and the summary says which run
+  each test used.
+- A store the run could not be saved into (not a folder, not writable, a
+  symbolic link) stops the session before the first test.
 - A saved run (`--benchmark-autosave`, `--benchmark-save`) becomes a baseline
   only when the session passed, or with `--save-baseline`; otherwise it is
   kept apart under `<storage>/history/`, never compared against. A session

@@ -5,11 +5,14 @@ times one round of every reference and target one round of the engine, so
 runners alternate R1 R2 E R1 R2 E ... in one process (docs/architecture.md,
 "Measuring honestly") while pytest-benchmark stores and compares the engine's
 rounds. Both sides are timed by `benchmarking.time_round` (drain the device
-before each clock read). With benchmarks disabled (xdist, --benchmark-disable),
-pedantic would run a single round, so the same alternation runs without it and
-ratios are still measured and gated. Timing gates only on a GPU tier: a ratio
-below a claim that has held, or a regression against the test's stored baseline
-run (gpuengine/bench/regression.py's rule, through perf_tests/gate_plugin.py).
+before each clock read); an A/B pair's engines time their rounds in their own
+workers the same way, the base's round in setup (perf_tests/ab_sides.py). With
+benchmarks disabled (xdist, --benchmark-disable), pedantic would run a single
+round, so the same alternation runs without it and ratios are still measured
+and gated. Timing gates only on a GPU tier: a ratio below a claim that has
+held, or a regression against the base (A/B, gpuengine/bench/paired.py) or the
+test's stored baseline run (gpuengine/bench/regression.py), through
+perf_tests/gate_plugin.py.
 A ratio below a target not met yet is recorded and listed in the summary, and
 fails the test only where the session says so (`--claims`, the nightly tier).
 """
