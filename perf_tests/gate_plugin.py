@@ -44,7 +44,7 @@ from gpuengine.bench.regression import REGRESSED, Decision, RunSamples, decide
 from gpuengine.bench.stored_runs import StoredRun, UnreadableRun, history_folder, newest_per_test, read_run, scan
 from gpuengine.bench.thresholds import load_rules
 
-from . import plan
+from . import plan, run_storage
 from .harness import Targets, TargetsMissed
 
 NO_BASELINE = "no baseline"
@@ -68,6 +68,7 @@ class GateState:
     failed_otherwise: set[str] = field(default_factory=set)    # tests that failed for any other reason
     saved_despite_targets: bool = False   # failed on targets only (--claims), saved as a baseline all the same
     process_noise: dict = field(default_factory=dict)   # test -> aa_noise.ProcessNoise (A/B sessions fill it)
+    save_failed: str | None = None   # why this run could not be stored (nothing half-written was left)
 
     def failed_on_targets_only(self, exitstatus) -> bool:
         """The session failed, and only because tests missed targets: a baseline still (nothing regressed)."""
@@ -248,20 +249,26 @@ def pytest_runtest_makereport(item, call):
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
     """Before pytest-benchmark saves (in its own sessionfinish): a run that did not pass goes to history; one that
-    failed on targets not met only (--claims) passed the gate's own verdict and is a baseline."""
+    failed on targets not met only (--claims) passed the gate's own verdict and is a baseline. Either is written
+    aside and renamed (run_storage.py); a save that failed fails the session, its summary printed all the same."""
     state = session.config.stash.get(GATE, None)
     bench_session = getattr(session.config, "_benchmarksession", None)
-    if (state is not None and bench_session is not None and state.storage is not None
-            and (bench_session.save or bench_session.autosave) and bench_session.benchmarks
-            and exitstatus != 0 and not session.config.getoption("save_baseline")):
-        if state.failed_on_targets_only(exitstatus):
-            state.saved_despite_targets = True
-        else:
-            from pytest_benchmark.storage.file import FileStorage
-            bench_session.storage = FileStorage(history_folder(state.storage), logger=bench_session.logger,
-                                                default_machine_id=bench_session.machine_id)
-            state.saved_to_history = history_folder(state.storage)
+    saving = (state is not None and bench_session is not None and state.storage is not None
+              and (bench_session.save or bench_session.autosave) and bench_session.benchmarks)
+    if saving:
+        def failed(why: str):
+            state.save_failed = why
+
+        folder = None
+        if exitstatus != 0 and not session.config.getoption("save_baseline"):
+            if state.failed_on_targets_only(exitstatus):
+                state.saved_despite_targets = True
+            else:
+                folder = state.saved_to_history = history_folder(state.storage)
+        bench_session.storage = run_storage.atomic(bench_session, folder, on_failure=failed)
     yield
+    if saving and state.save_failed:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(optionalhook=True)   # a pytest-benchmark hook: absent when that plugin is disabled
@@ -288,6 +295,10 @@ def pytest_terminal_summary(terminalreporter):
         else:
             terminalreporter.write_line(f"{count} target(s) not met: goals, not failures (./gate perf --claims, and "
                                         "the nightly tier, fail on them); kept in the run's ratio_checks")
+    if state.save_failed:
+        terminalreporter.section("gpuengine: this run was NOT saved", red=True)
+        terminalreporter.write_line(f"{state.save_failed}; nothing half-written was left, the results above are "
+                                    "all there is of this run (the session fails for it)")
     if not (state.checked or state.saved_to_history or state.saved_despite_targets):
         return
     terminalreporter.section("gpuengine regression check (A/B against a base, or the stored run)")
@@ -299,7 +310,7 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"Performance has regressed{gated}:")
         for line in regressed:
             terminalreporter.write_line(f"\t{line}")
-    if state.saved_to_history:
+    if state.saved_to_history and not state.save_failed:
         terminalreporter.write_line(f"this run did not pass: saved under {state.saved_to_history}, not as a baseline "
                                     "(./gate perf --save-baseline stores a run as a baseline on purpose)")
     if state.saved_despite_targets:

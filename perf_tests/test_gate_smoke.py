@@ -164,6 +164,20 @@ def test_a_newer_stored_result_without_timings_does_not_hide_an_older_one_with_t
                                  f"not significant*test_gate.py::test_a (*/{first.name})*"])
 
 
+def test_a_run_that_cannot_be_written_leaves_nothing_behind_and_fails_with_its_summary(session, pytester):
+    pytester.makeconftest((REPO / "conftest.py").read_text()
+                          + "\nfrom perf_tests.conftest import compare, gemm_peak_tflops  # noqa\n"
+                          + "import perf_tests.run_storage as _storage\n"
+                          + "def _disk_full(path, text):\n    raise OSError(28, 'No space left on device')\n"
+                          + "_storage.write_text = _disk_full\n")
+    result = session("-k", "test_a")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*gpuengine: this run was NOT saved*",
+                                 "*0001_*.json: No space left on device; nothing half-written was left*"])
+    assert not list((pytester.path / "baselines_store").rglob("*.json"))
+
+
 def test_a_store_that_cannot_take_the_run_stops_the_session_before_the_first_test(session, pytester):
     blocker = pytester.path / "a-file"
     blocker.write_text("not a folder")

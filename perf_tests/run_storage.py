@@ -1,0 +1,41 @@
+"""Stored runs are written whole or not at all: pytest-benchmark's file storage, saving aside and renaming.
+
+pytest-benchmark writes a run straight into its final name; a full disk or a
+killed process then leaves a truncated file among the baselines, which the
+next run reads as corrupt. `AtomicFileStorage` writes the same JSON to a
+temporary file beside it and renames it into place (gpuengine/bench/json_files.py),
+and a save that fails leaves nothing behind and says why in `failure`, for
+the gate's summary and exit status (perf_tests/gate_plugin.py) instead of a
+traceback that hides the session's results.
+"""
+from __future__ import annotations
+
+from pytest_benchmark.storage.file import FileStorage
+from pytest_benchmark.utils import safe_dumps
+
+from gpuengine.bench.json_files import write_text
+
+
+class AtomicFileStorage(FileStorage):
+    failure: str | None = None   # why the run was not kept, when saving failed
+    on_failure = None            # called with `failure` as it happens (the summary is printed right after)
+
+    def save(self, output_json, save):
+        path = self.get(f"{self._next_num}_{save}.json")
+        try:
+            write_text(path, safe_dumps(output_json, ensure_ascii=True, indent=4))
+        except OSError as exc:
+            self.failure = f"{path}: {exc.strerror or exc}"
+            self.logger.warning(f"Benchmark data NOT saved: {self.failure}")
+            if self.on_failure is not None:
+                self.on_failure(self.failure)
+            return
+        self.logger.info(f"Saved benchmark data in: {path}")
+
+
+def atomic(bench_session, folder=None, on_failure=None) -> AtomicFileStorage:
+    """The session's file storage (or one for `folder`) as an AtomicFileStorage."""
+    storage = AtomicFileStorage(folder or bench_session.storage.path, logger=bench_session.logger,
+                                default_machine_id=bench_session.machine_id)
+    storage.on_failure = on_failure
+    return storage
