@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -145,6 +146,7 @@ class WorkerGroup:
             os.close(fd)
         self._to.clear()
         self._from.clear()
+        shutil.rmtree(self._logs, ignore_errors=True)   # a failure quoted its rank's log already; none left in /tmp
 
     def __enter__(self):
         return self
