@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -106,3 +108,28 @@ def test_the_power_study_runs_a_b_with_the_delay_on_the_head_only(tmp_path):
     trials = [t for path in kept.rglob("*test_mlp_train*.json") for t in json.loads(path.read_text())["trials"]]
     assert {t["level"] for t in trials} == {0.0, 0.1}
     assert all((t["delay_us"] > 0) == (t["level"] > 0) and "ab" in t["extra_info"] for t in trials)
+
+
+def worker_processes() -> list[str]:
+    listed = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in listed.splitlines() if "ab_worker.py" in line]
+
+
+@pytest.mark.skipif(not (REPO / ".git").exists(), reason="no git history in this copy of the tree")
+def test_ctrl_c_leaves_no_worker_and_no_worktree_behind(tmp_path):
+    before, log = worktrees(), REPO / "build" / "ab" / "head.log"
+    assert worker_processes() == [], "A/B workers of another session are running"
+    log.unlink(missing_ok=True)
+    session = subprocess.Popen([sys.executable, "-m", "pytest", "perf_tests/test_zoo.py", "-p", "no:cacheprovider",
+                                "--benchmark-disable", "--against=HEAD"], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not log.exists() and session.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert session.poll() is None, "the session ended before its workers started: " + session.stdout.read()[-2000:]
+    time.sleep(1)   # the workers are building the first engine now
+    session.send_signal(signal.SIGINT)
+    output, _ = session.communicate(timeout=120)
+    assert "KeyboardInterrupt" in output
+    assert worker_processes() == []
+    assert worktrees() == before
