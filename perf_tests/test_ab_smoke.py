@@ -122,7 +122,9 @@ def test_ctrl_c_leaves_no_worker_and_no_worktree_behind(tmp_path):
     log.unlink(missing_ok=True)
     session = subprocess.Popen([sys.executable, "-m", "pytest", "perf_tests/test_zoo.py", "-p", "no:cacheprovider",
                                 "--benchmark-disable", "--against=HEAD"], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+                               stderr=subprocess.STDOUT, text=True,
+                               # a background job's shell ignores SIGINT, and the child would inherit that
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not log.exists() and session.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)

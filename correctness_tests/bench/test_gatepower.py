@@ -92,26 +92,26 @@ class EinsumReference:
 def test_trials_on_a_cpu_engine_slow_it_by_the_injected_level(monkeypatch, tmp_path):
     monkeypatch.setenv(injected_delay.GUARD_ENV, str(tmp_path))
     monkeypatch.setenv(injected_delay.DELAY_ENV, "0")
-    monkeypatch.setenv(trials.LEVELS_ENV, "0,100")
+    monkeypatch.setenv(trials.LEVELS_ENV, "0,300")
     monkeypatch.setenv(trials.TRIALS_ENV, "10")
     monkeypatch.setenv(trials.BUDGET_ENV, "0.001")    # spent after the first trial: stops at MIN_TRIALS
     monkeypatch.setattr(injected_delay, "_delays", {})
     study = trials.settings()
-    assert study.levels == (0.0, 1.0) and study.trials == 10 and study.rounds is None and study.budget_s == 0.001
+    assert study.levels == (0.0, 3.0) and study.trials == 10 and study.rounds is None and study.budget_s == 0.001
     x, t = mlp.mlp_data(128, mlp.SMOKE_SHAPE)
     engine = EngineTrainRunner(mlp.build_mlp(mlp.SMOKE_SHAPE), x, t, 32, EngineConfig(precision="fp32", device="cpu"))
     engine.prepare()
     path = trials.run_trials(NAME, "mlp_train", engine, [EinsumReference()], 5, study)
     record = json.loads(path.read_text())
-    assert [(t["trial"], t["level"]) for t in record["trials"]] == [(0, 0.0), (0, 1.0), (1, 1.0), (1, 0.0)]
+    assert [(t["trial"], t["level"]) for t in record["trials"]] == [(0, 0.0), (0, 3.0), (1, 3.0), (1, 0.0)]
     assert injected_delay._delays and all(d.us == 0 for d in injected_delay._delays.values())
     (test,) = trials.read_trials([tmp_path]).values()
-    slowed = np.median([np.median(t.samples.time_cost) for t in test.at(1.0)])
+    slowed = np.median([np.median(t.samples.time_cost) for t in test.at(3.0)])
     unchanged = np.median([np.median(t.samples.time_cost) for t in test.at(0.0)])
-    # Asked for +100%: the busy wait is there and scaled. The bar is +30%, not +90%: the wait is wall time
+    # Asked for +300%: the busy wait is there and scaled. The bar is +50%, far under +300%: the wait is wall time
     # calibrated on a quiet moment, and a 2-core machine busy with other work slows the unchanged steps too
-    # (seen at +47% under a parallel suite), while a missing or mis-scaled wait stays near 0.
-    assert math.expm1(slowed - unchanged) > 0.3
+    # (+100% asked measured +13% to +47% under load), while a missing or mis-scaled wait stays near 0.
+    assert math.expm1(slowed - unchanged) > 0.5
 
 
 def test_levels_and_trial_files_refuse_bad_input(tmp_path):
