@@ -20,6 +20,8 @@ from gpuengine.bench.maxbatch import cli as maxbatch_cli
 from gpuengine.bench.maxbatch import search
 from gpuengine.bench.maxbatch.search import MaxBatchRow, SearchResult, Status, TrialResult
 
+from ..command_line import refused
+
 CPU = ["--device", "cpu", "--shape", "smoke"]
 
 
@@ -28,15 +30,6 @@ def no_trial(monkeypatch):
     def refuse(self, batch):
         raise AssertionError("a trial process started before the arguments were checked")
     monkeypatch.setattr(search.SubprocessTrial, "__call__", refuse)
-
-
-def refused(capsys, *argv) -> str:
-    with pytest.raises(SystemExit) as stopped:
-        cli_main(["maxbatch", *argv])
-    assert stopped.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("usage: python -m gpuengine maxbatch") and "Traceback" not in err
-    return err.splitlines()[-1].removeprefix("python -m gpuengine maxbatch: error: ")
 
 
 @pytest.mark.parametrize("option,value,allowed", [
@@ -49,7 +42,7 @@ def refused(capsys, *argv) -> str:
                                                                                       "or 'full'"),
     ("--cap-gib", "six", "a positive number of GiB, or 'full'")])
 def test_a_bad_number_names_the_option_the_value_and_the_range(capsys, no_trial, option, value, allowed):
-    assert refused(capsys, "mlp", *CPU, option, value) == f"argument {option}: '{value}' is not accepted; use {allowed}"
+    assert refused(capsys, "maxbatch", "mlp", *CPU, option, value) == f"argument {option}: '{value}' is not accepted; use {allowed}"
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -61,31 +54,31 @@ def test_a_bad_number_names_the_option_the_value_and_the_range(capsys, no_trial,
      "argument --engines: torch_graph captures a torch.cuda.CUDAGraph and needs --device cuda; with --device cpu use "
      "gpuengine, torch_eager, torch_compile")])
 def test_what_every_trial_would_fail_on_is_refused_once(capsys, no_trial, argv, message):
-    assert refused(capsys, *argv) == message
+    assert refused(capsys, "maxbatch", *argv) == message
 
 
 def test_no_gpu_without_device_cpu_says_how_to_run_it(capsys, no_trial, monkeypatch):
     monkeypatch.setattr(backend, "gpu_visible", lambda: False)
-    message = refused(capsys, "mlp", "--shape", "smoke")
+    message = refused(capsys, "maxbatch", "mlp", "--shape", "smoke")
     assert message.startswith("argument --device: cuda (the default) needs a GPU, and no CUDA GPU is visible here")
     assert "--device cpu runs the search on the NumPy backend" in message
 
 
 def test_a_json_path_that_cannot_be_written_is_refused_before_the_search(capsys, no_trial, tmp_path):
     missing = tmp_path / "no" / "out.json"
-    assert refused(capsys, "mlp", *CPU, "--json", str(missing)) == (
+    assert refused(capsys, "maxbatch", "mlp", *CPU, "--json", str(missing)) == (
         f"argument --json: '{missing}' cannot be written: its folder {missing.parent} does not exist")
-    assert refused(capsys, "mlp", *CPU, "--json", str(tmp_path)) == (
+    assert refused(capsys, "maxbatch", "mlp", *CPU, "--json", str(tmp_path)) == (
         f"argument --json: '{tmp_path}' is a folder; give the path of a file")
     (tmp_path / "file").write_text("")
-    assert refused(capsys, "mlp", *CPU, "--json", str(tmp_path / "file" / "out.json")) == (
+    assert refused(capsys, "maxbatch", "mlp", *CPU, "--json", str(tmp_path / "file" / "out.json")) == (
         f"argument --json: '{tmp_path}/file/out.json' cannot be written: {tmp_path}/file is not a folder")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
 def test_a_bad_toggle_is_refused_before_the_trials_inherit_it(capsys, no_trial, monkeypatch):
     monkeypatch.setenv("GPUENGINE_CUDA_GRAPH", "99999999999999999999")
-    assert refused(capsys, "mlp", *CPU) == ("GPUENGINE_CUDA_GRAPH='99999999999999999999' is not accepted; "
+    assert refused(capsys, "maxbatch", "mlp", *CPU) == ("GPUENGINE_CUDA_GRAPH='99999999999999999999' is not accepted; "
                                             "use a whole number from 0 to 1024")
 
 
