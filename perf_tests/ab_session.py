@@ -26,6 +26,7 @@ from gpuengine.bench.stored_runs import scan
 
 from . import ab_base
 from .ab_sides import BASE, EnginePair, SideError, Sides
+from .ab_worker import close_runner
 from .gate_plugin import GATE
 
 STORED_MODE = "stored-run mode"
@@ -166,13 +167,6 @@ def pytest_sessionfinish(session):
 def ab_state(config) -> AbState | None:
     return config.stash.get(AB, None)
 
-
-
-def close_runner(runner):
-    """Stop what a runner started (the streamed loader's threads, its pinned memory) when its test ends."""
-    close = getattr(getattr(runner, "trainer", runner), "close", None)   # a trainer's, or a loader's own
-    if close is not None:
-        close()
 
 
 @pytest.fixture

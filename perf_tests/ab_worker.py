@@ -27,6 +27,13 @@ PROTOCOL = 1   # ab_sides.py refuses a worker that speaks another
 TIMING_CPU = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
+def close_runner(runner):
+    """Stop what an engine runner started (the streamed loader's threads, its pinned memory)."""
+    close = getattr(getattr(runner, "trainer", runner), "close", None)   # a trainer's, or a loader's own
+    if close is not None:
+        close()
+
+
 class WorkerError(Exception):
     """A request this checkout cannot serve; the message goes back to the session as it is."""
 
@@ -117,9 +124,7 @@ class Side:
     def drop(self):
         """Let go of the test's engine and its device memory before the next is built."""
         runner, self.runner = self.runner, None
-        close = getattr(getattr(runner, "trainer", runner), "close", None)   # a trainer's, or a loader's own
-        if close is not None:
-            close()
+        close_runner(runner)
         del runner
         gc.collect()
         if "cupy" in sys.modules:

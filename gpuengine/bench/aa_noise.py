@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from .json_files import JsonFileError, load_json
+from .noise import PRIOR_RUNS
 from .paired import DEFAULT_PROCESS_SD
 from .significance import MEDIAN_VARIANCE_FACTOR, robust_sd
 from .stored_runs import history_folder, run_files
 
-PRIOR_RUNS = 2
 CODE_FOLDERS = ("gpuengine", "perf_tests")
 
 
