@@ -50,7 +50,7 @@ TOGGLE_HELP = {
     "precision": "fp32 | tf32 | bf16",
     "cuda_graph": "0 = eager; N = N training steps per CUDA graph launch",
     "resident_data": "1 = dataset staged on the device; 0 = streamed from the host",
-    "batch_pool": "prefetched batch buffers of the streamed loader",
+    "batch_pool": "streamed data's batch buffers on the device (1, or 2: the next batch staged)",
     "profile": "1 = per-phase device timings of a step",
     "device": "cuda | cpu (default: cuda when a GPU is visible)",
     "vram_cap_gib": "cap of the engine's device memory pool in GiB, or 'full'",

@@ -13,7 +13,7 @@ import pytest
 from gpuengine.config import ENV_PREFIX, ConfigError, EngineConfig
 from gpuengine.runtime.backend import Backend, get_backend
 
-DEFAULTS = {"precision": "tf32", "cuda_graph": 1, "resident_data": True, "batch_pool": 3, "profile": False,
+DEFAULTS = {"precision": "tf32", "cuda_graph": 1, "resident_data": True, "batch_pool": 2, "profile": False,
             "device": None, "vram_cap_gib": None}
 
 # (toggle, raw spelling, normal value): what code, the command line or tox may write.
@@ -23,7 +23,7 @@ SPELLINGS = [
     ("resident_data", "0", False), ("resident_data", "off", False), ("resident_data", "No", False),
     ("resident_data", "FALSE", False), ("resident_data", "1", True), ("resident_data", "on", True),
     ("resident_data", "yes", True), ("resident_data", "True", True), ("resident_data", False, False),
-    ("batch_pool", "1", 1), ("batch_pool", 8, 8),
+    ("batch_pool", "1", 1), ("batch_pool", 2, 2),
     ("profile", "1", True), ("profile", "true", True), ("profile", "0", False), ("profile", True, True),
     ("device", "CPU", "cpu"), ("device", "cuda", "cuda"), ("device", "auto", None), ("device", "", None),
     ("vram_cap_gib", "6", 6.0), ("vram_cap_gib", "0.5", 0.5), ("vram_cap_gib", 6, 6.0),
@@ -61,10 +61,10 @@ def test_from_the_environment(toggle, raw, normal):
 
 def test_all_toggles_from_the_environment_at_once():
     environ = {"GPUENGINE_PRECISION": "bf16", "GPUENGINE_CUDA_GRAPH": "4", "GPUENGINE_RESIDENT_DATA": "0",
-               "GPUENGINE_BATCH_POOL": "5", "GPUENGINE_PROFILE": "1", "GPUENGINE_DEVICE": "cpu",
+               "GPUENGINE_BATCH_POOL": "1", "GPUENGINE_PROFILE": "1", "GPUENGINE_DEVICE": "cpu",
                "GPUENGINE_VRAM_CAP_GIB": "6", "PATH": "/usr/bin", "GPUENGINE": "x"}
     assert EngineConfig.from_env(environ=environ) == EngineConfig(
-        precision="bf16", cuda_graph=4, resident_data=False, batch_pool=5, profile=True, device="cpu", vram_cap_gib=6)
+        precision="bf16", cuda_graph=4, resident_data=False, batch_pool=1, profile=True, device="cpu", vram_cap_gib=6)
 
 
 def test_empty_environment_variables_are_unset():
@@ -101,7 +101,7 @@ def test_replace_normalises_and_keeps_the_rest():
     base = EngineConfig(precision="bf16", cuda_graph=4, device="cpu")
     changed = base.replace(cuda_graph="0", resident_data="off")
     assert (changed.cuda_graph, changed.resident_data) == (0, False)
-    assert (changed.precision, changed.device, changed.batch_pool) == ("bf16", "cpu", 3)
+    assert (changed.precision, changed.device, changed.batch_pool) == ("bf16", "cpu", 2)
     assert (base.cuda_graph, base.resident_data) == (4, True)
 
 

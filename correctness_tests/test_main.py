@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("variable,value,allowed", [
     ("GPUENGINE_CUDA_GRAPH", "99999999999999999999", "use a whole number from 0 to 1024"),
-    ("GPUENGINE_BATCH_POOL", "0", "use a whole number from 1 to 2048"),
+    ("GPUENGINE_BATCH_POOL", "0", "use a whole number from 1 to 2"),
     ("GPUENGINE_PRECISION", "fp64", "use one of fp32, tf32, bf16")])
 def test_info_refuses_a_bad_toggle_naming_the_variable(capsys, monkeypatch, variable, value, allowed):
     monkeypatch.setenv(variable, value)

@@ -19,8 +19,8 @@ DEVICES = ("cuda", "cpu")
 ENV_PREFIX = "GPUENGINE_"
 # Steps per graph launch: launch overhead is already negligible at tens of steps; capture time grows with each.
 CUDA_GRAPH_RANGE = (0, 1024)
-# Prefetched batches: up to twice the longest launch, the pool whose uploads overlap a whole launch (streamed.py).
-BATCH_POOL_RANGE = (1, 2 * CUDA_GRAPH_RANGE[1])
+# Streamed data's batch buffers on the device: 1 (the step gathers its own) or 2 (the next one staged; streamed.py).
+BATCH_POOL_RANGE = (1, 2)
 
 
 class ConfigError(ValueError):
@@ -94,7 +94,7 @@ class EngineConfig:
     precision: str = "tf32"         # fp32 (IEEE) | tf32 (tensor cores) | bf16 (fp32 master weights)
     cuda_graph: int = 1             # 0 = eager; N = N training steps per graph launch
     resident_data: bool = True      # stage the dataset on the device once, gather there
-    batch_pool: int = 3             # prefetched batch buffers of the host-streamed loader
+    batch_pool: int = 2             # streamed data's batch buffers on the device (2: the next batch is staged)
     profile: bool = False           # per-phase device-event timings of a step
     device: str | None = None       # cuda | cpu; None picks cuda when a GPU is visible
     vram_cap_gib: float | None = None  # cap the engine's device memory pool

@@ -19,9 +19,9 @@ import numpy as np
 
 from . import checks
 from .config import ConfigError, EngineConfig
-from .data.checks import DataError, check_batch, check_training_data
+from .data.checks import check_batch, check_training_data
 from .data.resident import ResidentDataset
-from .data.streamed import StreamedDataset, check_streamed_launch
+from .data.streamed import StreamedDataset
 from .layers.base import BuildContext
 from .model.network import Network, checked_network
 from .model.program import TrainingProgram
@@ -39,12 +39,10 @@ PROFILE_STEPS = 10   # steps a profiled train() times, at least (whole epochs)
 
 class Trainer:
     def __init__(self, net: Network, x: np.ndarray, t: np.ndarray, batch: int, config: EngineConfig | None = None,
-                 lr: float = 1e-3, seed: int = 0, fuse: bool = True, sync=None, loader_workers: int | None = None,
-                 step_hook=None):
+                 lr: float = 1e-3, seed: int = 0, fuse: bool = True, sync=None, step_hook=None):
         """sync: a `parallel.GradientSync` for data-parallel training (batch is then the global batch, split
         over the ranks; `train()` returns this rank's losses, `sync.mean_over_ranks` the global ones);
-        None trains in this process alone, with no extra work in the step. loader_workers: the streamed
-        loader's gather threads (resident_data=0; None: one per core, up to 8)."""
+        None trains in this process alone, with no extra work in the step."""
         self.net = net = checked_network(net)
         self.config = EngineConfig.given_or_from_env(config)
         x, t = check_training_data(x, t, net.input_shape, net.target_shape)
@@ -52,13 +50,9 @@ class Trainer:
         self.batch = check_batch(batch, len(x))
         lr, seed = checks.number("lr", lr, above=0.0), checks.seed("seed", seed)   # Adam checks lr again later
         fuse, step_hook = checks.flag("fuse", fuse), checks.optional_callable("step_hook", step_hook)
-        if loader_workers is not None:   # the loader's own check, before anything is allocated
-            loader_workers = checks.whole("loader_workers", loader_workers, error=DataError)
         self.backend = backend = get_backend(self.config)
         self.policy = policy_for(self.config.precision)
         self._check_vram_cap(net.param_specs(), net.buffer_specs())
-        if not self.config.resident_data and self.config.cuda_graph:
-            check_streamed_launch(self.config.cuda_graph, self.config.batch_pool)
         self.allocator = Allocator(backend)
         steps_per_epoch = len(x) // self.batch
         local_batch, shard = (self.batch, {}) if sync is None else (sync.local_batch(self.batch), sync.shard)
@@ -67,7 +61,7 @@ class Trainer:
                                          buffer_specs=net.buffer_specs())
             self.state = StepState(backend, self.allocator, steps_per_epoch)
             source = ResidentDataset if self.config.resident_data else StreamedDataset
-            extra = {} if self.config.resident_data else {"pool": self.config.batch_pool, "workers": loader_workers}
+            extra = {} if self.config.resident_data else {"pool": self.config.batch_pool}
             self.data = source(backend, self.allocator, self.policy, self.state, x, t, local_batch, seed,
                                **extra, **shard)
             ctx = BuildContext(backend, self.policy, self.allocator, self.params, local_batch)
@@ -102,6 +96,7 @@ class Trainer:
         self.program.forward()
         self._loss_and_backward()
         self.optimizer.step()
+        self.data.end_step()
         self.state.finish_step()
         if self.step_hook is not None:
             self.step_hook()
@@ -194,6 +189,7 @@ class Trainer:
                     timer.start()
                     phases[name]()
                     samples[name].append(timer.stop())
+                self.data.end_step()
                 self.state.finish_step()
                 self.data.after_launch(self.steps_done, 1)
                 self.steps_done += 1
@@ -201,10 +197,6 @@ class Trainer:
 
     def synchronize(self):
         self.backend.synchronize()
-
-    def close(self):
-        """Stop the streamed loader's threads now (garbage collection stops them too)."""
-        self.data.close()
 
     def memory_report(self) -> dict[str, int]:
         return self.allocator.report()

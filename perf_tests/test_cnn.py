@@ -16,7 +16,6 @@ import pytest
 
 from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.config import EngineConfig
-from gpuengine.data.streamed import overlapping_pool
 from gpuengine.reference import tf_common
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import cnn
@@ -65,8 +64,7 @@ def epochs_per_round(batch: int) -> int:
 def engine_runner(case) -> EngineTrainRunner:
     precision, graph, resident, batch = case
     x, t = cnn.cnn_data(SAMPLES, SHAPE)
-    config = EngineConfig(precision=precision, cuda_graph=graph, resident_data=resident,
-                          batch_pool=overlapping_pool(graph), device=DEVICE)
+    config = EngineConfig(precision=precision, cuda_graph=graph, resident_data=resident, device=DEVICE)
     return EngineTrainRunner(cnn.build_cnn(SHAPE), x, t, batch, config, epochs_per_round(batch),
                              lr=cnn.LEARNING_RATE)
 

@@ -17,7 +17,6 @@ import pytest
 
 from gpuengine.bench.runners import EngineInferRunner, EngineOneShotRunner, EngineTrainRunner
 from gpuengine.config import EngineConfig
-from gpuengine.data.streamed import overlapping_pool
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import mlp
 
@@ -66,8 +65,7 @@ def numpy_forward(weights: dict, x: np.ndarray) -> np.ndarray:
 def train_engine(case) -> EngineTrainRunner:
     precision, graph, resident, bpe = case
     x, t = mlp.mlp_data(TRAIN_BATCH * bpe, SHAPE)
-    config = EngineConfig(precision=precision, cuda_graph=graph, resident_data=resident,
-                          batch_pool=overlapping_pool(graph), device=DEVICE)
+    config = EngineConfig(precision=precision, cuda_graph=graph, resident_data=resident, device=DEVICE)
     return EngineTrainRunner(mlp.build_mlp(SHAPE), x, t, TRAIN_BATCH, config, max(1, STEPS_PER_ROUND // bpe),
                              lr=mlp.LEARNING_RATE)
 

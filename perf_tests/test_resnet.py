@@ -21,7 +21,6 @@ import pytest
 
 from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.config import EngineConfig
-from gpuengine.data.streamed import overlapping_pool
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import resnet
 
@@ -71,13 +70,16 @@ def case_id(case):
 CASES = plan.cases("resnet_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=120)
 
 
-def engine_runner(case, precision: str | None = None, name: str = "gpuengine") -> EngineTrainRunner:
-    """The engine of a case (at another precision for the bf16 cases' TF32 side)."""
-    dataset, case_precision, graph, resident = case
+def engine_runner(case, precision: str | None = None, name: str = "gpuengine",
+                  resident: bool | None = None) -> EngineTrainRunner:
+    """The engine of a case (at another precision for the bf16 cases' TF32 side, on resident data for a
+    streamed case's `gpuengine_resident` side)."""
+    dataset, case_precision, graph, case_resident = case
+    resident = case_resident if resident is None else resident
     shape = SHAPES[dataset]
     x, t = resnet.resnet_data(SAMPLES, shape)
     config = EngineConfig(precision=precision or case_precision, cuda_graph=graph, resident_data=resident,
-                          batch_pool=overlapping_pool(graph), device=DEVICE)
+                          device=DEVICE)
     runner = EngineTrainRunner(resnet.build_resnet(shape), x, t, BATCH, config, lr=resnet.LEARNING_RATE)
     runner.name = name
     return runner
@@ -99,6 +101,8 @@ def test_resnet_train(case, benchmark, compare, run_target, engine_for, referenc
                                              shape=shape, weights=weights, buffers=buffers) for mode in modes]
     if precision == "bf16" and ON_GPU and references(["gpuengine_tf32"]):
         refs.append(engine_runner(case, "tf32", name="gpuengine_tf32"))
+    if not resident and references(["gpuengine_resident"]):   # what streaming costs: the copy should hide
+        refs.append(engine_runner(case, resident=True, name="gpuengine_resident"))
     for runner in [engine, *refs]:
         assert runner.parameter_count() == resnet.parameter_count(shape), runner.name
         runner.prepare()

@@ -27,7 +27,6 @@ import pytest
 
 from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.config import EngineConfig
-from gpuengine.data.streamed import overlapping_pool
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import zoo
 
@@ -91,14 +90,17 @@ def ms_per_batch(comparison, runners) -> dict[str, float]:
     return {name: float(np.median(ms)) / steps[name] for name, ms in comparison.times_ms.items()}
 
 
-def engine_runner(case) -> EngineTrainRunner:
-    name, precision, resident = case
-    entry = zoo.zoo_net(name)
+def engine_runner(case, resident: bool | None = None, name: str = "gpuengine") -> EngineTrainRunner:
+    """The engine of a case (on resident data for a streamed case's `gpuengine_resident` side)."""
+    network, precision, case_resident = case
+    entry = zoo.zoo_net(network)
     shape = entry.shape(REDUCED)
     x, t = zoo.zoo_data(SAMPLES, shape.size, shape.classes)
-    config = EngineConfig(precision=precision, cuda_graph=GRAPH, resident_data=resident,
-                          batch_pool=overlapping_pool(GRAPH), device=DEVICE)
-    return EngineTrainRunner(entry.network(REDUCED), x, t, BATCH, config, lr=LR)
+    config = EngineConfig(precision=precision, cuda_graph=GRAPH,
+                          resident_data=case_resident if resident is None else resident, device=DEVICE)
+    runner = EngineTrainRunner(entry.network(REDUCED), x, t, BATCH, config, lr=LR)
+    runner.name = name
+    return runner
 
 
 ENGINES = plan.recipes(test_zoo_train=(CASES, engine_runner))
@@ -129,6 +131,8 @@ def test_zoo_train(case, benchmark, compare, run_target, engine_for, references)
     if keras_reason is None and precision == "tf32" and not resident:
         refs.append(tf_zoo.zoo_fit_runner(name, x, t, BATCH, precision, lr=LR))
     benchmark.extra_info["tf_keras"] = keras_reason or "run"
+    if not resident and references(["gpuengine_resident"]):   # what streaming costs: the copy should hide
+        refs.append(engine_runner(case, resident=True, name="gpuengine_resident"))
     for runner in [engine, *refs]:
         runner.prepare()
     runners = [*sides(engine), *refs]

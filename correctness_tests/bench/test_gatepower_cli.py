@@ -63,7 +63,7 @@ def test_a_store_that_cannot_be_written_is_refused_before_the_sessions(capsys, n
 def test_a_bad_engine_toggle_is_refused_before_the_sessions(capsys, no_session, tmp_path, monkeypatch):
     monkeypatch.setenv("GPUENGINE_BATCH_POOL", "0")
     line = refused(capsys, "gatepower", "--store", str(tmp_path))
-    assert line == "GPUENGINE_BATCH_POOL='0' is not accepted; use a whole number from 1 to 2048"
+    assert line == "GPUENGINE_BATCH_POOL='0' is not accepted; use a whole number from 1 to 2"
 
 
 def test_good_options_reach_the_sessions(tmp_path, monkeypatch, capsys):

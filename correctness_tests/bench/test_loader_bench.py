@@ -11,12 +11,12 @@ from gpuengine.runtime.backend import Backend
 from gpuengine.workloads.mlp import MLPShape, mlp_data
 
 SHAPE = MLPShape(inputs=31, hidden=8)     # 31 float32 inputs + 1 target: 128 bytes a sample
-CPU = EngineConfig(device="cpu", precision="fp32", batch_pool=3)
+CPU = EngineConfig(device="cpu", precision="fp32", batch_pool=2)
 
 
 def test_the_loader_runner_counts_bytes_and_delivers_each_steps_rows():
     x, t = mlp_data(1000, SHAPE)
-    loader = LoaderRunner(x, t, 100, CPU, steps_per_round=7, workers=2)
+    loader = LoaderRunner(x, t, 100, CPU, steps_per_round=7)
     assert loader.data.bytes_per_step == 100 * 128
     assert loader.samples_per_round == loader.bytes_per_round == 7 * 100 * 128
     loader.prepare()
@@ -26,12 +26,11 @@ def test_the_loader_runner_counts_bytes_and_delivers_each_steps_rows():
         np.testing.assert_array_equal(bt, t[rows])
         np.testing.assert_array_equal(bx, x[rows])
     assert loader.steps_done == 21
-    loader.close()
 
 
 def test_the_ratio_against_pinned_copies_is_a_bandwidth_ratio():
     x, t = mlp_data(1000, SHAPE)
-    loader = LoaderRunner(x, t, 100, CPU, steps_per_round=4, workers=1)
+    loader = LoaderRunner(x, t, 100, CPU, steps_per_round=4)
     pinned = PinnedCopyRunner(loader.backend, loader.data.bytes_per_step, copies=8)
     assert pinned.samples_per_round == pinned.bytes_per_round == 8 * 100 * 128
     for runner in (loader, pinned):
@@ -42,7 +41,6 @@ def test_the_ratio_against_pinned_copies_is_a_bandwidth_ratio():
     assert comparison.ratios[pinned.name].median == pytest.approx(expected)
     np.testing.assert_array_equal(pinned.device, pinned.host)
     assert pinned.host.any()                 # never timed on zeros
-    loader.close()
 
 
 def test_a_bound_runner_counts_the_engines_samples():

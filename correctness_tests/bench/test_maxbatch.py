@@ -242,10 +242,10 @@ def test_engine_variants_and_references_pair_into_rows():
         asked.append((spec.mode, spec.label))
         return searched(400_000 if spec.engine == "torch_eager" else 800_000)
 
-    rows = compare_max_batches(TrialSpec(), ["gpuengine", "torch_eager"], batch_pools=(1, 3), searcher=searcher)
+    rows = compare_max_batches(TrialSpec(), ["gpuengine", "torch_eager"], batch_pools=(1, 2), searcher=searcher)
     train = [r for r in rows if r.mode == "train"]
     assert [r.engine for r in train] == ["gpuengine[resident]", "gpuengine[streamed,pool=1]",
-                                         "gpuengine[streamed,pool=3]"]
+                                         "gpuengine[streamed,pool=2]"]
     assert [r.engine for r in rows if r.mode == "infer"] == ["gpuengine"]
     assert all(r.ratio == pytest.approx(2.0, rel=2e-3) for r in rows)
     assert len(asked) == len(set(asked)) == 6          # each search once, however many rows use it

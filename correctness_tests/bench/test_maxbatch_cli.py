@@ -37,7 +37,7 @@ def no_trial(monkeypatch):
     ("--limit", "0", "a whole number >= 1"),
     ("--precision-target", "0", "a number > 0 and < 1"), ("--precision-target", "1", "a number > 0 and < 1"),
     ("--timeout", "-1", "a number > 0"), ("--timeout", "0", "a number > 0"), ("--timeout", "nan", "a number > 0"),
-    ("--batch-pool", "0", "a whole number from 1 to 2048"),
+    ("--batch-pool", "3", "a whole number from 1 to 2"),
     ("--cap-gib", "0", "a positive number of GiB, or 'full'"), ("--cap-gib", "inf", "a positive number of GiB, "
                                                                                       "or 'full'"),
     ("--cap-gib", "six", "a positive number of GiB, or 'full'")])
@@ -102,9 +102,9 @@ def test_without_a_gpu_the_default_engines_leave_torch_graph_out(searched):
 
 def test_good_arguments_reach_the_search(searched):
     assert cli_main(["maxbatch", "mlp", *CPU, "--quiet", "--start", "1", "--limit", "1", "--precision-target",
-                     "0.5", "--timeout", "0.5", "--batch-pool", "1", "2048"]) == 0
+                     "0.5", "--timeout", "0.5", "--batch-pool", "1", "2"]) == 0
     assert (searched["start"], searched["limit"], searched["precision"], searched["timeout_s"]) == (1, 1, 0.5, 0.5)
-    assert searched["batch_pools"] == [1, 2048]
+    assert searched["batch_pools"] == [1, 2]
 
 
 def test_the_json_is_written_aside_and_renamed(searched, tmp_path):
@@ -127,6 +127,6 @@ def test_a_json_write_that_fails_at_the_end_is_one_line(searched, tmp_path, monk
 
 def test_a_name_given_twice_is_searched_once(searched):
     assert cli_main(["maxbatch", "mlp", *CPU, "--quiet", "--engines", "gpuengine", "torch_eager", "gpuengine",
-                     "--batch-pool", "3", "1", "3", "--modes", "infer", "infer"]) == 0
-    assert searched["engines"] == ["gpuengine", "torch_eager"] and searched["batch_pools"] == [3, 1]
+                     "--batch-pool", "2", "1", "2", "--modes", "infer", "infer"]) == 0
+    assert searched["engines"] == ["gpuengine", "torch_eager"] and searched["batch_pools"] == [2, 1]
     assert searched["modes"] == ["infer"]

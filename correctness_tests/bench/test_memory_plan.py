@@ -52,8 +52,8 @@ def test_report_has_every_category_and_they_add_up():
     assert report["optimizer"] == 2 * params * F32
 
 
-@pytest.mark.parametrize("resident,pool,batch", [(True, 3, 8192), (True, 3, 1024), (False, 1, 2048),
-                                                 (False, 3, 2048)])
+@pytest.mark.parametrize("resident,pool,batch", [(True, 2, 8192), (True, 2, 1024), (False, 1, 2048),
+                                                 (False, 2, 2048)])
 def test_training_report_matches_what_construction_allocated(resident, pool, batch):
     x, t = mlp_data(8192, SHAPE)
     config = cpu_config(resident_data=resident, batch_pool=pool)
@@ -112,8 +112,8 @@ def test_a_full_batch_step_equals_the_batch_computed_directly():
         np.testing.assert_allclose(grad, direct[f"grad:{name}"], rtol=1e-5, atol=1e-7, err_msg=name)
 
 
-@pytest.mark.parametrize("pool,copies", [(1, 1), (2, 3), (3, 4)])
-def test_streamed_batch_copies_are_the_pool_plus_one_except_for_a_pool_of_one(pool, copies):
+@pytest.mark.parametrize("pool,copies", [(1, 1), (2, 2)])
+def test_streamed_batch_copies_on_the_device_are_the_pool(pool, copies):
     batch = 256
     x, t = mlp_data(4 * batch, SHAPE)
     trainer = Trainer(build_mlp(SHAPE), x, t, batch, cpu_config(resident_data=False, batch_pool=pool))
@@ -132,8 +132,8 @@ def test_the_fused_head_writes_its_gradient_over_the_hidden_activations():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device): GPU-only test")
-@pytest.mark.parametrize("mode,resident,pool", [("train", True, 3), ("train", False, 1), ("train", False, 3),
-                                                ("infer", True, 3)])
+@pytest.mark.parametrize("mode,resident,pool", [("train", True, 2), ("train", False, 1), ("train", False, 2),
+                                                ("infer", True, 2)])
 def test_pool_after_a_step_matches_the_report_within_5_percent(mode, resident, pool):
     import cupy
     batch = 65536

@@ -1,10 +1,11 @@
-"""On a GPU: the streamed loader's pinned ring, copy streams and events (gpuengine/data/uploads.py).
+"""On a GPU: the streamed data set read by the device from mapped pinned host memory (gpuengine/data/streamed.py).
 
-The ring's scheduling is checked on the NumPy backend (test_loader.py); these
+The staging protocol is checked on the NumPy backend (test_loader.py); these
 tests carry it to the CUDA path: the batches that land in the device buffers,
-training that equals resident training, a Python thread that never waits on
-the compute stream, no steady-state allocation, and the copy benchmark's
-runners.
+reads that really come from the host copy, a device that holds batches and
+not the data set, training that equals resident training bit for bit, no
+host wait on the compute stream, no steady-state allocation, and the copy
+benchmark's runners.
 """
 from __future__ import annotations
 
@@ -28,34 +29,48 @@ pytestmark = [pytest.mark.gpu,
 SHAPE = MLPShape(inputs=256, hidden=64)
 
 
-@pytest.mark.parametrize("precision,pool,workers", [("fp32", 1, 1), ("fp32", 3, 4), ("bf16", 4, 3)])
-def test_the_device_batch_buffers_hold_each_steps_rows(precision, pool, workers):
-    x, t = mlp_data(2000, SHAPE)
-    loader = LoaderRunner(x, t, 300, EngineConfig(precision=precision, batch_pool=pool), 1, workers=workers)
+@pytest.mark.parametrize("precision,pool,features", [("fp32", 1, 256), ("fp32", 2, 256), ("bf16", 2, 256),
+                                                      ("fp32", 2, 37632)])   # 150 KB rows: chunked over warps
+def test_the_device_batch_buffers_hold_each_steps_rows(precision, pool, features):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((400, features)).astype(np.float32)
+    t = np.arange(400, dtype=np.float32)[:, None]
+    loader = LoaderRunner(x, t, 60, EngineConfig(precision=precision, batch_pool=pool), 1)
     for _ in range(14):                      # 6 steps an epoch: crosses two epoch boundaries
         loader.run_round()
         bx, bt, rows = loader.delivered()
         np.testing.assert_array_equal(bt, t[rows])
         np.testing.assert_array_equal(bx, x[rows].astype(bx.dtype))
-    loader.close()
 
 
-@pytest.mark.parametrize("graph,pool", [(0, 3), (1, 2), (4, 8)])
-def test_streamed_training_equals_resident_training(graph, pool):
+def test_the_gather_reads_the_host_copy_and_the_device_holds_only_batches():
+    import cupy
+    x, t = mlp_data(1 << 15, SHAPE)           # 32 MiB of inputs, 512 KiB a batch
+    pool_memory = cupy.get_default_memory_pool()
+    before = pool_memory.used_bytes()
+    loader = LoaderRunner(x, t, 512, EngineConfig(precision="fp32", batch_pool=2), 1)
+    assert pool_memory.used_bytes() - before < 4 * loader.bytes_per_step() + (1 << 20)
+    loader.data.host_x.host[...] = 7.0       # written on the host after construction
+    loader.run_round()
+    loader.run_round()                       # the first round's batch was staged before the write
+    bx, _, _ = loader.delivered()
+    assert (bx == 7.0).all(), "the batch did not come from the pinned host copy"
+
+
+@pytest.mark.parametrize("graph,pool", [(0, 1), (0, 2), (1, 2), (4, 2), (4, 1)])
+def test_streamed_training_equals_resident_training_bit_for_bit(graph, pool):
     x, t = mlp_data(4096, SHAPE)
     resident = Trainer(build_mlp(SHAPE), x, t, 512, EngineConfig(precision="fp32", cuda_graph=graph)).train(3)
     trainer = Trainer(build_mlp(SHAPE), x, t, 512, EngineConfig(precision="fp32", cuda_graph=graph,
-                                                                 resident_data=False, batch_pool=pool),
-                      loader_workers=4)
-    np.testing.assert_allclose(trainer.train(3), resident, rtol=1e-6)
-    trainer.close()
+                                                                 resident_data=False, batch_pool=pool))
+    assert trainer.train(3) == resident
 
 
-def test_launches_are_queued_without_waiting_for_the_compute_stream():
-    """Hand-over is by events: with the compute stream held up for 0.5 s, a whole ring of steps is acquired,
-    read and released in far less, and the compute stream is still busy afterwards."""
+def test_steps_are_queued_without_waiting_for_the_compute_stream():
+    """No host wait anywhere in the streamed step: with the compute stream held up for 0.5 s, a round of
+    steps is queued in far less, and the compute stream is still busy afterwards."""
     x, t = mlp_data(4096, SHAPE)
-    loader = LoaderRunner(x, t, 512, EngineConfig(precision="fp32", batch_pool=4), 4, workers=2)
+    loader = LoaderRunner(x, t, 512, EngineConfig(precision="fp32", batch_pool=2), 4)
     loader.prepare()
     delay = StepDelay(loader.backend, 500_000)
     with loader.backend.activate():
@@ -67,13 +82,12 @@ def test_launches_are_queued_without_waiting_for_the_compute_stream():
     assert queued_s < 0.25, f"queueing 4 steps took {queued_s:.3f} s behind a 0.5 s kernel"
     bx, bt, rows = loader.delivered()
     np.testing.assert_array_equal(bt, t[rows])
-    loader.close()
 
 
 def test_streamed_steady_state_allocates_nothing():
     x, t = mlp_data(4096, SHAPE)
     assert_steady_state_allocates_nothing(build_mlp(SHAPE), x, t, 512, [
-        EngineConfig(precision="fp32", cuda_graph=g, resident_data=False, batch_pool=p) for g, p in ((0, 3), (2, 4))])
+        EngineConfig(precision="fp32", cuda_graph=g, resident_data=False, batch_pool=p) for g, p in ((0, 2), (2, 1))])
 
 
 def test_pinned_copies_report_a_bandwidth_and_move_the_bytes():
@@ -83,4 +97,3 @@ def test_pinned_copies_report_a_bandwidth_and_move_the_bytes():
     np.testing.assert_array_equal(runner.device.get(), runner.host)
     assert 1 < runner.last_round_gbps() < 1000
     assert 1 < measure_pinned_h2d_gbps(loader.backend, total_bytes=256 << 20) < 1000
-    loader.close()

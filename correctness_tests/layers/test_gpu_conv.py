@@ -203,7 +203,7 @@ def test_resident_and_streamed_train_identically():
     net = build_cnn(SHAPE)
     x, t = cnn_data(4096, SHAPE)
     resident = Trainer(net, x, t, 1024, EngineConfig(resident_data=True, cuda_graph=2)).train(3)
-    streamed = Trainer(net, x, t, 1024, EngineConfig(resident_data=False, cuda_graph=2, batch_pool=3)).train(3)
+    streamed = Trainer(net, x, t, 1024, EngineConfig(resident_data=False, cuda_graph=2, batch_pool=2)).train(3)
     np.testing.assert_allclose(streamed, resident, rtol=1e-6)
 
 

@@ -66,7 +66,7 @@ def sharded_dataset(kind, x, t, batch, seed, rank, world):
     policy = policy_for("fp32")
     if kind == "resident":
         return ResidentDataset(backend, allocator, policy, state, x, t, batch, seed, rank=rank, world=world)
-    return StreamedDataset(backend, allocator, policy, state, x, t, batch, seed, pool=3, rank=rank, world=world)
+    return StreamedDataset(backend, allocator, policy, state, x, t, batch, seed, pool=2, rank=rank, world=world)
 
 
 @pytest.mark.parametrize("kind", ["resident", "streamed"])

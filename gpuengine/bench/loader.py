@@ -12,9 +12,10 @@ round by round:
   stands for the bandwidth, or the engine's samples when it stands for the
   bound of a training round that moves the same bytes.
 - `LoaderRunner`: the streamed loader alone (no training): every step's batch
-  gathered by the workers, uploaded, waited for and read into the static batch
-  buffers, none of a round's batches prefetched before its clock starts. Its `samples_per_round` is bytes, so its ratio against a
-  `PinnedCopyRunner` of bytes is its fraction of the copy bandwidth.
+  gathered by the device from random rows of the pinned host data set into the
+  step's buffers, exactly as a training step does. Its `samples_per_round` is
+  bytes, so its ratio against a `PinnedCopyRunner` of bytes is its fraction of
+  the copy bandwidth.
 On the NumPy backend the "copy" is a host memcpy and nothing is gated.
 """
 from __future__ import annotations
@@ -48,7 +49,7 @@ class PinnedCopyRunner:
         self._last_ms: float | None = None
         if backend.is_gpu:
             import cupy
-            from ..data.uploads import pinned_empty
+            from ..data.pinned import pinned_empty
             self._runtime, self._elapsed_ms = cupy.cuda.runtime, cupy.cuda.get_elapsed_time
             self.host = pinned_empty((self.chunk_bytes,), np.uint8)
             self.host[...] = noise
@@ -108,13 +109,13 @@ class LoaderRunner:
     name = "gpuengine_loader"
 
     def __init__(self, x: np.ndarray, t: np.ndarray, batch: int, config: EngineConfig, steps_per_round: int,
-                 workers: int | None = None, seed: int = 0):
+                 seed: int = 0):
         self.backend = backend = get_backend(config)
         allocator = Allocator(backend)
         with backend.activate():
             self.state = StepState(backend, allocator, len(x) // batch)
             self.data = StreamedDataset(backend, allocator, policy_for(config.precision), self.state, x, t, batch,
-                                        seed, pool=config.batch_pool, workers=workers)
+                                        seed, pool=config.batch_pool)
         self.steps_per_round = steps_per_round
         self.bytes_per_round = steps_per_round * self.data.bytes_per_step
         self.samples_per_round = self.bytes_per_round   # bytes: a ratio against PinnedCopyRunner is a bandwidth ratio
@@ -125,13 +126,11 @@ class LoaderRunner:
         self.synchronize()
 
     def run_round(self):
-        # The ring prefetches `pool` steps ahead; unbounded, the next round's first batches would be gathered and
-        # uploaded between rounds, off the clock (up to pool/steps_per_round of its bytes for free).
-        self.data.prefetch_until(self.steps_done + self.steps_per_round - 1)
         with self.backend.activate():
             for _ in range(self.steps_per_round):
                 self.data.before_launch(self.steps_done, 1)
                 self.data.load_batch()
+                self.data.end_step()
                 self.state.finish_step()
                 self.data.after_launch(self.steps_done, 1)
                 self.steps_done += 1
@@ -147,6 +146,3 @@ class LoaderRunner:
         self.synchronize()
         return (self.backend.to_host(self.data.batch_x), self.backend.to_host(self.data.batch_t),
                 self.data.rows_of_step(self.steps_done - 1))
-
-    def close(self):
-        self.data.close()

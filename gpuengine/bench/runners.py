@@ -28,10 +28,9 @@ class EngineTrainRunner:
     name = "gpuengine"
 
     def __init__(self, net: Network, x: np.ndarray, t: np.ndarray, batch: int, config: EngineConfig,
-                 epochs_per_round: int = 1, lr: float = 1e-3, seed: int = 0, loader_workers: int | None = None,
-                 sync=None):
+                 epochs_per_round: int = 1, lr: float = 1e-3, seed: int = 0, sync=None):
         """sync: a parallel.GradientSync: data parallel, `batch` the global batch (samples counted over ranks)."""
-        self.trainer = Trainer(net, x, t, batch, config, lr=lr, seed=seed, loader_workers=loader_workers, sync=sync,
+        self.trainer = Trainer(net, x, t, batch, config, lr=lr, seed=seed, sync=sync,
                                step_hook=injected_delay.step_hook(config))
         self.epochs_per_round = epochs_per_round
         steps = self.trainer.steps_per_epoch * epochs_per_round
@@ -45,7 +44,7 @@ class EngineTrainRunner:
         return self.trainer.params.state_dict()
 
     def bytes_per_step(self) -> int:
-        """Host bytes one step's batch carries (streamed data: what the loader uploads per step)."""
+        """Host bytes one step's batch carries (streamed data: what the gather reads over PCIe per step)."""
         return self.trainer.data.bytes_per_step
 
     def buffers_dict(self) -> dict | None:
@@ -56,10 +55,6 @@ class EngineTrainRunner:
         self.trainer.warm_up()
 
     def run_round(self):
-        # Streamed data: nothing of this round is gathered or uploaded before its clock starts (bench/loader.py).
-        prefetch_until = getattr(self.trainer.data, "prefetch_until", None)
-        if prefetch_until is not None:
-            prefetch_until(self.trainer.steps_done + self.epochs_per_round * self.trainer.steps_per_epoch - 1)
         self.trainer.run_epochs(self.epochs_per_round)
 
     def synchronize(self):

@@ -36,7 +36,7 @@ class ResidentDataset:
         self.batch_x = allocator.zeros((batch,) + x.shape[1:], policy.compute_dtype, "batch")
         self.batch_t = allocator.zeros((batch,) + t.shape[1:], np.float32, "batch")
         self._gather = DeviceGather(backend, state, self.x, self.t, self.batch_x, self.batch_t,
-                                    shuffled=True, seed=seed, rank=rank, world=world)
+                                    seed=seed, rank=rank, world=world)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -52,8 +52,8 @@ class ResidentDataset:
         if self._gather is not None:
             self._gather.run()
 
-    def close(self):
-        """No threads or host buffers to release."""
+    def end_step(self):
+        """Nothing runs beside the step."""
 
     def rows_of_step(self, step: int) -> np.ndarray:
         if self._gather is None:

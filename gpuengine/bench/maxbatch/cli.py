@@ -30,8 +30,8 @@ def add_parser(commands) -> None:
     mb.add_argument("--engines", nargs="+", choices=ENGINES,
                     help="which of the engine and the PyTorch references to search (default: all; with "
                          "--device cpu all but torch_graph, which captures a CUDA graph)")
-    mb.add_argument("--batch-pool", nargs="+", type=whole(*BATCH_POOL_RANGE), default=[1, 3],
-                    help="streamed-loader pool sizes to search for training (default: 1 3)")
+    mb.add_argument("--batch-pool", nargs="+", type=whole(*BATCH_POOL_RANGE), default=[1, 2],
+                    help="streamed-loader pool sizes to search for training (default: 1 2)")
     mb.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     mb.add_argument("--start", type=whole(1), default=1024, help="first batch tried; the search doubles from it")
     mb.add_argument("--limit", type=whole(1), default=1 << 31, help="largest batch tried (the table shows >= it)")

@@ -307,7 +307,7 @@ def engine_specs(base: TrialSpec, batch_pools) -> list[TrialSpec]:
     return specs
 
 
-def compare_max_batches(base: TrialSpec, engines, batch_pools=(1, 3), modes=("train", "infer"), start: int = 1024,
+def compare_max_batches(base: TrialSpec, engines, batch_pools=(1, 2), modes=("train", "infer"), start: int = 1024,
                         precision: float = 1e-3, limit: int = 1 << 31, timeout_s: float = TRIAL_TIMEOUT_S,
                         log: Callable[[str], None] | None = None,
                         searcher: Callable[..., SearchResult] = search) -> list[MaxBatchRow]:

@@ -1,7 +1,7 @@
 """One max-batch trial, in a process of its own: does this batch fit under the memory cap?
 
     python -m gpuengine.bench.maxbatch.trial --workload mlp --mode train --engine gpuengine \
-        --batch 400000 --precision tf32 --cap-gib 6 --batch-pool 3
+        --batch 400000 --precision tf32 --cap-gib 6 --batch-pool 2
 
 prints one JSON line {status, peak_bytes, measured_by, error, ...} and exits 0;
 a process that dies without printing it is an ERROR for the caller. A fresh
@@ -43,7 +43,7 @@ class TrialSpec:
     engine: str = "gpuengine"
     precision: str = "tf32"
     cap_gib: float | None = 6.0     # None: the whole device
-    batch_pool: int = 3
+    batch_pool: int = 2
     data: str = "resident"          # the engine's data placement: resident | streamed
     shape: str = "seed"             # the workload's shape: seed | smoke
     device: str = "cuda"
@@ -83,7 +83,7 @@ def parse_args(argv=None) -> tuple[TrialSpec, int]:
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--precision", default="tf32")
     p.add_argument("--cap-gib", type=parse_cap, default=6.0)
-    p.add_argument("--batch-pool", type=int, default=3)
+    p.add_argument("--batch-pool", type=int, default=2)
     p.add_argument("--data", choices=("resident", "streamed"), default="resident")
     p.add_argument("--shape", default="seed")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")

@@ -201,9 +201,9 @@ def seed_000(tier: TierRuns) -> list[Table]:
                     measured(tier, infer_found, max_batch_of(reference)))
     engine_train = batch_sources.find(max_batch.format("train", "torch_eager"))
     engine_infer = batch_sources.find(max_batch.format("infer", "torch_eager"))
-    batches.add(note("OpenNN, pool of 3 (default)", "000"), "gpuengine streamed, batch_pool 3",
+    batches.add(note("OpenNN, pool of 3 (default)", "000"), "gpuengine streamed, batch_pool 2 (default)",
                 note("306,708", "000"), note(NONE, "000"),
-                measured(tier, pool_cost, max_batch_of("gpuengine[streamed,pool=3]")), Cell(NONE))
+                measured(tier, pool_cost, max_batch_of("gpuengine[streamed,pool=2]")), Cell(NONE))
     batches.add(note("OpenNN, pool of 1", "000"), "gpuengine streamed, batch_pool 1", note("482,344", "000"),
                 note("524,288", "000"), measured(tier, pool_cost, max_batch_of("gpuengine[streamed,pool=1]")),
                 Cell(NONE))
