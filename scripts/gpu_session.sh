@@ -26,6 +26,9 @@
 #                ab       `./gate perf --against build/base` (the quick tier A/B against the checkout carried to
 #                         build/base, its commit in build/base/COMMIT: `scripts/gpu_session.sh base REV` makes it)
 #                ab-core  the same for the MLP and CNN cases
+#                data     the GPU tests of the data path (streamed and resident gathers, memory plans, sharding)
+#                perf-streamed `./gate perf --full --against none` of the loader, the zoo's TF32 streamed cases and
+#                         ResNet's streamed graph8 case, each streamed case beside the engine on resident data
 #                study-ab the power study in A/B mode against build/base (A/A at level 0): MLP, CNN, Transformer,
 #                         3 sessions of 20 s of trials per test
 #                calibrate / study   `python -m gpuengine gatepower calibrate -m gatepower` / the power study
@@ -64,6 +67,10 @@ step_zoo() { python3 -m pytest correctness_tests/ops/test_gpu_depthwise.py corre
 step_gpu() { python3 -m pytest correctness_tests -m gpu -q -p no:cacheprovider -rs --durations=15; }
 step_gpu-api() { python3 -m pytest correctness_tests -m gpu -k "attention or transformer or predict or embedding or checks" \
     -q -p no:cacheprovider -rs --durations=10; }
+step_data() { python3 -m pytest correctness_tests -m gpu -k "loader or streamed or memory_plan or gather or sharding" \
+    -q -p no:cacheprovider -rs --durations=10; }
+step_perf-streamed() { ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none \
+    -k "test_loader or (test_zoo and tf32-streamed) or (test_resnet and graph8-streamed)"; }
 step_perf() { ./gate perf -p no:cacheprovider --durations=0; }
 step_perf-core() { ./gate perf -p no:cacheprovider --durations=0 -k "test_mlp_train or test_mlp_infer or test_cnn_train"; }
 step_perf-new() { ./gate perf -p no:cacheprovider --durations=0 -k "zoo or loader or streamed or test_resnet_train"; }
