@@ -19,6 +19,7 @@ import numpy as np
 from .checks import DataError
 
 _PORTABLE, _MAPPED = 1, 2   # cudaHostAllocPortable, cudaHostAllocMapped
+_UNIFIED_ADDRESSING = 41     # cudaDevAttrUnifiedAddressing
 
 
 def host_memory() -> dict[str, int]:
@@ -63,8 +64,12 @@ class PinnedBlock:
         owner.keep(buffer)
         self.host = np.frombuffer(buffer, np.uint8)[:nbytes].view(dtype).reshape(shape)
         with backend.activate():
-            device_pointer = runtime.hostGetDevicePointer(pointer, 0)
-            memory = cupy.cuda.UnownedMemory(device_pointer, max(1, nbytes), owner)
+            device = cupy.cuda.Device().id
+            if not runtime.deviceGetAttribute(_UNIFIED_ADDRESSING, device):
+                raise DataError(f"streaming from host memory needs unified addressing, which device {device} lacks; "
+                                "train on resident data (resident_data=1)")
+            # Under unified addressing a cudaHostAlloc block has the same address on the device as on the host.
+            memory = cupy.cuda.UnownedMemory(pointer, max(1, nbytes), owner)
             self.device = cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(memory, 0))
 
 
