@@ -69,7 +69,7 @@ class PinnedBlock:
                 raise DataError(f"streaming from host memory needs unified addressing, which device {device} lacks; "
                                 "train on resident data (resident_data=1)")
             # Under unified addressing a cudaHostAlloc block has the same address on the device as on the host.
-            memory = cupy.cuda.UnownedMemory(pointer, max(1, nbytes), owner)
+            memory = cupy.cuda.UnownedMemory(pointer, max(1, nbytes), owner, device_id=device)
             self.device = cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(memory, 0))
 
 
