@@ -8,9 +8,10 @@ graph with no host work; under data parallelism B is the global batch and rank
 r reads positions r * b .. r * b + b - 1 of it (b its own batch). The source is
 device memory (resident data) or mapped pinned host memory (streamed data,
 pinned.py): then every read crosses PCIe, so long rows are split into chunks
-over more warps, and each lane issues its loads before its stores, to keep
-enough reads in flight to fill the link. Rows are copied as 16-byte or 4-byte
-words; targets ride along.
+over more warps, each lane issues its loads before its stores, and a small
+grid strides over the work, keeping enough reads in flight to fill the link
+while leaving the SMs to the step's compute. Rows are copied as 16-byte or
+4-byte words; targets ride along.
 """
 from __future__ import annotations
 
@@ -22,37 +23,45 @@ from .shuffle import DEVICE_SOURCE, batch_rows, half_bits
 _SOURCE = DEVICE_SOURCE + r"""
 extern "C" __global__ void gather(const WORD_T* __restrict__ src_x, const float* __restrict__ src_t,
                                   WORD_T* __restrict__ out_x, float* __restrict__ out_t,
-                                  int row_words, int chunk_words, int target_width, const long long* step, int ahead,
-                                  long long steps_per_epoch, int batch, unsigned int n, unsigned int half,
+                                  int row_words, int chunk_words, int chunks, int target_width, const long long* step,
+                                  int ahead, long long steps_per_epoch, int batch, unsigned int n, unsigned int half,
                                   unsigned int seed, unsigned int global_batch, unsigned int rank_offset) {
-    // One warp per (batch row, chunk of the row), 8 warps per block; blockIdx.y is the chunk.
+    // One warp per (batch row, chunk of the row) item; warps stride over the items when the grid is smaller.
     const int lane = threadIdx.x & 31;
-    const int i = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (i >= batch) return;
     const long long s = step[0] + ahead;
     const unsigned int epoch = (unsigned int)(s / steps_per_epoch);
     const unsigned int position = (unsigned int)(s % steps_per_epoch);
-    const long long row = feistel_permute(position * global_batch + rank_offset + (unsigned int)i, n, half,
-                                          epoch_key(seed, epoch));
-    const WORD_T* src = src_x + row * row_words;
-    WORD_T* dst = out_x + (long long)i * row_words;
-    const int first = blockIdx.y * chunk_words;
-    const int last = min(row_words, first + chunk_words);
-    for (int w = first + lane; w < last; w += 4 * 32) {
-        WORD_T v[4];
-        #pragma unroll
-        for (int k = 0; k < 4; ++k) if (w + k * 32 < last) v[k] = src[w + k * 32];
-        #pragma unroll
-        for (int k = 0; k < 4; ++k) if (w + k * 32 < last) dst[w + k * 32] = v[k];
+    const unsigned int key = epoch_key(seed, epoch);
+    const long long items = (long long)batch * chunks;
+    const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long item = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); item < items;
+         item += warps) {
+        const int i = (int)(item / chunks), chunk = (int)(item % chunks);
+        const long long row = feistel_permute(position * global_batch + rank_offset + (unsigned int)i, n, half, key);
+        const WORD_T* src = src_x + row * row_words;
+        WORD_T* dst = out_x + (long long)i * row_words;
+        const int first = chunk * chunk_words;
+        const int last = min(row_words, first + chunk_words);
+        for (int w = first + lane; w < last; w += 4 * 32) {
+            WORD_T v[4];
+            #pragma unroll
+            for (int k = 0; k < 4; ++k) if (w + k * 32 < last) v[k] = src[w + k * 32];
+            #pragma unroll
+            for (int k = 0; k < 4; ++k) if (w + k * 32 < last) dst[w + k * 32] = v[k];
+        }
+        if (chunk == 0)
+            for (int c = lane; c < target_width; c += 32)
+                out_t[(long long)i * target_width + c] = src_t[row * target_width + c];
     }
-    if (blockIdx.y == 0)
-        for (int c = lane; c < target_width; c += 32)
-            out_t[(long long)i * target_width + c] = src_t[row * target_width + c];
 }
 """
 
 _ROWS_PER_BLOCK = 8
 _HOST_CHUNK_BYTES = 4096   # a warp's share of a host row: 150 KB images spread over 37 warps each
+# Host reads wait on PCIe: a full grid would hold every SM for the whole copy and the step's compute kernels,
+# on the other branch, would queue behind it (H100: streamed = resident + copy time). 32 blocks keep 512 KB
+# of reads in flight, enough for the link, and leave the SMs to the compute.
+_HOST_BLOCKS = 32
 
 
 def as_words(a):
@@ -84,6 +93,8 @@ class DeviceGather:
             self._chunk_words = (max(1, _HOST_CHUNK_BYTES // word_bytes) if host_source
                                  else max(1, self._row_words))
             self._chunks = -(-self._row_words // self._chunk_words) if self._row_words else 1
+            blocks = -(-self.batch * self._chunks // _ROWS_PER_BLOCK)
+            self._blocks = min(blocks, _HOST_BLOCKS) if host_source else blocks
             self._kernel = get_kernel(_SOURCE, "gather", WORD_T=word_type)
 
     def run(self, ahead: int = 0):
@@ -93,9 +104,10 @@ class DeviceGather:
             np.take(self.src_x, rows, axis=0, out=self.out_x)
             np.take(self.src_t, rows, axis=0, out=self.out_t)
             return
-        self._kernel((-(-self.batch // _ROWS_PER_BLOCK), self._chunks), (32 * _ROWS_PER_BLOCK,),
+        self._kernel((self._blocks,), (32 * _ROWS_PER_BLOCK,),
                      (self._src_words, self.src_t, self._out_words, self.out_t, np.int32(self._row_words),
-                      np.int32(self._chunk_words), np.int32(self.out_t.shape[1]), self.state.step, np.int32(ahead),
+                      np.int32(self._chunk_words), np.int32(self._chunks), np.int32(self.out_t.shape[1]),
+                      self.state.step, np.int32(ahead),
                       np.int64(self.state.steps_per_epoch), np.int32(self.batch), np.uint32(self.n),
                       np.uint32(half_bits(self.n)), np.uint32(self.seed & 0xFFFFFFFF),
                       np.uint32(self.batch * self.world), np.uint32(self.rank * self.batch)))
