@@ -48,8 +48,8 @@ def add_parser(commands) -> None:
                         help="fp32 | tf32 | bf16 (default: GPUENGINE_PRECISION, else tf32)")
     parser.add_argument("--batch", type=whole(1), help="the training batch (default: the perf tests' for the workload)")
     parser.add_argument("--cuda-graph", type=whole(*CUDA_GRAPH_RANGE),
-                        help="the engine's training steps per graph launch, 0 for eager (default: GPUENGINE_CUDA_GRAPH, "
-                             "else 1)")
+                        help="the engine's training steps per graph launch, 0 for eager (default: "
+                             "GPUENGINE_CUDA_GRAPH, else 1)")
     parser.add_argument("--replays", type=whole(1, MAX_REPLAYS), default=DEFAULT_REPLAYS,
                         help=f"profiled replays, each of one epoch; the median is kept (default {DEFAULT_REPLAYS})")
     parser.add_argument("--references", nargs="*", choices=REFERENCE_CANDIDATES,

@@ -72,6 +72,6 @@ def measure(case: ProfileCase, workload: ProfileWorkload, references: list[str],
             sides[mode] = {UNAVAILABLE: f"{type(exc).__name__}: {exc}", FAILED: True}
         if UNAVAILABLE in sides[mode]:
             log(f"profile: {mode}: not profiled: {sides[mode][UNAVAILABLE]}")
-        runner = None
+        runner = None   # the last reference to its model and graphs, so that _let_go can free them
         _let_go(device)
     return sides
