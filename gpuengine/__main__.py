@@ -13,6 +13,9 @@
     python -m gpuengine gatepower [study|calibrate] [--sessions N] [--trials T] [--levels 0,5,10] ...
         the regression gate's false-alarm and detection rates under injected slowdowns, or
         each perf test's run-to-run noise for noise.json (gpuengine/bench/gatepower/cli.py)
+    python -m gpuengine profile WORKLOAD [--precision bf16] [--batch N] [--cuda-graph N] [--references ...]
+        one training step of the engine and of the PyTorch references per kernel, by op family, in
+        microseconds, saved under baselines_store/<gpu>/profiles/ (a GPU only; gpuengine/bench/profile/cli.py)
 
 Every command checks its arguments, and the GPUENGINE_* toggles where it runs the
 engine, before any work starts: a bad one is a usage error (status 2) naming the
@@ -27,10 +30,11 @@ import sys
 from .bench.cli_args import UsageError
 from .bench.gatepower import cli as gatepower_cli
 from .bench.maxbatch import cli as maxbatch_cli
+from .bench.profile import cli as profile_cli
 from .bench.report import cli as report_cli
 from .config import ConfigError, EngineConfig
 
-ENGINE_COMMANDS = ("maxbatch", "info", "gatepower")   # these read the GPUENGINE_* toggles (trials, sessions)
+ENGINE_COMMANDS = ("maxbatch", "info", "gatepower", "profile")   # these read the GPUENGINE_* toggles
 
 
 def _info(args) -> int:
@@ -50,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(run=_info, parser=info)
     report_cli.add_parser(commands)
     gatepower_cli.add_parser(commands)
+    profile_cli.add_parser(commands)
     return parser
 
 

@@ -7,6 +7,7 @@
 - `cudnn_plans`: the engine's autotuned cuDNN plans, kept with a GPU kind's baselines;
 - `energy`, `gpu_memory`, `nvml`: energy per sample and device memory, read through NVML;
 - `maxbatch/`: the largest batch under a memory cap, one fresh process per trial;
+- `profile/`: one training step's kernels by op family, the engine beside PyTorch (CUPTI via torch.profiler);
 - `report/`: the HTML report, figures and README tables built from the stored runs, and what their newest
   measurements say of each threshold rule (`report/claims.py`: a claim must have held).
 """

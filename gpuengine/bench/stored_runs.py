@@ -19,11 +19,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .json_files import JsonFileError, load_json
+from .profile.record import PROFILES
 
 HISTORY = "history"
 GATEPOWER = "gatepower"   # python -m gpuengine gatepower's studies
 # Folders inside a tier folder that hold something other than its baselines.
-RESERVED = (HISTORY, "slow", GATEPOWER, "maxbatch")
+RESERVED = (HISTORY, "slow", GATEPOWER, "maxbatch", PROFILES)
 RUN_GLOB = "[0-9][0-9][0-9][0-9]_*.json"
 
 

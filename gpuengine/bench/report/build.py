@@ -119,8 +119,16 @@ def tier_section(store: Store, tier: TierRuns, root: Path, notices: list[str]) -
         draw(memory, "energy", "energy per training sample", figures.energy_figure, energy)
     if not memory.tables:
         memory.intro = "No stored run of this tier holds max-batch searches or energy readings."
+    profiles = Part(f"{tier.name}-profiles", "Kernel profiles by op family",
+                    "python -m gpuengine profile WORKLOAD: one training step of the engine and of each PyTorch "
+                    "reference, every kernel timed by CUPTI through torch.profiler and grouped by op family, in "
+                    "microseconds per step; the newest profile of each workload and toggle set.",
+                    tables=sections.profile_tables(tier))
+    if not profiles.tables:
+        profiles.intro = ("No kernel profile was recorded on this tier (python -m gpuengine profile WORKLOAD "
+                          "records one, on a GPU).")
     machines = Part(f"{tier.name}-machines", "Machine facts of each run", tables=[sections.machine_table(tier)])
-    parts = [stand, seeds, workloads, peak, memory, *_history_parts(store, tier, draw, notices), machines]
+    parts = [stand, seeds, workloads, peak, memory, profiles, *_history_parts(store, tier, draw, notices), machines]
     return TierSection(tier, parts), draw.drawn
 
 

@@ -14,7 +14,7 @@ from .store import Store
 from .tables import FAILED_RUN, NOT_MEASURED, Table, plural
 
 # Right-aligned, so that figures line up by their last digit: "38.7 M/s", "1,442,547", "2.05× (2.04–2.06)".
-NUMBER = re.compile(r"^[\d.,]+(e-?\d+)?(–[\d.,]+)?\s?(×|%|k/s|M/s|G/s|/s| K| M| W| J| GiB| MHz| TFLOP/s)?"
+NUMBER = re.compile(r"^[-−]?[\d.,]+(e-?\d+)?(–[\d.,]+)?\s?(×|%|k/s|M/s|G/s|/s| K| M| W| J| GiB| MHz| TFLOP/s)?"
                     r"( \(.*\)| / .*)?$")
 
 STYLE = """

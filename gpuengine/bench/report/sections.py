@@ -1,4 +1,5 @@
-"""The report's tables beyond the seed notes: per workload, by precision, peak, memory, energy, history, machines.
+"""The report's tables beyond the seed notes: per workload, by precision, peak, memory, energy, kernel profiles,
+history, machines.
 
 Each reads what `gpuengine.bench.benchmarking.Comparison.extra_info` and the perf tests store
 (perf_tests/: samples_per_s, ratios with low/high/spread, fraction_of_peak against the GEMM peak
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
+from ..profile.record import StoredProfile, family_rows
 from ..thresholds import rule_for
 from .store import Benchmark, Run, Store, TierRuns
 from .tables import (BASELINE_ROW, NONE, NOT_MEASURED, Cell, Table, count, percent, rate, speedup,
@@ -249,6 +251,33 @@ def energy_table(records: list[Record], tier: TierRuns) -> Table:
                              f"{run.benchmarks[bench.name].info['energy'].get('idle_power_w')} W."
                              for run, bench in shown)
     return table
+
+
+def newest_profiles(tier: TierRuns) -> list[StoredProfile]:
+    """The newest profile of each workload and toggle set, by workload, then precision, batch and steps per launch."""
+    newest = {profile.case_key: profile for profile in tier.profiles}   # oldest first: a newer one replaces it
+    return sorted(newest.values(), key=lambda p: (p.workload, str(p.toggles.get("precision")),
+                                                  p.toggles.get("batch", 0), p.toggles.get("cuda_graph", 0)))
+
+
+def profile_table(profile: StoredProfile) -> Table:
+    """Families as rows, sides as columns: microseconds per training step, then the totals and launches."""
+    where = f"{profile.path}, recorded {profile.recorded_at:%Y-%m-%d %H:%M}"
+    table = Table(f"Kernel profile: {profile.title}, µs per training step", ["Family", *profile.sides])
+    for name, values in family_rows(profile.sides):
+        fmt = "{:,.0f}" if name.startswith("launches") else "{:,.1f}"
+        table.add(name, *(Cell(NONE if v is None else fmt.format(v), where) for v in values))
+    missing = "; ".join(f"{side} not profiled: {why}" for side, why in profile.unavailable().items())
+    commit = f"{profile.commit[:7]}{'+dirty' if profile.dirty else ''}" or "no commit"
+    table.caption = (f"{profile.path} ({commit}, {profile.recorded_at:%Y-%m-%d %H:%M}, {profile.gpu}): the median of "
+                     f"{profile.replays} replays of {profile.steps_per_replay} steps. A family sums its kernels' "
+                     "time; the gaps are the step's device span less the kernels' sum (negative: kernels overlapped)."
+                     + (f" {missing}." if missing else ""))
+    return table
+
+
+def profile_tables(tier: TierRuns) -> list[Table]:
+    return [profile_table(profile) for profile in newest_profiles(tier)]
 
 
 def run_column(run: Run) -> str:

@@ -8,8 +8,9 @@ whichever run it came from, and a measurement of a failed run (`Run.passed` fals
 baseline in force, the newest passing run of that test (`TierRuns.baseline_of`). A run is
 pytest-benchmark's JSON file (`machine_info`, `commit_info`, `datetime`, and per benchmark `stats` and
 the suite's `extra_info`: `gpuengine.bench.benchmarking.Comparison.extra_info` plus what a test adds).
-Tables of `python -m gpuengine maxbatch --json` (a JSON list) sit in a tier too. A file that is neither,
-does not parse, or carries no `extra_info` is skipped with its reason; only a missing store is an error.
+Tables of `python -m gpuengine maxbatch --json` (a JSON list) sit in a tier too, and kernel profiles of
+`python -m gpuengine profile` in its `profiles/` folder (bench/profile/record.py). A file that is none of
+these, does not parse, or carries no `extra_info` is skipped with its reason; only a missing store is an error.
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from pathlib import Path
 
 from ..machine_info import CPU_TIER
 from ..cudnn_plans import PLAN_FILE
+from ..json_files import JsonFileError
 from ..noise import NOISE_FILE
+from ..profile.record import PROFILES, StoredProfile, read_profile
 from ..stored_runs import GATEPOWER, HISTORY
 from ..thresholds import ThresholdRule, load_rules, wildcard_match
 
@@ -135,6 +138,7 @@ class TierRuns:
     name: str
     runs: list[Run] = field(default_factory=list)
     maxbatch_tables: list[MaxBatchTable] = field(default_factory=list)
+    profiles: list[StoredProfile] = field(default_factory=list)   # oldest first
 
     @property
     def on_gpu(self) -> bool:
@@ -152,7 +156,7 @@ class TierRuns:
         for run in reversed(self.runs):
             if run.machine.get("gpu"):
                 return run.machine["gpu"]
-        return self.name
+        return self.profiles[-1].gpu if self.profiles else self.name
 
     def series(self) -> dict[str, list[Run]]:
         grouped: dict[str, list[Run]] = {}
@@ -270,6 +274,12 @@ def _read_tier(store: Path, folder: Path, skipped: list[str]) -> TierRuns:
                 else str(exc)
             skipped.append(f"{rel}: does not parse as JSON ({where}); skipped")
             continue
+        if PROFILES in rel.parts[1:-1]:
+            try:
+                tier.profiles.append(read_profile(data, rel))
+            except JsonFileError as exc:
+                skipped.append(f"{exc}; skipped")
+            continue
         if isinstance(data, list) and data and all(isinstance(r, dict) and MAXBATCH_KEYS <= set(r) for r in data):
             tier.maxbatch_tables.append(MaxBatchTable(rel, data))
         elif isinstance(data, dict):
@@ -279,6 +289,7 @@ def _read_tier(store: Path, folder: Path, skipped: list[str]) -> TierRuns:
         else:
             skipped.append(f"{rel}: neither a pytest-benchmark run nor a maxbatch table; skipped")
     tier.runs.sort(key=lambda run: (run.when, str(run.path)))
+    tier.profiles.sort(key=lambda profile: (profile.recorded_at, str(profile.path)))
     return tier
 
 
@@ -303,7 +314,7 @@ def load_store(path: Path | str) -> Store:
     tiers = []
     for folder in sorted(p for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")):
         tier = _read_tier(store, folder, skipped)
-        if tier.runs or tier.maxbatch_tables:
+        if tier.runs or tier.maxbatch_tables or tier.profiles:
             tiers.append(tier)
         else:
             skipped.append(f"{folder.name}/: no stored runs; no section for this tier")

@@ -1,0 +1,205 @@
+"""A profile's JSON: what it holds, where it is stored, reading it back, and its table of families by side.
+
+    baselines_store/<gpu>/profiles/<workload>-<precision>-b<batch>-graph<cuda_graph>.json
+
+(`zoo:alexnet` is `zoo-alexnet` in the name), written aside and renamed
+(json_files.write_json); profiling the same workload and toggles again
+replaces the file, so each holds the newest profile of its case:
+
+    {"format": 1, "kind": "gpuengine kernel profile", "workload": "resnet",
+     "toggles": {"precision": "tf32", "batch": 128, "cuda_graph": 1},
+     "recorded_at": "2026-11-24T18:02:11+00:00", "commit": "<sha>", "dirty": false, "command": [...],
+     "machine": {machine_info.collect_machine_info: gpu, driver, CUDA, cuDNN, clocks, ...},
+     "replays": 5, "steps_per_replay": 2, "cudnn_plans": "<how the engine's plans were chosen>",
+     "sides": {"gpuengine": {"step_us": 812.4, "kernel_us": 790.1, "gaps_us": 22.3, "replay_step_us": [...],
+                             "families": {"gemm": 500.2, ...},
+                             "kernels": [{"name": "...", "family": "gemm", "us": 120.5, "count": 2.0}, ...]},
+               "torch_graph": {...},
+               "torch_compile_graph": {"unavailable": "<why>", "failed": false}}}
+
+Every time is microseconds per training step, every count launches per step
+(capture.py: medians over the replays). The report reads these files back
+(`read_profile`: a malformed one is an error naming the file and the field).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from ..json_files import JsonFileError, require_number, write_json
+from .families import label, ordered
+
+FORMAT = 1
+KIND = "gpuengine kernel profile"
+PROFILES = "profiles"   # the folder of a tier (baselines_store/<gpu>/) that holds them
+SIDE_TIMES = ("step_us", "kernel_us", "gaps_us")
+ENGINE = "gpuengine"          # the engine's side; the references' are their modes (torch_graph, ...)
+UNAVAILABLE = "unavailable"   # a side's key: why it was not profiled
+FAILED = "failed"             # ... and whether it failed, rather than this machine lacking it
+
+
+@dataclass(frozen=True)
+class ProfileCase:
+    """What one profile measures: the workload (`zoo:NAME` for the zoo) and the engine's toggles."""
+
+    workload: str
+    precision: str
+    batch: int
+    cuda_graph: int
+
+    @property
+    def steps_per_replay(self) -> int:
+        """Training steps in one profiled round: one launch of `cuda_graph` steps, and at least two."""
+        return max(2, self.cuda_graph)
+
+    @property
+    def toggles(self) -> dict:
+        return {"precision": self.precision, "batch": self.batch, "cuda_graph": self.cuda_graph}
+
+    @property
+    def slug(self) -> str:
+        """The file name's stem: 'resnet-bf16-b128-graph1', 'zoo-alexnet-tf32-b16-graph1'."""
+        return f"{self.workload.replace(':', '-')}-{self.precision}-b{self.batch}-graph{self.cuda_graph}"
+
+    def describe(self) -> str:
+        return f"{self.workload} ({self.precision}, batch {self.batch}, cuda_graph {self.cuda_graph})"
+
+
+
+
+def profile_path(store: Path | str, tier_name: str, case: ProfileCase) -> Path:
+    return Path(store) / tier_name / PROFILES / f"{case.slug}.json"
+
+
+def make_record(case: ProfileCase, sides: dict[str, dict], machine: dict, commit: str, dirty: bool | None,
+                replays: int, cudnn_plans: str, command: list[str], recorded_at: datetime) -> dict:
+    return {"format": FORMAT, "kind": KIND, "workload": case.workload, "toggles": case.toggles,
+            "recorded_at": recorded_at.isoformat(timespec="seconds"), "commit": commit, "dirty": dirty,
+            "command": command, "machine": machine, "replays": replays, "steps_per_replay": case.steps_per_replay,
+            "cudnn_plans": cudnn_plans, "sides": sides}
+
+
+def write_profile(path: Path | str, record: dict) -> Path:
+    """The record at `path`, whole or not at all (a temporary file renamed over it)."""
+    return write_json(path, record)
+
+
+@dataclass(frozen=True)
+class StoredProfile:
+    """A profile file read back: its case, when and where it was recorded, and each side's figures."""
+
+    path: Path               # as the caller named it (the report: relative to the store)
+    workload: str
+    toggles: dict
+    recorded_at: datetime
+    commit: str
+    dirty: bool | None
+    gpu: str
+    replays: int
+    steps_per_replay: int
+    sides: dict[str, dict]
+
+    @property
+    def case_key(self) -> tuple:
+        """What a newer profile of the same case replaces: the workload and its toggles."""
+        return (self.workload, tuple(sorted((k, str(v)) for k, v in self.toggles.items())))
+
+    @property
+    def title(self) -> str:
+        t = self.toggles
+        return (f"{self.workload} ({t.get('precision', '?')}, batch {t.get('batch', '?')}, "
+                f"cuda_graph {t.get('cuda_graph', '?')})")
+
+    def unavailable(self) -> dict[str, str]:
+        return {name: side[UNAVAILABLE] for name, side in self.sides.items() if UNAVAILABLE in side}
+
+
+def _side(side, where: str) -> dict:
+    if not isinstance(side, dict):
+        raise JsonFileError(f"{where} must be an object, got {side!r}")
+    if UNAVAILABLE in side:
+        if not isinstance(side[UNAVAILABLE], str):
+            raise JsonFileError(f"{where}.{UNAVAILABLE} must say why, got {side[UNAVAILABLE]!r}")
+        return side
+    for key in SIDE_TIMES:
+        require_number(side.get(key), f"{where}.{key}")
+    families = side.get("families")
+    if not isinstance(families, dict):
+        raise JsonFileError(f"{where}.families must be an object of microseconds by family, got {families!r}")
+    for family, us in families.items():
+        require_number(us, f"{where}.families.{family}", minimum=0)
+    if not isinstance(side.get("kernels"), list):
+        raise JsonFileError(f"{where}.kernels must be a list, got {side.get('kernels')!r}")
+    return side
+
+
+def read_profile(data, path: Path | str) -> StoredProfile:
+    """`data` (a profile file's parsed JSON) checked field by field; JsonFileError naming `path` and the field."""
+    where = str(path)
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise JsonFileError(f"{where}: not a kernel profile (no \"kind\": {KIND!r})")
+    if data.get("format") != FORMAT:
+        raise JsonFileError(f"{where}: format {data.get('format')!r}; this code reads format {FORMAT}")
+    workload, toggles, sides = data.get("workload"), data.get("toggles"), data.get("sides")
+    if not isinstance(workload, str) or not isinstance(toggles, dict):
+        raise JsonFileError(f"{where}: \"workload\" must be a name and \"toggles\" an object")
+    if not isinstance(sides, dict) or not sides:
+        raise JsonFileError(f"{where}: \"sides\" must be an object with at least one side")
+    try:
+        recorded_at = datetime.fromisoformat(str(data.get("recorded_at")))
+    except ValueError:
+        raise JsonFileError(f"{where}: \"recorded_at\" is {data.get('recorded_at')!r}, not an ISO date") from None
+    checked = {name: _side(side, f"{where}: sides.{name}") for name, side in sides.items()}
+    machine = data.get("machine") if isinstance(data.get("machine"), dict) else {}
+    return StoredProfile(Path(path), workload, toggles, recorded_at, str(data.get("commit") or ""), data.get("dirty"),
+                         str(machine.get("gpu") or "unknown GPU"),
+                         int(require_number(data.get("replays"), f"{where}: replays", minimum=1)),
+                         int(require_number(data.get("steps_per_replay"), f"{where}: steps_per_replay", minimum=1)),
+                         checked)
+
+
+def family_rows(sides: dict[str, dict]) -> list[tuple[str, list[float | None]]]:
+    """(row label, one value per side in `sides`' order): each family any side spent time in, then the kernels'
+    sum, the gaps, the step, and the launches per step. None where a side was not profiled."""
+    profiled = [side if UNAVAILABLE not in side else None for side in sides.values()]
+    families = ordered({f for side in profiled if side for f, us in side["families"].items() if us > 0})
+    rows = [(label(f), [side["families"].get(f, 0.0) if side else None for side in profiled]) for f in families]
+    rows += [("kernels (sum)", [side["kernel_us"] if side else None for side in profiled]),
+             ("gaps (device idle)", [side["gaps_us"] if side else None for side in profiled]),
+             ("step (device span)", [side["step_us"] if side else None for side in profiled]),
+             ("launches per step", [sum(k.get("count", 0) for k in side["kernels"]) if side else None
+                                    for side in profiled])]
+    return rows
+
+
+def unclassified(side: dict, limit: int = 5) -> list[dict]:
+    """The side's costliest kernels that no family rule knows (families.py could learn them)."""
+    return [k for k in side.get("kernels", []) if k.get("family") == "other"][:limit]
+
+
+def format_text_table(record: dict) -> str:
+    """The family table as text: families as rows, sides as columns, microseconds per step, then the totals."""
+    sides = record["sides"]
+    names = list(sides)
+    rows = family_rows(sides)
+    width = max(len(r[0]) for r in rows) + 2
+    columns = [max(len(n), 10) + 2 for n in names]
+    t = record["toggles"]
+    lines = [f"{record['workload']} ({t['precision']}, batch {t['batch']}, cuda_graph {t['cuda_graph']}) on "
+             f"{record['machine'].get('gpu', '?')}: µs per training step, median of {record['replays']} replays "
+             f"of {record['steps_per_replay']} steps",
+             "family".ljust(width) + "".join(n.rjust(c) for n, c in zip(names, columns))]
+    for name, values in rows:
+        cells = ["—" if v is None else (f"{v:,.0f}" if name.startswith("launches") else f"{v:,.1f}") for v in values]
+        if name == "kernels (sum)":
+            lines.append("-" * (width + sum(columns)))
+        lines.append(name.ljust(width) + "".join(c.rjust(w) for c, w in zip(cells, columns)))
+    for name, side in sides.items():
+        if UNAVAILABLE in side:
+            lines.append(f"{name}: not profiled: {side[UNAVAILABLE]}")
+        elif unclassified(side):
+            shown = "; ".join(f"{k['name'][:80]} {k['us']:.1f} µs" for k in unclassified(side))
+            lines.append(f"{name}: in 'other' (no family rule knows them): {shown}")
+    return "\n".join(lines)
+
