@@ -29,6 +29,8 @@
 #                data     the GPU tests of the data path (streamed and resident gathers, memory plans, sharding)
 #                perf-streamed `./gate perf --full --against none` of the loader, the zoo's TF32 streamed cases and
 #                         ResNet's streamed graph8 case, each streamed case beside the engine on resident data
+#                perf-loader `./gate perf --full --against none` of perf_tests/test_loader.py (loader, MLP and CNN streamed)
+#                profile  `python -m gpuengine profile` of mlp, cnn, resnet (tf32, bf16), transformer and zoo:alexnet
 #                study-ab the power study in A/B mode against build/base (A/A at level 0): MLP, CNN, Transformer,
 #                         3 sessions of 20 s of trials per test
 #                calibrate / study   `python -m gpuengine gatepower calibrate -m gatepower` / the power study
@@ -71,6 +73,10 @@ step_data() { python3 -m pytest correctness_tests -m gpu -k "loader or streamed 
     -q -p no:cacheprovider -rs --durations=10; }
 step_perf-streamed() { ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none \
     -k "test_loader or (test_zoo and tf32-streamed) or (test_resnet and graph8-streamed)"; }
+step_perf-loader() { ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none perf_tests/test_loader.py; }
+step_profile() { local w s=0; for w in "mlp --precision tf32" "cnn --precision tf32" "resnet --precision tf32" \
+    "resnet --precision bf16" "transformer --precision tf32" "zoo:alexnet --precision tf32"; do
+    echo "== profile $w"; python3 -m gpuengine profile $w || s=1; done; return $s; }
 step_perf() { ./gate perf -p no:cacheprovider --durations=0; }
 step_perf-core() { ./gate perf -p no:cacheprovider --durations=0 -k "test_mlp_train or test_mlp_infer or test_cnn_train"; }
 step_perf-new() { ./gate perf -p no:cacheprovider --durations=0 -k "zoo or loader or streamed or test_resnet_train"; }
