@@ -1,4 +1,4 @@
-"""PyTorch reference runners shared by every workload (MLP, CNN, ResNet-50, Transformer).
+"""PyTorch's training reference shared by every workload (MLP, CNN, ResNet-50, Transformer), and its modes.
 
 Three modes (docs/architecture.md, "The references we compare against"):
 
@@ -17,8 +17,9 @@ Three modes (docs/architecture.md, "The references we compare against"):
 The twins share two conversions from here: NHWC engine images to NCHW
 (`to_nchw`), and tensors or arrays to host arrays (`host_array`).
 
-Both runners satisfy `gpuengine.bench.benchmarking.Runner`. `prepare()` warms up and
-then restores the model's weights, buffers and optimizer state, so the first
+The runners (this module's training runner, torch_infer.py's inference runner)
+satisfy `gpuengine.bench.benchmarking.Runner`. The training runner's `prepare()`
+warms up and then restores the model's weights, buffers and optimizer state, so the first
 timed epoch starts from the given weights in every mode (parity tests rely on
 it). Losses are summed on the device; only `last_epoch_loss()` reads them
 (docs/architecture.md, "Measuring honestly": no host sync inside timing).
@@ -26,7 +27,7 @@ it). Losses are summed on the device; only `last_epoch_loss()` reads them
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, ContextManager, Sequence
+from typing import Callable, ContextManager
 
 import numpy as np
 import torch
@@ -300,77 +301,3 @@ class TorchTrainRunner(_TorchRunner):
         if self.epochs_run == 0:
             raise RuntimeError(f"{self.name}: no epoch has run yet")
         return self._loss_sum.item() / self.steps_per_epoch
-
-
-class TorchInferRunner(_TorchRunner):
-    """`batches_per_round` forward passes over a few rotating resident input batches."""
-
-    def __init__(self, mode: str, model: torch.nn.Module, x_batches: Sequence, precision: str = "tf32",
-                 device: str = "cuda", batches_per_round: int = 20, channels_last: bool = False,
-                 compile_backend: str | None = None, compile_mode: str | None = None,
-                 warmup_passes: int = WARMUP_STEPS, name: str | None = None):
-        super().__init__(mode, model, precision, device, channels_last, compile_backend, compile_mode, name)
-        if len(x_batches) == 0:
-            raise ValueError("x_batches is empty: give at least one input batch")
-        if batches_per_round < 1 or warmup_passes < 1:
-            raise ValueError(f"batches_per_round={batches_per_round} and warmup_passes={warmup_passes} must be >= 1")
-        layout = torch.channels_last if channels_last else torch.contiguous_format
-        self._batches = [to_device(b, self.device) for b in x_batches]
-        self._batches = [b.contiguous(memory_format=layout) if b.dim() == 4 else b for b in self._batches]
-        shapes = {tuple(b.shape) for b in self._batches}
-        if len(shapes) != 1:
-            raise ValueError(f"all input batches must have one shape, got {sorted(shapes)}")
-        self.batch_size = self._batches[0].shape[0]
-        self.batches_per_round = batches_per_round
-        self.samples_per_round = batches_per_round * self.batch_size
-        self.warmup_passes = warmup_passes
-        self.model.eval()
-        self._graphs: list[torch.cuda.CUDAGraph] = []
-        self._static_outputs: list[torch.Tensor] = []
-        self.output: torch.Tensor | None = None   # the last pass's result, left on the device
-
-    def _infer(self, x: torch.Tensor) -> torch.Tensor:
-        with self._autocast(cache_enabled=self.mode != "torch_graph"):
-            return self._forward(x)
-
-    @torch.inference_mode()
-    def prepare(self) -> None:
-        if self._prepared:
-            return
-        self._use_precision()
-        if self.mode == "torch_graph":
-            self._capture()
-        else:
-            for _ in range(self.warmup_passes):
-                for x in self._batches:
-                    self.output = self._infer(x)
-        self.synchronize()
-        self._prepared = True
-
-    def _capture(self) -> None:
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(self.warmup_passes):
-                for x in self._batches:
-                    self._infer(x)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        # One graph per resident batch, so no input copy is timed; they share one memory pool
-        # because they replay in capture order.
-        for x in self._batches:
-            graph = torch.cuda.CUDAGraph()
-            pool = self._graphs[0].pool() if self._graphs else None
-            with torch.cuda.graph(graph, pool=pool, capture_error_mode=CAPTURE_MODE):
-                self._static_outputs.append(self._infer(x))
-            self._graphs.append(graph)
-
-    @torch.inference_mode()
-    def run_round(self) -> None:
-        self._start_round()
-        for i in range(self.batches_per_round):
-            k = i % len(self._batches)
-            if self._graphs:
-                self._graphs[k].replay()
-                self.output = self._static_outputs[k]
-            else:
-                self.output = self._infer(self._batches[k])
