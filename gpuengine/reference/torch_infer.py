@@ -4,8 +4,10 @@ The same modes as training (torch_common.py): `torch_eager` runs the model,
 `torch_compile` runs `torch.compile(model)`, and `torch_graph` captures one
 forward pass per resident input batch in a `torch.cuda.CUDAGraph` after
 warm-up on a side stream, the graphs sharing one memory pool, so replaying
-them times no input copy. Every pass runs under `torch.inference_mode()`;
-the last pass's output stays on the device (`output`).
+them times no input copy; `torch_compile_graph` captures the compiled model's
+passes the same way (or is unavailable, with Inductor's error). Every pass
+runs under `torch.inference_mode()`; the last pass's output stays on the
+device (`output`).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from .torch_common import CAPTURE_MODE, WARMUP_STEPS, _TorchRunner, to_device
+from .torch_common import CAPTURE_MODE, WARMUP_STEPS, _TorchRunner, to_device, unavailable_if_compiled_capture_fails
 
 
 class TorchInferRunner(_TorchRunner):
@@ -44,7 +46,7 @@ class TorchInferRunner(_TorchRunner):
         self.output: torch.Tensor | None = None   # the last pass's result, left on the device
 
     def _infer(self, x: torch.Tensor) -> torch.Tensor:
-        with self._autocast(cache_enabled=self.mode != "torch_graph"):
+        with self._autocast(cache_enabled=not self.captures):
             return self._forward(x)
 
     @torch.inference_mode()
@@ -52,8 +54,9 @@ class TorchInferRunner(_TorchRunner):
         if self._prepared:
             return
         self._use_precision()
-        if self.mode == "torch_graph":
-            self._capture()
+        if self.captures:
+            with unavailable_if_compiled_capture_fails(self.mode, self.name):
+                self._capture()
         else:
             for _ in range(self.warmup_passes):
                 for x in self._batches:
