@@ -536,3 +536,35 @@ def test_the_h100_runs_that_failed_the_gate_show_where_a_reader_looks(store_at_c
     assert number(resnet["next"]["vs torch_graph"].split()[0]) == pytest.approx(
         in_force["ratios"]["torch_graph"]["median"], abs=5e-3)
     assert newest_holding(h100_folder, RESNET)[0] in markdown_report(store)
+
+
+def test_tables_and_headline_say_which_captured_reference_torch_graph_best_was(tmp_path):
+    """A run that timed both captured references: the workload and summary tables and the headline name the
+    faster one, from its stored label."""
+    from gpuengine.bench.report.sections import summary_table, timed_workloads, workload_table
+    run = gpu_run("2026-11-25T07:00:00+00:00", "e", {MLP_1: 2.0e6})
+    info = run["benchmarks"][0]["extra_info"]
+    info["samples_per_s"]["torch_compile_graph"] = 1.2e6
+    info["ratios"]["torch_compile_graph"] = {"median": 1.6, "low": 1.55, "high": 1.7, "spread": 0.09,
+                                             "per_round": [1.6, 1.55, 1.7]}
+    info["ratios"]["torch_graph_best"] = {"median": 1.58, "low": 1.55, "high": 1.62, "spread": 0.04,
+                                          "per_round": [1.58, 1.55, 1.62],
+                                          "winners": ["torch_compile_graph", "torch_graph", "torch_compile_graph"],
+                                          "label": "torch_compile_graph in 2 of 3 rounds"}
+    store = tmp_path / "store"
+    write_run(store, "Linux-CPython-3.12-64bit/0001_e.json", run)
+    (store / "thresholds.json").write_text(json.dumps([{"gpu": "*", "test": "test_mlp_train[*]",
+                                                        "reference": "torch_graph_best", "min_ratio": 1.85,
+                                                        "kind": "target", "why": "test"}]))
+    loaded = load_store(store)
+    tier = loaded.tiers[0]
+    table = workload_table("test_mlp_train", timed_workloads(tier)["test_mlp_train"], tier)
+    assert "torch_graph_best" not in table.columns   # no runner: no samples/s column of its own
+    (row_cells,) = [dict(zip(table.columns, (c.text for c in r))) for r in table.rows]
+    assert row_cells["vs torch_graph_best"] == "1.58× (1.55–1.62), torch_compile_graph in 2 of 3 rounds"
+    assert row_cells["torch_compile_graph"] == "1.20 M/s" and row_cells["vs torch_compile_graph"].startswith("1.60×")
+    (summary,) = [r for r in cells(summary_table(tier), "MLP train, 1 batch/epoch") if r["Precision"] == "tf32"]
+    assert summary["vs torch_graph_best"].endswith(", torch_compile_graph in 2 of 3 rounds")
+    (headline,) = [[cell.text for cell in row] for row in headline_table(tier, loaded.rules).rows]
+    assert headline[3] == ("1.85× torch_graph_best: 1.58× (tf32-graph8-resident-bpe1, torch_compile_graph in 2 of 3 "
+                           "rounds), not met")
