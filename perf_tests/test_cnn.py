@@ -91,9 +91,10 @@ def test_cnn_train(case, benchmark, compare, run_target, engine_for, references)
     skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
     engine = engine_for(case)
     x, t = cnn.cnn_data(SAMPLES, SHAPE)
+    weights = engine.state_dict()   # the initial weights: the engine's warm-up trains an epoch
     engine.prepare()
     refs = ready_references(benchmark, {mode: lambda mode=mode: torch_cnn.cnn_train_runner(
-        mode, x, t, batch, precision, lr=cnn.LEARNING_RATE, device=DEVICE, shape=SHAPE, weights=engine.state_dict(),
+        mode, x, t, batch, precision, lr=cnn.LEARNING_RATE, device=DEVICE, shape=SHAPE, weights=weights,
         epochs_per_round=engine.epochs_per_round) for mode in references(REFERENCES)})
     compare_and_check_descent(benchmark, compare, engine, refs, precision)
 

@@ -80,9 +80,10 @@ def test_mlp_train(case, benchmark, compare, run_target, engine_for, references)
     skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
     engine = engine_for(case)
     x, t = mlp.mlp_data(TRAIN_BATCH * bpe, SHAPE)
+    weights = engine.state_dict()   # the initial weights: the engine's warm-up trains an epoch
     engine.prepare()
     refs = ready_references(benchmark, {mode: lambda mode=mode: torch_mlp.mlp_train_runner(
-        mode, x, t, TRAIN_BATCH, precision, lr=mlp.LEARNING_RATE, device=DEVICE, seed=0, weights=engine.state_dict(),
+        mode, x, t, TRAIN_BATCH, precision, lr=mlp.LEARNING_RATE, device=DEVICE, seed=0, weights=weights,
         epochs_per_round=engine.epochs_per_round) for mode in references(REFERENCES)})
     for ref in refs:
         assert ref.parameter_count() == engine.parameter_count() == mlp.parameter_count(SHAPE)

@@ -86,10 +86,11 @@ def test_transformer_train(case, benchmark, compare, run_target, engine_for, ref
     shape = BASE_SHAPE.with_length(length)
     engine = engine_for(case)
     x, t = transformer.transformer_data(SAMPLES, shape)
+    weights = engine.state_dict()   # the initial weights: the engine's warm-up trains an epoch
     engine.prepare()
     refs = ready_references(benchmark, {mode: lambda mode=mode: torch_transformer.transformer_train_runner(
-        mode, x, t, BATCH, precision, lr=transformer.LEARNING_RATE, device=DEVICE, shape=shape,
-        weights=engine.state_dict()) for mode in references(reference_modes(length, precision, graph))})
+        mode, x, t, BATCH, precision, lr=transformer.LEARNING_RATE, device=DEVICE, shape=shape, weights=weights)
+        for mode in references(reference_modes(length, precision, graph))})
     for runner in [engine, *refs]:
         assert runner.parameter_count() == transformer.parameter_count(shape), runner.name
     runners = [*sides(engine), *refs]
