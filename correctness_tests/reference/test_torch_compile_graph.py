@@ -117,11 +117,16 @@ def test_the_compiled_step_gives_the_eager_first_loss_and_gradients_on_cpu(build
     assert_same_first_step(compiled_step, eager_step, precision, f"torch_compile ({CPU_BACKEND}), {precision}")
 
 
-def test_first_step_is_the_first_step_only():
+@pytest.mark.parametrize("trained", ["a round", "a first step"])
+def test_first_step_is_the_first_step_only(trained):
     runner = mlp_runner("torch_eager", "fp32", "cpu")
     runner.prepare()
-    runner.run_round()
-    with pytest.raises(RuntimeError, match="first_step\\(\\) reads the first step; 1 epochs have run"):
+    if trained == "a round":
+        runner.run_round()
+    else:
+        runner.first_step()
+    with pytest.raises(RuntimeError, match="first_step\\(\\) reads the first step of a prepared runner that has "
+                                           "trained none; this one has"):
         runner.first_step()
 
 

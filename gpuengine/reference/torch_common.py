@@ -251,6 +251,7 @@ class TorchTrainRunner(_TorchRunner):
         self.model.train()
         self._graph = None
         self.epochs_run = 0
+        self._first_step_taken = False
 
     def _model_input(self, xb: torch.Tensor) -> torch.Tensor:
         if self.channels_last and xb.dim() == 4:
@@ -354,8 +355,10 @@ class TorchTrainRunner(_TorchRunner):
         """The loss and parameter gradients of the first step of the first epoch, through this mode's own step (the
         replayed graph in the graph modes), as float32 host arrays: parity tests compare the modes with it. It
         trains that step, so call it once, on a prepared runner that has run no round."""
-        if self.epochs_run:
-            raise RuntimeError(f"{self.name}: first_step() reads the first step; {self.epochs_run} epochs have run")
+        if self.epochs_run or self._first_step_taken:
+            raise RuntimeError(f"{self.name}: first_step() reads the first step of a prepared runner that has "
+                               "trained none; this one has")
+        self._first_step_taken = True
         self._start_round()
         self._start_epoch()
         grads: dict[str, np.ndarray] = {}
