@@ -22,7 +22,7 @@ from gpuengine.bench.regression import choose_reference
 from .ab_session import ab_record
 from .ab_sides import EnginePair
 from .gemm_peak import measure_gemm_peak_tflops
-from .harness import alternate_rounds, fail_with, record_and_gate, warm_up
+from .harness import alternate_rounds, fail_with, record_and_gate, unavailable_references, warm_up
 from . import plan
 from .plan import RoundsChoice
 
@@ -58,10 +58,10 @@ def pytest_runtest_call(item):
 
 @pytest.fixture
 def references(request, run_target):
-    """references(names) -> the names this run times (perf_tests/plan.py: the GPU quick tier leaves some
+    """references(names) -> the names this test times (perf_tests/plan.py: the GPU quick tier leaves some
     to the nightly tier)."""
     full = bool(request.config.getoption("full", False))
-    return lambda names: plan.references(names, full=full, on_gpu=run_target.tier.on_gpu)
+    return lambda names: plan.references(names, full=full, on_gpu=run_target.tier.on_gpu, test=request.node.name)
 
 
 @pytest.fixture
@@ -70,7 +70,8 @@ def compare(request, run_target, gemm_peak_tflops, gate_test, gate_targets):
 
     `rounds` is the test's default: the gate plugin may choose others (noise.json, budget, --full, A/B).
     `engine` may be an A/B pair (the `engine_for` fixture in an A/B session): its base's rounds go into
-    extra_info["ab"], which the gate reads instead of the stored run.
+    extra_info["ab"], which the gate reads instead of the stored run. `references` are the ones that run here
+    (harness.ready_references); those it left out settle torch_graph_best and go to the summary.
     """
 
     def run(benchmark, engine, references, *, rounds: int, precision: str | None = None,
@@ -87,7 +88,10 @@ def compare(request, run_target, gemm_peak_tflops, gate_test, gate_targets):
         samples = {runner.name: runner.samples_per_round for runner in (engine, *references)}
         # Measured after the timed rounds, so the peak's heat and allocations never sit inside them.
         peak = gemm_peak_tflops(precision) if flops_per_sample else None
-        comparison = Comparison.from_times(engine.name, times, samples, flops_per_sample, peak)
+        unavailable = unavailable_references(benchmark)   # what ready_references left out of this test
+        if gate_test:   # for the session's summary
+            gate_test.state.unavailable += [f"{gate_test.fullname}: {name}: {why}" for name, why in unavailable.items()]
+        comparison = Comparison.from_times(engine.name, times, samples, flops_per_sample, peak, unavailable)
         benchmark.extra_info["rounds_choice"] = choice.as_dict()
         record_and_gate(benchmark, comparison, request.node.name, precision, run_target.tier, gate_test=gate_test,
                         defer_to=request.node.stash.setdefault(GATE_FAILURES, []), targets=gate_targets)

@@ -16,9 +16,10 @@
   kept apart under `<storage>/history/`, never compared against. A session
   whose only failures are targets not met (`--claims`) counts as passed here:
   nothing regressed and every claim held, and the misses stay in the run.
-- A target not met yet (thresholds.json's `kind`) is listed in the summary's
-  `gpuengine targets not met` section, one line per miss; it fails its test
-  only with `--claims` or in the nightly tier (plan.targets_fail).
+- A target not met yet (thresholds.json's `kind`) is listed under `gpuengine
+  targets not met`, one line per miss, and fails its test only with `--claims`
+  or in the nightly tier (plan.targets_fail); a reference a test left out as
+  unavailable here, with why, under `gpuengine references unavailable`.
 - `--full` runs the nightly tier; the quick tier deselects `nightly` cases
   (perf_tests/plan.py). Rounds per test come from noise.json and the budget.
 - A broken thresholds.json or noise.json stops the session with one error
@@ -61,6 +62,7 @@ class GateState:
     baselines: dict[str, StoredRun] = field(default_factory=dict)
     unreadable: list[UnreadableRun] = field(default_factory=list)
     checked: list[tuple[str, str, str]] = field(default_factory=list)   # (test, verdict, summary line)
+    unavailable: list[str] = field(default_factory=list)   # "test: reference: why" (harness.ready_references)
     notices: list[str] = field(default_factory=list)
     saved_to_history: Path | None = None
     targets: Targets = field(default_factory=Targets)   # the targets missed, and whether they fail (--claims)
@@ -295,6 +297,10 @@ def pytest_terminal_summary(terminalreporter):
         else:
             terminalreporter.write_line(f"{count} target(s) not met: goals, not failures (./gate perf --claims, and "
                                         "the nightly tier, fail on them); kept in the run's ratio_checks")
+    if state.unavailable:
+        terminalreporter.section("gpuengine references unavailable")
+        for line in state.unavailable + ["left out of their tests; kept in the run's references_unavailable"]:
+            terminalreporter.write_line(line)
     if state.save_failed:
         terminalreporter.section("gpuengine: this run was NOT saved", red=True)
         terminalreporter.write_line(f"{state.save_failed}; nothing half-written was left, the results above are "
@@ -362,7 +368,6 @@ class GateTest:
         self.state.checked.append((self.fullname, decision.verdict, f"{decision.verdict:16}{line}"))
         record = {"baseline_run": run.label, **decision.as_dict()}
         return CheckOutcome(record, line if decision.verdict == REGRESSED else None)
-
 
     def check_paired(self, ab: dict) -> CheckOutcome:
         """Head over base, round by round in this session (gpuengine/bench/paired.py)."""

@@ -15,11 +15,15 @@ test's stored baseline run (gpuengine/bench/regression.py), through
 perf_tests/gate_plugin.py.
 A ratio below a target not met yet is recorded and listed in the summary, and
 fails the test only where the session says so (`--claims`, the nightly tier).
+A reference that cannot run here (`ReferenceUnavailable`: no CUDA, no
+torchvision, Inductor's step not capturable for the workload) is left out by
+`ready_references`, its reason kept in the run and listed in the summary: one
+such reference does not fail the test.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -27,6 +31,9 @@ import pytest
 from gpuengine.bench.benchmarking import Comparison, Runner, time_round
 from gpuengine.bench.machine_info import Tier
 from gpuengine.bench.thresholds import CLAIM, TARGET, RatioCheck, ThresholdRule, evaluate_ratios
+from gpuengine.reference import ReferenceUnavailable
+
+UNAVAILABLE = "references_unavailable"   # extra_info: {reference: why it could not run here}
 
 
 class TargetsMissed(pytest.fail.Exception):
@@ -66,6 +73,29 @@ class Targets:
 
     fail: bool = False   # --claims (or the nightly tier): a missed target fails its test like a missed claim
     missed: list[MissedTarget] = field(default_factory=list)
+
+
+def ready_references(benchmark, builds: dict[str, Callable[[], Runner]]) -> list[Runner]:
+    """The references of `builds` (name -> build()) that build and prepare here (warm-up, compilation, capture),
+    prepared, in order. One raising ReferenceUnavailable is left out, its reason kept in extra_info[UNAVAILABLE]
+    (the comparison settles torch_graph_best with it; the summary lists it); any other error fails the test."""
+    ready = []
+    for name, build in builds.items():
+        try:
+            runner = build()
+            runner.prepare()
+        except ReferenceUnavailable as exc:
+            benchmark.extra_info.setdefault(UNAVAILABLE, {})[name] = str(exc)
+            continue
+        if runner.name != name:
+            raise ValueError(f"the reference built as {name!r} is named {runner.name!r}")
+        ready.append(runner)
+    return ready
+
+
+def unavailable_references(benchmark) -> dict[str, str]:
+    """{reference: why} for the references ready_references left out of this test."""
+    return dict(benchmark.extra_info.get(UNAVAILABLE) or {})
 
 
 def sides(engine) -> list:

@@ -21,7 +21,7 @@ from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import cnn
 
 from . import plan
-from .harness import assert_losses_descend, epoch_loss, sides, skip_unless_selected
+from .harness import assert_losses_descend, epoch_loss, ready_references, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_cnn  # noqa: E402  (needs torch)
@@ -33,7 +33,8 @@ SAMPLES = cnn.SAMPLES if ON_GPU else 512
 BATCHES = cnn.TRAIN_BATCHES if ON_GPU else (32, 128)
 ROUNDS = 7 if ON_GPU else 2
 STEPS_PER_ROUND = 75 if ON_GPU else 4     # short epochs (9 steps at batch 1024) are grouped to time them
-REFERENCES = ("torch_eager", "torch_compile", "torch_graph") if ON_GPU else ("torch_eager",)
+# torch_compile_graph (with torch_graph, the claims' torch_graph_best) nightly only (perf_tests/plan.py).
+REFERENCES = ("torch_eager", "torch_compile", "torch_graph", "torch_compile_graph") if ON_GPU else ("torch_eager",)
 
 # (precision, cuda_graph, resident, batch): the precision sweep at the engine's best
 # toggles; the toggle sweep at tf32.
@@ -70,9 +71,9 @@ def engine_runner(case) -> EngineTrainRunner:
 
 
 def compare_and_check_descent(benchmark, compare, engine, refs, precision):
+    """The engine and `refs` prepared already, the engine first."""
     for runner in [engine, *refs]:
         assert runner.parameter_count() == cnn.parameter_count(SHAPE), runner.name
-        runner.prepare()
     runners = [*sides(engine), *refs]
     warmup_rounds = -(-cnn.WARMUP_EPOCHS // engine.epochs_per_round)
     first = {r.name: epoch_loss(r) for r in runners}
@@ -88,10 +89,11 @@ def test_cnn_train(case, benchmark, compare, run_target, engine_for, references)
     skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
     engine = engine_for(case)
     x, t = cnn.cnn_data(SAMPLES, SHAPE)
-    refs = [torch_cnn.cnn_train_runner(mode, x, t, batch, precision, lr=cnn.LEARNING_RATE, device=DEVICE,
-                                       shape=SHAPE, weights=engine.state_dict(),
-                                       epochs_per_round=engine.epochs_per_round)
-            for mode in references(REFERENCES)]
+    weights = engine.state_dict()   # the initial weights: the engine's warm-up trains an epoch
+    engine.prepare()
+    refs = ready_references(benchmark, {mode: lambda mode=mode: torch_cnn.cnn_train_runner(
+        mode, x, t, batch, precision, lr=cnn.LEARNING_RATE, device=DEVICE, shape=SHAPE, weights=weights,
+        epochs_per_round=engine.epochs_per_round) for mode in references(REFERENCES)})
     compare_and_check_descent(benchmark, compare, engine, refs, precision)
 
 
@@ -114,4 +116,6 @@ def test_cnn_train_vs_keras(case, benchmark, compare, run_target, engine_for):
     x, t = cnn.cnn_data(SAMPLES, SHAPE)
     keras = tf_cnn.cnn_fit_runner(x, t, batch, precision, lr=cnn.LEARNING_RATE, shape=SHAPE,
                                   weights=engine.state_dict(), epochs_per_round=engine.epochs_per_round)
+    engine.prepare()
+    keras.prepare()
     compare_and_check_descent(benchmark, compare, engine, [keras], precision)

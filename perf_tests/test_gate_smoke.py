@@ -73,6 +73,25 @@ def test_rounds_come_from_noise_then_budget_then_tier():
         rounds(requested=0)
 
 
+def test_the_quick_tier_times_torch_compile_graph_in_the_mlp_headline_cases_only():
+    names = ["torch_eager", "torch_graph", "torch_compile_graph"]
+    quick = dict(full=False, on_gpu=True)
+    assert plan.references(names, **quick, test="test_resnet_train[cifar10-tf32-graph8-resident-b128]") == \
+        ["torch_graph"]
+    assert plan.references(names, **quick, test="test_mlp_train[tf32-graph8-resident-bpe1]") == \
+        ["torch_graph", "torch_compile_graph"]
+    assert plan.references(names, **quick, test="test_mlp_train[tf32-graph8-resident-bpe12]") == ["torch_graph"]
+    for tier in (dict(full=True, on_gpu=True), dict(full=False, on_gpu=False)):   # nightly; the CPU tier's smoke
+        assert plan.references(names, **tier, test="test_resnet_train[x]") == names
+
+
+def test_the_quick_compile_graph_tests_are_spelled_as_the_mlp_module_names_its_cases():
+    pytest.importorskip("torch", reason="the MLP perf module needs torch")
+    from . import test_mlp
+    assert plan.QUICK_COMPILE_GRAPH_TESTS == {f"test_mlp_train[{test_mlp.train_id(('tf32', 8, True, 1))}]",
+                                              "test_mlp_infer[tf32-resident-b8000]"}
+
+
 SESSION_TESTS = textwrap.dedent("""
     import os
     from perf_tests.test_harness_smoke import engine_and_references

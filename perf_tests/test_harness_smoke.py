@@ -18,8 +18,10 @@ import pytest
 from gpuengine.bench import thresholds
 from gpuengine.bench.benchmarking import Comparison
 from gpuengine.bench.machine_info import CPU_TIER, NO_GPU, Tier
+from gpuengine.reference import ReferenceUnavailable
 
-from .harness import Targets, TargetShortfall, TargetsMissed, alternate_rounds, record_and_gate
+from .harness import (UNAVAILABLE, Targets, TargetShortfall, TargetsMissed, alternate_rounds, ready_references,
+    record_and_gate)
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 5
@@ -238,9 +240,8 @@ STORED_TEST = textwrap.dedent("""
 """)
 
 
-def test_runs_are_stored_per_tier_with_machine_info(pytester, monkeypatch):
-    from pytest_benchmark.utils import get_machine_id
-    # A session of its own, on the CPU tier whatever this machine has, with the suite's two conftests.
+def cpu_tier_session(pytester, monkeypatch):
+    """A session of its own, on the CPU tier whatever this machine has, with the suite's two conftests."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     for name in [k for k in os.environ if k.startswith("GPUENGINE_")]:
         monkeypatch.delenv(name)   # a tox matrix env's toggles would move the storage folder
@@ -248,6 +249,11 @@ def test_runs_are_stored_per_tier_with_machine_info(pytester, monkeypatch):
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # else pytest-benchmark in there disables itself
     pytester.makeconftest((REPO / "conftest.py").read_text()
                           + "\nfrom perf_tests.conftest import compare, gemm_peak_tflops  # noqa: F401\n")
+
+
+def test_runs_are_stored_per_tier_with_machine_info(pytester, monkeypatch):
+    from pytest_benchmark.utils import get_machine_id
+    cpu_tier_session(pytester, monkeypatch)
     pytester.makepyfile(test_stored=STORED_TEST)
     args = ["-p", "no:cacheprovider", "--benchmark-autosave", "--benchmark-compare",
             "--benchmark-compare-fail=median:25%"]
@@ -274,3 +280,58 @@ def test_runs_are_stored_per_tier_with_machine_info(pytester, monkeypatch):
     assert "machine_info is different" not in second.stderr.str()
     assert "no stored run" not in second.stdout.str()
     assert len(list(stored[0].parent.glob("*.json"))) == 2
+
+
+class UncapturableRunner(MatmulLoopRunner):
+    def prepare(self):
+        raise ReferenceUnavailable("torch_compile_graph: Inductor's compiled step could not be captured here: boom")
+
+
+def test_a_reference_that_cannot_run_here_is_left_out_and_recorded():
+    bench = SimpleNamespace(extra_info={})
+    refs = ready_references(bench, {"torch_graph": lambda: MatmulLoopRunner("torch_graph", 8),
+                                    "torch_compile_graph": lambda: UncapturableRunner("torch_compile_graph", 8),
+                                    "torch_eager": lambda: MatmulLoopRunner("torch_eager", 8)})
+    assert [(ref.name, ref.prepared) for ref in refs] == [("torch_graph", True), ("torch_eager", True)]
+    assert bench.extra_info[UNAVAILABLE] == {
+        "torch_compile_graph": "torch_compile_graph: Inductor's compiled step could not be captured here: boom"}
+
+
+def test_any_other_failure_of_a_reference_fails_the_test():
+    def broken():
+        raise RuntimeError("a bug, not a machine without CUDA")
+    with pytest.raises(RuntimeError, match="a bug"):
+        ready_references(SimpleNamespace(extra_info={}), {"torch_graph": broken})
+    with pytest.raises(ValueError, match="the reference built as 'torch_graph' is named 'torch_eager'"):
+        ready_references(SimpleNamespace(extra_info={}), {"torch_graph": lambda: MatmulLoopRunner("torch_eager", 8)})
+
+
+UNAVAILABLE_TEST = textwrap.dedent("""
+    from perf_tests.harness import ready_references
+    from perf_tests.test_harness_smoke import MatmulLoopRunner, UncapturableRunner
+
+    def test_one_reference_cannot_run(benchmark, compare):
+        refs = ready_references(benchmark, {
+            "torch_graph": lambda: MatmulLoopRunner("torch_graph", 48),
+            "torch_compile_graph": lambda: UncapturableRunner("torch_compile_graph", 48)})
+        compare(benchmark, MatmulLoopRunner("gpuengine", 16), refs, rounds=3, precision="fp32")
+""")
+
+
+def test_a_session_lists_the_references_left_out_and_stores_why(pytester, monkeypatch):
+    from pytest_benchmark.utils import get_machine_id
+    cpu_tier_session(pytester, monkeypatch)
+    pytester.makepyfile(test_unavailable=UNAVAILABLE_TEST)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--benchmark-autosave")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*gpuengine references unavailable*",
+                                 "test_unavailable.py::test_one_reference_cannot_run: torch_compile_graph: "
+                                 "torch_compile_graph: Inductor's compiled step could not be captured here: boom",
+                                 "left out of their tests; kept in the run's references_unavailable"])
+    (stored,) = (pytester.path / "baselines_store" / CPU_TIER / get_machine_id()).glob("*.json")
+    (bench,) = json.loads(stored.read_text())["benchmarks"]
+    assert set(bench["extra_info"][UNAVAILABLE]) == {"torch_compile_graph"}
+    # torch_graph alone is PyTorch's strongest captured step where the compiled one cannot be captured.
+    stronger = bench["extra_info"]["ratios"]["torch_graph_best"]
+    assert stronger["label"] == "torch_graph in 3 of 3 rounds; torch_compile_graph unavailable"
+    assert stronger["per_round"] == bench["extra_info"]["ratios"]["torch_graph"]["per_round"]

@@ -7,7 +7,10 @@ storage, attention in bf16 through cuDNN's fused graphs, as in the note) at
 the best toggles (8 steps per graph launch) at every length against
 torch_graph, and at 384 against torch_eager and torch_compile too (seed note
 004's 1.7x over eager, docs/seeds.md); the nightly tier (--full) adds fp32 and bf16 at every
-length and the toggle sweep (eager, 1 step per launch) at 256. The protocol is
+length, the toggle sweep (eager, 1 step per launch) at 256, and
+torch_compile_graph beside every torch_graph: the claims read the faster of the
+two round by round (torch_graph_best), decided by the newest nightly run
+(Inductor compiles the model once per length: too long for the quick tier). The protocol is
 the note's: a warm-up epoch, then timed epochs, every runner alternating round
 by round; each test checks that the loss descends on every side, and reports
 the fraction of peak from the FLOPs per sample (projections, feed-forward,
@@ -25,7 +28,7 @@ from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import transformer
 
 from . import plan
-from .harness import assert_losses_descend, epoch_loss, sides, skip_unless_selected
+from .harness import assert_losses_descend, epoch_loss, ready_references, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_transformer  # noqa: E402  (needs torch)
@@ -48,12 +51,13 @@ else:
 
 
 def reference_modes(length: int, precision: str, graph: int) -> tuple:
-    """torch_graph, the one to beat, everywhere; eager and compiled torch where a claim names them (384, tf32)."""
+    """The two captured references (their faster is the one to beat) everywhere; eager and compiled torch where a
+    claim names them (384, tf32)."""
     if not ON_GPU:
         return ("torch_eager",)
     if precision == "tf32" and graph == 8 and length == max(transformer.SEQUENCE_LENGTHS):
-        return ("torch_eager", "torch_compile", "torch_graph")
-    return ("torch_graph",)
+        return ("torch_eager", "torch_compile", "torch_graph", "torch_compile_graph")
+    return ("torch_graph", "torch_compile_graph")
 
 
 def case_id(case):
@@ -82,12 +86,13 @@ def test_transformer_train(case, benchmark, compare, run_target, engine_for, ref
     shape = BASE_SHAPE.with_length(length)
     engine = engine_for(case)
     x, t = transformer.transformer_data(SAMPLES, shape)
-    refs = [torch_transformer.transformer_train_runner(mode, x, t, BATCH, precision, lr=transformer.LEARNING_RATE,
-                                                       device=DEVICE, shape=shape, weights=engine.state_dict())
-            for mode in references(reference_modes(length, precision, graph))]
+    weights = engine.state_dict()   # the initial weights: the engine's warm-up trains an epoch
+    engine.prepare()
+    refs = ready_references(benchmark, {mode: lambda mode=mode: torch_transformer.transformer_train_runner(
+        mode, x, t, BATCH, precision, lr=transformer.LEARNING_RATE, device=DEVICE, shape=shape, weights=weights)
+        for mode in references(reference_modes(length, precision, graph))})
     for runner in [engine, *refs]:
         assert runner.parameter_count() == transformer.parameter_count(shape), runner.name
-        runner.prepare()
     runners = [*sides(engine), *refs]
     first = {r.name: epoch_loss(r) for r in runners}
     compare(benchmark, engine, refs, rounds=ROUNDS, precision=precision, warmup_rounds=WARMUP_EPOCHS,

@@ -8,6 +8,7 @@ import pytest
 from gpuengine.bench import thresholds
 from gpuengine.bench.benchmarking import Comparison
 from gpuengine.bench.json_files import JsonFileError
+from gpuengine.bench.stronger_reference import STRONGER
 from gpuengine.bench.thresholds import (CLAIM, EXEMPT, TARGET, TORCH_BEST, ThresholdRule, check_ratios,
     evaluate_ratios, evaluate_stored, load_rules, measured_text, rule_for, threshold_for, wildcard_match)
 
@@ -168,23 +169,27 @@ def test_default_path_is_read_at_call_time(tmp_path, monkeypatch):
 # Each claim's floor: its target, or just under the measured lead where the lead holds with margin (so that a real
 # loss of the lead fails even when it comes in steps too small for the stored-run check). A target the stored runs
 # do not show met stays at the target, marked as one (correctness_tests/bench/test_claims.py checks the marking).
+# The rules over PyTorch's captured step read torch_graph_best since issue 21, their floors unchanged: targets until a
+# stored run that timed torch_compile_graph too shows them held; torch_graph alone decides none of them.
 @pytest.mark.parametrize("gpu, test, reference, expected, kind", [
-    (H100, TRAIN, "torch_graph", 1.85, CLAIM),                                          # target 1.2, measured 2.06
-    (H100, "test_mlp_train[tf32-graph1-resident-bpe12]", "torch_graph", 1.4, CLAIM),   # target 1.2, measured 1.59
+    (H100, TRAIN, STRONGER, 1.85, TARGET),                                          # a claim over torch_graph (2.06)
+    (H100, TRAIN, "torch_graph", None, None),
+    (H100, "test_mlp_train[tf32-graph1-resident-bpe12]", STRONGER, 1.4, TARGET),   # over torch_graph: 1.59
     ("NVIDIA H200", "test_mlp_train[tf32-graph1-resident-bpe12]", "torch_eager", 2.0, CLAIM),
-    ("NVIDIA H200", "test_mlp_train[tf32-graph0-resident-bpe12]", "torch_graph", None, EXEMPT),
-    ("NVIDIA H200", "test_mlp_train[tf32-graph1-streamed-bpe12]", "torch_graph", None, None),
+    ("NVIDIA H200", "test_mlp_train[tf32-graph0-resident-bpe12]", STRONGER, None, EXEMPT),
+    ("NVIDIA H200", "test_mlp_train[tf32-graph1-streamed-bpe12]", STRONGER, None, None),
     (H100, "test_mlp_infer[tf32-resident-b8000]", TORCH_BEST, 1.2, CLAIM),
     (H100, "test_mlp_infer[tf32-resident-b512]", TORCH_BEST, None, None),
-    ("NVIDIA H200", "test_mlp_train[fp32-graph8-resident-bpe4]", "torch_graph", 1.05, CLAIM),   # target 1, measured 1.2
-    ("NVIDIA H200", "test_cnn_train[bf16-graph8-resident-b128]", "torch_graph", 1.85, CLAIM),
-    (H100, "test_transformer_train[seq64-tf32-graph8-b16]", "torch_graph", 1.3, CLAIM),    # the target binds: 1.40
-    (H100, "test_resnet_train[cifar10-tf32-graph8-resident-b128]", "torch_graph", 1.25, TARGET),  # missed, not lowered
+    ("NVIDIA H200", "test_mlp_train[fp32-graph8-resident-bpe4]", STRONGER, 1.05, TARGET),   # over torch_graph: 1.2
+    ("NVIDIA H200", "test_cnn_train[bf16-graph8-resident-b128]", STRONGER, 1.85, TARGET),
+    (H100, "test_transformer_train[seq64-tf32-graph8-b16]", STRONGER, 1.3, TARGET),    # over torch_graph: 1.40
+    (H100, "test_resnet_train[cifar10-tf32-graph8-resident-b128]", STRONGER, 1.25, TARGET),  # missed, not lowered
     (H100, "test_resnet_train[cifar10-tf32-graph8-resident-b128]", "torch_compile", 1.6, CLAIM),  # 7.6x
-    (H100, "test_zoo_train[alexnet-tf32-streamed-b16]", "torch_graph", 1.25, TARGET),
-    ("NVIDIA H200", "test_transformer_train[seq64-tf32-graph8-b16]", "torch_graph", 1.3, TARGET),  # no H200 run yet
-    ("NVIDIA H200", "test_mlp_infer[fp32-resident-b32000]", "torch_graph", 1.0, CLAIM),
-    ("none (CPU tier, NumPy backend)", TRAIN, "torch_graph", None, None),
+    (H100, "test_zoo_train[alexnet-tf32-streamed-b16]", STRONGER, 1.25, TARGET),
+    ("NVIDIA H200", "test_transformer_train[seq64-tf32-graph8-b16]", STRONGER, 1.3, TARGET),  # no H200 run yet
+    ("NVIDIA H200", "test_mlp_infer[fp32-resident-b32000]", STRONGER, 1.0, TARGET),
+    (H100, "test_mlp_train_energy[tf32]", "torch_graph", 1.25, CLAIM),   # joules per window: no rounds to pick from
+    ("none (CPU tier, NumPy backend)", TRAIN, STRONGER, None, None),
 ])
 def test_repository_rules_encode_the_claims_and_targets(gpu, test, reference, expected, kind):
     assert threshold_for(gpu, test, reference) == expected

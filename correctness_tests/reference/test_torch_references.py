@@ -1,7 +1,8 @@
 """The PyTorch references on the CPU: they train, count, load weights and refuse clearly.
 
-The CUDA-only parts (torch_graph capture, fused Adam) are exercised by the GPU
-tier; here torch_graph must fail with the message the suite skips with.
+The CUDA-only parts (the graph modes' capture, fused Adam) are exercised by the GPU
+tier; here torch_graph must fail with the message the suite skips with
+(torch_compile_graph's own tests: test_torch_compile_graph.py).
 """
 from __future__ import annotations
 
@@ -222,9 +223,9 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
-@pytest.mark.parametrize("mode", ["torch_graph", "torch_compile"])
+@pytest.mark.parametrize("mode", ["torch_graph", "torch_compile", "torch_compile_graph"])
 def test_gpu_modes_track_eager(data, mode, precision):
-    """On a GPU: the captured whole step and the compiled loop train like the plain loop."""
+    """On a GPU: the captured whole step, the compiled loop and the captured compiled step train like the plain loop."""
     x, t = data
     runs = {m: epoch_losses(mlp_train_runner(m, x, t, 64, precision, device="cuda", hidden=HIDDEN, seed=2), 5)
             for m in (mode, "torch_eager")}
@@ -267,7 +268,7 @@ def test_gpu_capture_survives_another_thread_calling_cuda(data):
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("mode", ["torch_graph", "torch_compile"])
+@pytest.mark.parametrize("mode", ["torch_graph", "torch_compile", "torch_compile_graph"])
 def test_gpu_inference_modes_match_eager(data, mode, precision):
     x, _ = data
     weights = random_weights(5)

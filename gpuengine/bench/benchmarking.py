@@ -5,20 +5,24 @@ a synchronize before reading the clock on both sides, after the runner's own
 warm-up (compilation, graph capture, autotuning) and never on zeros. Runners
 alternate round by round (A B C A B C ...) in one process so that clock and
 thermal drift hit all of them; what is reported is the median of per-round
-ratios and its spread (docs/architecture.md, "Measuring honestly").
+ratios and its spread (docs/architecture.md, "Measuring honestly"). Where a run
+settled both of PyTorch's captured references, the ratios also hold the
+stronger one round by round (stronger_reference.py, `torch_graph_best`).
 """
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Collection, Protocol, Sequence
+
+from .stronger_reference import STRONGER, faster_per_round, label
 
 
 class Runner(Protocol):
     """What the suite needs from the engine and from each reference."""
 
-    name: str                # "gpuengine", "torch_eager", "torch_compile", "torch_graph", "tf_keras"
+    name: str                # "gpuengine", "torch_eager", "torch_compile", "torch_graph", "torch_compile_graph", ...
     samples_per_round: int   # samples one run_round() processes
 
     def prepare(self) -> None:
@@ -68,14 +72,19 @@ class RatioSummary:
     low: float    # smallest per-round ratio
     high: float   # largest per-round ratio
     per_round: list[float] = field(default_factory=list)
+    winners: list[str] = field(default_factory=list)   # a derived reference's runner of each round
+    label: str = ""   # a derived reference's "torch_compile_graph in 7 of 9 rounds"
 
     @property
     def spread(self) -> float:
         return (self.high - self.low) / self.median if self.median else float("inf")
 
     def as_dict(self) -> dict:
-        return {"median": round(self.median, 4), "low": round(self.low, 4), "high": round(self.high, 4),
-                "spread": round(self.spread, 4), "per_round": [round(r, 4) for r in self.per_round]}
+        record = {"median": round(self.median, 4), "low": round(self.low, 4), "high": round(self.high, 4),
+                  "spread": round(self.spread, 4), "per_round": [round(r, 4) for r in self.per_round]}
+        if self.label:
+            record.update(winners=list(self.winners), label=self.label)
+        return record
 
 
 def ratio(engine_ms: Sequence[float], reference_ms: Sequence[float], reference: str) -> RatioSummary:
@@ -105,14 +114,24 @@ class Comparison:
 
     @classmethod
     def from_times(cls, engine: str, times_ms: dict[str, list[float]], samples_per_round: dict[str, int],
-                   flops_per_sample: float | None = None, peak_tflops: float | None = None) -> "Comparison":
-        ratios = {}
+                   flops_per_sample: float | None = None, peak_tflops: float | None = None,
+                   unavailable: Collection[str] = ()) -> "Comparison":
+        """`unavailable`: references that could not run here (ReferenceUnavailable), which settles them for
+        the stronger reference."""
+        ratios, scaled = {}, {}
         for name, ms in times_ms.items():
             if name == engine:
                 continue
             # Normalise by samples so references may use a different round size.
             scale = samples_per_round[engine] / samples_per_round[name]
-            ratios[name] = ratio(times_ms[engine], [m * scale for m in ms], name)
+            scaled[name] = [m * scale for m in ms]
+            ratios[name] = ratio(times_ms[engine], scaled[name], name)
+        stronger = faster_per_round(scaled, unavailable)
+        if stronger is not None:
+            rounds, winners = stronger
+            summary = ratio(times_ms[engine], rounds, STRONGER)
+            summary.winners, summary.label = winners, label(winners, unavailable)
+            ratios[STRONGER] = summary
         return cls(engine, times_ms, samples_per_round, ratios, flops_per_sample, peak_tflops)
 
     def throughput(self, name: str) -> float:
@@ -130,10 +149,9 @@ class Comparison:
         return achieved / self.peak_tflops
 
     def best_reference(self) -> str | None:
-        """The fastest reference: the one whose ratio is smallest."""
-        if not self.ratios:
-            return None
-        return min(self.ratios, key=lambda n: self.ratios[n].median)
+        """The fastest reference: the one whose ratio is smallest (torch_graph_best is two of them, not one)."""
+        runners = [name for name in self.ratios if name != STRONGER]
+        return min(runners, key=lambda n: self.ratios[n].median) if runners else None
 
     def extra_info(self) -> dict:
         """The JSON-ready record stored with the pytest-benchmark run."""

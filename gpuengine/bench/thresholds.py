@@ -5,15 +5,19 @@ bottom, most specific first; the first rule matching (GPU, test, reference)
 decides:
 
     {"gpu": "*H100*", "test": "test_mlp_train[tf32-graph*-resident-*]",
-     "reference": "torch_graph", "min_ratio": 1.45, "kind": "claim", "why": "measured 1.59x ..."}
+     "reference": "torch_graph_best", "min_ratio": 1.45, "kind": "claim", "why": "measured 1.59x ..."}
 
 Patterns know two wildcards, `*` (any run of characters) and `?` (one
 character); everything else is literal, brackets included, so a pytest id such
 as `test_mlp_infer[tf32-resident-b8000]` reads as itself. GPU names match
 case-insensitively. `min_ratio: null` is an explicit exemption: the ratio is
-reported, not gated. A reference is a runner name from the comparison, or
-`torch_best`: the fastest `torch_*` reference of that run (PyTorch counts only
-at its strongest: docs/architecture.md, "The references we compare against").
+reported, not gated. A reference is a runner name from the comparison,
+`torch_graph_best`: the faster of torch_graph and torch_compile_graph in each
+round (stronger_reference.py; what the rules over PyTorch's captured step
+read), or `torch_best`: the fastest `torch_*` runner of that run by its median
+(PyTorch counts only at its strongest: docs/architecture.md, "The references
+we compare against"). A check names which runner it met: "torch_graph_best
+(torch_compile_graph in 7 of 9 rounds)", "torch_best (torch_graph)".
 Ratios come from `benchmarking.Comparison`: reference time over engine time, so
 1.2 means the engine is 1.2x as fast.
 
@@ -38,6 +42,7 @@ from pathlib import Path
 
 from .benchmarking import Comparison
 from .json_files import JsonFileError, load_json
+from .stronger_reference import STRONGER
 
 # The repository's file; the package is installed editable (./gate, tox), so this resolves in the checkout.
 RULES_PATH = Path(__file__).resolve().parents[2] / "baselines_store" / "thresholds.json"
@@ -56,7 +61,7 @@ def wildcard_match(pattern: str, text: str, ignore_case: bool = False) -> bool:
 class ThresholdRule:
     gpu: str                 # pattern on the GPU name, case-insensitive
     test: str                # pattern on the test name with its parameter id
-    reference: str           # pattern on the reference name ("torch_graph", "torch_best", "*")
+    reference: str           # pattern on the reference name ("torch_graph_best", "torch_best", "*")
     min_ratio: float | None  # None: reported, not gated
     why: str                 # where the number comes from
     kind: str                # CLAIM (has held: a miss fails), TARGET (a goal not met yet), EXEMPT (min_ratio None)
@@ -79,7 +84,7 @@ class RatioCheck:
     """One threshold applied to one measured ratio."""
 
     reference: str       # as the rule names it ("torch_best" stays torch_best)
-    compared_with: str   # the runner actually compared against
+    compared_with: str   # the runner actually compared against (torch_graph_best: its label)
     ratio: float         # median per-round speed-up of the engine
     rule: ThresholdRule  # the rule that decided (a claim or a target)
 
@@ -170,18 +175,20 @@ def threshold_for(gpu_name: str, test_name: str, reference: str,
 
 
 def evaluate_medians(medians: dict[str, float], gpu_name: str, test_name: str,
-                     rules: list[ThresholdRule] | None = None) -> list[RatioCheck]:
-    """Every threshold that applies to the engine's median speed-ups over these references, passed or not."""
+                     rules: list[ThresholdRule] | None = None, labels: dict[str, str] | None = None) -> list[RatioCheck]:
+    """Every threshold that applies to the engine's median speed-ups over these references, passed or not;
+    `labels` says which runner a derived reference was (torch_graph_best's label)."""
     rules = load_rules() if rules is None else rules
+    labels = labels or {}
     candidates = {name: name for name in medians}
-    torch_refs = [name for name in medians if name.startswith("torch_")]
+    torch_refs = [name for name in medians if name.startswith("torch_") and name != STRONGER]   # runners only
     if torch_refs:
         candidates[TORCH_BEST] = min(torch_refs, key=lambda name: medians[name])
     checks = []
     for reference, runner in candidates.items():
         rule = rule_for(gpu_name, test_name, reference, rules)
         if rule is not None and rule.min_ratio is not None:
-            checks.append(RatioCheck(reference, runner, medians[runner], rule))
+            checks.append(RatioCheck(reference, labels.get(runner, runner), medians[runner], rule))
     return checks
 
 
@@ -189,7 +196,8 @@ def evaluate_ratios(comparison: Comparison, gpu_name: str, test_name: str,
                     rules: list[ThresholdRule] | None = None) -> list[RatioCheck]:
     """Every threshold that applies to this comparison, passed or not."""
     return evaluate_medians({name: summary.median for name, summary in comparison.ratios.items()}, gpu_name,
-                            test_name, rules)
+                            test_name, rules, {name: summary.label for name, summary in comparison.ratios.items()
+                                               if summary.label})
 
 
 def evaluate_stored(ratios: dict, gpu_name: str, test_name: str,
@@ -199,7 +207,8 @@ def evaluate_stored(ratios: dict, gpu_name: str, test_name: str,
     medians = {name: summary["median"] for name, summary in (ratios or {}).items()
                if isinstance(summary, dict) and isinstance(summary.get("median"), (int, float))
                and not isinstance(summary.get("median"), bool)}
-    return evaluate_medians(medians, gpu_name, test_name, rules)
+    labels = {name: ratios[name]["label"] for name in medians if isinstance(ratios[name].get("label"), str)}
+    return evaluate_medians(medians, gpu_name, test_name, rules, labels)
 
 
 def check_ratios(comparison: Comparison, gpu_name: str, test_name: str,

@@ -1,6 +1,6 @@
-"""PyTorch reference runners shared by every workload (MLP, CNN, ResNet-50, Transformer).
+"""PyTorch's training reference shared by every workload (MLP, CNN, ResNet-50, Transformer), and its modes.
 
-Three modes (docs/architecture.md, "The references we compare against"):
+Four modes (docs/architecture.md, "The references we compare against"):
 
 - `torch_eager`: the plain loop, shuffled batches indexed from a device-resident
   dataset, `Adam(fused=True)` on CUDA (foreach on CPU), `zero_grad(set_to_none=True)`.
@@ -13,12 +13,21 @@ Three modes (docs/architecture.md, "The references we compare against"):
   `torch.cuda.CUDAGraph` after warm-up on a side stream, following the PyTorch
   CUDA-graphs docs, "Whole-network capture". The graph reads batch k of the epoch
   from a static permutation through a device offset it advances itself.
+- `torch_compile_graph` (CUDA only): PyTorch at its strongest, torch_graph's step
+  with the model compiled by Inductor (`torch.compile`, default mode): the same
+  code path, the forward compiled. Warm-up on the side stream compiles forward
+  and backward before the capture. Where Inductor's step fails to compile or to
+  capture, `prepare()` raises `ReferenceUnavailable` with the error, and the
+  suite leaves this reference out (torch_graph's failures stay failures).
+
+Autocast's weight cache is off in both graph modes (the autocast-with-graphs docs).
 
 The twins share two conversions from here: NHWC engine images to NCHW
 (`to_nchw`), and tensors or arrays to host arrays (`host_array`).
 
-Both runners satisfy `gpuengine.bench.benchmarking.Runner`. `prepare()` warms up and
-then restores the model's weights, buffers and optimizer state, so the first
+The runners (this module's training runner, torch_infer.py's inference runner)
+satisfy `gpuengine.bench.benchmarking.Runner`. The training runner's `prepare()`
+warms up and then restores the model's weights, buffers and optimizer state, so the first
 timed epoch starts from the given weights in every mode (parity tests rely on
 it). Losses are summed on the device; only `last_epoch_loss()` reads them
 (docs/architecture.md, "Measuring honestly": no host sync inside timing).
@@ -26,22 +35,24 @@ it). Losses are summed on the device; only `last_epoch_loss()` reads them
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, ContextManager, Sequence
+from typing import Callable, ContextManager, Iterator
 
 import numpy as np
 import torch
 
 from ..config import PRECISIONS
+from . import ReferenceUnavailable
 
-MODES = ("torch_eager", "torch_compile", "torch_graph")
+MODES = ("torch_eager", "torch_compile", "torch_graph", "torch_compile_graph")
+GRAPH_MODES = ("torch_graph", "torch_compile_graph")      # the whole step captured in a CUDA graph
+COMPILED_MODES = ("torch_compile", "torch_compile_graph")  # the model compiled by torch.compile
 WARMUP_STEPS = 3   # the CUDA-graphs docs warm up three iterations before capture
 # Other threads of the process (the engine's streamed loader, alternating with this reference) may call CUDA while
 # torch captures; torch's default "global" mode turns such a call into a failed capture.
 CAPTURE_MODE = "thread_local"
-
-
-class ReferenceUnavailable(RuntimeError):
-    """This reference cannot run on this machine; the suite skips with the message."""
+# Runners of one session compile the same model classes at many shapes and precisions; past Dynamo's per-function
+# limit (8) the rest would run eagerly, with only a log line to say so.
+RECOMPILE_LIMIT = 64
 
 
 def torch_precision(precision: str, device: str = "cuda") -> Callable[..., ContextManager]:
@@ -65,6 +76,30 @@ def torch_precision(precision: str, device: str = "cuda") -> Callable[..., Conte
     def bf16_autocast(cache_enabled: bool = True) -> ContextManager:
         return torch.autocast(device_type, dtype=torch.bfloat16, cache_enabled=cache_enabled)
     return bf16_autocast
+
+
+@contextlib.contextmanager
+def unavailable_if_compiled_capture_fails(mode: str, name: str) -> Iterator[None]:
+    """Around a graph mode's warm-up and capture: in torch_compile_graph, Inductor's step failing to compile or to
+    capture makes the reference unavailable on this machine, with the error; in any other mode a failure stays one."""
+    if mode != "torch_compile_graph":
+        yield
+        return
+    try:
+        yield
+    except ReferenceUnavailable:
+        raise
+    except Exception as exc:   # Dynamo, Inductor, Triton and the capture raise many kinds
+        first_line = next((line for line in str(exc).splitlines() if line.strip()), "")[:300]
+        raise ReferenceUnavailable(f"{name}: Inductor's compiled step could not be warmed up and captured in a "
+                                   f"CUDA graph here: {type(exc).__name__}: {first_line}") from exc
+
+
+def allow_recompiles(limit: int) -> None:
+    """Raise Dynamo's per-function recompile limit to at least `limit` (its name before torch 2.6: cache_size_limit)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), limit))
 
 
 def resolve_device(device: str) -> torch.device:
@@ -132,8 +167,8 @@ class _TorchRunner:
         self.mode = mode
         self.name = name or mode
         self.device = resolve_device(device)
-        if mode == "torch_graph" and self.device.type != "cuda":
-            raise ReferenceUnavailable("torch_graph captures a torch.cuda.CUDAGraph and needs device='cuda', "
+        if mode in GRAPH_MODES and self.device.type != "cuda":
+            raise ReferenceUnavailable(f"{mode} captures a torch.cuda.CUDAGraph and needs device='cuda', "
                                        f"not {device!r}")
         self.precision = precision
         self._autocast = torch_precision(precision, self.device.type)
@@ -143,9 +178,22 @@ class _TorchRunner:
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True   # fixed shapes: let cuDNN autotune during warm-up
         self._forward = self.model
-        if mode == "torch_compile":
-            self._forward = torch.compile(self.model, backend=compile_backend or "inductor", mode=compile_mode)
+        if self.compiled:   # the one difference between torch_graph and torch_compile_graph
+            allow_recompiles(RECOMPILE_LIMIT)
+            # Static shapes: what an earlier test compiled must not turn this one's kernels dynamic.
+            self._forward = torch.compile(self.model, backend=compile_backend or "inductor", mode=compile_mode,
+                                          dynamic=False)
         self._prepared = False
+
+    @property
+    def captures(self) -> bool:
+        """Whether prepare() captures the work in CUDA graphs that the rounds replay."""
+        return self.mode in GRAPH_MODES
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the model runs compiled by torch.compile."""
+        return self.mode in COMPILED_MODES
 
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -198,12 +246,12 @@ class TorchTrainRunner(_TorchRunner):
         self._generator = torch.Generator(device=self.device)
         self._perm = torch.empty(samples, dtype=torch.int64, device=self.device)
         self._loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
-        graph = mode == "torch_graph"
-        options = dict(fused=True, capturable=graph) if self.device.type == "cuda" else dict(foreach=True)
+        options = dict(fused=True, capturable=self.captures) if self.device.type == "cuda" else dict(foreach=True)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr, **options)
         self.model.train()
         self._graph = None
         self.epochs_run = 0
+        self._first_step_taken = False
 
     def _model_input(self, xb: torch.Tensor) -> torch.Tensor:
         if self.channels_last and xb.dim() == 4:
@@ -211,7 +259,7 @@ class TorchTrainRunner(_TorchRunner):
         return xb
 
     def _loss(self, xb: torch.Tensor, tb: torch.Tensor) -> torch.Tensor:
-        with self._autocast(cache_enabled=self.mode != "torch_graph"):
+        with self._autocast(cache_enabled=not self.captures):
             return self.loss_fn(self._forward(self._model_input(xb)), tb)
 
     def _shuffle(self) -> None:
@@ -250,8 +298,9 @@ class TorchTrainRunner(_TorchRunner):
         snapshot = self._snapshot()
         self._generator.manual_seed(self._seed)
         self._shuffle()
-        if self.mode == "torch_graph":
-            self._capture(snapshot)
+        if self.captures:
+            with unavailable_if_compiled_capture_fails(self.mode, self.name):
+                self._capture(snapshot)
         else:
             for k in range(self.warmup_steps):   # compiles forward and backward in torch_compile
                 self._eager_step(k % self.steps_per_epoch)
@@ -280,97 +329,54 @@ class TorchTrainRunner(_TorchRunner):
         with torch.cuda.graph(self._graph, capture_error_mode=CAPTURE_MODE):
             self._graph_step()
 
+    def _step(self, k: int) -> None:
+        """Step k of the epoch: the captured graph's replay (it reads its batch itself), else the loop's step."""
+        if self._graph is not None:
+            self._graph.replay()
+        else:
+            self._eager_step(k)
+
+    def _start_epoch(self) -> None:
+        self._shuffle()
+        self._loss_sum.zero_()
+        if self._graph is not None:
+            self._offset.zero_()
+
     def run_round(self) -> None:
         """`epochs_per_round` epochs, each a fresh device shuffle then its steps; nothing read back."""
         self._start_round()
         for _ in range(self.epochs_per_round):
-            self._shuffle()
-            self._loss_sum.zero_()
-            if self._graph is not None:
-                self._offset.zero_()
-                for _ in range(self.steps_per_epoch):
-                    self._graph.replay()
-            else:
-                for k in range(self.steps_per_epoch):
-                    self._eager_step(k)
+            self._start_epoch()
+            for k in range(self.steps_per_epoch):
+                self._step(k)
             self.epochs_run += 1
+
+    def first_step(self) -> tuple[float, dict[str, np.ndarray]]:
+        """The loss and parameter gradients of the first step of the first epoch, through this mode's own step (the
+        replayed graph in the graph modes), as float32 host arrays: parity tests compare the modes with it. It
+        trains that step, so call it once, on a prepared runner that has run no round."""
+        if self.epochs_run or self._first_step_taken:
+            raise RuntimeError(f"{self.name}: first_step() reads the first step of a prepared runner that has "
+                               "trained none; this one has")
+        self._first_step_taken = True
+        self._start_round()
+        self._start_epoch()
+        grads: dict[str, np.ndarray] = {}
+
+        def keep_gradients(*_):   # after the optimizer's step, before the loop sets the gradients to None
+            grads.update({name: host_array(p.grad) for name, p in self.model.named_parameters()})
+        hook = self.optimizer.register_step_post_hook(keep_gradients)
+        try:
+            self._step(0)
+        finally:
+            hook.remove()
+        self.synchronize()
+        if self._graph is not None:   # a replay runs no Python hook: the gradients sit in the graph's buffers
+            keep_gradients()
+        return self._loss_sum.item(), grads
 
     def last_epoch_loss(self) -> float:
         """Mean step loss of the last epoch (a host sync: call it outside timing)."""
         if self.epochs_run == 0:
             raise RuntimeError(f"{self.name}: no epoch has run yet")
         return self._loss_sum.item() / self.steps_per_epoch
-
-
-class TorchInferRunner(_TorchRunner):
-    """`batches_per_round` forward passes over a few rotating resident input batches."""
-
-    def __init__(self, mode: str, model: torch.nn.Module, x_batches: Sequence, precision: str = "tf32",
-                 device: str = "cuda", batches_per_round: int = 20, channels_last: bool = False,
-                 compile_backend: str | None = None, compile_mode: str | None = None,
-                 warmup_passes: int = WARMUP_STEPS, name: str | None = None):
-        super().__init__(mode, model, precision, device, channels_last, compile_backend, compile_mode, name)
-        if len(x_batches) == 0:
-            raise ValueError("x_batches is empty: give at least one input batch")
-        if batches_per_round < 1 or warmup_passes < 1:
-            raise ValueError(f"batches_per_round={batches_per_round} and warmup_passes={warmup_passes} must be >= 1")
-        layout = torch.channels_last if channels_last else torch.contiguous_format
-        self._batches = [to_device(b, self.device) for b in x_batches]
-        self._batches = [b.contiguous(memory_format=layout) if b.dim() == 4 else b for b in self._batches]
-        shapes = {tuple(b.shape) for b in self._batches}
-        if len(shapes) != 1:
-            raise ValueError(f"all input batches must have one shape, got {sorted(shapes)}")
-        self.batch_size = self._batches[0].shape[0]
-        self.batches_per_round = batches_per_round
-        self.samples_per_round = batches_per_round * self.batch_size
-        self.warmup_passes = warmup_passes
-        self.model.eval()
-        self._graphs: list[torch.cuda.CUDAGraph] = []
-        self._static_outputs: list[torch.Tensor] = []
-        self.output: torch.Tensor | None = None   # the last pass's result, left on the device
-
-    def _infer(self, x: torch.Tensor) -> torch.Tensor:
-        with self._autocast(cache_enabled=self.mode != "torch_graph"):
-            return self._forward(x)
-
-    @torch.inference_mode()
-    def prepare(self) -> None:
-        if self._prepared:
-            return
-        self._use_precision()
-        if self.mode == "torch_graph":
-            self._capture()
-        else:
-            for _ in range(self.warmup_passes):
-                for x in self._batches:
-                    self.output = self._infer(x)
-        self.synchronize()
-        self._prepared = True
-
-    def _capture(self) -> None:
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(self.warmup_passes):
-                for x in self._batches:
-                    self._infer(x)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        # One graph per resident batch, so no input copy is timed; they share one memory pool
-        # because they replay in capture order.
-        for x in self._batches:
-            graph = torch.cuda.CUDAGraph()
-            pool = self._graphs[0].pool() if self._graphs else None
-            with torch.cuda.graph(graph, pool=pool, capture_error_mode=CAPTURE_MODE):
-                self._static_outputs.append(self._infer(x))
-            self._graphs.append(graph)
-
-    @torch.inference_mode()
-    def run_round(self) -> None:
-        self._start_round()
-        for i in range(self.batches_per_round):
-            k = i % len(self._batches)
-            if self._graphs:
-                self._graphs[k].replay()
-                self.output = self._static_outputs[k]
-            else:
-                self.output = self._infer(self._batches[k])

@@ -6,9 +6,9 @@ the host"). Here the data set stays in pinned host memory; each step gathers
 its shuffled rows on the host into one of two pinned staging buffers, copies
 them to the device with a non-blocking copy on the step's stream, and trains
 on the device copy: torch_eager and torch_compile run the step after it,
-torch_graph replays the whole captured step (forward, backward, fused
-capturable Adam) on the static buffers the copy wrote, the copy outside the
-graph. A staging buffer is rewritten only once its previous copy has
+torch_graph (and torch_compile_graph) replays the whole captured step
+(forward, backward, fused capturable Adam) on the static buffers the copy
+wrote, the copy outside the graph. A staging buffer is rewritten only once its previous copy has
 finished (a CUDA event), so the host gathers batch k + 1 while the device
 trains on batch k. Everything else (precision, warm-up and restore, losses
 summed on the device) is torch_common's `TorchTrainRunner`.
@@ -70,15 +70,9 @@ class PinnedHostBatchRunner(TorchTrainRunner):
         self.optimizer.step()
         self._loss_sum.add_(loss.detach())
 
-    def run_round(self) -> None:
-        self._start_round()
-        for _ in range(self.epochs_per_round):
-            self._shuffle()
-            self._loss_sum.zero_()
-            for k in range(self.steps_per_epoch):
-                if self._graph is not None:
-                    self._load(k)
-                    self._graph.replay()
-                else:
-                    self._eager_step(k)
-            self.epochs_run += 1
+    def _step(self, k: int) -> None:
+        if self._graph is not None:
+            self._load(k)   # the copy stays outside the graph, which trains on the static batch it wrote
+            self._graph.replay()
+        else:
+            self._eager_step(k)

@@ -5,7 +5,7 @@ loss, Adam lr 1e-3. Initialised like the engine (Glorot/Xavier uniform weights,
 zero biases) and named like it: "dense1.weight" (hidden, inputs), "dense1.bias",
 "dense2.weight" (outputs, hidden), "dense2.bias", torch's (out, in) layout, so
 parity tests give both sides the same weights. The runners are the shared ones
-of `torch_common` (eager, compiled, whole-step CUDA graph) and the streamed
+of `torch_common` and `torch_infer` (eager, compiled, whole-step CUDA graph) and the streamed
 DataLoader runner of `torch_streamed`.
 """
 from __future__ import annotations
@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .torch_common import TorchInferRunner, TorchTrainRunner
+from .torch_common import TorchTrainRunner
+from .torch_infer import TorchInferRunner
 from .torch_streamed import TorchStreamedTrainRunner
 
 SEED_HIDDEN = 1000   # the note's hidden width; runners take it from weights when given

@@ -216,7 +216,7 @@ def resnet_train_runner(mode: str, x: np.ndarray, t: np.ndarray, batch_size: int
     """Train on engine arrays x (n, H, W, C) and one-hot t (n, classes), resident on `device`; cross-entropy loss.
 
     `channels_last=None` takes each mode's layout: NCHW for torch_eager
-    (the loop as written), channels-last for torch_compile and torch_graph (their
+    (the loop as written), channels-last for torch_compile and the graph modes (their
     fastest). `runner_options` go to TorchTrainRunner (compile_backend,
     compile_mode, warmup_steps, name, epochs_per_round).
     """

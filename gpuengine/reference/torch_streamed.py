@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..data.shuffle import batch_rows
-from .torch_common import WARMUP_STEPS, _TorchRunner, restore_training_state, snapshot_state
+from .torch_common import GRAPH_MODES, WARMUP_STEPS, _TorchRunner, restore_training_state, snapshot_state
 
 NAME = "torch_dataloader"
 
@@ -55,8 +55,8 @@ class TorchStreamedTrainRunner(_TorchRunner):
                  precision: str = "tf32", lr: float = 1e-3, device: str = "cuda", seed: int = 0, workers: int = 4,
                  prefetch_factor: int = 4, epochs_per_round: int = 1, mode: str = "torch_eager",
                  warmup_steps: int = WARMUP_STEPS, compile_backend: str | None = None, name: str = NAME):
-        if mode == "torch_graph":
-            raise ValueError("mode='torch_graph' does not stream: a graph replays fixed buffers, while a "
+        if mode in GRAPH_MODES:
+            raise ValueError(f"mode={mode!r} does not stream: a graph replays fixed buffers, while a "
                              "DataLoader hands out a new tensor each step; use torch_eager or torch_compile")
         super().__init__(mode, model, precision, device, False, compile_backend, None, name)
         if len(x) != len(t):

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .sections import HISTORY_REFERENCE, Record, references, summary_rows, workload_name
+from .sections import HISTORY_REFERENCE, PYTORCH_REFERENCES, Record, history_rule, references, summary_rows, \
+    workload_name
 from .store import Benchmark, Run, Store, TierRuns
 from .tables import FAILED_RUN
-from ..thresholds import rule_for
+from ..stronger_reference import STRONGER
 
 DPI = 100
 WIDTH_IN = 10.0
 RUNNER_COLOURS = {"gpuengine": "#1f77b4", "gpuengine_oneshot": "#9ecae1", "torch_graph": "#d62728",
-                  "torch_compile": "#ff7f0e", "torch_eager": "#2ca02c", "tf_keras": "#9467bd"}
+                  "torch_compile_graph": "#e377c2", STRONGER: "#8c564b", "torch_compile": "#ff7f0e",
+                  "torch_eager": "#2ca02c", "tf_keras": "#9467bd"}
 CASE_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                 "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd",
                 "#e6550d", "#31a354", "#756bb1", "#636363")
@@ -114,7 +116,7 @@ def speedup_figure(tier: TierRuns, path: Path) -> Path | None:
     if not stored:
         return None
     labels, benchmarks = [label for label, _ in stored], [bench for _, bench in stored]
-    refs = [ref for ref in ("torch_graph", "torch_compile", "torch_eager") if any(b.ratio(ref) for b in benchmarks)]
+    refs = [ref for ref in (STRONGER, *PYTORCH_REFERENCES) if any(b.ratio(ref) for b in benchmarks)]
     figure, axes = _figure(0.32 * len(labels) * max(1, len(refs)) / 2 + 1.2)
     medians, spans = _ratio_spans(benchmarks, refs)
     _grouped_bars(axes[0][0], labels, medians, spans)
@@ -153,10 +155,11 @@ def peak_figure(tier: TierRuns, path: Path) -> Path | None:
     if not rows:
         return None
     figure, axes = _figure(0.3 * len(rows) * 1.5 + 1.2)
-    names = ("gpuengine", "torch_graph", "torch_compile", "torch_eager")
+    names = ("gpuengine", *PYTORCH_REFERENCES)
     fractions = {name: [100 * b.info["fraction_of_peak"][b.engine if name == "gpuengine" else name]
                         if (b.engine if name == "gpuengine" else name) in b.info["fraction_of_peak"] else None
                         for _, b in rows] for name in names}
+    fractions = {name: values for name, values in fractions.items() if any(v is not None for v in values)}
     _grouped_bars(axes[0][0], [label for label, _ in rows], fractions)
     axes[0][0].bar_label(axes[0][0].containers[0], fmt="%.1f%%", fontsize=7, padding=2)  # the engine's bars
     axes[0][0].set_xlim(0, 100)
@@ -190,6 +193,7 @@ def history_figure(function: str, runs: list[Run], store: Store, gpu: str, path:
     figure, axes = _figure(8.0, rows=2, sharex=True)
     top, bottom = axes[0][0], axes[1][0]
     thresholds: dict[float, str] = {}
+    over: set[str] = set()   # the references the thresholds read
     for i, name in enumerate(names):
         col = CASE_COLOURS[i % len(CASE_COLOURS)]
         benches = [(x, run.benchmarks.get(name)) for x, run in enumerate(runs)]
@@ -202,9 +206,10 @@ def history_figure(function: str, runs: list[Run], store: Store, gpu: str, path:
             xs, rs = zip(*ratios)
             bottom.errorbar(xs, [r["median"] for r in rs], color=col, marker="o", linewidth=1, capsize=2,
                             yerr=[[r["median"] - r["low"] for r in rs], [r["high"] - r["median"] for r in rs]])
-        rule = rule_for(gpu, name, HISTORY_REFERENCE, store.rules)
+        rule, reference = history_rule(gpu, name, store.rules)
         if rule is not None and rule.min_ratio is not None:
             thresholds.setdefault(rule.min_ratio, rule.test)
+            over.add(reference)
     for value, pattern in thresholds.items():
         bottom.axhline(value, color="#444444", linestyle="--", linewidth=1)
         bottom.annotate(f"threshold {value:g}×: {pattern}", (len(runs) - 0.5, value), xytext=(-2, 2),
@@ -214,6 +219,8 @@ def history_figure(function: str, runs: list[Run], store: Store, gpu: str, path:
     top.set_title(f"{workload_name(function)}: history of the stored runs", fontsize=10)
     _log_axis(bottom, "×", "y")
     bottom.set_ylabel(f"speed-up over {HISTORY_REFERENCE} (log)")
+    if over - {HISTORY_REFERENCE}:
+        bottom.set_title(f"dashed: thresholds today, over {', '.join(sorted(over))}", fontsize=8)
     for axis in (top, bottom):
         axis.grid(alpha=0.3)
     _shade_failed((top, bottom), runs)
