@@ -30,6 +30,7 @@
 #                perf-streamed `./gate perf --full --against none` of the loader, the zoo's TF32 streamed cases and
 #                         ResNet's streamed graph8 case, each streamed case beside the engine on resident data
 #                perf-loader `./gate perf --full --against none` of perf_tests/test_loader.py (loader, MLP and CNN streamed)
+#                compile  torch_compile_graph's GPU parity tests, then one --full case per workload beside it
 #                profile  `python -m gpuengine profile` of mlp, cnn, resnet (tf32, bf16), transformer and zoo:alexnet
 #                study-ab the power study in A/B mode against build/base (A/A at level 0): MLP, CNN, Transformer,
 #                         3 sessions of 20 s of trials per test
@@ -73,7 +74,14 @@ step_data() { python3 -m pytest correctness_tests -m gpu -k "loader or streamed 
     -q -p no:cacheprovider -rs --durations=10; }
 step_perf-streamed() { ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none \
     -k "test_loader or (test_zoo and tf32-streamed) or (test_resnet and graph8-streamed)"; }
-step_perf-loader() { ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none perf_tests/test_loader.py; }
+step_perf-loader() { ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none \
+    -k "test_loader_bandwidth or test_mlp_streamed or test_cnn_streamed"; }
+step_compile() { python3 -m pytest correctness_tests/reference/test_torch_compile_graph.py \
+    correctness_tests/reference/test_torch_references.py -k gpu -q -p no:cacheprovider -rs --durations=10
+    ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none -k "test_mlp_train[tf32-graph8-resident-bpe1] \
+    or test_mlp_infer[tf32-resident-b8000] or test_mlp_infer[tf32-resident-b512] or test_cnn_train[tf32-graph8-resident-b128] \
+    or test_resnet_train[cifar10-tf32-graph8-resident-b128] or test_resnet_train[cifar10-bf16-graph8-resident-b128] \
+    or test_transformer_train[seq128-tf32-graph8-b16] or test_zoo_train[alexnet-tf32-resident-b16]"; }
 step_profile() { local w s=0; for w in "mlp --precision tf32" "cnn --precision tf32" "resnet --precision tf32" \
     "resnet --precision bf16" "transformer --precision tf32" "zoo:alexnet --precision tf32"; do
     echo "== profile $w"; python3 -m gpuengine profile $w || s=1; done; return $s; }
