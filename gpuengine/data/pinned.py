@@ -53,6 +53,11 @@ class PinnedBlock:
         runtime = cupy.cuda.runtime
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape)) * dtype.itemsize
+        with backend.activate():
+            device = cupy.cuda.Device().id
+        if not runtime.deviceGetAttribute(_UNIFIED_ADDRESSING, device):
+            raise DataError(f"streaming from host memory needs unified addressing, which device {device} lacks; "
+                            "train on resident data (resident_data=1)")
         try:
             with backend.activate():
                 pointer = runtime.hostAlloc(max(1, nbytes), _PORTABLE | _MAPPED)
@@ -63,13 +68,9 @@ class PinnedBlock:
         buffer = (np.ctypeslib.ctypes.c_uint8 * max(1, nbytes)).from_address(pointer)
         owner.keep(buffer)
         self.host = np.frombuffer(buffer, np.uint8)[:nbytes].view(dtype).reshape(shape)
+        # Under unified addressing a cudaHostAlloc block has the same address on the device as on the host.
+        memory = cupy.cuda.UnownedMemory(pointer, max(1, nbytes), owner, device_id=device)
         with backend.activate():
-            device = cupy.cuda.Device().id
-            if not runtime.deviceGetAttribute(_UNIFIED_ADDRESSING, device):
-                raise DataError(f"streaming from host memory needs unified addressing, which device {device} lacks; "
-                                "train on resident data (resident_data=1)")
-            # Under unified addressing a cudaHostAlloc block has the same address on the device as on the host.
-            memory = cupy.cuda.UnownedMemory(pointer, max(1, nbytes), owner, device_id=device)
             self.device = cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(memory, 0))
 
 
@@ -86,6 +87,7 @@ class _Owner:
 
     def __init__(self, pointer: int, runtime):
         self._finalizer = weakref.finalize(self, runtime.freeHost, pointer)
+        self._finalizer.atexit = False   # at exit the CUDA context may be gone already; the OS reclaims the block
 
     def keep(self, buffer):
         buffer._pinned_owner = self   # a ctypes array accepts attributes: the NumPy view keeps the block alive
