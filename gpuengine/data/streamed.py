@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import ConfigError
+from ..config import BATCH_POOL_RANGE, ConfigError
 from .gather import DeviceGather
 from .pinned import pinned_copy
 from .shuffle import batch_rows
 
-POOLS = (1, 2)
+POOLS = tuple(range(BATCH_POOL_RANGE[0], BATCH_POOL_RANGE[1] + 1))   # the toggle's own range, one definition
 
 
 def check_pool(pool) -> int:
