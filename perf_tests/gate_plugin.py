@@ -26,7 +26,8 @@
   naming the file and the position; so does an injected slowdown
   (gpuengine/bench/injected_delay.py) outside a gatepower study session, and any
   saving inside one.
-Root conftest.py registers this plugin and calls `configure` with the tier.
+The end-of-session summary is perf_tests/gate_summary.py's. Root conftest.py registers this plugin and
+calls `configure` with the tier.
 """
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ class GateState:
     saved_despite_targets: bool = False   # failed on targets only (--claims), saved as a baseline all the same
     process_noise: dict = field(default_factory=dict)   # test -> aa_noise.ProcessNoise (A/B sessions fill it)
     save_failed: str | None = None   # why this run could not be stored (nothing half-written was left)
+    ab_catches: dict[str, float] = field(default_factory=dict)   # test -> slowdown its A/B check catches 95%
 
     def failed_on_targets_only(self, exitstatus) -> bool:
         """The session failed, and only because tests missed targets: a baseline still (nothing regressed)."""
@@ -281,50 +283,6 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
         output_json["gpuengine_gate"] = state.outcome()
 
 
-def pytest_terminal_summary(terminalreporter):
-    state = terminalreporter.config.stash.get(GATE, None)
-    if state is None:
-        return
-    if state.targets.missed:
-        terminalreporter.section("gpuengine targets not met")
-        for missed in state.targets.missed:
-            terminalreporter.write_line(missed.describe())
-        count = len(state.targets.missed)
-        if state.targets.fail:
-            terminalreporter.write_line(f"{count} target(s) not met: their tests failed ("
-                                        f"{'--claims' if not state.full else 'the nightly tier, --full'}); "
-                                        "a run whose only failures these are is still saved as a baseline")
-        else:
-            terminalreporter.write_line(f"{count} target(s) not met: goals, not failures (./gate perf --claims, and "
-                                        "the nightly tier, fail on them); kept in the run's ratio_checks")
-    if state.unavailable:
-        terminalreporter.section("gpuengine references unavailable")
-        for line in state.unavailable + ["left out of their tests; kept in the run's references_unavailable"]:
-            terminalreporter.write_line(line)
-    if state.save_failed:
-        terminalreporter.section("gpuengine: this run was NOT saved", red=True)
-        terminalreporter.write_line(f"{state.save_failed}; nothing half-written was left, the results above are "
-                                    "all there is of this run (the session fails for it)")
-    if not (state.checked or state.saved_to_history or state.saved_despite_targets):
-        return
-    terminalreporter.section("gpuengine regression check (A/B against a base, or the stored run)")
-    for _, _, line in sorted(state.checked):
-        terminalreporter.write_line(line)
-    regressed = [line for _, verdict, line in sorted(state.checked) if verdict == REGRESSED]
-    if regressed:
-        gated = "" if state.tier.on_gpu else " (CPU tier: recorded, not gated)"
-        terminalreporter.write_line(f"Performance has regressed{gated}:")
-        for line in regressed:
-            terminalreporter.write_line(f"\t{line}")
-    if state.saved_to_history and not state.save_failed:
-        terminalreporter.write_line(f"this run did not pass: saved under {state.saved_to_history}, not as a baseline "
-                                    "(./gate perf --save-baseline stores a run as a baseline on purpose)")
-    if state.saved_despite_targets:
-        terminalreporter.write_line(f"this run failed only on targets not met ({len(state.failed_on_targets)} "
-                                    "test(s)): saved as a baseline all the same, since nothing regressed and every "
-                                    "claim held")
-
-
 @dataclass(frozen=True)
 class CheckOutcome:
     record: dict           # what goes into extra_info["stored_run_check"]
@@ -346,9 +304,11 @@ class GateTest:
         if self._workload is not None and self.state.tier.on_gpu:
             budget = self._workload.kwargs["budget_s"] / self._workload.kwargs["quick_cases"]
         forced = self.state.study.rounds if self.state.study else None
+        ab = paired_rounds and self.state.tier.on_gpu
         return plan.rounds_for(requested, recommended=entry.recommended_rounds if entry else None,
                                full=self.state.full, test_budget_s=budget, round_set_ms=round_set_ms, forced=forced,
-                               min_rounds=paired.MIN_ROUNDS if paired_rounds and self.state.tier.on_gpu else None)
+                               min_rounds=paired.MIN_ROUNDS if ab else None,
+                               preferred=paired.preferred_rounds(round_set_ms) if ab else None)
 
     def check(self, extra_info: dict) -> CheckOutcome | None:
         """The A/B check where the test ran against a base, else the stored-run check of this run's extra_info;
@@ -379,6 +339,7 @@ class GateTest:
                                         source=learned.source() if learned else None)
         line = f"{self.fullname} (A/B against {ab['base']}) - {decision.describe()}"
         self.state.checked.append((self.fullname, decision.verdict, f"{decision.verdict:16}{line}"))
+        self.state.ab_catches[self.fullname] = decision.catches
         record = {"mode": "A/B", "base": ab["base"], **decision.as_dict()}
         return CheckOutcome(record, line if decision.verdict == paired.REGRESSED else None)
 

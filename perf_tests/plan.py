@@ -126,12 +126,14 @@ class RoundsChoice:
 
 
 def rounds_for(requested: int, *, recommended: int | None, full: bool, test_budget_s: float | None,
-               round_set_ms: float | None, forced: int | None = None, min_rounds: int | None = None) -> RoundsChoice:
+               round_set_ms: float | None, forced: int | None = None, min_rounds: int | None = None,
+               preferred: int | None = None) -> RoundsChoice:
     """The rounds to time: learned (noise.json) or the module's default; doubled nightly; within budget quick.
 
     A budget never cuts below MIN_ROUNDS (fewer cannot reach the rank test's significance), unless the
     test asked for fewer itself (the CPU tier's smoke rounds). `min_rounds` raises the floor and the test's
-    own request alike (an A/B test's paired rank test needs 7).
+    own request alike (an A/B test's paired rank test needs 7); `preferred` raises the request only (an A/B
+    test asks for more where rounds are cheap, paired.preferred_rounds), and the budget may cut it back.
     """
     if requested < 1:
         raise ValueError(f"rounds={requested}: at least one timed round is needed")
@@ -140,6 +142,8 @@ def rounds_for(requested: int, *, recommended: int | None, full: bool, test_budg
     base, why = (recommended, "noise.json's power target") if recommended else (requested, "the test's default")
     if min_rounds is not None and base < min_rounds:
         base, why = min_rounds, f"{why}, raised to the {min_rounds} the A/B rank test needs"
+    if preferred is not None and base < preferred:
+        base, why = preferred, f"{why}, raised to the {preferred} an A/B test asks for at this round length"
     if full:
         return RoundsChoice(max(base, requested) * FULL_ROUNDS_FACTOR, f"{why}, x{FULL_ROUNDS_FACTOR} (--full)")
     if test_budget_s and round_set_ms:

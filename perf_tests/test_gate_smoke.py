@@ -69,6 +69,9 @@ def test_rounds_come_from_noise_then_budget_then_tier():
     assert rounds(requested=2, test_budget_s=0.1, round_set_ms=100) == 2     # the CPU tier's own smoke rounds
     assert rounds(recommended=12, full=True) == 24 and rounds(full=True) == 14
     assert rounds(recommended=12, forced=3) == 3
+    assert rounds(requested=5, min_rounds=7, preferred=21) == 21                 # A/B: cheap rounds, more of them
+    assert rounds(requested=5, min_rounds=7, preferred=21, test_budget_s=1.0, round_set_ms=100) == 10
+    assert rounds(requested=5, min_rounds=7, preferred=11, test_budget_s=0.1, round_set_ms=100) == 7
     with pytest.raises(ValueError, match="at least one"):
         rounds(requested=0)
 

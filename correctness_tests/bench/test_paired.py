@@ -8,8 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from gpuengine.bench.paired import (ALPHA, DEFAULT_PROCESS_SD, IMPROVED, MIN_ROUNDS, NOT_SIGNIFICANT, RANK_ALPHA, REGRESSED,
-                                    decide_paired, detectable_slowdown, median_interval, signed_rank_p_greater)
+from gpuengine.bench.paired import (ALPHA, DEFAULT_PROCESS_SD, IMPROVED, MIN_ROUNDS, NOT_SIGNIFICANT, PREFERRED_ROUNDS,
+                                    RANK_ALPHA, REGRESSED, decide_paired, detectable_slowdown, median_interval,
+                                    power_summary, preferred_rounds, signed_rank_p_greater)
 
 
 def brute_force_p(d):
@@ -90,3 +91,29 @@ def test_rounds_are_compared_per_sample_and_the_line_names_the_slowdown_interval
 def test_unpaired_or_empty_or_zero_rounds_are_refused(head, base, message):
     with pytest.raises(ValueError, match=message):
         decide_paired(head, base)
+
+
+def test_a_b_tests_ask_for_more_rounds_where_rounds_are_cheap():
+    low, high = PREFERRED_ROUNDS
+    assert preferred_rounds(None) == low and preferred_rounds(500.0) == low   # ResNet's 0.5 s round sets
+    assert preferred_rounds(10.0) == high and low < preferred_rounds(150.0) < high
+    # the fewest it asks for still tolerates one stray round of the largest rank at the rank test's level
+    assert signed_rank_p_greater([-100.0] + [float(i) for i in range(1, low)]) < RANK_ALPHA
+    assert signed_rank_p_greater([-100.0, -99.0, -98.0] + [float(i) for i in range(1, high - 2)]) < RANK_ALPHA
+
+
+def test_each_decision_says_what_slowdown_its_noise_lets_it_catch():
+    rng = np.random.default_rng(3)
+    steady = decide_paired(*simulated_session(rng, 0.0, 21))
+    noisy_head = np.exp(rng.normal(0, 0.2, 21))
+    noisy = decide_paired(noisy_head, np.ones(21))
+    assert steady.catches < 0.05 < noisy.catches and "catches" in steady.describe()
+    assert steady.as_dict()["catches_95pct"] == round(steady.catches, 5)
+
+
+def test_the_power_summary_counts_the_tests_that_would_catch_each_slowdown():
+    lines = power_summary({"a": 0.03, "b": 0.07, "c": 0.26})
+    assert lines[0].startswith("a 5% slowdown: caught 95% of the time by 1 of 3")
+    assert lines[1].startswith("a 10% slowdown: caught 95% of the time by 2 of 3")
+    assert lines[2:] == ["    not by c: catches 26.0%"]
+    assert power_summary({}) == []

@@ -38,9 +38,22 @@ RANK_ALPHA = 0.05       # the signed-rank test's level: with 7 rounds, one small
 MIN_EFFECT = 0.02       # below 2% a slowdown is not worth a red build, however certain
 DEFAULT_PROCESS_SD = 0.005   # prior per-process offset before any A/A run: half the stored-run prior
 MIN_ROUNDS = 7          # fewest paired rounds: the median of fewer is loose, and the rank test could allow no stray
+PREFERRED_ROUNDS = (11, 21)   # with 11 one stray round of the largest rank still leaves p < 0.05, with 21 three
+PREFERRED_ROUNDS_MS = 2000    # rounds beyond 11 only while a test's paired rounds stay within this time
 INTERVAL = 0.95
 
 REGRESSED, IMPROVED, NOT_SIGNIFICANT = "regressed", "improved", "not significant"
+
+
+def preferred_rounds(round_set_ms: float | None) -> int:
+    """The rounds an A/B test asks for: 11, and up to 21 while they cost at most PREFERRED_ROUNDS_MS.
+
+    H100 studies at 7 rounds lost 5-13% of the 5% and 10% slowdowns to one stray round (a 2-8 ms stall in a
+    2-7 ms round); cheap rounds buy tolerance for several, dear ones (ResNet, the zoo) keep the fewest."""
+    low, high = PREFERRED_ROUNDS
+    if not round_set_ms or round_set_ms <= 0:
+        return low
+    return int(min(high, max(low, PREFERRED_ROUNDS_MS // round_set_ms)))
 
 
 def signed_rank_p_greater(d: Sequence[float]) -> float:
@@ -103,17 +116,18 @@ class PairedDecision:
     bar: float                        # the slowdown the median must exceed to fail
     rounds: int
     noise_source: str
+    catches: float                    # the slowdown this session's noise lets the rule catch 95% of the time
 
     def as_dict(self) -> dict:
         return {"verdict": self.verdict, "slowdown": round(self.slowdown, 5),
                 "interval": [round(x, 5) for x in self.interval], "p_slower": float(f"{self.p_slower:.3g}"),
                 "p_faster": float(f"{self.p_faster:.3g}"), "bar": round(self.bar, 5), "rounds": self.rounds,
-                "noise": self.noise_source}
+                "noise": self.noise_source, "catches_95pct": round(self.catches, 5)}
 
     def describe(self) -> str:
         low, high = self.interval
         return (f"head {self.slowdown:+.1%} vs base (95% CI {low:+.1%}..{high:+.1%}, signed-rank p={self.p_slower:.2g}, "
-                f"{self.rounds} paired rounds), bar {self.bar:.1%} ({self.noise_source})")
+                f"{self.rounds} paired rounds), bar {self.bar:.1%}, catches {self.catches:.1%} ({self.noise_source})")
 
 
 def decide_paired(head_ms: Sequence[float], base_ms: Sequence[float], *, head_samples: int = 1,
@@ -143,7 +157,22 @@ def decide_paired(head_ms: Sequence[float], base_ms: Sequence[float], *, head_sa
     else:
         verdict = NOT_SIGNIFICANT
     return PairedDecision(verdict, math.expm1(median), (math.expm1(low), math.expm1(high)), p_slower, p_faster,
-                          math.expm1(bar), n, source or f"A/A noise: process offset {process_sd:.2%}")
+                          math.expm1(bar), n, source or f"A/A noise: process offset {process_sd:.2%}",
+                          detectable_slowdown(process_sd, robust_sd(d), n, alpha=alpha, floor=floor))
+
+
+def power_summary(catches: dict[str, float], levels: tuple[float, ...] = (0.05, 0.10)) -> list[str]:
+    """The A/B tests' power at this session's noise, in lines: how many would catch each slowdown 95% of
+    the time (the rule's normal model), and the ones that would not."""
+    if not catches:
+        return []
+    lines = []
+    for level in levels:
+        missed = sorted((value, name) for name, value in catches.items() if value > level)
+        lines.append(f"a {level:.0%} slowdown: caught 95% of the time by {len(catches) - len(missed)} of "
+                     f"{len(catches)} A/B tests at this session's noise")
+        lines += [f"    not by {name}: catches {value:.1%}" for value, name in missed if level == levels[-1]]
+    return lines
 
 
 def detectable_slowdown(process_sd: float, round_sd: float, rounds: int, power: float = 0.95,

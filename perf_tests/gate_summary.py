@@ -1,0 +1,60 @@
+"""The gate's end-of-session summary: targets not met, references unavailable, the regression check, A/B power.
+
+Sections of pytest's terminal summary, from what perf_tests/gate_plugin.py
+gathered during the session (its GateState); root conftest.py registers it.
+"""
+from __future__ import annotations
+
+from gpuengine.bench import paired
+from gpuengine.bench.regression import REGRESSED
+
+from .gate_plugin import GATE
+
+
+def pytest_terminal_summary(terminalreporter):
+    state = terminalreporter.config.stash.get(GATE, None)
+    if state is None:
+        return
+    if state.targets.missed:
+        terminalreporter.section("gpuengine targets not met")
+        for missed in state.targets.missed:
+            terminalreporter.write_line(missed.describe())
+        count = len(state.targets.missed)
+        if state.targets.fail:
+            terminalreporter.write_line(f"{count} target(s) not met: their tests failed ("
+                                        f"{'--claims' if not state.full else 'the nightly tier, --full'}); "
+                                        "a run whose only failures these are is still saved as a baseline")
+        else:
+            terminalreporter.write_line(f"{count} target(s) not met: goals, not failures (./gate perf --claims, and "
+                                        "the nightly tier, fail on them); kept in the run's ratio_checks")
+    if state.unavailable:
+        terminalreporter.section("gpuengine references unavailable")
+        for line in state.unavailable + ["left out of their tests; kept in the run's references_unavailable"]:
+            terminalreporter.write_line(line)
+    if state.save_failed:
+        terminalreporter.section("gpuengine: this run was NOT saved", red=True)
+        terminalreporter.write_line(f"{state.save_failed}; nothing half-written was left, the results above are "
+                                    "all there is of this run (the session fails for it)")
+    if not (state.checked or state.saved_to_history or state.saved_despite_targets):
+        return
+    terminalreporter.section("gpuengine regression check (A/B against a base, or the stored run)")
+    for _, _, line in sorted(state.checked):
+        terminalreporter.write_line(line)
+    regressed = [line for _, verdict, line in sorted(state.checked) if verdict == REGRESSED]
+    if regressed:
+        gated = "" if state.tier.on_gpu else " (CPU tier: recorded, not gated)"
+        terminalreporter.write_line(f"Performance has regressed{gated}:")
+        for line in regressed:
+            terminalreporter.write_line(f"\t{line}")
+    power = paired.power_summary(state.ab_catches)
+    if power:
+        terminalreporter.write_line("A/B power (the rule's model at each test's noise in this session):")
+        for line in power:
+            terminalreporter.write_line(f"  {line}")
+    if state.saved_to_history and not state.save_failed:
+        terminalreporter.write_line(f"this run did not pass: saved under {state.saved_to_history}, not as a baseline "
+                                    "(./gate perf --save-baseline stores a run as a baseline on purpose)")
+    if state.saved_despite_targets:
+        terminalreporter.write_line(f"this run failed only on targets not met ({len(state.failed_on_targets)} "
+                                    "test(s)): saved as a baseline all the same, since nothing regressed and every "
+                                    "claim held")
