@@ -69,3 +69,48 @@ def test_a_bad_learning_rate_is_refused_and_the_old_one_kept(lr):
     with pytest.raises(ValueError, match=rf"^lr={lr!r} is not accepted; use a finite number > 0.0$"):
         run.optimizer.lr = lr
     assert run.optimizer.lr == pytest.approx(1e-3)
+
+
+def poison_after(run: Trainer, step: int):
+    """A step hook that makes the first weight nan at the end of `step` (0-based), eager or captured."""
+    if not run.backend.is_gpu:
+        def hook():
+            if int(run.state.step[0]) == step + 1:   # the hook runs after the step counter advanced
+                run.params.master[0] = np.nan
+        return hook
+    import cupy
+    kernel = cupy.RawKernel(r'''extern "C" __global__ void poison(const long long* step, long long at, float* w) {
+        if (step[0] == at) w[0] = __int_as_float(0x7fc00000); }''', "poison")
+    return lambda: kernel((1,), (1,), (run.state.step, np.int64(step + 1), run.params.master))
+
+
+def diverging(config: EngineConfig, at: int) -> Trainer:
+    run = trainer(config)   # 3 steps an epoch
+    run.step_hook = poison_after(run, at)
+    return run
+
+
+def test_a_loss_that_turns_nan_mid_run_stops_train_naming_the_step():
+    run = diverging(CPU, at=7)   # the warm-up epoch is epoch 0: train(4) returns epochs 1-4
+    with pytest.raises(FloatingPointError, match=r"^training diverged: the loss of step 8 \(epoch 2, batch 3 of 3\) "
+                                                 r"is inf or nan.*lower lr \(now 0.001\) or check the data$") as caught:
+        run.train(4)
+    assert caught.value.step == 8 and np.isfinite(caught.value.losses[0]) and np.isnan(caught.value.losses[1])
+    with pytest.raises(FloatingPointError, match="step 8 "):   # the weights stay unusable: so does every later call
+        run.train(1)
+
+
+def test_a_run_whose_losses_stay_finite_never_reports_divergence():
+    run = trainer(CPU)
+    run.train(3)
+    assert run.state.read_diverged() is None
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graph", [0, 1, 3])
+def test_a_loss_that_turns_nan_inside_captured_steps_is_named_by_its_step(cuda_graph):
+    run = diverging(EngineConfig(device="cuda", precision="tf32", cuda_graph=cuda_graph), at=7)
+    run.train(1)   # the warm-up epoch 0 and epoch 1 (steps 0-5): finite
+    with pytest.raises(FloatingPointError, match=r"the loss of step 8 \(epoch 2, batch 3 of 3\)"):
+        run.train(2)

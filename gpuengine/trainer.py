@@ -37,6 +37,18 @@ PHASES = ("gather", "forward", "loss_backward", "optimizer")
 PROFILE_STEPS = 10   # steps a profiled train() times, at least (whole epochs)
 
 
+class TrainingDiverged(FloatingPointError):
+    """A step's loss was inf or nan: the weights Adam made from it are not usable. `step` is the first such
+    step (counted from 0 over the trainer's life), `losses` the epoch losses this train() call read."""
+
+    def __init__(self, step: int, steps_per_epoch: int, lr: float, losses: list[float]):
+        self.step, self.losses = step, losses
+        epoch, index = divmod(step, steps_per_epoch)
+        super().__init__(f"training diverged: the loss of step {step} (epoch {epoch}, batch {index + 1} of "
+                         f"{steps_per_epoch}) is inf or nan, and every weight Adam updated from it is too; "
+                         f"lower lr (now {lr:g}) or check the data")
+
+
 class Trainer:
     def __init__(self, net: Network, x: np.ndarray, t: np.ndarray, batch: int, config: EngineConfig | None = None,
                  lr: float = 1e-3, seed: int = 0, fuse: bool = True, sync=None, step_hook=None):
@@ -154,7 +166,9 @@ class Trainer:
                 self._run_eager(steps)
 
     def train(self, epochs: int) -> list[float]:
-        """Train `epochs` epochs; the mean loss of each, read back once per history chunk."""
+        """Train `epochs` epochs; the mean loss of each, read back once per history chunk. Raises
+        TrainingDiverged, naming the step, once any step so far (timed rounds of run_epochs included) had a
+        loss of inf or nan."""
         epochs = checks.whole("epochs", epochs)
         if not self.warmed_up:
             self.warm_up()
@@ -167,13 +181,20 @@ class Trainer:
             self.state.clear_history()
             self.last_profile = self.profile(profiled * self.steps_per_epoch)
             losses += self.state.read_epoch_losses(first_epoch, profiled)
+            self._check_diverged(losses)
         while len(losses) < epochs:
             chunk = min(epochs - len(losses), self.state.capacity)
             first_epoch = self.steps_done // self.steps_per_epoch
             self.state.clear_history()
             self.run_epochs(chunk)
             losses += self.state.read_epoch_losses(first_epoch, chunk)
+            self._check_diverged(losses)
         return losses
+
+    def _check_diverged(self, losses: list[float]):
+        diverged = self.state.read_diverged()
+        if diverged is not None:
+            raise TrainingDiverged(diverged, self.steps_per_epoch, self.optimizer.lr, losses)
 
     def profile(self, steps: int = 10) -> dict[str, float]:
         """Median device milliseconds of each phase of an eager step (runs real steps)."""

@@ -13,8 +13,11 @@ test then runs the study's trials (gpuengine/bench/gatepower/trials.py).
 """
 from __future__ import annotations
 
+import traceback
+
 import pytest
 
+from gpuengine.bench import oom
 from gpuengine.bench.benchmarking import Comparison
 from gpuengine.bench.gatepower import trials as study_trials
 from gpuengine.bench.regression import choose_reference
@@ -48,8 +51,20 @@ GATE_FAILURES = pytest.StashKey[list]()   # a test's missed thresholds and regre
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     """Fail a perf test on what `compare` found only after the test's own checks ran: a test that missed a
-    ratio still asserts, and records, that its loss descended."""
-    result = yield
+    ratio still asserts, and records, that its loss descended. A device out-of-memory fails this test alone,
+    with the sizes, and its memory goes back before the next test (gpuengine/bench/oom.py)."""
+    out_of_memory = None
+    try:
+        result = yield
+    except Exception as exc:
+        if not oom.is_out_of_memory(exc):
+            raise
+        out_of_memory = oom.describe(exc)
+        traceback.clear_frames(exc.__traceback__)   # the frames hold the test's arrays
+    if out_of_memory is not None:
+        after = oom.release()
+        pytest.fail(f"{out_of_memory}; the test's memory was released ({after or 'no device'}) and the session "
+                    "goes on", pytrace=False)
     failures = item.stash.get(GATE_FAILURES, [])
     if failures:
         fail_with(failures)

@@ -335,3 +335,50 @@ def test_a_session_lists_the_references_left_out_and_stores_why(pytester, monkey
     stronger = bench["extra_info"]["ratios"]["torch_graph_best"]
     assert stronger["label"] == "torch_graph in 3 of 3 rounds; torch_compile_graph unavailable"
     assert stronger["per_round"] == bench["extra_info"]["ratios"]["torch_graph"]["per_round"]
+
+
+class Held:
+    """Stands in for a test's device arrays: what the failed test's frames keep alive."""
+
+
+def drive_call_hook(body):
+    """Run perf_tests/conftest.py's pytest_runtest_call wrapper around `body` as pytest would (a new-style
+    wrapper: the test's exception comes back at its yield)."""
+    from . import conftest
+    item = SimpleNamespace(stash={})
+    hook = conftest.pytest_runtest_call(item)
+    next(hook)
+    try:
+        body()
+    except Exception as exc:
+        return hook.throw(exc)
+    try:
+        hook.send(None)
+    except StopIteration as done:
+        return done.value
+
+
+def test_a_device_out_of_memory_fails_its_test_with_the_sizes_and_frees_what_the_test_held():
+    import weakref
+    kept = []
+
+    def test_body():
+        arrays = Held()
+        kept.append(weakref.ref(arrays))
+        raise RuntimeError("Out of memory allocating 4,294,967,296 bytes (allocated so far: 75,161,927,680 bytes).")
+
+    with pytest.raises(pytest.fail.Exception) as failed:
+        drive_call_hook(test_body)
+    message = str(failed.value)
+    assert message.startswith("device out of memory: RuntimeError: Out of memory allocating 4,294,967,296 bytes")
+    assert "the test's memory was released" in message and "the session goes on" in message
+    assert kept[0]() is None, "the failed test's frames still hold its arrays"
+
+
+def test_any_other_error_of_a_perf_test_passes_through_unchanged():
+    def test_body():
+        raise ValueError("shapes differ")
+
+    with pytest.raises(ValueError, match="^shapes differ$"):
+        drive_call_hook(test_body)
+    assert drive_call_hook(lambda: None) is None

@@ -32,8 +32,10 @@
 #                perf-loader `./gate perf --full --against none` of perf_tests/test_loader.py (loader, MLP and CNN streamed)
 #                compile  torch_compile_graph's GPU parity tests, then one --full case per workload beside it
 #                profile  `python -m gpuengine profile` of mlp, cnn, resnet (tf32, bf16), transformer and zoo:alexnet
-#                study-ab the power study in A/B mode against build/base (A/A at level 0): MLP, CNN, Transformer,
-#                         3 sessions of 20 s of trials per test
+#                study-ab the power study in A/B mode against build/base (A/A at level 0): MLP training and
+#                         inference, CNN, Transformer, 3 sessions of 20 s of trials per test
+#                study-new the same for ResNet-50, the zoo, the loader and the streamed MLP and CNN
+#                faults   the fault trials: out of memory and nan mid-run in a perf session, Ctrl-C in an A/B one
 #                calibrate / study   `python -m gpuengine gatepower calibrate -m gatepower` / the power study
 #
 # For machines whose commands are cut off after a few minutes (a lent GPU): start, then poll `status`.
@@ -93,8 +95,15 @@ step_ab() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against
 step_ab-core() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against build/base \
     -k "test_mlp_train or test_mlp_infer or test_cnn_train"; s=$?; cp -r build/ab "$logdir/ab-logs" 2>/dev/null; return $s; }
 step_study-ab() { python3 -m gpuengine gatepower --against build/base --sessions 3 --trial-budget 20 \
-    -k "test_mlp_train or test_cnn_train or test_transformer_train" --keep-trials "$logdir/trials-study-ab"; local s=$?
+    -k "test_mlp_train or test_mlp_infer or test_cnn_train or test_transformer_train" \
+    --keep-trials "$logdir/trials-study-ab"; local s=$?
     tar czf "$logdir/trials-study-ab.tgz" -C "$logdir" trials-study-ab; return $s; }
+step_study-new() { python3 -m gpuengine gatepower --against build/base --sessions 3 --trial-budget 20 \
+    -k "test_resnet_train or test_zoo_train or test_loader_bandwidth or test_mlp_streamed or test_cnn_streamed" \
+    --keep-trials "$logdir/trials-study-new"; local s=$?
+    tar czf "$logdir/trials-study-new.tgz" -C "$logdir" trials-study-new; return $s; }
+step_faults() { python3 -m pytest correctness_tests/faults correctness_tests/test_trainer.py perf_tests/test_ab_smoke.py \
+    -k "faults or nan or ctrl_c" -q -p no:cacheprovider -rA; }
 step_calibrate() { python3 -m gpuengine gatepower calibrate -m gatepower --keep-trials "$logdir/trials-calibrate"; }
 step_study() { python3 -m gpuengine gatepower --keep-trials "$logdir/trials-study"; }
 

@@ -77,7 +77,7 @@ extern "C" __global__ void head_columns(const ELEM_T* z, ELEM_T* dz, const float
 extern "C" __global__ void head_reduce(const float* partials, const float* d, const float* sq_err, int chunks,
                                        int rows, int hidden, float* db1, float* dw2, float* db2, float loss_scale,
                                        const long long* step, long long steps_per_epoch, float* history,
-                                       long long capacity) {
+                                       long long capacity, long long* diverged) {
     __shared__ float lanes[2][8][33];
     const int lane = threadIdx.y * 32 + threadIdx.x;   // blockDim = (32, 8)
     if (blockIdx.x == gridDim.x - 1) {
@@ -90,7 +90,7 @@ extern "C" __global__ void head_reduce(const float* partials, const float* d, co
             a = 0.f; b = 0.f;
             for (int i = 0; i < 256; ++i) { a += lanes[0][i / 32][i % 32]; b += lanes[1][i / 32][i % 32]; }
             db2[0] = a;
-            history[(step[0] / steps_per_epoch) % capacity] += b * loss_scale;
+            book_loss_value(step, steps_per_epoch, history, capacity, diverged, b * loss_scale);
         }
         return;
     }

@@ -44,6 +44,12 @@ __device__ __forceinline__ float block_sum(float warp_total) {
         for (int w = 0; w < (blockDim.x >> 5); ++w) s += warp_totals[w];
     return s;
 }
+// A step's loss into its epoch's slot of the history; the first step whose loss is inf or nan is kept.
+__device__ __forceinline__ void book_loss_value(const long long* step, long long steps_per_epoch, float* history,
+                                                long long capacity, long long* diverged, float v) {
+    history[(step[0] / steps_per_epoch) % capacity] += v;
+    if ((__float_as_uint(v) & 0x7f800000u) == 0x7f800000u && diverged[0] < 0) diverged[0] = step[0];
+}
 // One warp's row z[base, base + classes) of logits: its max m and log(sum(exp(z - m))), in every lane.
 template <typename T>
 __device__ __forceinline__ void row_log_softmax(const T* z, long long base, int classes, int lane, float& m,

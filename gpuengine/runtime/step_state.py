@@ -4,7 +4,9 @@ A captured CUDA graph replays the same kernels with the same arguments, so
 anything that changes from step to step must be read from device memory: the
 global step count (which batch to gather, Adam's bias correction) and where
 this step's loss goes (a per-epoch slot of the loss history). The host reads
-the history once per `train()` call, never inside a step.
+the history once per `train()` call, never inside a step, together with the
+first step whose loss was inf or nan (kept by the kernel that books the loss,
+so watching for divergence costs no kernel and no read per step).
 """
 from __future__ import annotations
 
@@ -16,11 +18,12 @@ _SOURCE = r"""
 extern "C" __global__ void finish_step(long long* step) { step[0] += 1; }
 extern "C" __global__ void book_loss(const float* partials, int count, float scale, const float* device_scale,
                                      const long long* step, long long steps_per_epoch, float* history,
-                                     long long capacity) {
+                                     long long capacity, long long* diverged) {
     float s = 0.f;
     for (int i = threadIdx.x; i < count; i += 32) s += partials[i];
     s = warp_sum(s);
-    if (threadIdx.x == 0) history[(step[0] / steps_per_epoch) % capacity] += s * scale * device_scale[0];
+    if (threadIdx.x == 0)
+        book_loss_value(step, steps_per_epoch, history, capacity, diverged, s * scale * device_scale[0]);
 }
 """
 HISTORY_CAPACITY = 1024  # epochs kept on the device between host reads
@@ -37,9 +40,11 @@ class StepState:
         self.step = allocator.zeros((1,), np.int64, "workspace")
         self.history = allocator.zeros((HISTORY_CAPACITY,), np.float32, "workspace")
         self.capacity = HISTORY_CAPACITY
+        self.diverged = allocator.zeros((1,), np.int64, "workspace")   # first step with a non-finite loss, or -1
         self.one = allocator.zeros((1,), np.float32, "workspace")   # the device scale of a loss that has none
         with backend.activate():
             self.one.fill(1.0)
+            self.diverged.fill(-1)
         if backend.is_gpu:
             self._finish = get_kernel(_SOURCE, "finish_step")
             self._book = get_kernel(_SOURCE, "book_loss")
@@ -57,6 +62,13 @@ class StepState:
     def add_loss_host(self, step: int, value: float):
         """NumPy backend: accumulate a step's loss into its epoch slot."""
         self.history[(step // self.steps_per_epoch) % self.capacity] += value
+        if not np.isfinite(value) and self.diverged[0] < 0:
+            self.diverged[0] = step
+
+    def read_diverged(self) -> int | None:
+        """The first step whose loss was inf or nan, None while every loss has been finite (one host read)."""
+        step = int(self.backend.to_host(self.diverged)[0])
+        return None if step < 0 else step
 
     def book_partials(self, partials, count: int, scale: float = 1.0, device_scale=None):
         """Add scale * device_scale[0] * sum(partials[:count]) to this step's epoch slot: one warp, a fixed
@@ -66,8 +78,9 @@ class StepState:
         self._book((1,), (32,), (partials, np.int32(count), np.float32(scale), device_scale) + self.kernel_args())
 
     def kernel_args(self):
-        """(step pointer, steps per epoch, history pointer, capacity) for loss kernels."""
-        return (self.step, np.int64(self.steps_per_epoch), self.history, np.int64(self.capacity))
+        """(step pointer, steps per epoch, history pointer, capacity, diverged pointer) for loss kernels: the
+        arguments of the prelude's book_loss_value."""
+        return (self.step, np.int64(self.steps_per_epoch), self.history, np.int64(self.capacity), self.diverged)
 
     def clear_history(self):
         with self.backend.activate():
