@@ -264,7 +264,8 @@ def test_the_headline_counts_claims_apart_from_targets_and_names_failed_runs(sto
     assert re.match(r"history/\d{4} [0-9a-f]{7} \([\d-]+ [\d:]+, failed run\)", cnn[4])
     resnet = rows["ResNet-50 training (seed 002)"]   # claims over torch_compile and eager; a target over TF32
     assert resnet[1] == "4 of 4" and "claim 2.10×" in resnet[2]
-    assert re.search(r"(^|; )1\.3× gpuengine_tf32: 0\.\d\d× \(cifar100-bf16-graph8-resident-b128\), not met, 0 of 2 "
+    assert re.search(r"(^|; )1\.3× gpuengine_tf32: 0\.\d\d× \(cifar100-bf16-graph8-resident-b128, the engine at [\d.]+% of peak\), "
+                     r"not met, 0 of 2 "
                      r"cases met(;|$)", resnet[3])
     transformer = rows["Transformer training (seed 004)"]
     assert transformer[1] == "1 of 1" and "passed" in transformer[4]
@@ -283,7 +284,8 @@ def test_the_headline_says_a_missed_claim_and_a_met_target(store):
              ThresholdRule("*", "test_zoo_train[*-streamed-b16]", "torch_graph", claim, "lost", CLAIM)]
     (zoo,) = [[cell.text for cell in row] for row in headline_table(h100, rules).rows]
     assert zoo[1].endswith("(1 missed)") and zoo[2] == f"{closest}: {ratio:.2f}× torch_graph, claim {claim:.2f}×"
-    assert zoo[3] == f"{target:g}× torch_graph: {met_ratio:.2f}× (resnet50-tf32-streamed-b16), met"
+    assert zoo[3] == (f"{target:g}× torch_graph: {met_ratio:.2f}× (resnet50-tf32-streamed-b16, the engine at 13% of "
+                      "peak), met")
 
 
 def test_committed_report_is_built_from_the_committed_runs(built):
@@ -584,4 +586,4 @@ def test_tables_and_headline_say_which_captured_reference_torch_graph_best_was(t
     assert summary["vs torch_graph_best"].endswith(", torch_compile_graph in 2 of 3 rounds")
     (headline,) = [[cell.text for cell in row] for row in headline_table(tier, loaded.rules).rows]
     assert headline[3] == ("1.85× torch_graph_best: 1.58× (tf32-graph8-resident-bpe1, torch_compile_graph in 2 of 3 "
-                           "rounds), not met")
+                           "rounds, the engine at 37% of peak), not met")

@@ -21,8 +21,8 @@ from .tables import NONE, Table, speedup, to_markdown
 
 CAPTION = ("Claims held: the rules of baselines_store/thresholds.json that have held (a floor under the engine's "
            "measured lead, or the target itself where it is met); a missed claim fails the gate. Targets: goals "
-           "not met yet, each with its floor, the lowest ratio measured (and its case) and whether every case "
-           "met it; a missed target fails only ./gate perf --claims and the nightly tier. Both against the "
+           "not met yet, each with its floor, the lowest ratio measured (its case, and the engine's fraction "
+           "of the GPU's measured GEMM peak there) and whether every case met it; a missed target fails only ./gate perf --claims and the nightly tier. Both against the "
            "newest measurement of each case and today's rules. Runs: the run, its commit and date, and whether "
            "it passed the gate.")
 
@@ -50,10 +50,20 @@ def closest_cell(claims: list[Measured]) -> str:
     return f"{worst.bench.case}: {speedup(check.ratio)} {check.against}, claim {speedup(check.min_ratio)}"
 
 
+def _peak(measured: Measured) -> str:
+    """', the engine at 41% of peak': its achieved FLOP/s over the GPU's measured GEMM peak, where recorded."""
+    fraction = (measured.bench.info.get("fraction_of_peak") or {}).get(measured.bench.engine)
+    if not isinstance(fraction, (int, float)):
+        return ""
+    percent = 100 * fraction
+    return f", the engine at {percent:.2g}% of peak" if percent < 10 else f", the engine at {percent:.0f}% of peak"
+
+
 def targets_cell(targets: list[Measured]) -> str:
-    """'1.25× torch_graph_best: 1.10× (cifar100-..., torch_compile_graph in 5 of 5 rounds), not met, 0 of 2
-    cases met' per target floor and reference, with the runner the lowest ratio was over where the rule's
-    reference is derived (torch_graph_best, torch_best)."""
+    """'1.25× torch_graph_best: 1.10× (cifar100-..., torch_compile_graph in 5 of 5 rounds, the engine at 41% of
+    peak), not met, 0 of 2 cases met' per target floor and reference, with the runner the lowest ratio was over
+    where the rule's reference is derived (torch_graph_best, torch_best) and the engine's fraction of the GPU's
+    measured GEMM peak where the case records one."""
     groups: dict[tuple[str, float], list[Measured]] = {}
     for measured in targets:
         groups.setdefault((measured.check.reference, measured.check.min_ratio), []).append(measured)
@@ -62,7 +72,8 @@ def targets_cell(targets: list[Measured]) -> str:
         lowest = min(found, key=lambda m: m.check.ratio)
         met = sum(m.check.passed for m in found)
         over = "" if lowest.check.compared_with == reference else f", {lowest.check.compared_with}"
-        cell = (f"{floor:g}× {reference}: {_times(lowest.check.ratio, floor)} ({lowest.bench.case}{over}), "
+        cell = (f"{floor:g}× {reference}: {_times(lowest.check.ratio, floor)} ({lowest.bench.case}{over}"
+                f"{_peak(lowest)}), "
                 + ("met" if met == len(found) else "not met"))
         cells.append(cell + (f", {met} of {len(found)} cases met" if len(found) > 1 else ""))
     return "; ".join(cells) or NONE
