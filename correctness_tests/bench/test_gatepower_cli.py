@@ -8,6 +8,9 @@ ran 2 sessions, `--trials 0` ran 10 and `--trials 11` was taken, and a bad
 """
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 
 from gpuengine.__main__ import main as cli_main
@@ -74,3 +77,43 @@ def test_good_options_reach_the_sessions(tmp_path, monkeypatch, capsys):
                      "0.5", "--rounds", "4", "--session-timeout", "30", "--store", str(tmp_path)]) == 1
     assert started == [(10, "0,2.5", 0.5, 4, 30.0, 3)]
     assert "no test wrote trials" in capsys.readouterr().err   # the stub ran none
+
+
+def test_kept_trials_are_analysed_only_with_the_tier_folder_they_were_measured_for(capsys, no_session, tmp_path):
+    (tmp_path / "kept" / "session-1").mkdir(parents=True)
+    line = refused(capsys, "gatepower", "--from-trials", str(tmp_path / "kept"))
+    assert "argument --from-trials: analyses a study's kept trials; give the GPU tier folder" in line
+    line = refused(capsys, "gatepower", "--from-trials", str(tmp_path), "--store", str(tmp_path / "tier"))
+    assert f"argument --from-trials: '{tmp_path}' holds no session-N folder of trials" in line
+
+
+def kept_trial_file(folder, rng, test="perf_tests/test_mlp.py::test_mlp_train[tf32-graph8-resident-bpe1]"):
+    """One session's trials of one A/B test as the study keeps them: the head slower by each trial's level."""
+    trials = []
+    for number, level in enumerate([0.0, 0.1] * 3):
+        base = 10 * np.exp(rng.normal(0, 0.002, 11))
+        head = 10 * (1 + level) * np.exp(rng.normal(0, 0.002, 11))
+        trials.append({"trial": number, "level": level, "delay_us": 100.0 * level, "extra_info": {"ab": {
+            "head_round_ms": list(head), "base_round_ms": list(base), "head_samples_per_round": 100,
+            "base_samples_per_round": 100}}})
+    folder.mkdir(parents=True)
+    (folder / "trials.json").write_text(json.dumps({
+        "fullname": test, "workload": "mlp_train", "rounds": 11, "levels": [0.0, 0.1], "mode": "A/B",
+        "base_round_ms": 10.0, "probe_us": 100.0, "ms_per_us": 0.01, "trials": trials}))
+
+
+def test_kept_trials_of_a_study_cut_short_are_analysed_without_a_session(no_session, tmp_path, monkeypatch, capsys):
+    rng = np.random.default_rng(5)
+    for session in (1, 2):
+        kept_trial_file(tmp_path / "kept" / f"session-{session}", rng)
+    store = tmp_path / "nvidia-h100-80gb-hbm3"
+    monkeypatch.setenv("GATE_COMMIT_ID", "0123456789abcdef")
+    assert cli_main(["gatepower", "--from-trials", str(tmp_path / "kept"), "--store", str(store), "--levels", "0,10",
+                     "--against", "base"]) == 0
+    (written,) = (store / "gatepower").glob("*_0123456789.json")
+    record = json.loads(written.read_text())
+    assert record["tier"] == store.name and record["sessions"] == 2 and record["session_status"] is None
+    assert record["from_trials"] == str(tmp_path / "kept") and record["rule"]["mode"] == "A/B"
+    (entry,) = record["tests"].values()
+    assert entry["pairs"] == {"0pct": 6, "10pct": 6} and entry["false_alarm_rate"] == 0.0
+    assert entry["detection_rate_10pct"] == 1.0

@@ -5,6 +5,9 @@
                                                   -> baselines_store/<tier>/gatepower/<date>_<commit>.json
     python -m gpuengine gatepower calibrate       the unchanged engine, every quick-tier perf test, in several
                                                   sessions -> each test's run-to-run noise in noise.json
+    python -m gpuengine gatepower --from-trials DIR --store TIER [--against BASE]
+                                                  no session: the study of the trials kept in DIR
+                                                  (--keep-trials), e.g. of a study a lease cut short
 
 Time budget: a session costs start-up (imports, torch.compile, capture) plus,
 per test, the gate's own rounds and up to `--trials` trials (each: the test's
@@ -36,9 +39,9 @@ from ..cli_args import UsageError, checked, number, output_folder, whole
 from ..json_files import write_json
 from ..noise import NOISE_FILE, NoiseTable
 from ..regression import ALPHA, MIN_EFFECT, TARGET_POWER, TARGET_SLOWDOWN
-from ..stored_runs import GATEPOWER
+from ..stored_runs import GATEPOWER, scan
 from . import analysis, calibration
-from .sessions import REPO, SessionPlan, run_sessions
+from .sessions import REPO, SessionPlan, SessionResult, run_sessions
 from .trials import parse_levels, read_trials
 
 FORMAT = 1
@@ -87,6 +90,10 @@ def add_parser(commands) -> None:
                              "makes level 0 an A/A run (default none: the stored-run rule's study)")
     parser.add_argument("--keep-trials", type=Path, help="keep the raw trial files and session logs here (a new "
                                                          "or empty folder)")
+    parser.add_argument("--from-trials", type=Path, metavar="DIR",
+                        help="run no session: analyse the trials a study kept in DIR (--keep-trials; its "
+                             "session-N folders), with --store the GPU tier folder it ran for (a study cut short "
+                             "by a lease, or analysed on another machine)")
     parser.set_defaults(run=main, check=check, parser=parser)
 
 
@@ -103,10 +110,36 @@ def check(args) -> None:
         if keep.is_dir() and any(keep.iterdir()):
             raise UsageError(f"argument --keep-trials: {str(keep)!r} is not empty; old trials would mix in "
                              "(give a new or empty folder)")
+    if args.from_trials is not None:
+        if args.action != "study" or args.store is None:
+            raise UsageError("argument --from-trials: analyses a study's kept trials; give the GPU tier folder they "
+                             "were measured for with --store (and no calibrate)")
+        if not _session_folders(args.from_trials):
+            raise UsageError(f"argument --from-trials: {str(args.from_trials)!r} holds no session-N folder of "
+                             "trials (what --keep-trials keeps)")
+        return
     if not (REPO / "perf_tests").is_dir():
         raise UsageError(f"{REPO} has no perf_tests/: gatepower runs from a checkout of the repository")
     if args.store is None:   # the result is written after the last session: its folder is checked now
         args.store = checked("--store", output_folder, str(REPO / "baselines_store" / _tier().name))
+
+
+def _session_folders(folder: Path) -> list[Path]:
+    """The session-N folders of kept trials, in session order."""
+    found = [p for p in Path(folder).glob("session-*") if p.is_dir() and p.name[len("session-"):].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len("session-"):]))
+
+
+def _kept_sessions(folder: Path) -> list[SessionResult]:
+    """Kept sessions as results: how each ended is in its log, not known here (returncode -1)."""
+    return [SessionResult(int(d.name[len("session-"):]), d, -1, 0.0, d.with_suffix(".log"))
+            for d in _session_folders(folder)]
+
+
+def _stored_gpu(store: Path) -> str:
+    """The GPU named by the store's newest run (the tier of kept trials analysed on another machine)."""
+    runs, _ = scan(store)
+    return next((run.machine_info.get("gpu") for run in reversed(runs) if run.machine_info.get("gpu")), store.name)
 
 
 def _commit() -> str:
@@ -136,8 +169,10 @@ def main(args) -> int:
     sessions = args.sessions or DEFAULT_SESSIONS[args.action]   # check() refused 0 and the rest
     trials = args.trials or DEFAULT_TRIALS[args.action]
     levels = args.levels if study else "0"
-    tier = _tier()
+    kept = args.from_trials is not None
+    tier = None if kept else _tier()
     store = args.store or REPO / "baselines_store" / tier.name   # check() fills it in and checks it
+    tier_name, gpu = (store.name, _stored_gpu(store)) if kept else (tier.name, tier.gpu_label)
     noise_path = store / NOISE_FILE
     try:   # a broken noise.json stops here, once, not in every session
         noise = NoiseTable.load(noise_path)
@@ -148,9 +183,10 @@ def main(args) -> int:
     started, date = time.monotonic(), datetime.now(timezone.utc)
     with tempfile.TemporaryDirectory(prefix="gatepower-") as scratch:
         work = args.keep_trials or Path(scratch)
-        results = run_sessions(plan, sessions, work, args.budget_min * 60 if args.budget_min else None, _log)
+        results = (_kept_sessions(args.from_trials) if kept else
+                   run_sessions(plan, sessions, work, args.budget_min * 60 if args.budget_min else None, _log))
         tests = read_trials([r.out_dir for r in results])
-    failed = [r for r in results if r.returncode != 0]
+    failed = [r for r in results if r.returncode > 0]
     for r in failed:
         _log(f"gatepower: session {r.index} exited with status {r.returncode}; see {r.log}"
              + ("" if args.keep_trials else " (--keep-trials DIR keeps the logs)"))
@@ -162,7 +198,7 @@ def main(args) -> int:
         learned = calibration.calibrate(tests, f"{date:%Y-%m-%d} at {commit[:10]}")
         calibration_info = {"date": date.isoformat(timespec="seconds"), "commit": commit, "sessions": len(results),
                             "trials": trials, "marker": plan.marker, "keyword": args.keyword, "full": args.full}
-        path = noise.updated(learned, calibration_info).save(tier.name)
+        path = noise.updated(learned, calibration_info).save(tier_name)
         print(calibration.format_table(learned))
         print(f"\nnoise of {len(learned)} tests written to {path}")
         return 1 if failed else 0
@@ -172,11 +208,13 @@ def main(args) -> int:
                    "noise_calibrated": bool(noise.tests)}
     figures = {name: analysis.analyse_test(test, noise, process.get(name)) for name, test in sorted(tests.items())}
     record = {
-        "format": FORMAT, "tier": tier.name, "gpu": tier.gpu_label, "commit": commit,
+        "format": FORMAT, "tier": tier_name, "gpu": gpu, "commit": commit,
         "date": date.isoformat(timespec="seconds"), "command": ["python", "-m", "gpuengine", *sys.argv[1:]],
-        "sessions": len(results), "sessions_asked": sessions, "session_status": [r.returncode for r in results],
+        "sessions": len(results), "sessions_asked": len(results) if kept else sessions,
+        "session_status": None if kept else [r.returncode for r in results],
+        "from_trials": str(args.from_trials) if kept else None,
         "trials": trials, "levels_pct": levels, "rounds": args.rounds or "the gate's own (noise.json, budget)",
-        "seconds": round(time.monotonic() - started, 1),
+        "seconds": None if kept else round(time.monotonic() - started, 1),
         "against": args.against,
         "rule": stored_rule if args.against == "none" else {
             "mode": "A/B", "alpha": paired.ALPHA, "rank_alpha": paired.RANK_ALPHA, "min_effect": paired.MIN_EFFECT,
