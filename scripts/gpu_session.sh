@@ -15,7 +15,8 @@
 #   gatepower: `python -m gpuengine gatepower ARGS` (the power study; trials and logs kept in LOGDIR)
 #   steps:     a device session's plan in one detached job, so no minute is lost between calls; each step's
 #              log is LOGDIR/<step>.log and LOGDIR/steps.txt gets "<step> <status> <seconds>" as each ends
-#              (status 124: stopped at its minutes). A failing step does not stop the next. Steps:
+#              (status 124: stopped at its minutes). A failing step does not stop the next; STEP#N runs a
+#              step again under its own log (ab ab#2). Steps:
 #                kernels  every engine kernel through CuPy (test_gpu_kernels_compile) and NVRTC
 #                zoo      depthwise (both ways), GPU zoo tests without the full-size parity, NCCL on one GPU
 #                gpu      every GPU correctness test
@@ -31,6 +32,7 @@
 #                         ResNet's streamed graph8 case, each streamed case beside the engine on resident data
 #                perf-loader `./gate perf --full --against none` of perf_tests/test_loader.py (loader, MLP and CNN streamed)
 #                compile  torch_compile_graph's GPU parity tests, then one --full case per workload beside it
+#                zoo-compile `./gate perf --full --against none` of the zoo's TF32 resident cases (torch_compile_graph)
 #                profile  `python -m gpuengine profile` of mlp, cnn, resnet (tf32, bf16), transformer and zoo:alexnet
 #                study-ab the power study in A/B mode against build/base (A/A at level 0): MLP training and
 #                         inference, CNN, Transformer, 3 sessions of 20 s of trials per test
@@ -91,7 +93,9 @@ step_perf() { ./gate perf -p no:cacheprovider --durations=0; }
 step_perf-core() { ./gate perf -p no:cacheprovider --durations=0 -k "test_mlp_train or test_mlp_infer or test_cnn_train"; }
 step_perf-new() { ./gate perf -p no:cacheprovider --durations=0 -k "zoo or loader or streamed or test_resnet_train"; }
 step_ab() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against build/base; s=$?
-    cp -r build/ab "$logdir/ab-logs" 2>/dev/null; return $s; }
+    cp -r build/ab "$logdir/ab-logs-$(date +%s)" 2>/dev/null; return $s; }
+step_zoo-compile() { ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none \
+    -k "test_zoo_train and tf32-resident"; }
 step_ab-core() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against build/base \
     -k "test_mlp_train or test_mlp_infer or test_cnn_train"; s=$?; cp -r build/ab "$logdir/ab-logs" 2>/dev/null; return $s; }
 step_study-ab() { python3 -m gpuengine gatepower --against build/base --sessions 3 --trial-budget 20 \
@@ -108,12 +112,13 @@ step_calibrate() { python3 -m gpuengine gatepower calibrate -m gatepower --keep-
 step_study() { python3 -m gpuengine gatepower --keep-trials "$logdir/trials-study"; }
 
 run_steps() {
-    local spec step minutes began status
+    local spec step name minutes began status
     for spec in "$@"; do
         step=${spec%%=*}; minutes=${spec#*=}; [ "$minutes" = "$spec" ] && minutes=10
+        name=${step%%#*}   # ab#2: the step ab again, logged as ab#2.log
         began=$(date +%s)
         echo "== step $step (at most $minutes min) at $(date -u +%H:%M:%S)"
-        timeout --kill-after=20 "${minutes}m" bash -c "$(declare -f "step_$step"); logdir='$logdir'; step_$step" \
+        timeout --kill-after=20 "${minutes}m" bash -c "$(declare -f "step_$name"); logdir='$logdir'; step_$name" \
             > "$logdir/$step.log" 2>&1 < /dev/null
         status=$?
         echo "$step $status $(( $(date +%s) - began ))" | tee -a "$logdir/steps.txt"
@@ -129,8 +134,9 @@ case "$command" in
         if [ "$what" = steps ]; then
             [ $# -ge 4 ] || { echo "gpu_session: steps needs at least one STEP[=MINUTES]" >&2; exit 2; }
             for spec in "${@:4}"; do
-                declare -F "step_${spec%%=*}" > /dev/null \
-                    || { echo "gpu_session: no step '${spec%%=*}' (see the usage: $0)" >&2; exit 2; }
+                spec=${spec%%=*}
+                declare -F "step_${spec%%#*}" > /dev/null \
+                    || { echo "gpu_session: no step '${spec%%#*}' (see the usage: $0)" >&2; exit 2; }
             done
         fi
         args=""
