@@ -163,3 +163,34 @@ def test_the_command_calibrates_then_studies_end_to_end_on_the_cpu_tier(tmp_path
     assert entry["noise"].startswith("noise.json") and entry["workload"] == "mlp_train"
     assert entry["meets_targets"] is None and "5% not run" in out     # the 5% target needs the 5% level
     assert study["families"]["mlp_train"]["tests"] == 1
+
+
+def paired_trials(rng, made: dict[float, float], sessions: int = 2, per_level: int = 3) -> trials.TrialSet:
+    """A/B trials whose head is `made[level]` slower than its base at each level (what the delay achieved)."""
+    found = []
+    for session in range(sessions):
+        for index, level in enumerate(sorted(made) * per_level):
+            base = 10 * np.exp(rng.normal(0, 0.002, 11))
+            head = 10 * (1 + made[level]) * np.exp(rng.normal(0, 0.002, 11))
+            ab = {"head_round_ms": list(head), "base_round_ms": list(base), "head_samples_per_round": 1,
+                  "base_samples_per_round": 1}
+            found.append(trials.Trial(session, index, level, RunSamples(None, None, None), ab))
+    return trials.TrialSet("perf_tests/test_loader.py::test_mlp_streamed[x]", "mlp_streamed", 11, found)
+
+
+def test_a_level_the_injected_delay_did_not_reach_gives_no_verdict_and_says_why():
+    rng = np.random.default_rng(4)
+    empty = NoiseTable(Path("noise.json"), {}, {})   # A/B trials read the process noise, not noise.json
+    hidden = analysis.analyse_test(paired_trials(rng, {0.0: 0.0, 0.05: 0.012, 0.10: 0.03}), empty)
+    assert hidden["meets_targets"] is None and "made the head 1.2% slower at the 5% level" in hidden["not_reached"]
+    assert "not reached" in analysis.format_table({"t::x": hidden})
+    reached = analysis.analyse_test(paired_trials(rng, {0.0: 0.0, 0.05: 0.05, 0.10: 0.10}), empty)
+    assert reached["meets_targets"] is True and "not_reached" not in reached
+
+
+def test_a_delay_that_never_slows_the_round_is_named_unreachable():
+    """The loader alone on an H100: its steps hide behind the copy, so no delay slows its round."""
+    delays = []
+    with pytest.raises(trials.DelayUnreachable, match=r"did not slow the engine's round of 33\.000 ms: its steps hide"):
+        trials.delay_slope(lambda: 33.0, delays.append)
+    assert delays[-1] == 0 and max(delays) >= trials.PROBE_MAX_US   # probed past the largest delay, then unarmed
