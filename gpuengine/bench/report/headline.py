@@ -22,9 +22,9 @@ from .tables import NONE, Table, speedup, to_markdown
 CAPTION = ("Claims held: the rules of baselines_store/thresholds.json that have held (a floor under the engine's "
            "measured lead, or the target itself where it is met); a missed claim fails the gate. Targets: goals "
            "not met yet, each with its floor, the lowest ratio measured (its case, and the engine's fraction "
-           "of the GPU's measured GEMM peak there) and whether every case met it; a missed target fails only ./gate perf --claims and the nightly tier. Both against the "
-           "newest measurement of each case and today's rules. Runs: the run, its commit and date, and whether "
-           "it passed the gate.")
+           "of the GPU's measured GEMM peak there) and whether every case met it; a missed target fails only "
+           "./gate perf --claims and the nightly tier. Both against the newest measurement of each case and "
+           "today's rules. Runs: the run, its commit and date, and whether it passed the gate.")
 
 
 def _margin(measured: Measured) -> float:
