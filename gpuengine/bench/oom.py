@@ -13,11 +13,10 @@ from __future__ import annotations
 import gc
 import sys
 
+from ..runtime.backend import GIB
 from .gpu_memory import is_out_of_memory
 
-GIB = 1024 ** 3
-
-__all__ = ["describe", "is_out_of_memory", "release"]
+__all__ = ["describe", "is_out_of_memory", "release"]   # is_out_of_memory: the test the caller asks first
 
 
 def _gib(count: int) -> str:
@@ -25,7 +24,8 @@ def _gib(count: int) -> str:
 
 
 def device_memory() -> str:
-    """'F free of T on the device; cached here: CuPy P, torch R' (what can be read; '' without a GPU)."""
+    """'F GiB free of T GiB on the device, CuPy's pool holds P GiB, torch's cache holds R GiB': what can be
+    read ('' where neither CuPy nor torch has touched a GPU)."""
     parts = []
     cupy = sys.modules.get("cupy")
     if cupy is not None:
