@@ -9,6 +9,8 @@ from gpuengine.runtime.backend import gpu_visible
 from gpuengine.trainer import PHASES, Trainer
 from gpuengine.workloads.mlp import MLPShape, build_mlp, mlp_data
 
+from .faults.plugin import poison
+
 SHAPE = MLPShape(inputs=9, hidden=16)
 CPU = EngineConfig(device="cpu", precision="fp32", cuda_graph=0)
 needs_gpu = pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")
@@ -71,22 +73,9 @@ def test_a_bad_learning_rate_is_refused_and_the_old_one_kept(lr):
     assert run.optimizer.lr == pytest.approx(1e-3)
 
 
-def poison_after(run: Trainer, step: int):
-    """A step hook that makes the first weight nan at the end of `step` (0-based), eager or captured."""
-    if not run.backend.is_gpu:
-        def hook():
-            if int(run.state.step[0]) == step + 1:   # the hook runs after the step counter advanced
-                run.params.master[0] = np.nan
-        return hook
-    import cupy
-    kernel = cupy.RawKernel(r'''extern "C" __global__ void poison(const long long* step, long long at, float* w) {
-        if (step[0] == at) w[0] = __int_as_float(0x7fc00000); }''', "poison")
-    return lambda: kernel((1,), (1,), (run.state.step, np.int64(step + 1), run.params.master))
-
-
 def diverging(config: EngineConfig, at: int) -> Trainer:
     run = trainer(config)   # 3 steps an epoch
-    run.step_hook = poison_after(run, at)
+    run.step_hook = poison(run, at)
     return run
 
 

@@ -38,8 +38,9 @@ def pytest_configure(config):
         _poison_trainers(int(fault[1]))
 
 
-def _poison(trainer, step: int):
-    """The step hook: after step `step` (the counter then reads step + 1) the first weight becomes nan."""
+def poison(trainer, step: int):
+    """A step hook: after step `step` (0-based; the counter then reads step + 1) the first weight becomes nan,
+    eager or captured (test_trainer.py uses it directly)."""
     if not trainer.backend.is_gpu:
         def hook():
             if int(trainer.state.step[0]) == step + 1:
@@ -58,7 +59,7 @@ def _poison_trainers(step: int):
 
     def init(self, *args, **kwargs):
         built(self, *args, **kwargs)
-        self.trainer.step_hook = _poison(self.trainer, step)
+        self.trainer.step_hook = poison(self.trainer, step)
 
     runners.EngineTrainRunner.__init__ = init
 
