@@ -16,6 +16,7 @@ import weakref
 
 import numpy as np
 
+from ..runtime.backend import GIB
 from .checks import DataError
 
 _PORTABLE, _MAPPED = 1, 2   # cudaHostAllocPortable, cudaHostAllocMapped
@@ -41,7 +42,7 @@ def refusal(what: str, nbytes: int, cause: str) -> DataError:
     limit = (f"this host has {memory['MemTotal']} bytes, {memory['MemAvailable']} available"
              if len(memory) == 2 else "the host's memory could not be read")
     return DataError(f"{what} must be pinned in host memory for streaming (resident_data=0): {nbytes} bytes "
-                     f"({nbytes / 2**30:.3g} GiB) were refused ({cause}); {limit}. Stream a smaller data set, "
+                     f"({nbytes / GIB:.3g} GiB) were refused ({cause}); {limit}. Stream a smaller data set, "
                      "or train on resident data (resident_data=1) if it fits the device")
 
 

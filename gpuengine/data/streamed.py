@@ -23,25 +23,24 @@ batch before it.
 The measurement that chose it (perf_tests/test_loader.py, H100): a ring of
 worker threads, pinned slots and copy streams moved 1.22 GB/s against 54.5
 GB/s of pinned copies (d8131d0), MLP streamed at 2% of the copy bound; this
-path moves
-0.83-0.89x the pinned copies' bandwidth for 4 KB and 150 KB rows, trains the
-MLP at 0.85-0.91x the copy bound (17-40x torch's DataLoader) and the CNN at
-0.96-0.99x its resident speed (9776784). A pool of 1 trains the MLP at 0.71x.
+path moves 0.83-0.89x the pinned copies' bandwidth for 4 KB and 150 KB rows,
+trains the MLP at 0.85-0.91x the copy bound (17-40x torch's DataLoader) and
+the CNN at 0.96-0.99x its resident speed (9776784). A pool of 1 trains the
+MLP at 0.71x.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ..checks import is_whole
 from ..config import BATCH_POOL_RANGE, ConfigError
 from .gather import DeviceGather
 from .pinned import pinned_copy
 from .shuffle import batch_rows
 
-POOLS = tuple(range(BATCH_POOL_RANGE[0], BATCH_POOL_RANGE[1] + 1))   # the toggle's own range, one definition
-
-
 def check_pool(pool) -> int:
-    if isinstance(pool, bool) or not isinstance(pool, (int, np.integer)) or int(pool) not in POOLS:
+    low, high = BATCH_POOL_RANGE   # the toggle's own range
+    if not is_whole(pool) or not low <= pool <= high:
         raise ConfigError(f"batch_pool={pool!r} is not accepted: 1 (the step gathers its own batch) or "
                           "2 (the next batch is gathered while the step computes)")
     return int(pool)
