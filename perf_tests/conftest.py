@@ -20,6 +20,7 @@ import pytest
 from gpuengine.bench import oom
 from gpuengine.bench.benchmarking import Comparison
 from gpuengine.bench.gatepower import trials as study_trials
+from gpuengine.bench.gpu_memory import is_out_of_memory
 from gpuengine.bench.regression import choose_reference
 
 from .ab_session import ab_record
@@ -57,7 +58,7 @@ def pytest_runtest_call(item):
     try:
         result = yield
     except Exception as exc:
-        if not oom.is_out_of_memory(exc):
+        if not is_out_of_memory(exc):
             raise
         out_of_memory = oom.describe(exc)
         traceback.clear_frames(exc.__traceback__)   # the frames hold the test's arrays

@@ -1,4 +1,5 @@
-"""A device out-of-memory inside one perf test: fail that test with the sizes, free what it held, go on.
+"""A device out-of-memory inside one perf test (gpu_memory.is_out_of_memory): fail that test with the sizes,
+free what it held, go on.
 
 The allocation that failed names its size (CuPy: "Out of memory allocating N
 bytes (allocated so far: M bytes)"; torch: "Tried to allocate ... of which ...
@@ -14,9 +15,6 @@ import gc
 import sys
 
 from ..runtime.backend import GIB
-from .gpu_memory import is_out_of_memory
-
-__all__ = ["describe", "is_out_of_memory", "release"]   # is_out_of_memory: the test the caller asks first
 
 
 def _gib(count: int) -> str:
