@@ -129,7 +129,21 @@ def test_profile_runner_prepares_warms_then_profiles(monkeypatch):
     monkeypatch.setattr(capture, "record_replays",
                         lambda run_once, replays, activities, keep: [run_once() or [DeviceEvent("adam", 0, 2)]])
     side = capture.profile_runner(Runner(), replays=1, steps=2)
-    assert steps == ["prepare", "round", "sync", "round", "sync"] and side["step_us"] == 1.0
+    burst = ["sync", *["round"] * capture.BURST_ROUNDS, "sync"]
+    assert steps == ["prepare", "round", "sync", *burst * capture.BURSTS, "round", "sync"]
+    assert side["step_us"] == 1.0 and side["timed_step_us"] >= 0
+
+
+def test_the_unprofiled_step_is_the_median_burst_per_step():
+    class Runner:
+        def run_round(self):
+            pass
+
+        def synchronize(self):
+            pass
+    ticks = iter([0.0, 0.004, 1.0, 1.002, 2.0, 2.1])   # bursts of 4 ms, 2 ms and 100 ms
+    us = capture.unprofiled_step_us(Runner(), steps=2, bursts=3, rounds=10, clock=lambda: next(ticks))
+    assert us == 200.0   # the 4 ms burst: 20 steps of 200 us
 
 
 @pytest.mark.parametrize("workload", ["mlp", "cnn", "resnet", "transformer", "zoo:alexnet"])

@@ -190,6 +190,15 @@ def test_the_record_reads_back_and_a_malformed_one_is_named():
     with pytest.raises(ValueError, match=r"p.json: format 2; this code reads format 1"):
         read_profile({**record, "format": 2}, "p.json")
     assert "step (device span)" in format_text_table(record)
+    assert "step timed, no profiler" not in format_text_table(record)   # a profile from before that figure
+    timed = json.loads(json.dumps(record))
+    timed["sides"][ENGINE]["timed_step_us"] = 650.0
+    assert read_profile(timed, "p.json").sides[ENGINE]["timed_step_us"] == 650.0
+    rows = {line.split("  ")[0]: line.split() for line in format_text_table(timed).splitlines()}
+    assert rows["step timed, no profiler"][-len(record["sides"]):] == ["650.0", *["—"] * (len(record["sides"]) - 1)]
+    timed["sides"][ENGINE]["timed_step_us"] = -1
+    with pytest.raises(ValueError, match=r"p.json: sides.gpuengine.timed_step_us must be"):
+        read_profile(timed, "p.json")
 
 
 def test_write_profile_is_whole_or_nothing(tmp_path, monkeypatch):

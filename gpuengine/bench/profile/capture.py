@@ -14,10 +14,18 @@ and launch count in each replay, divided by `steps`, and the median over
 replays; the step is the device span of a replay (first event's start to last
 event's end) over `steps`, and its gaps the step less the kernels' sum: the
 device idle between kernels, or, when negative, kernels that overlapped.
+
+CUPTI itself slows a graph replay between its kernels, more for some graphs
+than others, so the profiled span is not what the perf tests time. Before
+profiling, the same runner is therefore timed without the profiler
+(`unprofiled_step_us`: bursts of rounds launched back to back, a
+synchronize around each burst, as in the perf tests' rounds): set beside
+the kernels' sum, it says how much of the step is really idle device.
 """
 from __future__ import annotations
 
 import statistics
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -27,6 +35,8 @@ from .families import family_of
 # Kineto's activity types of work on the device; its other device events (gpu_user_annotation) span kernels.
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 WARM_ROUNDS = 1   # untimed rounds after prepare(): a graph's first replay uploads it, a compiled step may settle
+BURST_ROUNDS = 10   # rounds launched back to back per timed burst: one synchronize's cost spread over many steps
+BURSTS = 5          # timed bursts; their median is kept
 
 
 class ProfileError(RuntimeError):
@@ -120,15 +130,31 @@ def summarise(replays: list[list[DeviceEvent]], steps: int) -> dict:
             "replay_step_us": [round(s, 3) for s in spans], "families": families, "kernels": kernels}
 
 
+def unprofiled_step_us(runner, steps: int, bursts: int = BURSTS, rounds: int = BURST_ROUNDS,
+                       clock: Callable[[], float] = time.perf_counter) -> float:
+    """Microseconds per training step without the profiler: the median burst of `rounds` rounds (each one epoch
+    of `steps` steps) launched back to back, the device drained before both clock reads."""
+    per_step = []
+    for _ in range(bursts):
+        runner.synchronize()
+        start = clock()
+        for _ in range(rounds):
+            runner.run_round()
+        runner.synchronize()
+        per_step.append((clock() - start) * 1e6 / (rounds * steps))
+    return round(statistics.median(per_step), 3)
+
+
 def profile_runner(runner, replays: int, steps: int, activities=None, keep: Callable = is_device_work) -> dict:
-    """A prepared-and-warmed runner's profile (summarise): `runner` is a benchmarking.Runner whose round is one
-    epoch of `steps` training steps."""
+    """A prepared-and-warmed runner's profile (summarise) and its step timed without the profiler
+    ("timed_step_us"): `runner` is a benchmarking.Runner whose round is one epoch of `steps` training steps."""
     runner.prepare()
     for _ in range(WARM_ROUNDS):
         runner.run_round()
         runner.synchronize()
+    timed = unprofiled_step_us(runner, steps)
 
     def one_round() -> None:
         runner.run_round()
         runner.synchronize()
-    return summarise(record_replays(one_round, replays, activities, keep), steps)
+    return {**summarise(record_replays(one_round, replays, activities, keep), steps), "timed_step_us": timed}

@@ -12,13 +12,15 @@ replaces the file, so each holds the newest profile of its case:
      "machine": {machine_info.collect_machine_info: gpu, driver, CUDA, cuDNN, clocks, ...},
      "replays": 5, "steps_per_replay": 2, "cudnn_plans": "<how the engine's plans were chosen>",
      "sides": {"gpuengine": {"step_us": 812.4, "kernel_us": 790.1, "gaps_us": 22.3, "replay_step_us": [...],
+                             "timed_step_us": 801.0,
                              "families": {"gemm": 500.2, ...},
                              "kernels": [{"name": "...", "family": "gemm", "us": 120.5, "count": 2.0}, ...]},
                "torch_graph": {...},
                "torch_compile_graph": {"unavailable": "<why>", "failed": false}}}
 
 Every time is microseconds per training step, every count launches per step
-(capture.py: medians over the replays). The report reads these files back
+(capture.py: medians over the replays); "timed_step_us" is the step timed
+without the profiler (absent from profiles recorded before it was). The report reads these files back
 (`read_profile`: a malformed one is an error naming the file and the field).
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ FORMAT = 1
 KIND = "gpuengine kernel profile"
 PROFILES = "profiles"   # the folder of a tier (baselines_store/<gpu>/) that holds them
 SIDE_TIMES = ("step_us", "kernel_us", "gaps_us")
+TIMED = "timed_step_us"   # optional: profiles recorded before it lack it
 ENGINE = "gpuengine"          # the engine's side; the references' are their modes (torch_graph, ...)
 UNAVAILABLE = "unavailable"   # a side's key: why it was not profiled
 FAILED = "failed"             # ... and whether it failed, rather than this machine lacking it
@@ -124,6 +127,8 @@ def _side(side, where: str) -> dict:
         return side
     for key in SIDE_TIMES:
         require_number(side.get(key), f"{where}.{key}")
+    if TIMED in side:
+        require_number(side[TIMED], f"{where}.{TIMED}", minimum=0)
     families = side.get("families")
     if not isinstance(families, dict):
         raise JsonFileError(f"{where}.families must be an object of microseconds by family, got {families!r}")
@@ -161,13 +166,16 @@ def read_profile(data, path: Path | str) -> StoredProfile:
 
 def family_rows(sides: dict[str, dict]) -> list[tuple[str, list[float | None]]]:
     """(row label, one value per side in `sides`' order): each family any side spent time in, then the kernels'
-    sum, the gaps, the step, and the launches per step. None where a side was not profiled."""
+    sum, the gaps, the step under the profiler and without it, and the launches per step. None where a side was
+    not profiled; the timed step's row only where a side has that figure."""
     profiled = [side if UNAVAILABLE not in side else None for side in sides.values()]
     families = ordered({f for side in profiled if side for f, us in side["families"].items() if us > 0})
     rows = [(label(f), [side["families"].get(f, 0.0) if side else None for side in profiled]) for f in families]
     rows += [("kernels (sum)", [side["kernel_us"] if side else None for side in profiled]),
              ("gaps (device idle)", [side["gaps_us"] if side else None for side in profiled]),
              ("step (device span)", [side["step_us"] if side else None for side in profiled]),
+             *([("step timed, no profiler", [side.get(TIMED) if side else None for side in profiled])]
+               if any(side and TIMED in side for side in profiled) else []),
              ("launches per step", [sum(k.get("count", 0) for k in side["kernels"]) if side else None
                                     for side in profiled])]
     return rows

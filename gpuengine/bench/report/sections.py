@@ -296,7 +296,9 @@ def profile_table(profile: StoredProfile) -> Table:
     commit = f"{profile.commit[:7]}{'+dirty' if profile.dirty else ''}" or "no commit"
     table.caption = (f"{profile.path} ({commit}, {profile.recorded_at:%Y-%m-%d %H:%M}, {profile.gpu}): the median of "
                      f"{profile.replays} replays of {profile.steps_per_replay} steps. A family sums its kernels' "
-                     "time; the gaps are the step's device span less the kernels' sum (negative: kernels overlapped)."
+                     "time; the gaps are the step's device span less the kernels' sum (negative: kernels overlapped). "
+                     "The profiler slows a replay between kernels; the step timed without it, where recorded, is "
+                     "what the perf tests see."
                      + (f" {missing}." if missing else ""))
     return table
 
