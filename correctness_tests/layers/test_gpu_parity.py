@@ -128,6 +128,19 @@ def test_device_gather_reads_the_host_shuffle():
         np.testing.assert_array_equal(trainer.backend.to_host(trainer.data.batch_t)[:, 0], t[rows, 0])
 
 
+@pytest.mark.parametrize("features", [1000, 5000, 5003])   # one chunk; 20 KB rows in 5 chunks; 4-byte words
+def test_device_gather_copies_whole_rows(features):
+    shape = MLPShape(inputs=features, hidden=8)
+    x, t = mlp_data(300, shape)
+    trainer = Trainer(build_mlp(shape), x, t, 40, EngineConfig(cuda_graph=0))
+    for step in (0, 5):
+        with trainer.backend.activate():
+            trainer.state.step[...] = step
+            trainer.data.load_batch()
+        rows = trainer.data.rows_of_step(step)
+        np.testing.assert_array_equal(trainer.backend.to_host(trainer.data.batch_x), x[rows])
+
+
 def test_steady_state_allocates_nothing():
     net = build_mlp(SHAPE)
     x, t = mlp_data(4096, SHAPE)

@@ -7,11 +7,12 @@ the next step's batch while this one computes), so it runs inside a captured
 graph with no host work; under data parallelism B is the global batch and rank
 r reads positions r * b .. r * b + b - 1 of it (b its own batch). The source is
 device memory (resident data) or mapped pinned host memory (streamed data,
-pinned.py): then every read crosses PCIe, so long rows are split into chunks
-over more warps, each lane issues its loads before its stores, and a small
-grid strides over the work, keeping enough reads in flight to fill the link
-while leaving the SMs to the step's compute. Rows are copied as 16-byte or
-4-byte words; targets ride along.
+pinned.py). Long rows are split into 4 KB chunks, one warp each, so that a
+batch of a few long rows (16 images of 600 KB) still spreads over every SM;
+each lane issues its loads before its stores. From host memory every read
+crosses PCIe, and a small grid strides over the work, keeping enough reads in
+flight to fill the link while leaving the SMs to the step's compute. Rows are
+copied as 16-byte or 4-byte words; targets ride along.
 """
 from __future__ import annotations
 
@@ -56,8 +57,9 @@ extern "C" __global__ void gather(const WORD_T* __restrict__ src_x, const float*
 }
 """
 
-_ROWS_PER_BLOCK = 8
-_HOST_CHUNK_BYTES = 4096   # a warp's share of a host row: 150 KB images spread over 37 warps each
+_WARPS_PER_BLOCK = 8
+_CHUNK_BYTES = 4096   # a warp's share of a row: a 600 KB image spreads over 147 warps (one warp a row: 16 warps
+                      # copied the zoo's batch at 60 GB/s, 153 us of AlexNet's 2 ms step on an H100)
 # Host reads wait on PCIe: a full grid held every SM for the whole copy and the step's compute, on the other
 # branch, queued behind it (H100 cdc7fc0: MLP streamed 0.65x the copy bound, CNN b1024 0.84x resident). 32
 # blocks keep 512 KB of reads in flight and leave the SMs to the compute (9776784: 0.91x and 0.96x; the
@@ -78,7 +80,7 @@ def as_words(a):
 class DeviceGather:
     """Gathers one batch per step from `src_x`/`src_t` into `out_x`/`out_t` on the device.
 
-    `host_source`: the sources are mapped pinned host memory (their rows are split into chunks)."""
+    `host_source`: the sources are mapped pinned host memory (a small grid strides over the chunks)."""
 
     def __init__(self, backend, state, src_x, src_t, out_x, out_t, *, seed: int = 0, rank: int = 0, world: int = 1,
                  host_source: bool = False):
@@ -91,10 +93,9 @@ class DeviceGather:
             self._src_words, word_type, self._row_words = as_words(src_x)
             self._out_words, _, _ = as_words(out_x)
             word_bytes = 16 if word_type == "uint4" else 4
-            self._chunk_words = (max(1, _HOST_CHUNK_BYTES // word_bytes) if host_source
-                                 else max(1, self._row_words))
+            self._chunk_words = max(1, _CHUNK_BYTES // word_bytes)
             self._chunks = -(-self._row_words // self._chunk_words) if self._row_words else 1
-            blocks = -(-self.batch * self._chunks // _ROWS_PER_BLOCK)
+            blocks = -(-self.batch * self._chunks // _WARPS_PER_BLOCK)
             self._blocks = min(blocks, _HOST_BLOCKS) if host_source else blocks
             self._kernel = get_kernel(_SOURCE, "gather", WORD_T=word_type)
 
@@ -105,7 +106,7 @@ class DeviceGather:
             np.take(self.src_x, rows, axis=0, out=self.out_x)
             np.take(self.src_t, rows, axis=0, out=self.out_t)
             return
-        self._kernel((self._blocks,), (32 * _ROWS_PER_BLOCK,),
+        self._kernel((self._blocks,), (32 * _WARPS_PER_BLOCK,),
                      (self._src_words, self.src_t, self._out_words, self.out_t, np.int32(self._row_words),
                       np.int32(self._chunk_words), np.int32(self._chunks), np.int32(self.out_t.shape[1]),
                       self.state.step, np.int32(ahead),
