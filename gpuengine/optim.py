@@ -16,22 +16,43 @@ from . import checks
 from .runtime.kernels import ctype, get_kernel
 
 _SOURCE = r"""
+__device__ __forceinline__ void adam_one(float& p, float g, float& m, float& v, float b1, float b2, float eps,
+                                          float lr, float bc1, float bc2) {
+    m = b1 * m + (1.f - b1) * g;
+    v = b2 * v + (1.f - b2) * g * g;
+    p = p - lr * (m / bc1) / (sqrtf(v / bc2) + eps);
+}
+
 extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, COPY_T* copy, const long long* step,
                                 const float* lr_ptr, float b1, float b2, float eps, long long n) {
     const float t = (float)(step[0] + 1), lr = lr_ptr[0];
     const float bc1 = 1.f - powf(b1, t), bc2 = 1.f - powf(b2, t);
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        float gi = g[i];
-        float mi = b1 * m[i] + (1.f - b1) * gi;
-        float vi = b2 * v[i] + (1.f - b2) * gi * gi;
-        m[i] = mi; v[i] = vi;
-        float pi = p[i] - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
-        p[i] = pi;
+    const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
+    // Four elements a thread as 16-byte loads and stores: scalar ones left the update at 2.2 TB/s on an H100.
+    const long long quads = VECTOR ? n / 4 : 0;
+    for (long long q = first; q < quads; q += stride) {
+        float4 pq = reinterpret_cast<float4*>(p)[q], mq = reinterpret_cast<float4*>(m)[q];
+        float4 vq = reinterpret_cast<float4*>(v)[q];
+        const float4 gq = reinterpret_cast<const float4*>(g)[q];
+        adam_one(pq.x, gq.x, mq.x, vq.x, b1, b2, eps, lr, bc1, bc2);
+        adam_one(pq.y, gq.y, mq.y, vq.y, b1, b2, eps, lr, bc1, bc2);
+        adam_one(pq.z, gq.z, mq.z, vq.z, b1, b2, eps, lr, bc1, bc2);
+        adam_one(pq.w, gq.w, mq.w, vq.w, b1, b2, eps, lr, bc1, bc2);
+        reinterpret_cast<float4*>(p)[q] = pq; reinterpret_cast<float4*>(m)[q] = mq;
+        reinterpret_cast<float4*>(v)[q] = vq;
+        if (HAS_COPY) {
+            store_f(copy, 4 * q, pq.x); store_f(copy, 4 * q + 1, pq.y);
+            store_f(copy, 4 * q + 2, pq.z); store_f(copy, 4 * q + 3, pq.w);
+        }
+    }
+    for (long long i = 4 * quads + first; i < n; i += stride) {
+        float pi = p[i], mi = m[i], vi = v[i];
+        adam_one(pi, g[i], mi, vi, b1, b2, eps, lr, bc1, bc2);
+        p[i] = pi; m[i] = mi; v[i] = vi;
         if (HAS_COPY) store_f(copy, i, pi);
     }
 }
 """
-
 
 class Adam:
     def __init__(self, backend, allocator, params, state, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8):
@@ -43,10 +64,14 @@ class Adam:
         self._lr_device = allocator.zeros((1,), np.float32, "workspace")   # a scalar, like the step counter
         self.lr = lr
         self.has_copy = params.compute is not params.master
+        self.vector = False   # whether the kernel moves four elements a thread (16-byte aligned buffers)
         if backend.is_gpu:
             copy_dtype = params.compute.dtype if self.has_copy else np.float32
-            self._kernel = get_kernel(_SOURCE, "adam", COPY_T=ctype(copy_dtype), HAS_COPY=int(self.has_copy))
-            self._blocks = min(-(-params.size // 256), 4096)
+            buffers = (params.master, params.grad, params.moment1, params.moment2)
+            self.vector = all(b.data.ptr % 16 == 0 for b in buffers)
+            self._kernel = get_kernel(_SOURCE, "adam", COPY_T=ctype(copy_dtype), HAS_COPY=int(self.has_copy),
+                                      VECTOR=int(self.vector))
+            self._blocks = min(-(-params.size // (4 * 256 if self.vector else 256)), 4096)
 
     @property
     def lr(self) -> float:

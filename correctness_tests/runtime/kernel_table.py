@@ -92,8 +92,9 @@ def _shape_free_cases():
         yield _case(reductions, "column_partials", where, ELEM_T=elem)
         policy = policy_for(precision)
         copy = policy.compute_dtype if policy.needs_compute_copy else np.float32   # as Adam chooses its copy
-        yield _case(optim, "adam", f"{precision} master/compute", COPY_T=ctype(copy),
-                    HAS_COPY=int(policy.needs_compute_copy))
+        for vector in (1, 0):   # 16-byte aligned buffers, and the scalar loop alone
+            yield _case(optim, "adam", f"{precision} master/compute, vector {vector}", COPY_T=ctype(copy),
+                        HAS_COPY=int(policy.needs_compute_copy), VECTOR=vector)
     # Attention casts fp32 activations to the bf16 fused engines and back.
     for src, dst in (("float", "bf16_t"), ("bf16_t", "float")):
         yield _case(cudnn_attention, "cast", "attention cast", "_CAST_SOURCE", SRC_T=src, DST_T=dst)
@@ -104,12 +105,11 @@ def _shape_free_cases():
 
 
 def _gather_cases():
-    """Both word types (rows of 16-byte and of 4-byte multiples) with both row maps."""
+    """Both word types: rows of 16-byte and of 4-byte multiples."""
     for features in (4, 3):
         rows = np.zeros((2, features), np.float32)
         _, word_type, _ = gather.as_words(rows)
-        for shuffled in (0, 1):
-            yield _case(gather, "gather", f"rows of {4 * features} bytes", WORD_T=word_type, SHUFFLED=shuffled)
+        yield _case(gather, "gather", f"rows of {4 * features} bytes", WORD_T=word_type)
 
 
 def workload_networks():

@@ -1,0 +1,71 @@
+"""On a GPU: the fused Adam kernel makes the NumPy backend's update, by its 16-byte path and by its scalar one.
+
+Flat parameter buffers start aligned and have a length that is a multiple of 64 (params.py), so the kernel
+updates them four elements a thread; a buffer that starts off a 16-byte boundary, or whose length leaves a
+tail, goes through the scalar loop. Each case runs three steps (the bias correction changes with the step)
+under fp32 and under bf16, whose pass also refreshes the bf16 compute copy.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from gpuengine.config import EngineConfig
+from gpuengine.optim import Adam
+from gpuengine.runtime.backend import get_backend, gpu_visible
+from gpuengine.runtime.memory import Allocator
+from gpuengine.runtime.precision import policy_for
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
+
+STEPS = 3
+
+
+def flat_buffers(backend, allocator, size: int, offset: int, precision: str, rng):
+    """Master, gradient, moments and compute copy of `size` elements, each starting `offset` elements into its
+    allocation (an offset of 1 puts every start off a 16-byte boundary); seeded values, moments non-negative."""
+    policy = policy_for(precision)
+
+    def buffer(values, dtype):
+        whole = allocator.zeros((size + offset,), dtype, "optimizer")
+        view = whole[offset:]
+        backend.upload(view, values.astype(dtype))
+        return view
+    values = [rng.standard_normal(size).astype(np.float32) for _ in range(3)]
+    master, grad = buffer(values[0], np.float32), buffer(values[1], np.float32)
+    moment1 = buffer(0.1 * values[2], np.float32)
+    moment2 = buffer(np.abs(values[2]) * 0.01, np.float32)
+    compute = buffer(values[0], policy.compute_dtype) if policy.needs_compute_copy else master
+    return SimpleNamespace(master=master, grad=grad, moment1=moment1, moment2=moment2, compute=compute, size=size)
+
+
+def run_adam(device: str, size: int, offset: int, precision: str):
+    backend = get_backend(EngineConfig(device=device, precision=precision, cuda_graph=0))
+    allocator = Allocator(backend)
+    params = flat_buffers(backend, allocator, size, offset, precision, np.random.default_rng(7))
+    state = SimpleNamespace(step=allocator.zeros((1,), np.int64, "workspace"))
+    adam = Adam(backend, allocator, params, state, lr=3e-3)
+    for step in range(STEPS):
+        backend.upload(state.step, np.array([step], np.int64))
+        with backend.activate():
+            adam.step()
+    backend.synchronize()
+    host = {name: backend.to_host(getattr(params, name)).astype(np.float32)
+            for name in ("master", "moment1", "moment2", "compute")}
+    return host, adam
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("size,offset,path", [(4096, 0, "vector"), (4096 + 3, 0, "vector and tail"),
+                                              (4096, 1, "scalar")])
+def test_adam_on_the_gpu_makes_the_numpy_update(precision, size, offset, path):
+    gpu, adam = run_adam("cuda", size, offset, precision)
+    cpu, _ = run_adam("cpu", size, offset, precision)
+    assert adam.vector == (path != "scalar")
+    for name in ("master", "moment1", "moment2"):
+        np.testing.assert_allclose(gpu[name], cpu[name], rtol=2e-6, atol=1e-7, err_msg=f"{name} ({path})")
+    if precision == "bf16":   # the compute copy is the master rounded to bf16, on both sides
+        np.testing.assert_allclose(gpu["compute"], cpu["compute"], rtol=2 ** -7, err_msg=f"compute ({path})")
