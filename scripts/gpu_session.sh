@@ -20,6 +20,7 @@
 #                kernels  every engine kernel through CuPy (test_gpu_kernels_compile) and NVRTC
 #                zoo      depthwise (both ways), GPU zoo tests without the full-size parity, NCCL on one GPU
 #                gpu      every GPU correctness test
+#                tests    the pytest arguments in TESTS ("correctness_tests/test_gpu_adam.py -k bf16")
 #                gpu-api  the GPU correctness tests of attention, the Transformer, prediction and argument checks
 #                perf     `./gate perf` (the quick tier; its run is saved by outcome)
 #                perf-new `./gate perf` of the workloads never measured on this GPU: zoo, loader, ResNet
@@ -33,7 +34,8 @@
 #                perf-loader `./gate perf --full --against none` of perf_tests/test_loader.py (loader, MLP and CNN streamed)
 #                compile  torch_compile_graph's GPU parity tests, then one --full case per workload beside it
 #                zoo-compile `./gate perf --full --against none` of the zoo's TF32 resident cases (torch_compile_graph)
-#                profile  `python -m gpuengine profile` of mlp, cnn, resnet (tf32, bf16), transformer and zoo:alexnet
+#                profile  `python -m gpuengine profile` of mlp, cnn, resnet (tf32, bf16), transformer and zoo:alexnet,
+#                         or of PROFILES when set ("zoo:alexnet --precision tf32;resnet", ';' between profiles)
 #                study-ab the power study in A/B mode against build/base (A/A at level 0): MLP training and
 #                         inference, CNN, Transformer, 3 sessions of 20 s of trials per test
 #                study-new the same for ResNet-50, the zoo, the loader and the streamed MLP and CNN
@@ -71,6 +73,7 @@ step_kernels() { python3 -m pytest correctness_tests/runtime/test_gpu_kernels_co
     -q -p no:cacheprovider -rs; }
 step_zoo() { python3 -m pytest correctness_tests/ops/test_gpu_depthwise.py correctness_tests/workloads/test_gpu_zoo.py \
     correctness_tests/parallel/test_nccl_one_gpu.py -k "not full_size" -q -p no:cacheprovider -rs --durations=15; }
+step_tests() { python3 -m pytest ${TESTS:?TESTS names the tests} -q -p no:cacheprovider -rs --durations=10; }
 step_gpu() { python3 -m pytest correctness_tests -m gpu -q -p no:cacheprovider -rs --durations=15; }
 step_gpu-api() { python3 -m pytest correctness_tests -m gpu -k "attention or transformer or predict or embedding or checks" \
     -q -p no:cacheprovider -rs --durations=10; }
@@ -86,9 +89,9 @@ step_compile() { python3 -m pytest correctness_tests/reference/test_torch_compil
     or test_mlp_infer[tf32-resident-b8000] or test_mlp_infer[tf32-resident-b512] or test_cnn_train[tf32-graph8-resident-b128] \
     or test_resnet_train[cifar10-tf32-graph8-resident-b128] or test_resnet_train[cifar10-bf16-graph8-resident-b128] \
     or test_transformer_train[seq128-tf32-graph8-b16] or test_zoo_train[alexnet-tf32-resident-b16]"; }
-step_profile() { local w s=0; for w in "mlp --precision tf32" "cnn --precision tf32" "resnet --precision tf32" \
-    "resnet --precision bf16" "transformer --precision tf32" "zoo:alexnet --precision tf32"; do
-    echo "== profile $w"; python3 -m gpuengine profile $w || s=1; done; return $s; }
+step_profile() { local w s=0 IFS=';'; for w in ${PROFILES:-mlp --precision tf32;cnn --precision tf32;resnet \
+    --precision tf32;resnet --precision bf16;transformer --precision tf32;zoo:alexnet --precision tf32}; do
+    echo "== profile $w"; IFS=' ' eval "python3 -m gpuengine profile $w" || s=1; done; return $s; }
 step_perf() { ./gate perf -p no:cacheprovider --durations=0; }
 step_perf-core() { ./gate perf -p no:cacheprovider --durations=0 -k "test_mlp_train or test_mlp_infer or test_cnn_train"; }
 step_perf-new() { ./gate perf -p no:cacheprovider --durations=0 -k "zoo or loader or streamed or test_resnet_train"; }
