@@ -132,7 +132,7 @@ def test_maxpool_matches_numpy(case, precision):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("rows,classes", [(128, 10), (1024, 10), (33, 1000), (5000, 3)])
+@pytest.mark.parametrize("rows,classes", [(128, 10), (1024, 10), (33, 1000), (5000, 3), (16, 1000), (3, 300)])
 def test_softmax_cross_entropy_matches_numpy(rows, classes, precision):
     z = normal(8, (rows, classes), precision, scale=4.0)
     t = np.eye(classes)[np.random.default_rng(9).integers(0, classes, rows)]

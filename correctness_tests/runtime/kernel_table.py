@@ -73,7 +73,7 @@ _ELEMENT_KERNELS = [
     (merge, ("add2",)),
     (fused_head, ("head_rows", "head_columns", "head_reduce")),
     (dropout, ("dropout_mask", "dropout_advance")),
-    (cross_entropy, ("softmax_xent",)),
+    (cross_entropy, ("softmax_xent", "softmax_xent_wide")),
     (losses, ("mse",)),
     (token_cross_entropy, ("count_tokens", "token_xent")),
 ]
