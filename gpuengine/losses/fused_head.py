@@ -72,23 +72,24 @@ extern "C" __global__ void head_columns(const ELEM_T* z, ELEM_T* dz, const float
     partials[(long long)chunk * 2 * hidden + hidden + c] = sum_dw;
 }
 
-// Pass 3: add the chunks (8 row lanes per column, then shared memory) into db1 and
+// Pass 3: add the chunks (32 row lanes per column, then shared memory) into db1 and
 // dW2; the last block sums d (db2) and the squared errors (the batch loss).
 extern "C" __global__ void head_reduce(const float* partials, const float* d, const float* sq_err, int chunks,
                                        int rows, int hidden, float* db1, float* dw2, float* db2, float loss_scale,
                                        const long long* step, long long steps_per_epoch, float* history,
                                        long long capacity, long long* diverged) {
-    __shared__ float lanes[2][8][33];
-    const int lane = threadIdx.y * 32 + threadIdx.x;   // blockDim = (32, 8)
+    __shared__ float lanes[2][32][33];
+    const int lane = threadIdx.y * 32 + threadIdx.x;   // blockDim = (32, 32): a warp per threadIdx.y
     if (blockIdx.x == gridDim.x - 1) {
         float a = 0.f, b = 0.f;
-        for (int r = lane; r < rows; r += 256) { a += d[r]; b += sq_err[r]; }
-        lanes[0][threadIdx.y][threadIdx.x] = a;
-        lanes[1][threadIdx.y][threadIdx.x] = b;
+        for (int r = lane; r < rows; r += 1024) { a += d[r]; b += sq_err[r]; }
+        a = warp_sum(a);
+        b = warp_sum(b);
+        if (threadIdx.x == 0) { lanes[0][threadIdx.y][0] = a; lanes[1][threadIdx.y][0] = b; }
         __syncthreads();
         if (lane == 0) {
             a = 0.f; b = 0.f;
-            for (int i = 0; i < 256; ++i) { a += lanes[0][i / 32][i % 32]; b += lanes[1][i / 32][i % 32]; }
+            for (int y = 0; y < 32; ++y) { a += lanes[0][y][0]; b += lanes[1][y][0]; }
             db2[0] = a;
             book_loss_value(step, steps_per_epoch, history, capacity, diverged, b * loss_scale);
         }
@@ -98,11 +99,11 @@ extern "C" __global__ void head_reduce(const float* partials, const float* d, co
     const int c = blockIdx.x * 32 + threadIdx.x;
     float s = 0.f;
     if (c < width)
-        for (int k = threadIdx.y; k < chunks; k += 8) s += partials[(long long)k * width + c];
+        for (int k = threadIdx.y; k < chunks; k += 32) s += partials[(long long)k * width + c];
     lanes[0][threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y != 0 || c >= width) return;
-    for (int y = 1; y < 8; ++y) s += lanes[0][y][threadIdx.x];
+    for (int y = 1; y < 32; ++y) s += lanes[0][y][threadIdx.x];
     if (c < hidden) db1[c] = s;
     else dw2[c - hidden] = s;
 }
@@ -166,7 +167,7 @@ class TanhLinearMSEHead:
                     np.int32(1)), shared_mem=4 * self.hidden)
         self._columns((-(-self.hidden // _COLUMN_THREADS), self.chunks), (_COLUMN_THREADS,),
                       (self.z, self.dz, self.d, self.w2, self.partials, rows, hidden, np.int32(ROWS_PER_CHUNK)))
-        self._reduce((-(-2 * self.hidden // 32) + 1,), (32, 8),
+        self._reduce((-(-2 * self.hidden // 32) + 1,), (32, 32),
                      (self.partials, self.d, self.sq_err, np.int32(self.chunks), rows, hidden, self.grad_b1,
                       self.grad_w2, self.grad_b2, self._loss_scale) + self.state.kernel_args())
 
