@@ -32,7 +32,8 @@
 #                perf-streamed `./gate perf --full --against none` of the loader, the zoo's TF32 streamed cases and
 #                         ResNet's streamed graph8 case, each streamed case beside the engine on resident data
 #                perf-loader `./gate perf --full --against none` of perf_tests/test_loader.py (loader, MLP and CNN streamed)
-#                compile  torch_compile_graph's GPU parity tests, then one --full case per workload beside it
+#                compile  torch_compile_graph's GPU parity tests (compile-parity), then one --full case per workload
+#                         beside it (compile-perf)
 #                zoo-compile `./gate perf --full --against none` of the zoo's TF32 resident cases (torch_compile_graph)
 #                profile  `python -m gpuengine profile` of mlp, cnn, resnet (tf32, bf16), transformer and zoo:alexnet,
 #                         or of PROFILES when set ("zoo:alexnet --precision tf32;resnet", ';' between profiles)
@@ -83,9 +84,10 @@ step_perf-streamed() { ./gate perf -p no:cacheprovider --durations=0 -rA --full 
     -k "test_loader or (test_zoo and tf32-streamed) or (test_resnet and graph8-streamed)"; }
 step_perf-loader() { ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none \
     -k "test_loader_bandwidth or test_mlp_streamed or test_cnn_streamed"; }
-step_compile() { python3 -m pytest correctness_tests/reference/test_torch_compile_graph.py \
-    correctness_tests/reference/test_torch_references.py -k gpu -q -p no:cacheprovider -rs --durations=10
-    ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none -k "test_mlp_train[tf32-graph8-resident-bpe1] \
+step_compile() { step_compile-parity; step_compile-perf; }
+step_compile-parity() { python3 -m pytest correctness_tests/reference/test_torch_compile_graph.py \
+    correctness_tests/reference/test_torch_references.py -k gpu -q -p no:cacheprovider -rs --durations=10; }
+step_compile-perf() { ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none -k "test_mlp_train[tf32-graph8-resident-bpe1] \
     or test_mlp_infer[tf32-resident-b8000] or test_mlp_infer[tf32-resident-b512] or test_cnn_train[tf32-graph8-resident-b128] \
     or test_resnet_train[cifar10-tf32-graph8-resident-b128] or test_resnet_train[cifar10-bf16-graph8-resident-b128] \
     or test_transformer_train[seq128-tf32-graph8-b16] or test_zoo_train[alexnet-tf32-resident-b16]"; }
@@ -121,7 +123,7 @@ run_steps() {
         name=${step%%#*}   # ab#2: the step ab again, logged as ab#2.log
         began=$(date +%s)
         echo "== step $step (at most $minutes min) at $(date -u +%H:%M:%S)"
-        timeout --kill-after=20 "${minutes}m" bash -c "$(declare -f "step_$name"); logdir='$logdir'; step_$name" \
+        timeout --kill-after=20 "${minutes}m" bash -c "$(declare -f); logdir='$logdir'; step_$name" \
             > "$logdir/$step.log" 2>&1 < /dev/null
         status=$?
         echo "$step $status $(( $(date +%s) - began ))" | tee -a "$logdir/steps.txt"
