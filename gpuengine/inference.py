@@ -131,11 +131,11 @@ class ResidentPredictor:
 
     def run(self):
         """Forward pass on the current input; the output stays on the device."""
+        if self._graph is not None:
+            self._graph.launch()   # onto the engine stream by name: no current-stream switch per batch
+            return self.program.y
         with self.backend.activate():
-            if self._graph is not None:
-                self._graph.launch()
-            else:
-                self._forward()
+            self._forward()
         return self.program.y
 
     def release(self):
