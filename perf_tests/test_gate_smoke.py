@@ -158,7 +158,7 @@ def test_partial_failing_and_corrupt_runs_do_not_spoil_the_baselines(session, py
         "*gpuengine regression check*",
         f"not significant*test_gate.py::test_a ({machine}/0002_*",   # its own newest result: the partial run
         f"not significant*test_gate.py::test_b ({machine}/0001_*",   # the partial run did not hide b's baseline
-        "no baseline*test_gate.py::test_c",
+        "no baseline*test_gate.py::test_c: no stored baseline run has this test yet",
         "this run did not pass: saved under *history*, not as a baseline*"])
     (history,) = (tier / "history" / machine).glob("*.json")            # kept, apart from the baselines
     assert stored(tier / "history")[f"{machine}/{history.name}"] == {
@@ -361,10 +361,13 @@ def test_the_run_keeps_how_long_each_test_and_workload_took(session, pytester):
     assert tier_time["session_seconds"] >= tier_time["per_workload"]["w"]["seconds"]
 
 
-def gate_state(tier: Tier, baseline_info: dict) -> GateState:
-    run = StoredRun(Path("run.json"), "Linux-CPython-3.12-64bit/0004_abc.json", datetime(2026, 11, 21),
-                    {FULLNAME: {"fullname": FULLNAME, "stats": {}, "extra_info": baseline_info}}, {})
-    return GateState(tier, None, False, True, NoiseTable(Path("noise.json"), {}, {}), None, {FULLNAME: run})
+def gate_state(tier: Tier, *baseline_infos: dict) -> GateState:
+    """A gate whose store holds one run per extra_info given, oldest first (0004, 0005, ...)."""
+    runs = [StoredRun(Path(f"run{i}.json"), f"Linux-CPython-3.12-64bit/000{4 + i}_abc.json", datetime(2026, 11, 21 + i),
+                      {FULLNAME: {"fullname": FULLNAME, "stats": {}, "extra_info": info}}, {})
+            for i, info in enumerate(baseline_infos)]
+    return GateState(tier, None, False, True, NoiseTable(Path("noise.json"), {}, {}), None, {FULLNAME: runs[-1]},
+                     runs=runs)
 
 
 FULLNAME = "perf_tests/test_x.py::test_x[tf32]"
@@ -393,6 +396,24 @@ def test_a_regression_against_the_stored_run_fails_a_gpu_test_in_pytest_benchmar
     steady = SimpleNamespace(extra_info={})
     record_and_gate(steady, comparison_at(1.0), "test_x[tf32]", "tf32", GPU, rules=[], gate_test=gate)
     assert steady.extra_info["stored_run_check"]["verdict"] == "not significant"   # a pass, said as such
+
+
+def test_a_stored_run_that_timed_other_runners_is_not_the_baseline():
+    node = SimpleNamespace(nodeid=FULLNAME, originalname="test_x", get_closest_marker=lambda name: None)
+    quick = comparison_at(1.0).extra_info()
+    nightly = {**quick, "median_round_ms": {**quick["median_round_ms"], "torch_eager": 9.0}}   # the --full tier
+    gate = GateTest(gate_state(GPU, quick, nightly), node)   # the nightly run is the newer
+    bench = SimpleNamespace(extra_info={})
+    with pytest.raises(pytest.fail.Exception):   # compared with the older quick run, not the newer nightly one
+        record_and_gate(bench, comparison_at(1.10), "test_x[tf32]", "tf32", GPU, rules=[], gate_test=gate)
+    assert bench.extra_info["stored_run_check"]["baseline_run"] == "Linux-CPython-3.12-64bit/0004_abc.json"
+    alone = GateTest(gate_state(GPU, nightly), node)
+    unmatched = SimpleNamespace(extra_info={})
+    record_and_gate(unmatched, comparison_at(1.10), "test_x[tf32]", "tf32", GPU, rules=[], gate_test=alone)
+    check = unmatched.extra_info["stored_run_check"]
+    assert check["verdict"] == "no baseline" and check["reason"].startswith(
+        "no stored run timed it beside the same runners (gpuengine, torch_graph); its newest, "
+        "Linux-CPython-3.12-64bit/0004_abc.json, timed gpuengine, torch_eager, torch_graph")
 
 
 def test_the_gate_starts_from_the_stored_cudnn_plans_and_a_saved_run_adds_its_new_ones(tmp_path, monkeypatch):

@@ -110,3 +110,21 @@ def newest_per_test(runs: list[StoredRun], usable=lambda bench: True) -> dict[st
             if usable(bench):
                 newest[fullname] = run
     return newest
+
+
+def runners_of(bench: dict) -> frozenset:
+    """The runners a benchmark timed round by round beside each other (its median_round_ms keys): the engine
+    and its references. Empty where it recorded none."""
+    times = (bench.get("extra_info") or {}).get("median_round_ms")
+    return frozenset(times) if isinstance(times, dict) else frozenset()
+
+
+def newest_with_runners(runs: list[StoredRun], fullname: str, runners: frozenset,
+                        usable=lambda bench: True) -> StoredRun | None:
+    """The newest run (`runs` oldest first) whose benchmark of `fullname` `usable` accepts and that timed the
+    same runners: what ran between the engine's rounds changes them, so only like is compared with like."""
+    for run in reversed(runs):
+        bench = run.benchmarks.get(fullname)
+        if bench is not None and usable(bench) and runners_of(bench) == runners:
+            return run
+    return None
