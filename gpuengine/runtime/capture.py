@@ -12,18 +12,20 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 
 class CaptureError(RuntimeError):
     """A graph was replayed after a buffer it captured changed."""
 
 
 def _address(buf) -> int:
+    if isinstance(buf, np.ndarray):   # its .data would be a memoryview, which bf16 arrays cannot make
+        return buf.__array_interface__["data"][0]
     ptr = getattr(getattr(buf, "data", None), "ptr", None)   # a CuPy array's pointer, no interface dict built
     if ptr is not None:
         return ptr
-    if hasattr(buf, "__cuda_array_interface__"):
-        return buf.__cuda_array_interface__["data"][0]
-    return buf.__array_interface__["data"][0]
+    return buf.__cuda_array_interface__["data"][0]
 
 
 def _signature(buffers: dict) -> dict:
