@@ -41,7 +41,7 @@ from ..noise import NOISE_FILE, NoiseTable
 from ..regression import ALPHA, MIN_EFFECT, TARGET_POWER, TARGET_SLOWDOWN
 from ..stored_runs import GATEPOWER, scan
 from . import analysis, calibration
-from .sessions import REPO, SessionPlan, SessionResult, run_sessions
+from .sessions import REPO, SessionPlan, kept_sessions, run_sessions
 from .trials import parse_levels, read_trials
 
 FORMAT = 1
@@ -114,7 +114,7 @@ def check(args) -> None:
         if args.action != "study" or args.store is None:
             raise UsageError("argument --from-trials: analyses a study's kept trials; give the GPU tier folder they "
                              "were measured for with --store (and no calibrate)")
-        if not _session_folders(args.from_trials):
+        if not kept_sessions(args.from_trials):
             raise UsageError(f"argument --from-trials: {str(args.from_trials)!r} holds no session-N folder of "
                              "trials (what --keep-trials keeps)")
         return
@@ -122,18 +122,6 @@ def check(args) -> None:
         raise UsageError(f"{REPO} has no perf_tests/: gatepower runs from a checkout of the repository")
     if args.store is None:   # the result is written after the last session: its folder is checked now
         args.store = checked("--store", output_folder, str(REPO / "baselines_store" / _tier().name))
-
-
-def _session_folders(folder: Path) -> list[Path]:
-    """The session-N folders of kept trials, in session order."""
-    found = [p for p in Path(folder).glob("session-*") if p.is_dir() and p.name[len("session-"):].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[len("session-"):]))
-
-
-def _kept_sessions(folder: Path) -> list[SessionResult]:
-    """Kept sessions as results: how each ended is in its log, not known here (returncode -1)."""
-    return [SessionResult(int(d.name[len("session-"):]), d, -1, 0.0, d.with_suffix(".log"))
-            for d in _session_folders(folder)]
 
 
 def _stored_gpu(store: Path) -> str:
@@ -183,10 +171,10 @@ def main(args) -> int:
     started, date = time.monotonic(), datetime.now(timezone.utc)
     with tempfile.TemporaryDirectory(prefix="gatepower-") as scratch:
         work = args.keep_trials or Path(scratch)
-        results = (_kept_sessions(args.from_trials) if kept else
+        results = (kept_sessions(args.from_trials) if kept else
                    run_sessions(plan, sessions, work, args.budget_min * 60 if args.budget_min else None, _log))
         tests = read_trials([r.out_dir for r in results])
-    failed = [r for r in results if r.returncode > 0]
+    failed = [r for r in results if r.returncode not in (0, None)]   # -1: stopped at --session-timeout
     for r in failed:
         _log(f"gatepower: session {r.index} exited with status {r.returncode}; see {r.log}"
              + ("" if args.keep_trials else " (--keep-trials DIR keeps the logs)"))

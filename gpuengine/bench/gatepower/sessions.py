@@ -59,9 +59,22 @@ class SessionPlan:
 class SessionResult:
     index: int
     out_dir: Path
-    returncode: int
+    returncode: int | None   # None: a kept session read back (--from-trials), how it ended is in its log
     seconds: float
     log: Path
+
+
+def _session_dir(work_dir: Path, index: int) -> Path:
+    return work_dir / f"session-{index}"
+
+
+def kept_sessions(work_dir: Path) -> list[SessionResult]:
+    """The sessions run_sessions left in `work_dir` (their session-N folders, in order), read back as results
+    whose returncode is unknown (None)."""
+    indices = sorted(int(p.name[len("session-"):]) for p in Path(work_dir).glob("session-*")
+                     if p.is_dir() and p.name[len("session-"):].isdigit())
+    return [SessionResult(i, _session_dir(work_dir, i), None, 0.0, _session_dir(work_dir, i).with_suffix(".log"))
+            for i in indices]
 
 
 def run_sessions(plan: SessionPlan, sessions: int, work_dir: Path, budget_s: float | None = None,
@@ -78,9 +91,9 @@ def run_sessions(plan: SessionPlan, sessions: int, work_dir: Path, budget_s: flo
         if results and budget_s is not None and elapsed + results[-1].seconds > budget_s:
             log(f"gatepower: time budget {budget_s:.0f} s reached after {len(results)} sessions ({elapsed:.0f} s)")
             break
-        out_dir = work_dir / f"session-{index}"
+        out_dir = _session_dir(work_dir, index)
         out_dir.mkdir(parents=True, exist_ok=True)
-        log_path = work_dir / f"session-{index}.log"
+        log_path = out_dir.with_suffix(".log")
         log(f"gatepower: session {index}/{sessions}: {' '.join(plan.command()[1:])}")
         begin = time.monotonic()
         with open(log_path, "w") as out:
