@@ -61,7 +61,6 @@ class GateState:
     compare: bool             # --benchmark-compare: each test is checked against its stored baseline
     noise: NoiseTable
     study: study_trials.StudySettings | None
-    baselines: dict[str, StoredRun] = field(default_factory=dict)   # each test's newest stored run with timings
     runs: list[StoredRun] = field(default_factory=list)   # every readable stored run, oldest first
     unreadable: list[UnreadableRun] = field(default_factory=list)
     checked: list[tuple[str, str, str]] = field(default_factory=list)   # (test, verdict, summary line)
@@ -75,6 +74,11 @@ class GateState:
     process_noise: dict = field(default_factory=dict)   # test -> aa_noise.ProcessNoise (A/B sessions fill it)
     save_failed: str | None = None   # why this run could not be stored (nothing half-written was left)
     ab_catches: dict[str, float] = field(default_factory=dict)   # test -> slowdown its A/B check catches 95%
+
+    @property
+    def baselines(self) -> dict[str, StoredRun]:
+        """Each test's newest stored run that has timings, whatever runners it timed."""
+        return newest_per_test(self.runs, usable=_has_timings)
 
     def failed_on_targets_only(self, exitstatus) -> bool:
         """The session failed, and only because tests missed targets: a baseline still (nothing regressed)."""
@@ -188,8 +192,8 @@ def pytest_sessionstart(session):
     else:
         runs, state.unreadable = scan(state.storage)
     state.runs = runs
-    state.baselines = newest_per_test(runs, usable=_has_timings)
-    lacking = [name for name, run in newest_per_test(runs).items() if state.baselines.get(name) is not run]
+    baselines = state.baselines
+    lacking = [name for name, run in newest_per_test(runs).items() if baselines.get(name) is not run]
     if lacking:
         state.notices.append(f"{len(lacking)} test(s) have a newer stored result without timings (no per-round "
                              "ratios or engine times): each compares with its newest result that has them, or none")
@@ -198,7 +202,7 @@ def pytest_sessionstart(session):
                              "with its newest readable result instead (named per test in the summary)")
     if bench_session is not None:
         mapping: dict = {}
-        for fullname, run in state.baselines.items():
+        for fullname, run in baselines.items():
             mapping.setdefault(run.path.relative_to(state.storage), {})[fullname] = run.benchmarks[fullname]
         bench_session.compared_mapping = mapping
 
@@ -223,10 +227,11 @@ def pytest_report_header(config) -> list[str]:
     tier = "nightly tier (--full): every case" if state.full else "quick tier: nightly cases deselected (--full)"
     lines = [f"gpuengine gate: {tier}; noise: {state.noise.path.name if state.noise.tests else 'not calibrated'}",
              f"gpuengine gate: missed claims and regressions fail; targets not met yet {targets_policy(state)}"]
-    if state.compare and state.baselines:
-        used = sorted({run.label for run in state.baselines.values()})
-        lines.append(f"gpuengine gate: {len(state.baselines)} tests have a stored baseline, in {len(used)} runs "
-                     f"(newest: {max(state.baselines.values(), key=lambda r: r.saved_at).label})")
+    baselines = state.baselines if state.compare else {}
+    if baselines:
+        used = sorted({run.label for run in baselines.values()})
+        lines.append(f"gpuengine gate: {len(baselines)} tests have a stored baseline, in {len(used)} runs "
+                     f"(newest: {max(baselines.values(), key=lambda r: r.saved_at).label})")
     return lines + [f"gpuengine gate: {notice}" for notice in state.notices]
 
 

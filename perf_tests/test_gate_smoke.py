@@ -366,8 +366,7 @@ def gate_state(tier: Tier, *baseline_infos: dict) -> GateState:
     runs = [StoredRun(Path(f"run{i}.json"), f"Linux-CPython-3.12-64bit/000{4 + i}_abc.json", datetime(2026, 11, 21 + i),
                       {FULLNAME: {"fullname": FULLNAME, "stats": {}, "extra_info": info}}, {})
             for i, info in enumerate(baseline_infos)]
-    return GateState(tier, None, False, True, NoiseTable(Path("noise.json"), {}, {}), None, {FULLNAME: runs[-1]},
-                     runs=runs)
+    return GateState(tier, None, False, True, NoiseTable(Path("noise.json"), {}, {}), None, runs=runs)
 
 
 FULLNAME = "perf_tests/test_x.py::test_x[tf32]"
