@@ -68,7 +68,7 @@ def compute_dtypes() -> dict[str, np.dtype]:
 
 # Kernels whose only define is ELEM_T, the compute dtype: (module, kernel names).
 _ELEMENT_KERNELS = [
-    (layernorm, ("layernorm_fwd", "layernorm_bwd")),
+    (layernorm, ("layernorm_fwd", "layernorm_bwd", "layernorm_param_partials")),
     (positional, ("add_table",)),
     (merge, ("add2",)),
     (fused_head, ("head_rows", "head_columns", "head_reduce")),

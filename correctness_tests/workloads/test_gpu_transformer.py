@@ -6,9 +6,10 @@ carry that trust to the GPU: the fused SDPA forward and backward graphs
 (unmasked, causal, cross-attention of unequal lengths) against the float64
 formula within bf16 tolerance in every precision mode (fp32/tf32 run them
 between casts, bf16 natively), the embedding, positional-encoding, LayerNorm
-and token cross-entropy kernels against NumPy float32, a whole small model's
-training step, captured replay equal to eager, and no allocation in the
-steady state.
+and token cross-entropy kernels against NumPy float32, LayerNorm's y, dx,
+dgamma and dbeta against the float64 formula (a partial row chunk and column
+tile; with and without an input gradient), a whole small model's training step,
+captured replay equal to eager, and no allocation in the steady state.
 """
 from __future__ import annotations
 
@@ -76,6 +77,46 @@ def test_embedding_positional_encoding_and_layernorm_match_numpy(precision):
           "ln.bias": representable(0.2 * np.random.default_rng(10).standard_normal(256), precision)}
     assert_close(run_layer(LayerNorm(name="ln"), x * 2 + 1, dy, device="cuda", precision=precision, weights=ln),
                  run_layer(LayerNorm(name="ln"), x * 2 + 1, dy, precision="fp32", weights=ln), TOLERANCE[precision])
+
+
+def layernorm_float64(x, dy, gamma, beta, epsilon):
+    """y, dx and the parameter gradients of LayerNorm by its formula, in float64."""
+    d = x.shape[-1]
+    x2, dy2 = x.reshape(-1, d), dy.reshape(-1, d)
+    mean = x2.mean(axis=1, keepdims=True)
+    rstd = 1.0 / np.sqrt(((x2 - mean) ** 2).mean(axis=1, keepdims=True) + epsilon)
+    xhat = (x2 - mean) * rstd
+    g = dy2 * gamma
+    dx = rstd * (g - g.mean(axis=1, keepdims=True) - xhat * (g * xhat).mean(axis=1, keepdims=True))
+    return {"y": (xhat * gamma + beta).reshape(x.shape), "dx": dx.reshape(x.shape),
+            "grad:ln.weight": (dy2 * xhat).sum(axis=0), "grad:ln.bias": dy2.sum(axis=0)}
+
+
+# (batch, length, dim): 999 rows end in a partial row chunk, and 300 columns in partial tiles of 256 and 32.
+LAYERNORM_SHAPES = {"999x300": (27, 37, 300), "2048x512": (16, 128, 512)}
+
+
+@pytest.mark.parametrize("needs_input_grad", [True, False], ids=["dx", "first-layer"])
+@pytest.mark.parametrize("shape", LAYERNORM_SHAPES)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_layernorm_parameter_gradients_match_the_float64_formula(precision, shape, needs_input_grad):
+    """dgamma and dbeta from the fused pass 1 and pass 2, and dx unless the LayerNorm is first (no dx kernel)."""
+    dims = LAYERNORM_SHAPES[shape]
+    x, dy = normal(17, dims, precision, scale=2.0) + 1, normal(18, dims, precision)
+    rng = np.random.default_rng(19)
+    gamma = representable(1 + 0.2 * rng.standard_normal(dims[-1]), precision)
+    beta = representable(0.2 * rng.standard_normal(dims[-1]), precision)
+    x = representable(x, precision)
+    layer = LayerNorm(name="ln")
+    gpu = run_layer(layer, x, dy, device="cuda", precision=precision, weights={"ln.weight": gamma, "ln.bias": beta},
+                    needs_input_grad=needs_input_grad)
+    expected = layernorm_float64(x, dy, gamma, beta, layer.epsilon)
+    if not needs_input_grad:
+        del expected["dx"]
+        assert layer.dx is None
+    if shape == "999x300":
+        assert layer.rows % layer.plan.rows_per_chunk != 0, layer.plan   # the last chunk is partial
+    assert_close(gpu, expected, TOLERANCE[precision])
 
 
 @pytest.mark.parametrize("pad_id", [None, 0])

@@ -3,22 +3,25 @@
 y = (x - mean) * rstd * gamma + beta per row of d features, rstd = 1/sqrt(var + eps)
 (biased variance, as torch). Backward, with xhat = (x - mean) * rstd and g = dy * gamma:
 dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dgamma = sum over rows of dy * xhat,
-dbeta = sum of dy. On a GPU one warp owns a row (mean and rstd saved for
-backward); the parameter gradients are column sums (reductions.py: fixed
-order, no atomics) of dy * xhat, written per row by the backward kernel, and dy.
+dbeta = sum of dy. On a GPU one warp owns a row in the forward and in dx (mean
+and rstd saved for backward; where no input gradient is wanted, that kernel is not
+launched). dgamma and dbeta are column sums in reductions.py's two deterministic
+passes (fixed order, no atomics): pass 1 here recomputes xhat from x and sums dy * xhat
+and dy per row chunk, side by side in one partials array, so dy * xhat never goes to
+memory; pass 2 runs once per half. On the NumPy backend all of it is array arithmetic.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import checks
-from ..ops.reductions import ColumnSum
+from ..ops.reductions import COLUMN_TILE_SOURCE, ChunkSum, plan_chunks
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel
 from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
 
-_SOURCE = r"""
+_SOURCE = COLUMN_TILE_SOURCE + r"""
 extern "C" __global__ void layernorm_fwd(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* beta, ELEM_T* y,
                                          float* mean, float* rstd, int rows, int dim, float eps) {
     const int lane = threadIdx.x & 31;
@@ -36,7 +39,7 @@ extern "C" __global__ void layernorm_fwd(const ELEM_T* x, const ELEM_T* gamma, c
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
 }
 extern "C" __global__ void layernorm_bwd(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* dy, const float* mean,
-                                         const float* rstd, ELEM_T* dx, float* dy_xhat, int rows, int dim) {
+                                         const float* rstd, ELEM_T* dx, int rows, int dim) {
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
@@ -47,13 +50,35 @@ extern "C" __global__ void layernorm_bwd(const ELEM_T* x, const ELEM_T* gamma, c
         const float xhat = (load_f(x, base + c) - m) * r, d = load_f(dy, base + c), g = d * load_f(gamma, c);
         sg += g;
         sgx += g * xhat;
-        dy_xhat[base + c] = d * xhat;
     }
     const float mg = warp_sum(sg) / dim, mgx = warp_sum(sgx) / dim;
-    if (dx == nullptr) return;
     for (int c = lane; c < dim; c += 32) {
         const float xhat = (load_f(x, base + c) - m) * r;
         store_f(dx, base + c, r * (load_f(dy, base + c) * load_f(gamma, c) - mg - xhat * mgx));
+    }
+}
+// Pass 1 of dgamma and dbeta: per row chunk, sums of dy * xhat into partials[chunk][0, dim), of dy into [dim, 2 dim).
+extern "C" __global__ void layernorm_param_partials(const ELEM_T* x, const ELEM_T* dy, const float* mean,
+                                                    const float* rstd, float* partials, int rows, int dim,
+                                                    int rows_per_chunk, int tile_cols) {
+    extern __shared__ float lane_sums[];   // dy * xhat sums, then dy sums: blockDim.x each
+    const ColumnTile t = column_tile(rows, rows_per_chunk, tile_cols);
+    float sum_dy_xhat = 0.f, sum_dy = 0.f;
+    if (t.col < dim) {
+        #pragma unroll 4
+        for (long long r = t.first; r < t.stop; r += t.step) {
+            const float d = load_f(dy, r * dim + t.col);
+            sum_dy_xhat += d * ((load_f(x, r * dim + t.col) - mean[r]) * rstd[r]);
+            sum_dy += d;
+        }
+    }
+    lane_sums[threadIdx.x] = sum_dy_xhat;
+    lane_sums[blockDim.x + threadIdx.x] = sum_dy;
+    __syncthreads();
+    if (threadIdx.x < tile_cols && t.col < dim) {
+        float* chunk = partials + (long long)blockIdx.y * 2 * dim;
+        chunk[t.col] = lanes_total(lane_sums, t, tile_cols);
+        chunk[dim + t.col] = lanes_total(lane_sums + blockDim.x, t, tile_cols);
     }
 }
 """
@@ -92,12 +117,17 @@ class LayerNorm(Layer):
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         self.dy = dy.reshape(-1, self.dim)
         self.dx = ctx.allocator.zeros(dy.shape, dy.dtype, "activations") if needs_input_grad else None
-        scratch_dtype = np.float64 if dy.dtype == np.float64 else np.float32
-        self.dy_xhat = ctx.allocator.zeros((self.rows, self.dim), scratch_dtype, "activations")
-        self._dgamma = ColumnSum(ctx.backend, ctx.allocator, self.dy_xhat, ctx.params.grad_view(f"{self.name}.weight"))
-        self._dbeta = ColumnSum(ctx.backend, ctx.allocator, self.dy, ctx.params.grad_view(f"{self.name}.bias"))
+        self.dgamma = ctx.params.grad_view(f"{self.name}.weight")
+        self.dbeta = ctx.params.grad_view(f"{self.name}.bias")
         if ctx.backend.is_gpu:
             self._bwd = get_kernel(_SOURCE, "layernorm_bwd", ELEM_T=ctype(dy.dtype))
+            self.plan = plan_chunks(ctx.backend, self.rows, self.dim)
+            # dy * xhat sums in columns [0, dim) of each chunk's row, dy sums in [dim, 2 dim): one pass 1 for both.
+            self.partials = ctx.allocator.zeros((self.plan.chunks, 2 * self.dim), np.float32, "workspace")
+            self._param_partials = get_kernel(_SOURCE, "layernorm_param_partials", ELEM_T=ctype(dy.dtype))
+            flat = self.partials.reshape(-1)
+            self._dgamma_sum = ChunkSum(flat, self.dgamma, self.plan.chunks, 2 * self.dim)
+            self._dbeta_sum = ChunkSum(flat[self.dim:], self.dbeta, self.plan.chunks, 2 * self.dim)
         return self.dx
 
     def forward(self):
@@ -120,13 +150,19 @@ class LayerNorm(Layer):
             rstd = self._rstd_exact
             xhat = (x - x.mean(axis=1, keepdims=True)) * rstd
             g = dy * widen(self.gamma)
-            self.dy_xhat[...] = dy * xhat
+            self.dgamma[...] = (dy * xhat).sum(axis=0)
+            self.dbeta[...] = dy.sum(axis=0)
             if self.dx is not None:
                 dx = rstd * (g - g.mean(axis=1, keepdims=True) - xhat * (g * xhat).mean(axis=1, keepdims=True))
                 self.dx.reshape(-1, self.dim)[...] = dx.astype(self.dx.dtype)
-        else:
+            return
+        if self.dx is not None:
             self._bwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (self.x, self.gamma, self.dy, self.mean, self.rstd,
-                                                              self.dx if self.dx is not None else np.uint64(0), self.dy_xhat,
-                                                              np.int32(self.rows), np.int32(self.dim)))
-        self._dgamma.run()
-        self._dbeta.run()
+                                                              self.dx, np.int32(self.rows), np.int32(self.dim)))
+        plan = self.plan
+        self._param_partials((plan.tiles, plan.chunks), (plan.threads,),
+                             (self.x, self.dy, self.mean, self.rstd, self.partials, np.int32(self.rows),
+                              np.int32(self.dim), np.int32(plan.rows_per_chunk), np.int32(plan.tile_cols)),
+                             shared_mem=8 * plan.threads)   # two floats of lane sums per thread
+        self._dgamma_sum.run()
+        self._dbeta_sum.run()

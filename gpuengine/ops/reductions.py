@@ -11,41 +11,104 @@ memory. Pass 2 adds the chunks' partial sums with the same kernel, in tiles of
 walking hundreds of chunks took ~13 us a call: 0.66 ms of the Transformer's
 step on an H100). No atomics and a fixed order, so results do not vary run to
 run.
+
+Other pass-1 kernels (LayerNorm's parameter gradients) reuse the block layout
+(`COLUMN_TILE_SOURCE`, `plan_chunks`) and pass 2 (`ChunkSum`); pass 2 reads
+rows `ld` floats apart, so one partials array can hold several sums side by side.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel, multiprocessor_count
 
-_SOURCE = r"""
-extern "C" __global__ void column_partials(const ELEM_T* src, float* partials, int rows, int cols, int rows_per_chunk,
-                                           int tile_cols) {
-    extern __shared__ float lane_sums[];
-    const int row_lanes = blockDim.x / tile_cols;
-    const int lane = threadIdx.x / tile_cols, tc = threadIdx.x % tile_cols;
-    const int col = blockIdx.x * tile_cols + tc;
+# The block layout every pass-1 kernel shares; prepended to their sources.
+COLUMN_TILE_SOURCE = r"""
+// A thread of a (column tile, row chunk) block: it owns column `col` and walks rows first, first + step, ...
+// below stop; the tile's tile_cols threads of one row lane read consecutive columns of the same row.
+struct ColumnTile {
+    int tc, col, step;
+    long long first, stop;
+};
+__device__ __forceinline__ ColumnTile column_tile(int rows, int rows_per_chunk, int tile_cols) {
+    ColumnTile t;
+    t.step = blockDim.x / tile_cols;
+    t.tc = threadIdx.x % tile_cols;
+    t.col = blockIdx.x * tile_cols + t.tc;
     const long long start = (long long)blockIdx.y * rows_per_chunk;
-    const long long stop = min((long long)rows, start + rows_per_chunk);
+    t.first = start + threadIdx.x / tile_cols;
+    t.stop = min((long long)rows, start + rows_per_chunk);
+    return t;
+}
+// The thread's column summed over the block's row lanes in lane order (after __syncthreads, in row lane 0).
+__device__ __forceinline__ float lanes_total(const float* lane_sums, const ColumnTile& t, int tile_cols) {
     float s = 0.f;
-    if (col < cols) {
+    for (int l = 0; l < t.step; ++l) s += lane_sums[l * tile_cols + t.tc];
+    return s;
+}
+"""
+_SOURCE = COLUMN_TILE_SOURCE + r"""
+extern "C" __global__ void column_partials(const ELEM_T* src, float* partials, int rows, int cols, int ld,
+                                           int rows_per_chunk, int tile_cols) {
+    extern __shared__ float lane_sums[];
+    const ColumnTile t = column_tile(rows, rows_per_chunk, tile_cols);
+    float s = 0.f;
+    if (t.col < cols) {
         #pragma unroll 4
-        for (long long r = start + lane; r < stop; r += row_lanes) s += load_f(src, r * cols + col);
+        for (long long r = t.first; r < t.stop; r += t.step) s += load_f(src, r * ld + t.col);
     }
     lane_sums[threadIdx.x] = s;
     __syncthreads();
-    if (lane == 0 && col < cols) {
-        float t = 0.f;
-        for (int l = 0; l < row_lanes; ++l) t += lane_sums[l * tile_cols + tc];
-        partials[(long long)blockIdx.y * cols + col] = t;
-    }
+    if (threadIdx.x < tile_cols && t.col < cols)
+        partials[(long long)blockIdx.y * cols + t.col] = lanes_total(lane_sums, t, tile_cols);
 }
 """
 _THREADS = 256
 _BLOCKS_PER_SM = 4      # pass-1 blocks in flight per SM: enough loads to cover memory latency
 _MIN_ROWS_PER_LANE = 8  # below this a chunk's set-up costs more than its loads
 _PASS2_TILE = 32        # pass 2's columns per block: 8 row lanes per column at 256 threads
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """Pass 1's grid over a (rows, cols) sum: `tiles` column tiles by `chunks` row chunks, `threads` per block."""
+
+    tile_cols: int
+    threads: int
+    tiles: int
+    rows_per_chunk: int
+    chunks: int
+
+
+def plan_chunks(backend, rows: int, cols: int, rows_per_chunk: int | None = None) -> ChunkPlan:
+    """Tiles of up to 256 columns; enough row chunks to keep _BLOCKS_PER_SM blocks on every SM."""
+    tile_cols = min(cols, _THREADS)
+    threads = tile_cols * (_THREADS // tile_cols)
+    tiles = -(-cols // tile_cols)
+    if rows_per_chunk is None:
+        target_chunks = max(1, _BLOCKS_PER_SM * (multiprocessor_count() if backend.is_gpu else 1) // tiles)
+        row_lanes = threads // tile_cols
+        rows_per_chunk = max(row_lanes * _MIN_ROWS_PER_LANE, -(-rows // target_chunks))
+    return ChunkPlan(tile_cols, threads, tiles, rows_per_chunk, max(1, -(-rows // rows_per_chunk)))
+
+
+class ChunkSum:
+    """Pass 2 on a GPU: dst[c] = sum over k < chunks of partials[k * ld + c], float32 in and out."""
+
+    def __init__(self, partials, dst, chunks: int, ld: int):
+        self.partials, self.dst, self.chunks, self.ld = partials, dst, chunks, ld
+        self.cols = dst.shape[0]
+        self.tile = min(self.cols, _PASS2_TILE)
+        self.threads = self.tile * (_THREADS // self.tile)
+        self._kernel = get_kernel(_SOURCE, "column_partials", ELEM_T="float")
+
+    def run(self):
+        self._kernel((-(-self.cols // self.tile), 1), (self.threads,),
+                     (self.partials, self.dst, np.int32(self.chunks), np.int32(self.cols), np.int32(self.ld),
+                      np.int32(self.chunks), np.int32(self.tile)), shared_mem=4 * self.threads)
 
 
 class ColumnSum:
@@ -55,31 +118,19 @@ class ColumnSum:
         if src.ndim != 2 or dst.shape != (src.shape[1],):
             raise ValueError(f"ColumnSum of {src.shape} into {dst.shape}")
         self.backend, self.src, self.dst = backend, src, dst
-        rows, cols = src.shape
-        self.rows, self.cols = rows, cols
-        self.tile_cols = min(cols, _THREADS)
-        self.threads = self.tile_cols * (_THREADS // self.tile_cols)
-        self.tiles = -(-cols // self.tile_cols)
-        if rows_per_chunk is None:
-            target_chunks = max(1, _BLOCKS_PER_SM * (multiprocessor_count() if backend.is_gpu else 1) // self.tiles)
-            row_lanes = self.threads // self.tile_cols
-            rows_per_chunk = max(row_lanes * _MIN_ROWS_PER_LANE, -(-rows // target_chunks))
-        self.rows_per_chunk = rows_per_chunk
-        self.chunks = max(1, -(-rows // rows_per_chunk))
+        self.rows, self.cols = src.shape
+        self.plan = plan_chunks(backend, self.rows, self.cols, rows_per_chunk)
         if backend.is_gpu:
-            self.partials = allocator.zeros((self.chunks, cols), np.float32, "workspace")
+            self.partials = allocator.zeros((self.plan.chunks, self.cols), np.float32, "workspace")
             self._k1 = get_kernel(_SOURCE, "column_partials", ELEM_T=ctype(src.dtype))
-            self._k2 = get_kernel(_SOURCE, "column_partials", ELEM_T="float")
-            self.tile2 = min(cols, _PASS2_TILE)
-            self.threads2 = self.tile2 * (_THREADS // self.tile2)
+            self._pass2 = ChunkSum(self.partials, dst, self.plan.chunks, self.cols)
 
     def run(self):
         if not self.backend.is_gpu:
             self.dst[...] = widen(self.src).sum(axis=0)
             return
-        self._k1((self.tiles, self.chunks), (self.threads,),
-                 (self.src, self.partials, np.int32(self.rows), np.int32(self.cols), np.int32(self.rows_per_chunk),
-                  np.int32(self.tile_cols)), shared_mem=4 * self.threads)
-        self._k2((-(-self.cols // self.tile2), 1), (self.threads2,),
-                 (self.partials, self.dst, np.int32(self.chunks), np.int32(self.cols), np.int32(self.chunks),
-                  np.int32(self.tile2)), shared_mem=4 * self.threads2)
+        plan = self.plan
+        self._k1((plan.tiles, plan.chunks), (plan.threads,),
+                 (self.src, self.partials, np.int32(self.rows), np.int32(self.cols), np.int32(self.cols),
+                  np.int32(plan.rows_per_chunk), np.int32(plan.tile_cols)), shared_mem=4 * plan.threads)
+        self._pass2.run()
