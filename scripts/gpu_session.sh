@@ -35,8 +35,9 @@
 #                compile  torch_compile_graph's GPU parity tests (compile-parity), then one --full case per workload
 #                         beside it (compile-perf)
 #                zoo-compile `./gate perf --full --against none` of the zoo's TF32 resident cases (torch_compile_graph)
-#                nightly  `./gate perf --full --against none -k "$NIGHTLY_K"`: a share of the nightly tier, for a
-#                         machine held too briefly for all of it
+#                nightly  `./gate perf --full --against none -k SELECTION` for each SELECTION in NIGHTLY_K (';' between
+#                         them, one stored run each, so a step stopped at its minutes keeps the runs that ended):
+#                         the nightly tier in shares, for a machine held too briefly for all of it
 #                profile  `python -m gpuengine profile` of mlp, cnn, resnet (tf32, bf16), transformer and zoo:alexnet,
 #                         or of PROFILES when set ("zoo:alexnet --precision tf32;resnet", ';' between profiles)
 #                study-ab the power study in A/B mode against build/base (A/A at level 0): MLP training and
@@ -103,8 +104,9 @@ step_ab() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against
     cp -r build/ab "$logdir/ab-logs-$(date +%s)" 2>/dev/null; return $s; }
 step_zoo-compile() { ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none \
     -k "test_zoo_train and tf32-resident"; }
-step_nightly() { ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none \
-    -k "${NIGHTLY_K:?NIGHTLY_K selects the nightly cases}"; }
+step_nightly() { local k s=0 IFS=';'; for k in ${NIGHTLY_K:?NIGHTLY_K selects the nightly cases}; do
+    echo "== nightly -k $k"; ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none -k "$k" || s=1
+    done; return $s; }
 step_ab-core() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against build/base \
     -k "test_mlp_train or test_mlp_infer or test_cnn_train"; s=$?; cp -r build/ab "$logdir/ab-logs" 2>/dev/null; return $s; }
 step_study-ab() { python3 -m gpuengine gatepower --against build/base --sessions 3 --trial-budget 20 \
