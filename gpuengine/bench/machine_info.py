@@ -1,4 +1,4 @@
-"""What machine a suite run measures: its tier, GPU, drivers, libraries and clocks.
+"""What machine a suite run measures: its tier, GPU, drivers, libraries and clocks, and which commit.
 
 The tier names the folder of `baselines_store/` a run is stored in and compared
 against: a slug of the GPU's name (`nvidia-h200`, `nvidia-h100-80gb-hbm3`), or
@@ -6,7 +6,8 @@ against: a slug of the GPU's name (`nvidia-h200`, `nvidia-h100-80gb-hbm3`), or
 is what every stored pytest-benchmark run records next to the CPU facts the
 plugin gathers itself (docs/architecture.md, "Measuring honestly"). Every
 probe tolerates a missing piece (no NVML, no cuDNN frontend, no torch) by
-recording None rather than failing.
+recording None rather than failing. `checkout_commit` names the code measured,
+for the records written outside pytest-benchmark (profiles, the power study).
 """
 from __future__ import annotations
 
