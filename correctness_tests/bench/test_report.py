@@ -92,32 +92,19 @@ def number(text: str) -> float:
     return float(match.group(1).replace(",", "")) * scale
 
 
-def newest_holding(tier_folder: Path, test: str, history: bool = True) -> tuple[str, dict]:
-    """(label "history/0005 17018d7" of the newest run of the folder holding `test`, its benchmark), read
-    straight from the JSON files (of the passing runs alone with history=False: the baseline in force)."""
+def newest_holding(tier_folder: Path, test: str, history: bool = True, usable=lambda bench: True) -> tuple[str, dict]:
+    """(label "history/0005 17018d7" of the newest run of the folder holding `test` as `usable` accepts it, its
+    benchmark), read straight from the JSON files (of the passing runs alone with history=False: the baseline in
+    force)."""
     holding = []
     for path in tier_folder.rglob("[0-9][0-9][0-9][0-9]_*.json"):
         in_history = "history" in path.relative_to(tier_folder).parts
         if history or not in_history:
             run = json.loads(path.read_text())
             label = ("history/" if in_history else "") + f"{path.name[:4]} {run['commit_info']['id'][:7]}"
-            holding += [(run["datetime"], label, b) for b in run["benchmarks"] if b["name"] == test]
-    assert holding, f"no stored run of {tier_folder} holds {test}"
+            holding += [(run["datetime"], label, b) for b in run["benchmarks"] if b["name"] == test and usable(b)]
+    assert holding, f"no stored run of {tier_folder} holds {test} as asked"
     _, label, bench = max(holding, key=lambda found: found[0])
-    return label, bench
-
-
-def newest_timing(tier_folder: Path, test: str, runner: str) -> tuple[str, dict]:
-    """(label, benchmark) of the newest run of the folder whose `test` timed `runner` (a nightly reference)."""
-    found = []
-    for path in tier_folder.rglob("[0-9][0-9][0-9][0-9]_*.json"):
-        run = json.loads(path.read_text())
-        label = ("history/" if "history" in path.relative_to(tier_folder).parts else "") + \
-            f"{path.name[:4]} {run['commit_info']['id'][:7]}"
-        found += [(run["datetime"], label, b) for b in run["benchmarks"]
-                  if b["name"] == test and runner in b["extra_info"].get("ratios", {})]
-    assert found, f"no stored run of {tier_folder} timed {runner} in {test}"
-    _, label, bench = max(found, key=lambda item: item[0])
     return label, bench
 
 
@@ -278,8 +265,8 @@ def test_the_headline_counts_claims_apart_from_targets_and_names_failed_runs(sto
     assert cnn[1] == "6 of 6" and (f"{newest} (" in cnn[4]) == timed_eager
     # The targets over torch_graph_best are decided by the newest run that timed torch_compile_graph too.
     assert cnn[3].startswith("2× torch_graph_best: ")   # issue 21: the CNN keeps 2x
-    compiled, _ = newest_timing(STORE / "nvidia-h100-80gb-hbm3", "test_cnn_train[tf32-graph8-resident-b128]",
-                                "torch_compile_graph")
+    compiled, _ = newest_holding(STORE / "nvidia-h100-80gb-hbm3", "test_cnn_train[tf32-graph8-resident-b128]",
+                                 usable=lambda b: "torch_compile_graph" in b["extra_info"].get("ratios", {}))
     assert f"{compiled} (" in cnn[4]
     resnet = rows["ResNet-50 training (seed 002)"]   # claims over torch_compile and eager; a target over TF32
     assert resnet[1] == "4 of 4" and "claim 2.10×" in resnet[2]
