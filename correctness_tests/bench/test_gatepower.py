@@ -96,6 +96,11 @@ def test_trials_on_a_cpu_engine_slow_it_by_the_injected_level(monkeypatch, tmp_p
     monkeypatch.setenv(trials.TRIALS_ENV, "10")
     monkeypatch.setenv(trials.BUDGET_ENV, "0.001")    # spent after the first trial: stops at MIN_TRIALS
     monkeypatch.setattr(injected_delay, "_delays", {})
+    # The smoke engine's rounds last well under a millisecond: a 5% probe stands in a loaded CPU's noise, and a
+    # probe passed by a noise spike sizes the delay far too small. Probes here must add half a round, in medians
+    # of 7 rounds; the GPU's rounds keep the defaults.
+    monkeypatch.setattr(trials, "PROBE_TARGET", 0.5)
+    monkeypatch.setattr(trials, "PROBE_ROUNDS", 7)
     study = trials.settings()
     assert study.levels == (0.0, 3.0) and study.trials == 10 and study.rounds is None and study.budget_s == 0.001
     x, t = mlp.mlp_data(128, mlp.SMOKE_SHAPE)
