@@ -125,6 +125,7 @@ REAL_NAMES = {
         "void cudnn::maxpool_nhwc<float, 2, false>(cudnnTensorStruct, float const*, cudnnTensorStruct, float*)",
         "softmax_xent",
         "column_partials",
+        "column_sum",
         "maxpool_forward",
         "adaptive_average_backward",
     ],

@@ -152,6 +152,46 @@ def test_column_sum_of_tall_and_wide_gradients(rows, cols):
     assert rel_err(backend.to_host(db), dy.astype(np.float64).sum(axis=0)) < 1e-4
 
 
+# (rows, cols, rows_per_chunk): the Transformer's and the CNN's bias gradients, partial tiles and chunks, and tiny
+# sums (one chunk: no ticket) forced into several chunks, one row each or fewer rows than row lanes.
+COLUMN_SUM_CASES = [(2048, 512, None), (2048, 2048, None), (100352, 16, None), (999, 300, None), (5, 3, None),
+                    (37, 1, None), (5, 3, 1), (37, 1, 4), (999, 300, 100)]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("rows,cols,rows_per_chunk", COLUMN_SUM_CASES)
+def test_column_sum_is_deterministic_and_resets_its_tickets(rows, cols, rows_per_chunk, precision):
+    """Two eager runs, then a CUDA graph of two runs replayed twice: every one within fp32 rounding of the float64
+    sum and bit-identical to the first (a fixed order whichever block ends last), the tile counters back at zero."""
+    from gpuengine.runtime.capture import GraphCapturedStep
+    dy = normal(20, (rows, cols), precision)
+    backend = Backend("cuda")
+    allocator = Allocator(backend)
+    src = allocator.zeros((rows, cols), np.float32 if precision == "fp32" else bfloat16_dtype(), "activations")
+    db = allocator.zeros((cols,), np.float32, "gradients")
+    backend.upload(src, dy)
+    op = ColumnSum(backend, allocator, src, db, rows_per_chunk)
+    if rows_per_chunk is not None:
+        assert op.plan.chunks > 1, op.plan
+
+    def sums(run) -> np.ndarray:
+        with backend.activate():
+            db.fill(np.nan)   # each run must write every column
+        run()
+        backend.synchronize()
+        assert not backend.to_host(op.counters).any(), "a tile counter was left non-zero"
+        return backend.to_host(db)
+
+    with backend.activate():
+        results = [sums(op.run), sums(op.run)]
+    graph = GraphCapturedStep(backend, op.run, 2, {"src": src, "db": db})
+    graph.capture()
+    results += [sums(graph.launch), sums(graph.launch)]
+    assert rel_err(results[0], dy.astype(np.float64).sum(axis=0)) < 1e-5, op.plan
+    for again in results[1:]:
+        np.testing.assert_array_equal(again, results[0])
+
+
 def test_a_cudnn_graph_first_met_in_capture_is_an_error_not_an_untimed_plan():
     import cupy
     from gpuengine.layers.geometry import Window

@@ -68,7 +68,7 @@ def compute_dtypes() -> dict[str, np.dtype]:
 
 # Kernels whose only define is ELEM_T, the compute dtype: (module, kernel names).
 _ELEMENT_KERNELS = [
-    (layernorm, ("layernorm_fwd", "layernorm_bwd", "layernorm_param_partials")),
+    (layernorm, ("layernorm_fwd", "layernorm_bwd", "layernorm_param_grads")),
     (positional, ("add_table",)),
     (merge, ("add2",)),
     (fused_head, ("head_rows", "head_columns", "head_reduce")),
@@ -88,8 +88,8 @@ def _shape_free_cases():
         for kind, text in activations.SOURCES.items():
             for kernel in ("forward", "backward"):
                 yield _case(activations, kernel, f"{kind}, {where}", "SOURCES[kind]", text, ELEM_T=elem)
-        # ColumnSum reduces the compute dtype into float partials, then the partials as float.
-        yield _case(reductions, "column_partials", where, ELEM_T=elem)
+        # ColumnSum reads the compute dtype and sums in float, in one launch.
+        yield _case(reductions, "column_sum", where, ELEM_T=elem)
         policy = policy_for(precision)
         copy = policy.compute_dtype if policy.needs_compute_copy else np.float32   # as Adam chooses its copy
         for vector in (1, 0):   # 16-byte aligned buffers, and the scalar loop alone

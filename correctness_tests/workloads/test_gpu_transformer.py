@@ -8,8 +8,9 @@ formula within bf16 tolerance in every precision mode (fp32/tf32 run them
 between casts, bf16 natively), the embedding, positional-encoding, LayerNorm
 and token cross-entropy kernels against NumPy float32, LayerNorm's y, dx,
 dgamma and dbeta against the float64 formula (a partial row chunk and column
-tile; with and without an input gradient), a whole small model's training step,
-captured replay equal to eager, and no allocation in the steady state.
+tile; with and without an input gradient) and bit for bit when repeated, a
+whole small model's training step, captured replay equal to eager, and no
+allocation in the steady state.
 """
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def layernorm_float64(x, dy, gamma, beta, epsilon):
             "grad:ln.weight": (dy2 * xhat).sum(axis=0), "grad:ln.bias": dy2.sum(axis=0)}
 
 
-# (batch, length, dim): 999 rows end in a partial row chunk, and 300 columns in partial tiles of 256 and 32.
+# (batch, length, dim): 999 rows end in a partial row chunk, and 300 columns in a partial tile of 32.
 LAYERNORM_SHAPES = {"999x300": (27, 37, 300), "2048x512": (16, 128, 512)}
 
 
@@ -100,7 +101,7 @@ LAYERNORM_SHAPES = {"999x300": (27, 37, 300), "2048x512": (16, 128, 512)}
 @pytest.mark.parametrize("shape", LAYERNORM_SHAPES)
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_layernorm_parameter_gradients_match_the_float64_formula(precision, shape, needs_input_grad):
-    """dgamma and dbeta from the fused pass 1 and pass 2, and dx unless the LayerNorm is first (no dx kernel)."""
+    """dgamma and dbeta from the one-launch column sums, and dx unless the LayerNorm is first (no dx kernel)."""
     dims = LAYERNORM_SHAPES[shape]
     x, dy = normal(17, dims, precision, scale=2.0) + 1, normal(18, dims, precision)
     rng = np.random.default_rng(19)
@@ -117,6 +118,30 @@ def test_layernorm_parameter_gradients_match_the_float64_formula(precision, shap
     if shape == "999x300":
         assert layer.rows % layer.plan.rows_per_chunk != 0, layer.plan   # the last chunk is partial
     assert_close(gpu, expected, TOLERANCE[precision])
+
+
+@pytest.mark.parametrize("shape", LAYERNORM_SHAPES)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_layernorm_parameter_gradients_repeat_bit_for_bit(precision, shape):
+    """Backward again and again: the one-launch column sums leave their tickets at zero and add the row chunks in a
+    fixed order, so dgamma and dbeta come out identical, whichever block of a column tile ends last."""
+    dims = LAYERNORM_SHAPES[shape]
+    x, dy = representable(normal(21, dims, precision, scale=2.0) + 1, precision), normal(22, dims, precision)
+    weights = {"ln.weight": representable(1 + 0.2 * np.random.default_rng(23).standard_normal(dims[-1]), precision),
+               "ln.bias": representable(0.2 * np.random.default_rng(24).standard_normal(dims[-1]), precision)}
+    layer = LayerNorm(name="ln")
+    first = run_layer(layer, x, dy, device="cuda", precision=precision, weights=weights)
+    assert layer.plan.chunks > 1, layer.plan   # the ticket path, not the one-chunk shortcut
+    backend = layer.backend
+    for _ in range(2):
+        with backend.activate():
+            layer.dgamma.fill(np.nan)
+            layer.dbeta.fill(np.nan)
+            layer.backward()
+        backend.synchronize()
+        assert not backend.to_host(layer.counters).any()
+        np.testing.assert_array_equal(backend.to_host(layer.dgamma).astype(np.float64), first["grad:ln.weight"])
+        np.testing.assert_array_equal(backend.to_host(layer.dbeta).astype(np.float64), first["grad:ln.bias"])
 
 
 @pytest.mark.parametrize("pad_id", [None, 0])

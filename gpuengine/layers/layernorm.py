@@ -5,17 +5,17 @@ y = (x - mean) * rstd * gamma + beta per row of d features, rstd = 1/sqrt(var + 
 dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dgamma = sum over rows of dy * xhat,
 dbeta = sum of dy. On a GPU one warp owns a row in the forward and in dx (mean
 and rstd saved for backward; where no input gradient is wanted, that kernel is not
-launched). dgamma and dbeta are column sums in reductions.py's two deterministic
-passes (fixed order, no atomics): pass 1 here recomputes xhat from x and sums dy * xhat
-and dy per row chunk, side by side in one partials array, so dy * xhat never goes to
-memory; pass 2 runs once per half. On the NumPy backend all of it is array arithmetic.
+launched). dgamma and dbeta are column sums in reductions.py's one-launch deterministic
+scheme (fixed order, no float atomics): one kernel recomputes xhat from x and sums dy * xhat
+and dy side by side, so dy * xhat never goes to memory, and its last block per column tile
+adds the row chunks into both gradients. On the NumPy backend all of it is array arithmetic.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import checks
-from ..ops.reductions import COLUMN_TILE_SOURCE, ChunkSum, plan_chunks
+from ..ops.reductions import COLUMN_TILE_SOURCE, plan_chunks
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel
 from ..runtime.params import ParamSpec
@@ -57,29 +57,24 @@ extern "C" __global__ void layernorm_bwd(const ELEM_T* x, const ELEM_T* gamma, c
         store_f(dx, base + c, r * (load_f(dy, base + c) * load_f(gamma, c) - mg - xhat * mgx));
     }
 }
-// Pass 1 of dgamma and dbeta: per row chunk, sums of dy * xhat into partials[chunk][0, dim), of dy into [dim, 2 dim).
-extern "C" __global__ void layernorm_param_partials(const ELEM_T* x, const ELEM_T* dy, const float* mean,
-                                                    const float* rstd, float* partials, int rows, int dim,
-                                                    int rows_per_chunk, int tile_cols) {
+// dgamma (sums of dy * xhat) and dbeta (sums of dy), per reductions.py's finish_column_sums<2>.
+extern "C" __global__ void layernorm_param_grads(const ELEM_T* x, const ELEM_T* dy, const float* mean,
+                                                 const float* rstd, float* dgamma, float* dbeta, float* partials,
+                                                 unsigned int* counters, int rows, int dim, int rows_per_chunk,
+                                                 int tile_cols) {
     extern __shared__ float lane_sums[];   // dy * xhat sums, then dy sums: blockDim.x each
     const ColumnTile t = column_tile(rows, rows_per_chunk, tile_cols);
-    float sum_dy_xhat = 0.f, sum_dy = 0.f;
+    float s[2] = {0.f, 0.f};   // dy * xhat, dy
     if (t.col < dim) {
         #pragma unroll 4
         for (long long r = t.first; r < t.stop; r += t.step) {
             const float d = load_f(dy, r * dim + t.col);
-            sum_dy_xhat += d * ((load_f(x, r * dim + t.col) - mean[r]) * rstd[r]);
-            sum_dy += d;
+            s[0] += d * ((load_f(x, r * dim + t.col) - mean[r]) * rstd[r]);
+            s[1] += d;
         }
     }
-    lane_sums[threadIdx.x] = sum_dy_xhat;
-    lane_sums[blockDim.x + threadIdx.x] = sum_dy;
-    __syncthreads();
-    if (threadIdx.x < tile_cols && t.col < dim) {
-        float* chunk = partials + (long long)blockIdx.y * 2 * dim;
-        chunk[t.col] = lanes_total(lane_sums, t, tile_cols);
-        chunk[dim + t.col] = lanes_total(lane_sums + blockDim.x, t, tile_cols);
-    }
+    float* const out[2] = {dgamma, dbeta};
+    finish_column_sums<2>(t, dim, tile_cols, s, lane_sums, partials, counters, out);
 }
 """
 _ROWS_PER_BLOCK = 8
@@ -122,12 +117,9 @@ class LayerNorm(Layer):
         if ctx.backend.is_gpu:
             self._bwd = get_kernel(_SOURCE, "layernorm_bwd", ELEM_T=ctype(dy.dtype))
             self.plan = plan_chunks(ctx.backend, self.rows, self.dim)
-            # dy * xhat sums in columns [0, dim) of each chunk's row, dy sums in [dim, 2 dim): one pass 1 for both.
-            self.partials = ctx.allocator.zeros((self.plan.chunks, 2 * self.dim), np.float32, "workspace")
-            self._param_partials = get_kernel(_SOURCE, "layernorm_param_partials", ELEM_T=ctype(dy.dtype))
-            flat = self.partials.reshape(-1)
-            self._dgamma_sum = ChunkSum(flat, self.dgamma, self.plan.chunks, 2 * self.dim)
-            self._dbeta_sum = ChunkSum(flat[self.dim:], self.dbeta, self.plan.chunks, 2 * self.dim)
+            # dy * xhat partials in columns [0, dim) of each chunk's row, dy partials in [dim, 2 dim).
+            self.partials, self.counters = self.plan.workspace(ctx.allocator, self.dim, sums=2)
+            self._param_grads = get_kernel(_SOURCE, "layernorm_param_grads", ELEM_T=ctype(dy.dtype))
         return self.dx
 
     def forward(self):
@@ -160,9 +152,6 @@ class LayerNorm(Layer):
             self._bwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (self.x, self.gamma, self.dy, self.mean, self.rstd,
                                                               self.dx, np.int32(self.rows), np.int32(self.dim)))
         plan = self.plan
-        self._param_partials((plan.tiles, plan.chunks), (plan.threads,),
-                             (self.x, self.dy, self.mean, self.rstd, self.partials, np.int32(self.rows),
-                              np.int32(self.dim), np.int32(plan.rows_per_chunk), np.int32(plan.tile_cols)),
-                             shared_mem=8 * plan.threads)   # two floats of lane sums per thread
-        self._dgamma_sum.run()
-        self._dbeta_sum.run()
+        plan.launch(self._param_grads, (self.x, self.dy, self.mean, self.rstd, self.dgamma, self.dbeta, self.partials,
+                                        self.counters, np.int32(self.rows), np.int32(self.dim),
+                                        np.int32(plan.rows_per_chunk), np.int32(plan.tile_cols)), sums=2)

@@ -1,20 +1,28 @@
-"""Column sums (bias gradients) in two deterministic passes.
+"""Column sums (bias gradients) in one deterministic launch.
 
 A dense or convolution bias gradient is the sum of the output gradient over
 its rows: (batch, units) for a dense layer, (N*H*W, C) for an NHWC convolution,
-often tall and narrow (seed note 001: 100,352 x 16 at batch 128). Pass 1 splits
-the rows into a fixed number of chunks, one block per (chunk, tile of up to 256
-columns); inside a block, lanes of threads read consecutive columns of
-consecutive rows (coalesced even for 16 columns) and their sums meet in shared
-memory. Pass 2 adds the chunks' partial sums with the same kernel, in tiles of
-32 columns so that 8 lanes share each column's chunks (one thread per column
-walking hundreds of chunks took ~13 us a call: 0.66 ms of the Transformer's
-step on an H100). No atomics and a fixed order, so results do not vary run to
-run.
+often tall and narrow (seed note 001: 100,352 x 16 at batch 128). One kernel
+does it: the grid is (column tile, row chunk) blocks, about _BLOCKS_PER_SM per
+SM. Inside a block, row lanes of tile_cols threads read consecutive columns of
+consecutive rows (tiles of 32 columns: a 128-byte row segment per warp in fp32;
+narrower matrices put several rows in one warp, so 16 columns stay coalesced)
+and the lanes' sums meet in shared memory. Each block writes its chunk's
+partial sums, fences, and takes a ticket on its tile's counter; the block that
+draws the last ticket adds all of the tile's chunks and writes dst.
 
-Other pass-1 kernels (LayerNorm's parameter gradients) reuse the block layout
-(`COLUMN_TILE_SOURCE`, `plan_chunks`) and pass 2 (`ChunkSum`); pass 2 reads
-rows `ld` floats apart, so one partials array can hold several sums side by side.
+Why one launch: the output gradient was just written and usually sits in L2,
+so the sum is short and a second, latency-bound launch over the partials would
+cost about as much again (a Transformer step makes ~70 of these sums). Why
+deterministic: the last block adds the chunks in a fixed assignment (lane l
+takes chunks l, l + lanes, ...) and then the lanes in order, so whichever block
+finishes last the result is the same, bit for bit, run to run; no float
+atomics. The last block resets its counter, so the next launch and every
+CUDA-graph replay start from zero.
+
+Other column-sum kernels (LayerNorm's two parameter gradients side by side)
+reuse the block layout and the ending (`COLUMN_TILE_SOURCE`, `plan_chunks`):
+`finish_column_sums<N>` takes N sums per thread and writes N destinations.
 """
 from __future__ import annotations
 
@@ -25,7 +33,7 @@ import numpy as np
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel, multiprocessor_count
 
-# The block layout every pass-1 kernel shares; prepended to their sources.
+# The block layout and ending every column-sum kernel shares; prepended to their sources.
 COLUMN_TILE_SOURCE = r"""
 // A thread of a (column tile, row chunk) block: it owns column `col` and walks rows first, first + step, ...
 // below stop; the tile's tile_cols threads of one row lane read consecutive columns of the same row.
@@ -49,32 +57,75 @@ __device__ __forceinline__ float lanes_total(const float* lane_sums, const Colum
     for (int l = 0; l < t.step; ++l) s += lane_sums[l * tile_cols + t.tc];
     return s;
 }
+// The end of a column-sum kernel, every thread of the block calling it with its N sums s of column t.col.
+// The block's lane totals go to partials[chunk][j * cols + col]; the block drawing its tile's last ticket adds
+// all chunks of partials (lane l: chunks l, l + step, ...; then lanes in order) into dst[j][col] and resets the
+// tile's counter. lane_sums holds N * blockDim.x floats. gridDim.y is the number of chunks.
+template <int N>
+__device__ __forceinline__ void finish_column_sums(const ColumnTile& t, int cols, int tile_cols, const float (&s)[N],
+                                                   float* lane_sums, float* partials, unsigned int* counters,
+                                                   float* const (&dst)[N]) {
+    __shared__ bool last;
+    const int chunks = gridDim.y;
+    const bool owner = threadIdx.x < tile_cols && t.col < cols;   // row lane 0: one thread per column
+    for (int j = 0; j < N; ++j) lane_sums[j * blockDim.x + threadIdx.x] = s[j];
+    __syncthreads();
+    if (chunks == 1) {   // one chunk: the block's totals are the sums, no partials or ticket needed
+        if (owner)
+            for (int j = 0; j < N; ++j) dst[j][t.col] = lanes_total(lane_sums + j * blockDim.x, t, tile_cols);
+        return;
+    }
+    if (owner) {
+        float* chunk = partials + (long long)blockIdx.y * N * cols;
+        for (int j = 0; j < N; ++j) chunk[j * cols + t.col] = lanes_total(lane_sums + j * blockDim.x, t, tile_cols);
+        __threadfence();   // the partials reach every SM before this block's ticket is taken
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counters + blockIdx.x, 1u) == (unsigned int)(chunks - 1);
+        if (last) counters[blockIdx.x] = 0u;   // all tickets drawn: zero for the next launch or graph replay
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();   // pairs with the writers' fences before the partials are read
+    float f[N];
+    for (int j = 0; j < N; ++j) f[j] = 0.f;
+    if (t.col < cols) {
+        for (int k = threadIdx.x / tile_cols; k < chunks; k += t.step) {
+            const volatile float* chunk = partials + (long long)k * N * cols;   // volatile: from L2, never a stale L1
+            for (int j = 0; j < N; ++j) f[j] += chunk[j * cols + t.col];
+        }
+    }
+    for (int j = 0; j < N; ++j) lane_sums[j * blockDim.x + threadIdx.x] = f[j];   // earlier reads ended at a barrier
+    __syncthreads();
+    if (owner)
+        for (int j = 0; j < N; ++j) dst[j][t.col] = lanes_total(lane_sums + j * blockDim.x, t, tile_cols);
+}
 """
 _SOURCE = COLUMN_TILE_SOURCE + r"""
-extern "C" __global__ void column_partials(const ELEM_T* src, float* partials, int rows, int cols, int ld,
-                                           int rows_per_chunk, int tile_cols) {
+extern "C" __global__ void column_sum(const ELEM_T* src, float* dst, float* partials, unsigned int* counters,
+                                      int rows, int cols, int ld, int rows_per_chunk, int tile_cols) {
     extern __shared__ float lane_sums[];
     const ColumnTile t = column_tile(rows, rows_per_chunk, tile_cols);
-    float s = 0.f;
+    float s[1] = {0.f};
     if (t.col < cols) {
-        #pragma unroll 4
-        for (long long r = t.first; r < t.stop; r += t.step) s += load_f(src, r * ld + t.col);
+        #pragma unroll 8
+        for (long long r = t.first; r < t.stop; r += t.step) s[0] += load_f(src, r * ld + t.col);
     }
-    lane_sums[threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.x < tile_cols && t.col < cols)
-        partials[(long long)blockIdx.y * cols + t.col] = lanes_total(lane_sums, t, tile_cols);
+    float* const out[1] = {dst};
+    finish_column_sums<1>(t, cols, tile_cols, s, lane_sums, partials, counters, out);
 }
 """
 _THREADS = 256
-_BLOCKS_PER_SM = 4      # pass-1 blocks in flight per SM: enough loads to cover memory latency
-_MIN_ROWS_PER_LANE = 8  # below this a chunk's set-up costs more than its loads
-_PASS2_TILE = 32        # pass 2's columns per block: 8 row lanes per column at 256 threads
+_TILE_COLS = 32         # columns per row lane: one warp reads one 128-byte fp32 row segment
+_BLOCKS_PER_SM = 2      # enough blocks to cover L2 latency; fewer chunks for the last block to add
+_MIN_ROWS_PER_LANE = 8  # below this a chunk's set-up and ticket cost more than its loads
+_MAX_CHUNKS = 65535     # CUDA's limit on gridDim.y
 
 
 @dataclass(frozen=True)
 class ChunkPlan:
-    """Pass 1's grid over a (rows, cols) sum: `tiles` column tiles by `chunks` row chunks, `threads` per block."""
+    """A column sum's grid: `tiles` column tiles by `chunks` row chunks, `threads` per block."""
 
     tile_cols: int
     threads: int
@@ -82,33 +133,29 @@ class ChunkPlan:
     rows_per_chunk: int
     chunks: int
 
+    def workspace(self, allocator, cols: int, sums: int = 1):
+        """(partials, counters): each chunk's `sums` x cols partial sums, one ticket counter per tile (zeroed
+        here; the kernels leave them zero)."""
+        return (allocator.zeros((self.chunks, sums * cols), np.float32, "workspace"),
+                allocator.zeros((self.tiles,), np.uint32, "workspace"))
+
+    def launch(self, kernel, args: tuple, sums: int = 1):
+        kernel((self.tiles, self.chunks), (self.threads,), args, shared_mem=4 * sums * self.threads)
+
 
 def plan_chunks(backend, rows: int, cols: int, rows_per_chunk: int | None = None) -> ChunkPlan:
-    """Tiles of up to 256 columns; enough row chunks to keep _BLOCKS_PER_SM blocks on every SM."""
-    tile_cols = min(cols, _THREADS)
-    threads = tile_cols * (_THREADS // tile_cols)
+    """Tiles of up to 32 columns; enough row chunks for about _BLOCKS_PER_SM blocks on every SM."""
+    tile_cols = min(cols, _TILE_COLS)
+    threads = tile_cols * (_THREADS // tile_cols)   # narrow tiles: several rows per warp
     tiles = -(-cols // tile_cols)
     if rows_per_chunk is None:
         target_chunks = max(1, _BLOCKS_PER_SM * (multiprocessor_count() if backend.is_gpu else 1) // tiles)
         row_lanes = threads // tile_cols
         rows_per_chunk = max(row_lanes * _MIN_ROWS_PER_LANE, -(-rows // target_chunks))
-    return ChunkPlan(tile_cols, threads, tiles, rows_per_chunk, max(1, -(-rows // rows_per_chunk)))
-
-
-class ChunkSum:
-    """Pass 2 on a GPU: dst[c] = sum over k < chunks of partials[k * ld + c], float32 in and out."""
-
-    def __init__(self, partials, dst, chunks: int, ld: int):
-        self.partials, self.dst, self.chunks, self.ld = partials, dst, chunks, ld
-        self.cols = dst.shape[0]
-        self.tile = min(self.cols, _PASS2_TILE)
-        self.threads = self.tile * (_THREADS // self.tile)
-        self._kernel = get_kernel(_SOURCE, "column_partials", ELEM_T="float")
-
-    def run(self):
-        self._kernel((-(-self.cols // self.tile), 1), (self.threads,),
-                     (self.partials, self.dst, np.int32(self.chunks), np.int32(self.cols), np.int32(self.ld),
-                      np.int32(self.chunks), np.int32(self.tile)), shared_mem=4 * self.threads)
+    chunks = max(1, -(-rows // rows_per_chunk))
+    if chunks > _MAX_CHUNKS:
+        raise ValueError(f"{chunks} row chunks of {rows_per_chunk} rows exceed the grid's {_MAX_CHUNKS}")
+    return ChunkPlan(tile_cols, threads, tiles, rows_per_chunk, chunks)
 
 
 class ColumnSum:
@@ -121,16 +168,14 @@ class ColumnSum:
         self.rows, self.cols = src.shape
         self.plan = plan_chunks(backend, self.rows, self.cols, rows_per_chunk)
         if backend.is_gpu:
-            self.partials = allocator.zeros((self.plan.chunks, self.cols), np.float32, "workspace")
-            self._k1 = get_kernel(_SOURCE, "column_partials", ELEM_T=ctype(src.dtype))
-            self._pass2 = ChunkSum(self.partials, dst, self.plan.chunks, self.cols)
+            self.partials, self.counters = self.plan.workspace(allocator, self.cols)
+            self._kernel = get_kernel(_SOURCE, "column_sum", ELEM_T=ctype(src.dtype))
 
     def run(self):
         if not self.backend.is_gpu:
             self.dst[...] = widen(self.src).sum(axis=0)
             return
         plan = self.plan
-        self._k1((plan.tiles, plan.chunks), (plan.threads,),
-                 (self.src, self.partials, np.int32(self.rows), np.int32(self.cols), np.int32(self.cols),
-                  np.int32(plan.rows_per_chunk), np.int32(plan.tile_cols)), shared_mem=4 * plan.threads)
-        self._pass2.run()
+        plan.launch(self._kernel, (self.src, self.dst, self.partials, self.counters, np.int32(self.rows),
+                                   np.int32(self.cols), np.int32(self.cols), np.int32(plan.rows_per_chunk),
+                                   np.int32(plan.tile_cols)))
