@@ -140,6 +140,17 @@ def test_a_profile_is_printed_as_the_family_table_and_written(capsys, on_a_gpu):
     assert out[-1] == f"profile: written to {path}"
 
 
+def test_a_profile_on_a_copy_of_the_tree_names_the_commit_the_gate_was_told(capsys, on_a_gpu, monkeypatch):
+    """A lent GPU's copy has no .git, or a stale one: GATE_COMMIT_ID names the commit, as in the suite's runs."""
+    store, _ = on_a_gpu
+    monkeypatch.setenv("GATE_COMMIT_ID", "0123456789abcdef")
+    monkeypatch.setenv("GATE_COMMIT_DIRTY", "1")
+    assert cli_main(["profile", "mlp", "--references", "torch_graph", "--store", str(store)]) == 0
+    (path,) = (store / H100.name / "profiles").glob("mlp-*.json")
+    record = json.loads(path.read_text())
+    assert (record["commit"], record["dirty"]) == ("0123456789abcdef", True)
+
+
 def test_a_failed_reference_is_written_as_such_and_the_status_says_so(capsys, on_a_gpu):
     store, _ = on_a_gpu
     assert cli_main(["profile", "mlp", "--store", str(store)]) == 1

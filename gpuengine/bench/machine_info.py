@@ -1,4 +1,4 @@
-"""What machine a suite run measures: its tier, GPU, drivers, libraries and clocks.
+"""What machine a suite run measures: its tier, GPU, drivers, libraries and clocks, and which commit.
 
 The tier names the folder of `baselines_store/` a run is stored in and compared
 against: a slug of the GPU's name (`nvidia-h200`, `nvidia-h100-80gb-hbm3`), or
@@ -6,17 +6,22 @@ against: a slug of the GPU's name (`nvidia-h200`, `nvidia-h100-80gb-hbm3`), or
 is what every stored pytest-benchmark run records next to the CPU facts the
 plugin gathers itself (docs/architecture.md, "Measuring honestly"). Every
 probe tolerates a missing piece (no NVML, no cuDNN frontend, no torch) by
-recording None rather than failing.
+recording None rather than failing. `checkout_commit` names the code measured,
+for the records written outside pytest-benchmark (profiles, the power study).
 """
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import re
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..config import EngineConfig
 
+REPO = Path(__file__).resolve().parents[2]
 CPU_TIER = "cpu-tier"
 NO_GPU = "none (CPU tier, NumPy backend)"
 
@@ -155,3 +160,17 @@ def collect_machine_info(tier: Tier, config: EngineConfig) -> dict:
         info["cudnn"] = _cudnn_version()
     return info
 
+
+def checkout_commit() -> tuple[str, bool | None]:
+    """(commit, whether tracked files differ from it) of the code measured. A copy of the tree on a lent GPU has
+    no .git, or a stale one: GATE_COMMIT_ID (and GATE_COMMIT_DIRTY=1) name it there, as in the suite's runs."""
+    named = os.environ.get("GATE_COMMIT_ID", "").strip()
+    if named:
+        return named, os.environ.get("GATE_COMMIT_DIRTY", "0") == "1"
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                                capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unversioned", None
+    return head.stdout.strip(), bool(status.stdout.strip())

@@ -26,8 +26,6 @@ checked before the first session starts (`check`): a session costs minutes.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +35,7 @@ from pathlib import Path
 from .. import aa_noise, paired
 from ..cli_args import UsageError, checked, number, output_folder, whole
 from ..json_files import write_json
+from ..machine_info import checkout_commit
 from ..noise import NOISE_FILE, NoiseTable
 from ..regression import ALPHA, MIN_EFFECT, TARGET_POWER, TARGET_SLOWDOWN
 from ..stored_runs import GATEPOWER, scan
@@ -130,17 +129,6 @@ def _stored_gpu(store: Path) -> str:
     return next((run.machine_info.get("gpu") for run in reversed(runs) if run.machine_info.get("gpu")), store.name)
 
 
-def _commit() -> str:
-    commit = os.environ.get("GATE_COMMIT_ID", "").strip()
-    if commit:
-        return commit
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unversioned"
-
-
 def _tier():
     from ...config import EngineConfig
     from ...runtime.backend import resolve_device
@@ -181,7 +169,7 @@ def main(args) -> int:
     if not tests:
         _log("gatepower: no test wrote trials (none selected, or every one failed or skipped)")
         return 1
-    commit = _commit()
+    commit = checkout_commit()[0]
     if not study:
         learned = calibration.calibrate(tests, f"{date:%Y-%m-%d} at {commit[:10]}")
         calibration_info = {"date": date.isoformat(timespec="seconds"), "commit": commit, "sessions": len(results),

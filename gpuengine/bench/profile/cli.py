@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,7 +34,6 @@ from ..cli_args import UsageError, output_folder, whole
 from .workloads import ACCEPTED, REFERENCE_CANDIDATES, get_workload, offered_references
 
 PROG = "python -m gpuengine profile"
-REPO = Path(__file__).resolve().parents[3]
 DEFAULT_REPLAYS = 5
 MAX_REPLAYS = 50   # each replay is one profiler cycle: more only makes the JSON and the wait longer
 
@@ -99,17 +97,6 @@ def check(args) -> None:
                             args.batch or args.workload_entry.default_batch(), config.cuda_graph)
 
 
-def checkout_commit() -> tuple[str, bool | None]:
-    """(HEAD's commit, whether tracked files differ from it) of the checkout this code runs from."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                                capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unversioned", None
-    return head.stdout.strip(), bool(status.stdout.strip())
-
-
 def command_line(args) -> list[str]:
     """The command that profiles this case again, every default spelled out."""
     case = args.case
@@ -128,7 +115,7 @@ def _log(line: str) -> None:
 
 
 def run(args) -> int:
-    from ..machine_info import collect_machine_info, current_tier
+    from ..machine_info import checkout_commit, collect_machine_info, current_tier
     from .capture import ProfileError
     from .record import FAILED, format_text_table, make_record, profile_path, write_profile
     from .session import measure, reuse_cudnn_plans
