@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from gpuengine.bench.machine_info import Tier, collect_machine_info, current_tier
+from gpuengine.bench.machine_info import Tier, collect_machine_info, current_tier, named_commit
 from gpuengine.bench.stored_runs import run_files
 from gpuengine.config import ConfigError, EngineConfig
 from gpuengine.runtime.backend import get_backend, gpu_visible, resolve_device
@@ -135,14 +135,11 @@ def pytest_configure(config: pytest.Config):
 def _name_autosave_after_gate_commit(config: pytest.Config):
     """pytest-benchmark names an autosaved run after what git says (a stale .git on a lent machine):
     GATE_COMMIT_ID, when set, names it instead, like the run's commit_info (update_commit_info below)."""
-    commit = os.environ.get("GATE_COMMIT_ID", "").strip()
-    if commit and getattr(config.option, "benchmark_autosave", None):
+    named = named_commit()
+    if named and getattr(config.option, "benchmark_autosave", None):
+        commit, dirty = named
         tag = f"{commit}_{datetime.now(timezone.utc):%Y%m%d_%H%M%S}"
-        config.option.benchmark_autosave = tag + ("_uncommited-changes" if _gate_commit_dirty() else "")
-
-
-def _gate_commit_dirty() -> bool:
-    return os.environ.get("GATE_COMMIT_DIRTY", "0") == "1"
+        config.option.benchmark_autosave = tag + ("_uncommited-changes" if dirty else "")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -168,10 +165,10 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 def pytest_benchmark_update_commit_info(config, commit_info):
     """A copy of the tree whose .git is missing or stale (a lent GPU machine) names its commit through
     GATE_COMMIT_ID: when set, it wins over what git reports there."""
-    commit = os.environ.get("GATE_COMMIT_ID", "").strip()
-    if commit:
-        commit_info.update(id=commit, dirty=_gate_commit_dirty(),
-                           branch=os.environ.get("GATE_COMMIT_BRANCH", "main"), error=None)
+    named = named_commit()
+    if named:
+        commit, dirty = named
+        commit_info.update(id=commit, dirty=dirty, branch=os.environ.get("GATE_COMMIT_BRANCH", "main"), error=None)
 
 
 @pytest.hookimpl(optionalhook=True)

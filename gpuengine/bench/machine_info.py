@@ -161,12 +161,18 @@ def collect_machine_info(tier: Tier, config: EngineConfig) -> dict:
     return info
 
 
-def checkout_commit() -> tuple[str, bool | None]:
-    """(commit, whether tracked files differ from it) of the code measured. A copy of the tree on a lent GPU has
-    no .git, or a stale one: GATE_COMMIT_ID (and GATE_COMMIT_DIRTY=1) name it there, as in the suite's runs."""
+def named_commit() -> tuple[str, bool] | None:
+    """(commit, dirty) as GATE_COMMIT_ID and GATE_COMMIT_DIRTY=1 name them, or None where they are not set: a copy
+    of the tree on a lent GPU has no .git, or a stale one, so whoever copied it names the commit."""
     named = os.environ.get("GATE_COMMIT_ID", "").strip()
+    return (named, os.environ.get("GATE_COMMIT_DIRTY", "0") == "1") if named else None
+
+
+def checkout_commit() -> tuple[str, bool | None]:
+    """(commit, whether tracked files differ from it) of the code measured: `named_commit`, else what git says."""
+    named = named_commit()
     if named:
-        return named, os.environ.get("GATE_COMMIT_DIRTY", "0") == "1"
+        return named
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
         status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
