@@ -26,7 +26,8 @@
 #                perf-new `./gate perf` of the workloads never measured on this GPU: zoo, loader, ResNet
 #                perf-core `./gate perf` of the MLP and CNN cases: a quick check that a change kept the engine's speed
 #                ab       `./gate perf --against build/base` (the quick tier A/B against the checkout carried to
-#                         build/base, its commit in build/base/COMMIT: `scripts/gpu_session.sh base REV` makes it)
+#                         build/base, its commit in build/base/COMMIT: `scripts/gpu_session.sh base REV` makes it);
+#                         AB_K, when set, selects its cases (-k)
 #                ab-core  the same for the MLP and CNN cases
 #                data     the GPU tests of the data path (streamed and resident gathers, memory plans, sharding)
 #                perf-streamed `./gate perf --full --against none` of the loader, the zoo's TF32 streamed cases and
@@ -100,7 +101,7 @@ step_profile() { local w s=0 IFS=';'; for w in ${PROFILES:-mlp --precision tf32;
 step_perf() { ./gate perf -p no:cacheprovider --durations=0; }
 step_perf-core() { ./gate perf -p no:cacheprovider --durations=0 -k "test_mlp_train or test_mlp_infer or test_cnn_train"; }
 step_perf-new() { ./gate perf -p no:cacheprovider --durations=0 -k "zoo or loader or streamed or test_resnet_train"; }
-step_ab() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against build/base; s=$?
+step_ab() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against build/base ${AB_K:+-k "$AB_K"}; s=$?
     cp -r build/ab "$logdir/ab-logs-$(date +%s)" 2>/dev/null; return $s; }
 step_zoo-compile() { ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none \
     -k "test_zoo_train and tf32-resident"; }
