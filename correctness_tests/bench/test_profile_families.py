@@ -107,7 +107,7 @@ REAL_NAMES = {
         "triton_poi_fused_convolution_relu_0",
         "triton_poi_fused__to_copy_1",
         "generatedNativePointwise",
-        "add_relu",
+        "bn_tail",
         "forward",
         "dropout_mask",
         "cupy_multiply__float32_float32_float32",

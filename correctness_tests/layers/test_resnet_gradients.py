@@ -44,6 +44,18 @@ def test_batchnorm_training(variant):
     assert_not_trivial(check_backward(layer, bn_inputs(variant), bn_weights(), seed=3))
 
 
+@pytest.mark.parametrize("residual", [False, True], ids=["relu6", "add-relu6"])
+def test_batchnorm_relu6_training_clips_at_both_ends(residual):
+    """gamma near 4 puts BN's output past 6 as well as below 0: the ReLU6 passes no gradient at either clip."""
+    weights = {"bn.weight": 4.0 + bn_weights()["bn.weight"], "bn.bias": bn_weights()["bn.bias"]}
+    inputs = (maps(1), maps(101)) if residual else maps(1)
+    y = run_layer(BatchNorm2D(name="bn", activation="relu6", residual=residual), inputs, maps(9),
+                  weights=weights)["y"]
+    assert (y == 6.0).mean() > 0.05 and (y == 0.0).mean() > 0.2 and ((y > 0) & (y < 6)).mean() > 0.2
+    layer = BatchNorm2D(name="bn", activation="relu6", residual=residual)
+    assert_not_trivial(check_backward(layer, inputs, weights, seed=3))
+
+
 @pytest.mark.parametrize("variant", BN_VARIANTS, ids=list(BN_VARIANTS))
 def test_batchnorm_inference_mode_uses_the_running_statistics(variant):
     rng = np.random.default_rng(4)
@@ -75,7 +87,7 @@ def test_batchnorm_training_output_is_normalized_and_running_statistics_follow_t
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(activation="tanh"), r"activation='tanh' is not accepted; use one of None, 'relu' \(what the cuDNN"),
+    (dict(activation="tanh"), r"activation='tanh' is not accepted; use one of None, 'relu', 'relu6' \(the"),
     (dict(momentum=1.5), "momentum=1.5 is not accepted; use a finite number >= 0.0 and <= 1.0"),
     (dict(epsilon=0.0), "epsilon=0.0 is not accepted; use a finite number > 0.0"),
     (dict(epsilon="1e-5"), "epsilon='1e-5' is not accepted"), (dict(residual=1), "residual=1 is not accepted"),

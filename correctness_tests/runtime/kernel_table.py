@@ -134,7 +134,7 @@ def _node_cases(net, node, dtype, where):
         found.append((adaptive_pool, "_SOURCE", ("adaptive_average_forward", "adaptive_average_backward"),
                       layer.kernel_defines(shapes[0], dtype)))
     elif isinstance(layer, BatchNorm2D):
-        found.append((batchnorm, "_SOURCE", ("bn_inference", "add_relu"), layer.kernel_defines(shapes[0], dtype)))
+        found.append((batchnorm, "_SOURCE", ("bn_inference", "bn_tail"), layer.kernel_defines(shapes[0], dtype)))
     elif isinstance(layer, Conv2D) and layer.depthwise_defines(shapes[0], dtype) is not None:
         found.append((depthwise, "_SOURCE", ("depthwise_forward", "depthwise_dgrad", "depthwise_wgrad_partials",
                                             "depthwise_wgrad_sum"), layer.depthwise_defines(shapes[0], dtype)))

@@ -28,14 +28,15 @@ pytestmark = [pytest.mark.gpu,
 
 PRECISIONS = ["fp32", "tf32", "bf16"]
 BN_CASES = {"plain": dict(), "relu": dict(activation="relu"), "add-relu": dict(activation="relu", residual=True),
-            "add": dict(residual=True)}
+            "add": dict(residual=True), "relu6": dict(activation="relu6"),
+            "add-relu6": dict(activation="relu6", residual=True)}
 # Batch statistics over N*H*W values: bf16 inputs and outputs round at 8 bits, the sums stay float32.
 BN_TOLERANCE = {"fp32": 1e-4, "tf32": 1e-4, "bf16": 3e-2}
 
 
-def bn_weights(channels: int, precision: str) -> dict:
+def bn_weights(channels: int, precision: str, gain: float = 1.0) -> dict:
     rng = np.random.default_rng(3)
-    return {"bn.weight": representable(1.0 + 0.2 * rng.standard_normal(channels), precision),
+    return {"bn.weight": representable(gain * (1.0 + 0.2 * rng.standard_normal(channels)), precision),
             "bn.bias": representable(0.2 * rng.standard_normal(channels), precision)}
 
 
@@ -48,11 +49,49 @@ def test_batchnorm_training_matches_numpy(case, precision, shape):
     x = normal(1, (batch,) + shape, precision) * 2.0 + 0.5
     inputs = (x, normal(2, (batch,) + shape, precision)) if BN_CASES[case].get("residual") else x
     dy = normal(4, (batch,) + shape, precision)
-    weights = bn_weights(shape[2], precision)
+    # ReLU6 clipped at 6 too: gamma 3 where rounding cannot move a value across 6 (bf16 would, near it)
+    clips = "relu6" in case and precision != "bf16"
+    weights = bn_weights(shape[2], precision, gain=3.0 if clips else 1.0)
     cpu = run_layer(BatchNorm2D(name="bn", **BN_CASES[case]), inputs, dy, precision="fp32", weights=weights)
     gpu = run_layer(BatchNorm2D(name="bn", **BN_CASES[case]), inputs, dy, device="cuda", precision=precision,
                     weights=weights)
     assert_close(gpu, cpu, BN_TOLERANCE[precision])
+    assert not clips or (cpu["y"] == 6.0).mean() > 0.01
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("batch, shape", [(3, (3, 5, 8)), (5, (4, 4, 12))], ids=["mask-part-word", "no-mask"])
+def test_batchnorm_relu6_odd_sizes_match_numpy(precision, batch, shape):
+    """360 values: the mask's last word is one byte; 12 channels pack no mask bytes (ReLU6's gradient ours)."""
+    if precision == "bf16" and shape[2] % 8:
+        pytest.skip("cuDNN's bf16 batch norm reads 8 channels at a time: 12 channels are refused by design")
+    x, dy = normal(1, (batch,) + shape, precision) * 2.0 + 0.5, normal(4, (batch,) + shape, precision)
+    weights = bn_weights(shape[2], precision, gain=1.0 if precision == "bf16" else 3.0)
+    cpu = run_layer(BatchNorm2D(name="bn", activation="relu6"), x, dy, precision="fp32", weights=weights)
+    gpu = run_layer(BatchNorm2D(name="bn", activation="relu6"), x, dy, device="cuda", precision=precision,
+                    weights=weights)
+    assert_close(gpu, cpu, BN_TOLERANCE[precision])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_our_tail_writes_cudnns_relu_mask_bit_for_bit(precision):
+    """The mask bn_tail writes for ReLU6 is read by the backward graph cuDNN's own BN + ReLU forward feeds:
+    for ReLU both can write it, and the bits (order within a byte, bytes per pixel) must agree."""
+    import cupy
+    from gpuengine.layers import batchnorm
+    from gpuengine.runtime.kernels import get_kernel, launch_shape
+    layer = BatchNorm2D(name="bn", activation="relu")
+    x = normal(1, (32, 8, 8, 64), precision) * 2.0 + 0.5
+    run_layer(layer, x, normal(4, x.shape, precision), device="cuda", precision=precision,
+              weights=bn_weights(64, precision))
+    if layer._tail is not None:
+        pytest.skip("cuDNN fused no BN + ReLU forward with a mask here: there is no mask of its to compare with")
+    ours, y = cupy.zeros_like(layer.mask), layer.out.copy()
+    tail = get_kernel(batchnorm._SOURCE, "bn_tail", **layer.kernel_defines(x.shape[1:], y.dtype))
+    grid, block = launch_shape(y.size)
+    tail(grid, block, (y, y, ours, np.int64(y.size)))
+    assert 0.3 < float((y > 0).mean()) < 0.7
+    assert (cupy.asnumpy(ours) == cupy.asnumpy(layer.mask)).all()
 
 
 @pytest.mark.parametrize("shape", [(2, 2, 64), (1, 1, 512), (7, 5, 3)])

@@ -52,7 +52,9 @@ def test_mobilenet_v2_structure():
     assert all(c.groups == c.filters for c in depthwise)
     residual = [n for n in net.nodes if len(n.inputs) == 2]
     assert len(residual) == 10   # blocks whose stride is 1 and whose width does not change
-    assert net.shapes["features.18.2"] == (7, 7, 1280)
+    assert net.shapes["features.18.1"] == (7, 7, 1280)
+    relu6 = [n.layer for n in net.nodes if getattr(n.layer, "activation", None) == "relu6"]
+    assert len(relu6) == 35 and all(type(b).__name__ == "BatchNorm2D" for b in relu6)   # fused into their BNs
 
 
 def test_alexnet_and_vgg_pool_224_maps_without_resampling():

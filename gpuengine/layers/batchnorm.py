@@ -1,21 +1,23 @@
-"""Batch normalization over NHWC maps (Ioffe & Szegedy 2015), with ReLU and a residual add fused in.
+"""Batch normalization over NHWC maps (Ioffe & Szegedy 2015), with an activation and a residual add fused in.
 
 Training: per channel c over the N*H*W values of the batch, mean m and biased
 variance v, x^ = (x - m) / sqrt(v + eps), z = gamma x^ + beta [+ residual],
-y = [relu](z). The running statistics follow torch's convention: running =
-(1 - momentum) running + momentum batch, the variance unbiased (M / (M - 1)).
-Backward from dz = [relu'](dy): dbeta = sum dz, dgamma = sum dz x^,
-dx = gamma / (M sqrt(v + eps)) (M dz - dbeta - x^ dgamma); the residual's
-gradient is dz itself. Inference (an inference program, `ctx.training` False)
-normalizes with the running statistics instead.
+y = [act](z), act ReLU or ReLU6. The running statistics follow torch's
+convention: running = (1 - momentum) running + momentum batch, the variance
+unbiased (M / (M - 1)). Backward from dz = [act'](dy): dbeta = sum dz,
+dgamma = sum dz x^, dx = gamma / (M sqrt(v + eps)) (M dz - dbeta - x^ dgamma);
+the residual's gradient is dz itself. Inference (an inference program,
+`ctx.training` False) normalizes with the running statistics instead.
 
 On a GPU training runs as cuDNN frontend graphs (cudnn_batchnorm.py: BN + add
-+ ReLU forward and dReLU + dBN backward, seed note 002's fusions, the ReLU's
-gradient carried from forward to backward as a bit mask), falling back
-to the plain BN graphs plus this module's element-wise kernels for a variant
-cuDNN cannot fuse; inference is one element-wise kernel. gamma and beta are
-read in float32 from the master weights under every precision. The NumPy
-backend computes the formulas above (the gradient checks' reference).
++ ReLU forward and dReLU + dBN backward, seed note 002's fusions, the
+activation's gradient carried from forward to backward as a bit mask). Where
+cuDNN fuses no tail (ReLU6, or an add without ReLU) the plain BN graph runs
+and this module's kernel adds and activates in place, writing the same bit
+mask, so the backward is still one cuDNN graph (dy times the mask, then dBN);
+inference is one element-wise kernel. gamma and beta are read in float32 from
+the master weights under every precision. The NumPy backend computes the
+formulas above (the gradient checks' reference).
 """
 from __future__ import annotations
 
@@ -27,29 +29,50 @@ from ..ops.cudnn_batchnorm import batchnorm_backward, batchnorm_forward, mask_sh
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel, launch_shape
 from ..runtime.params import ParamSpec
-from .activations import activation_backward
+from .activations import activation_backward, activation_forward
 from .base import BuildContext, Layer
 
 _SOURCE = r"""
-// y = [relu](y + residual), in place: the tail of an unfused BN + add + ReLU.
-extern "C" __global__ void add_relu(ELEM_T* y, const ELEM_T* residual, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        float v = load_f(y, i) + (HAS_RESIDUAL ? load_f(residual, i) : 0.f);
-        store_f(y, i, RELU ? fmaxf(v, 0.f) : v);
+__device__ __forceinline__ float activate(float v) {
+    return ACT == 0 ? v : ACT == 1 ? fmaxf(v, 0.f) : fminf(fmaxf(v, 0.f), 6.f);
+}
+// Where the activation passes the gradient on: y > 0 (ReLU), 0 < y < 6 (ReLU6).
+__device__ __forceinline__ bool passes_gradient(float y) { return y > 0.f && (ACT != 2 || y < 6.f); }
+// The tail of a BN forward cuDNN did not fuse, in place: y = act(y [+ residual]). With MASK it also writes the
+// bits of passes_gradient(y), 8 channels a byte, for the backward graph's mask multiply (cudnn_batchnorm.py):
+// a warp's ballot over 32 consecutive elements is 4 mask bytes (little-endian: bit j of byte k is element 8k+j).
+extern "C" __global__ void bn_tail(ELEM_T* y, const ELEM_T* residual, unsigned char* mask, long long n) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long start = (long long)blockIdx.x * blockDim.x; start < n; start += stride) {   // uniform per block
+        const long long i = start + threadIdx.x;
+        bool passes = false;
+        if (i < n) {
+            const float v = activate(load_f(y, i) + (HAS_RESIDUAL ? load_f(residual, i) : 0.f));
+            store_f(y, i, v);
+            passes = passes_gradient(v);
+        }
+        if (MASK) {
+            const unsigned int bits = __ballot_sync(0xffffffffu, passes);
+            if ((threadIdx.x & 31) == 0 && i < n) {   // i is a multiple of 32 here: a whole word, or the last bytes
+                if (i + 32 <= n) *(unsigned int*)(mask + i / 8) = bits;
+                else for (int k = 0; i + 8 * k < n; ++k) mask[i / 8 + k] = (unsigned char)(bits >> (8 * k));
+            }
+        }
     }
 }
-// Inference: y = [relu](gamma (x - mean) / sqrt(var + eps) + beta [+ residual]) with the running statistics.
+// Inference: y = act(gamma (x - mean) / sqrt(var + eps) + beta [+ residual]) with the running statistics.
 extern "C" __global__ void bn_inference(const ELEM_T* x, const float* gamma, const float* beta, const float* mean,
                                         const float* var, const ELEM_T* residual, ELEM_T* y, float eps, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const int c = (int)(i % CHANNELS);
         float v = (load_f(x, i) - mean[c]) * rsqrtf(var[c] + eps) * gamma[c] + beta[c];
         if (HAS_RESIDUAL) v += load_f(residual, i);
-        store_f(y, i, RELU ? fmaxf(v, 0.f) : v);
+        store_f(y, i, activate(v));
     }
 }
 """
-ACTIVATIONS = (None, "relu")
+ACTIVATIONS = (None, "relu", "relu6")
+_ACT_CODES = {None: 0, "relu": 1, "relu6": 2}
 
 
 class BatchNorm2D(Layer):
@@ -57,7 +80,7 @@ class BatchNorm2D(Layer):
 
     def __init__(self, activation: str | None = None, residual: bool = False, momentum: float = 0.1,
                  epsilon: float = 1e-5, name: str = ""):
-        checks.choice("BatchNorm2D activation", activation, ACTIVATIONS, "what the cuDNN graphs fuse")
+        checks.choice("BatchNorm2D activation", activation, ACTIVATIONS, "the activations it fuses")
         residual = checks.flag("BatchNorm2D residual", residual)
         momentum = checks.number("BatchNorm2D momentum", momentum, at_least=0.0, at_most=1.0)
         epsilon = checks.number("BatchNorm2D epsilon", epsilon, above=0.0)
@@ -88,8 +111,12 @@ class BatchNorm2D(Layer):
 
     def kernel_defines(self, input_shape, dtype) -> dict:
         """The element-wise kernels' compile-time defines (inference, and the tail of an unfused graph)."""
-        return dict(ELEM_T=ctype(dtype), HAS_RESIDUAL=int(self.residual), RELU=int(self.activation == "relu"),
-                    CHANNELS=input_shape[2])
+        return dict(ELEM_T=ctype(dtype), HAS_RESIDUAL=int(self.residual), ACT=_ACT_CODES[self.activation],
+                    MASK=int(self._masks(input_shape[2])), CHANNELS=input_shape[2])
+
+    def _masks(self, channels: int) -> bool:
+        """Whether the forward keeps the activation's gradient as a bit mask (8 channels a byte) for cuDNN's backward."""
+        return self.activation is not None and channels % 8 == 0
 
     def build_forward(self, ctx: BuildContext, x, residual=None):
         self.backend, self.training, self.x, self.res = ctx.backend, ctx.training, x, residual
@@ -111,8 +138,8 @@ class BatchNorm2D(Layer):
             return self.out
         args = (runtime_for(ctx.backend), ctx.policy.name, x, self.gamma, self.beta, self.running_mean,
                 self.running_var, self.out, self.saved_mean, self.saved_inv_std, self.epsilon, self.momentum)
-        relu = self.activation == "relu"
-        if relu and channels % 8 == 0:   # the ReLU's bit mask lets cuDNN fuse its gradient into BN's backward
+        relu, masks = self.activation == "relu", self._masks(channels)
+        if relu and masks:   # the ReLU's bit mask lets cuDNN fuse its gradient into BN's backward
             mask = ctx.allocator.zeros(mask_shape(x.shape), np.uint8, "activations")
             try:
                 self._fwd_graph = batchnorm_forward(*args, residual=residual, relu=True, mask=mask,
@@ -121,12 +148,17 @@ class BatchNorm2D(Layer):
                 return self.out
             except CudnnUnsupported:
                 pass
-        try:
-            self._fwd_graph = batchnorm_forward(*args, residual=residual, relu=relu, allocator=ctx.allocator)
-        except CudnnUnsupported:
-            self._fwd_graph = self._plain_graph(batchnorm_forward, *args, allocator=ctx.allocator)
-            if residual is not None or self.activation:
-                self._tail = get_kernel(_SOURCE, "add_relu", **defines)
+        if self.activation in (None, "relu") and (relu or residual is not None):   # cuDNN fuses add and ReLU only
+            try:
+                self._fwd_graph = batchnorm_forward(*args, residual=residual, relu=relu, allocator=ctx.allocator)
+                return self.out
+            except CudnnUnsupported:
+                pass
+        self._fwd_graph = self._plain_graph(batchnorm_forward, *args, allocator=ctx.allocator)
+        if residual is not None or self.activation:   # our kernel does the rest, and writes the mask cuDNN would
+            self._tail = get_kernel(_SOURCE, "bn_tail", **defines)
+            if masks:
+                self.mask = ctx.allocator.zeros(mask_shape(x.shape), np.uint8, "activations")
         return self.out
 
     def _plain_graph(self, build, *args, **kwargs):
@@ -146,7 +178,7 @@ class BatchNorm2D(Layer):
         self.dgamma = ctx.params.grad_view(f"{self.name}.weight")
         self.dbeta = ctx.params.grad_view(f"{self.name}.bias")
         self.dx = ctx.allocator.zeros(self.x.shape, self.x.dtype, "activations")   # cuDNN writes it regardless
-        # The gradient after the ReLU: a buffer of its own where the residual reads it or the ReLU is undone here.
+        # The gradient after the activation: a buffer of its own where the residual reads it or it is undone here.
         self.dz = dy
         self._bwd_graph = None
         if self.activation and (needs_res or not ctx.backend.is_gpu):
@@ -160,8 +192,8 @@ class BatchNorm2D(Layer):
         args = (runtime_for(ctx.backend), ctx.policy.name)
         stats = (self.gamma, self.saved_mean, self.saved_inv_std, self.dx, self.dgamma, self.dbeta)
         relu = self.activation == "relu"
-        self._drelu_here = False
-        dz = self.dz if relu and needs_res else None
+        self._activation_here = False
+        dz = self.dz if self.activation and needs_res else None
         if self.mask is not None:
             try:
                 self._bwd_graph = batchnorm_backward(*args, self.dy, self.x, *stats, mask=self.mask, dz=dz,
@@ -169,15 +201,18 @@ class BatchNorm2D(Layer):
                 return
             except CudnnUnsupported:
                 pass
-        try:
-            self._bwd_graph = batchnorm_backward(*args, self.dy, self.x, *stats, y=self.out if relu else None,
-                                                 dz=dz, allocator=ctx.allocator)
-        except CudnnUnsupported:
-            if relu and self.dz is self.dy:
-                self.dz = ctx.allocator.zeros(self.dy.shape, self.dy.dtype, "activations")
-            self._drelu_here = relu
-            self._bwd_graph = self._plain_graph(batchnorm_backward, *args, self.dz, self.x, *stats,
-                                                allocator=ctx.allocator)
+        if self.activation in (None, "relu"):   # cuDNN's ReLU gradient from y; ReLU6's is ours
+            try:
+                self._bwd_graph = batchnorm_backward(*args, self.dy, self.x, *stats, y=self.out if relu else None,
+                                                     dz=dz, allocator=ctx.allocator)
+                return
+            except CudnnUnsupported:
+                pass
+        if self.activation and self.dz is self.dy:
+            self.dz = ctx.allocator.zeros(self.dy.shape, self.dy.dtype, "activations")
+        self._activation_here = self.activation is not None
+        self._bwd_graph = self._plain_graph(batchnorm_backward, *args, self.dz, self.x, *stats,
+                                            allocator=ctx.allocator)
 
     def forward(self):
         if not self.backend.is_gpu:
@@ -192,14 +227,14 @@ class BatchNorm2D(Layer):
             if self._tail is not None:
                 grid, block = launch_shape(self.out.size)
                 self._tail(grid, block, (self.out, self.out if self.res is None else self.res,
-                                         np.int64(self.out.size)))
+                                         self.out if self.mask is None else self.mask, np.int64(self.out.size)))
 
     def backward(self):
         if not self.backend.is_gpu:
             self._backward_numpy()
             return
-        if self._drelu_here:
-            activation_backward(self.backend, "relu", self.out, self.dy, self.dz)
+        if self._activation_here:
+            activation_backward(self.backend, self.activation, self.out, self.dy, self.dz)
         self._bwd_graph.run()
 
     def _statistics(self, x):
@@ -220,13 +255,13 @@ class BatchNorm2D(Layer):
         z = (x - mean) * inv_std * widen(self.gamma) + widen(self.beta)
         if self.res is not None:
             z = z + widen(self.res)
-        if self.activation:
-            z = np.maximum(z, 0.0)
         self.out[...] = z.astype(self.out.dtype)
+        if self.activation:
+            activation_forward(self.backend, self.activation, self.out, self.out)
 
     def _backward_numpy(self):
         if self.activation:
-            activation_backward(self.backend, "relu", self.out, self.dy, self.dz)
+            activation_backward(self.backend, self.activation, self.out, self.dy, self.dz)
         x, dz = widen(self.x), widen(self.dz)
         mean, inv_std = widen(self.saved_mean).astype(x.dtype), widen(self.saved_inv_std).astype(x.dtype)
         x_hat = (x - mean) * inv_std

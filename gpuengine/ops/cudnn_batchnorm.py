@@ -109,8 +109,8 @@ def batchnorm_backward(runtime, precision: str, dy, x, scale, saved_mean, saved_
                        y=None, mask=None, dz=None, allocator=None) -> BoundGraph:
     """One graph: [dz = relu'(dy)] -> BN backward into dx, dscale, dbias.
 
-    The forward ended in ReLU when `mask` (its bits of y > 0: dz = dy * mask) or `y` (dz = relu'(dy) at y)
-    is given; `dz` given: the post-ReLU gradient is written out too.
+    The forward ended in an activation when `mask` (its bits of where the activation passes the gradient:
+    dz = dy * mask) or, for ReLU, `y` (dz = relu'(dy) at y) is given; `dz` given: dz is written out too.
     """
     if y is not None and mask is not None:
         raise ValueError("the ReLU's gradient comes from the mask or from y, not both")

@@ -19,6 +19,7 @@ mobilenet_v2 3,504,872).
   blocks (1x1 expand + BN + ReLU6, 3x3 depthwise + BN + ReLU6, 1x1 project +
   BN, the residual add where shapes allow, fused into the last BN), a 1x1 to
   1280 + BN + ReLU6, global average pool, dropout 0.2, dense to classes.
+  Each ReLU6 is fused into its BN node (one kernel fewer each way a layer).
   Channel counts follow torchvision's rounding to multiples of 8.
 - ResNet-18 and ResNet-50: workloads/resnet.py at 224x224 (basic and
   bottleneck blocks).
@@ -151,11 +152,10 @@ def _bn(activation=None, residual=False) -> BatchNorm2D:
 
 def _conv_bn_relu6(b: NetworkBuilder, x: str, filters: int, kernel: int, stride: int, prefix: str,
                    groups: int = 1) -> str:
-    """torchvision's Conv2dNormActivation: conv (no bias) `prefix.0`, BN `prefix.1`, ReLU6 `prefix.2`."""
+    """torchvision's Conv2dNormActivation: conv (no bias) `prefix.0`, BN `prefix.1` with ReLU6 (`prefix.2`) fused in."""
     x = b.add(Conv2D(filters, kernel, stride=stride, padding=(kernel - 1) // 2, use_bias=False, groups=groups,
                      init="he_fan_out"), x, name=f"{prefix}.0")
-    x = b.add(_bn(), x, name=f"{prefix}.1")
-    return b.add(Activation("relu6"), x, name=f"{prefix}.2")
+    return b.add(_bn("relu6"), x, name=f"{prefix}.1")
 
 
 def _inverted_residual(b: NetworkBuilder, x: str, prefix: str, channels: int, out: int, stride: int,

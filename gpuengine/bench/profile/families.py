@@ -61,7 +61,7 @@ RULES = (
     ("reduction", r"reduce|reduction|softmax|xent|nll_loss|cross_entropy|^mse$|column_(partials|sum)"
                   r"|^head_(rows|columns|reduce)$|book_loss|count_tokens|pool|adaptive_average"
                   r"|^cupy_(sum|max|min|mean|prod|argmax|argmin)"),
-    ("elementwise", r"elementwise|pointwise|^(forward|backward)$|^add2$|^add_relu$|^add_table$|dropout|^cast$"
+    ("elementwise", r"elementwise|pointwise|^(forward|backward)$|^add2$|^bn_tail$|^add_table$|dropout|^cast$"
                     r"|^cupy_|fill|relu|gelu|tanh|sigmoid"),
 )
 _COMPILED = tuple((family, re.compile(pattern, re.IGNORECASE)) for family, pattern in RULES)
