@@ -17,7 +17,7 @@ from gpuengine.inference import Predictor
 from gpuengine.layers import BatchNorm2D, GlobalAveragePool2D
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.trainer import Trainer
-from gpuengine.workloads import resnet
+from gpuengine.workloads import resnet, zoo
 
 from ..gpu_checks import TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group
 from ..layer_harness import run_layer, run_network
@@ -49,9 +49,10 @@ def test_batchnorm_training_matches_numpy(case, precision, shape):
     x = normal(1, (batch,) + shape, precision) * 2.0 + 0.5
     inputs = (x, normal(2, (batch,) + shape, precision)) if BN_CASES[case].get("residual") else x
     dy = normal(4, (batch,) + shape, precision)
-    # ReLU6 clipped at 6 too: gamma 3 where rounding cannot move a value across 6 (bf16 would, near it)
+    # ReLU6 clipped at 6 too: gamma 3 where rounding cannot move a value across 6; under bf16 a value rounded
+    # onto 6 drops its gradient, so its case keeps clear of 6 (gamma 0.5)
     clips = "relu6" in case and precision != "bf16"
-    weights = bn_weights(shape[2], precision, gain=3.0 if clips else 1.0)
+    weights = bn_weights(shape[2], precision, gain=3.0 if clips else 0.5 if "relu6" in case else 1.0)
     cpu = run_layer(BatchNorm2D(name="bn", **BN_CASES[case]), inputs, dy, precision="fp32", weights=weights)
     gpu = run_layer(BatchNorm2D(name="bn", **BN_CASES[case]), inputs, dy, device="cuda", precision=precision,
                     weights=weights)
@@ -66,7 +67,7 @@ def test_batchnorm_relu6_odd_sizes_match_numpy(precision, batch, shape):
     if precision == "bf16" and shape[2] % 8:
         pytest.skip("cuDNN's bf16 batch norm reads 8 channels at a time: 12 channels are refused by design")
     x, dy = normal(1, (batch,) + shape, precision) * 2.0 + 0.5, normal(4, (batch,) + shape, precision)
-    weights = bn_weights(shape[2], precision, gain=1.0 if precision == "bf16" else 3.0)
+    weights = bn_weights(shape[2], precision, gain=0.5 if precision == "bf16" else 3.0)
     cpu = run_layer(BatchNorm2D(name="bn", activation="relu6"), x, dy, precision="fp32", weights=weights)
     gpu = run_layer(BatchNorm2D(name="bn", activation="relu6"), x, dy, device="cuda", precision=precision,
                     weights=weights)
@@ -178,9 +179,21 @@ def test_every_relu_batchnorm_fuses_its_gradient(precision):
     bns = [layer for layer in trainer.program.layers.values() if isinstance(layer, BatchNorm2D)]
     relu = [bn for bn in bns if bn.activation == "relu"]
     assert relu and len(relu) < len(bns)   # the projection shortcuts' BN has no ReLU
-    unfused = [bn.name for bn in bns if bn._tail is not None or bn._drelu_here or
+    unfused = [bn.name for bn in bns if bn._tail is not None or bn._activation_here or
                (bn.activation == "relu") != (bn.mask is not None)]
     assert unfused == []
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_every_relu6_batchnorm_backward_is_one_graph(precision):
+    """MobileNetV2's BN + ReLU6 layers: our tail writes the mask, the backward is cuDNN's dy * mask + dBN graph."""
+    net = zoo.zoo_net("mobilenet_v2")
+    x, t = zoo.zoo_data(64, net.reduced.size, net.reduced.classes)
+    trainer = Trainer(net.network(reduced=True), x, t, 32, EngineConfig(precision=precision))
+    relu6 = [layer for layer in trainer.program.layers.values()
+             if isinstance(layer, BatchNorm2D) and layer.activation == "relu6"]
+    assert len(relu6) == 35
+    assert [bn.name for bn in relu6 if bn.mask is None or bn._activation_here] == []
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
