@@ -4,7 +4,9 @@
 #   scripts/gpu_session.sh start LOGDIR suite|memory|calibrate|gatepower [ARGS...]
 #                                                      start in a session of its own (survives the caller)
 #   scripts/gpu_session.sh start LOGDIR steps STEP[=MINUTES] ...
-#                                                      the named steps in order, each stopped after its minutes
+#                                                      the named steps in order, each stopped after its minutes;
+#                                                      LOGDIR/baselines_store.tgz holds the store after each step:
+#                                                      bring LOGDIR back, not the checkout's store
 #   scripts/gpu_session.sh status LOGDIR               the last lines of each log, and whether it finished
 #   scripts/gpu_session.sh base REV                    REV's gpuengine/ and perf_tests/ into build/base (git-ignored,
 #                                                      for `carry`), with REV's commit id in build/base/COMMIT
@@ -134,6 +136,7 @@ run_steps() {
             > "$logdir/$step.log" 2>&1 < /dev/null
         status=$?
         echo "$step $status $(( $(date +%s) - began ))" | tee -a "$logdir/steps.txt"
+        tar czf "$logdir/baselines_store.tgz" baselines_store   # the runs so far, in the log folder, step by step
     done
 }
 
