@@ -148,7 +148,7 @@ class BatchNorm2D(Layer):
                 return self.out
             except CudnnUnsupported:
                 pass
-        if self.activation in (None, "relu") and (relu or residual is not None):   # cuDNN fuses add and ReLU only
+        if relu or (residual is not None and self.activation is None):   # cuDNN fuses an add and a ReLU only
             try:
                 self._fwd_graph = batchnorm_forward(*args, residual=residual, relu=relu, allocator=ctx.allocator)
                 return self.out

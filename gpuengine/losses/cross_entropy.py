@@ -96,25 +96,22 @@ class SoftmaxCrossEntropy:
         self.dz = ctx.allocator.zeros(z.shape, z.dtype, "activations")
         self._grad_scale = np.float32(1.0 / self.rows)
         if self.backend.is_gpu:
-            self.wide = self.classes >= _WIDE_CLASSES
-            self.blocks = self.rows if self.wide else min(-(-self.rows // (_THREADS // 32)), _MAX_BLOCKS)
+            wide = self.classes >= _WIDE_CLASSES
+            self.blocks = self.rows if wide else min(-(-self.rows // (_THREADS // 32)), _MAX_BLOCKS)
             self.partials = ctx.allocator.zeros((self.blocks,), np.float32, "workspace")
             elem = ctype(z.dtype)
-            self._rows_kernel = (get_kernel(_SOURCE, "softmax_xent_wide", ELEM_T=elem) if self.wide
+            self._rows_kernel = (get_kernel(_SOURCE, "softmax_xent_wide", ELEM_T=elem) if wide
                                  else get_kernel(_SOURCE, "softmax_xent", ELEM_T=elem))
+            # The wide kernel's grid is the rows, so it takes no row count.
+            rows = () if wide else (np.int32(self.rows),)
+            self._rows_args = (z, target, self.dz, self.partials) + rows + (np.int32(self.classes), self._grad_scale)
         return self.dz
 
     def forward_backward(self):
         if not self.backend.is_gpu:
             self._forward_backward_numpy()
             return
-        if self.wide:
-            self._rows_kernel((self.blocks,), (_THREADS,), (self.z, self.target, self.dz, self.partials,
-                                                             np.int32(self.classes), self._grad_scale))
-        else:
-            self._rows_kernel((self.blocks,), (_THREADS,), (self.z, self.target, self.dz, self.partials,
-                                                             np.int32(self.rows), np.int32(self.classes),
-                                                             self._grad_scale))
+        self._rows_kernel((self.blocks,), (_THREADS,), self._rows_args)
         self.state.book_partials(self.partials, self.blocks, self._grad_scale)
 
     def _forward_backward_numpy(self):
