@@ -199,3 +199,11 @@ def test_a_delay_that_never_slows_the_round_is_named_unreachable():
     with pytest.raises(trials.DelayUnreachable, match=r"did not slow the engine's round of 33\.000 ms: its steps hide"):
         trials.delay_slope(lambda: 33.0, delays.append)
     assert delays[-1] == 0 and max(delays) >= trials.PROBE_MAX_US   # probed past the largest delay, then unarmed
+
+
+def test_a_probe_passed_by_a_burst_of_load_is_measured_again(monkeypatch):
+    """One slow measure at the first probe (load, not the delay) must not size the delay: the second says 1%."""
+    monkeypatch.setattr(trials, "PROBE_TARGET", 0.5)
+    measures = iter([1.0, 2.0, 1.01, 1.04, 1.6, 1.6])
+    base, probe, slope = trials.delay_slope(lambda: next(measures), lambda us: None)
+    assert (base, probe) == (1.0, 16 * trials.PROBE_START_US) and slope == pytest.approx(0.6 / probe)
