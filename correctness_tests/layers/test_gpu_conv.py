@@ -116,6 +116,7 @@ POOL_CASES = {
     "3x3-stride2-pad1": (dict(pool_size=3, stride=2, padding=1), (16, 16, 8)),
     "2x2-odd-map": (dict(pool_size=2), (7, 9, 3)),
     "3x3-stride2-same": (dict(pool_size=3, stride=2, padding="same"), (8, 8, 64)),
+    "2x2-six-channels": (dict(), (10, 10, 6)),   # two channels a thread
 }
 
 

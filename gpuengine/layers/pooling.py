@@ -1,33 +1,39 @@
 """Max pooling on NHWC activations, forward and backward.
 
-Forward (one thread per output value) keeps the max of each window and where
-it was (the window offset kh_index * kw + kw_index, first max on ties, like
-torch and NumPy's argmax); padding never wins. Backward gathers rather than
-scatters: one thread per input value adds the gradients of the (at most
-ceil(k/s)^2) windows that chose it, so overlapping windows (ResNet's 3x3/2 stem
-pool, seed note 002) need no atomics and no zero-fill, and the result is the
-same every run. Index arithmetic dominated these memory-bound kernels, so it is
-32-bit (a batch of 2^31 values or more is refused) and the layer's geometry is
-compiled into them (divisions by constants become multiplies).
+Forward (one thread per output pixel's few channels) keeps the max of each
+window and where it was (the window offset kh_index * kw + kw_index, first max
+on ties, like torch and NumPy's argmax); padding never wins. Backward gathers
+rather than scatters: one thread per input pixel's few channels adds the
+gradients of the (at most ceil(k/s)^2) windows that chose them, so overlapping
+windows (ResNet's 3x3/2 stem pool, seed note 002) need no atomics and no
+zero-fill, and the result is the same every run. Index arithmetic dominated
+these memory-bound kernels, so it is 32-bit (a batch of 2^31 values or more is
+refused), the layer's geometry is compiled into them (divisions by constants
+become multiplies), and a thread shares it over up to 4 channels moved by one
+vector access.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..runtime.backend import widen
-from ..runtime.kernels import ctype, get_kernel, launch_shape
+from ..runtime.kernels import ctype, get_kernel, launch_shape, vector_width
 from .base import BuildContext, Layer
 from .geometry import add_windows, pad, pair, resolve_window, windows
 
 _SOURCE = r"""
 // The geometry is compiled in (IN_H, IN_W, CHANNELS, OUT_H, OUT_W, WIN_H, WIN_W, STRIDE_H, STRIDE_W,
-// PAD_TOP, PAD_LEFT): index arithmetic then divides by constants, which compiles to multiplies.
-extern "C" __global__ void maxpool_forward(const ELEM_T* x, ELEM_T* y, int* argmax, int total) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        const int ch = i % CHANNELS, pixel = i / CHANNELS;
+// PAD_TOP, PAD_LEFT): index arithmetic then divides by constants, which compiles to multiplies. A thread takes
+// VEC neighbouring channels (CHANNELS % VEC == 0), moved by one vector load or store, so its index arithmetic is
+// shared by VEC values.
+extern "C" __global__ void maxpool_forward(const ELEM_T* x, ELEM_T* y, int* argmax, int packs) {
+    for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < packs; n += gridDim.x * blockDim.x) {
+        const int i = n * VEC, ch = i % CHANNELS, pixel = i / CHANNELS;
         const int ow = pixel % OUT_W, oh = pixel / OUT_W % OUT_H, b = pixel / (OUT_W * OUT_H);
-        float best = 0.f;
-        int arg = -1;
+        float best[VEC];
+        Pack<int, VEC> arg;
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) { best[k] = 0.f; arg.v[k] = -1; }
         #pragma unroll
         for (int a = 0; a < WIN_H; ++a) {
             const int row = oh * STRIDE_H - PAD_TOP + a;
@@ -35,31 +41,48 @@ extern "C" __global__ void maxpool_forward(const ELEM_T* x, ELEM_T* y, int* argm
             for (int d = 0; d < WIN_W; ++d) {
                 const int col = ow * STRIDE_W - PAD_LEFT + d;
                 if (row < 0 || row >= IN_H || col < 0 || col >= IN_W) continue;
-                const float v = load_f(x, ((b * IN_H + row) * IN_W + col) * CHANNELS + ch);
-                if (arg < 0 || v > best) { best = v; arg = a * WIN_W + d; }
+                const Pack<ELEM_T, VEC> v = load_pack<ELEM_T, VEC>(x, ((b * IN_H + row) * IN_W + col) * CHANNELS + ch);
+                #pragma unroll
+                for (int k = 0; k < VEC; ++k) {
+                    const float f = load_f(v.v, k);
+                    if (arg.v[k] < 0 || f > best[k]) { best[k] = f; arg.v[k] = a * WIN_W + d; }
+                }
             }
         }
-        store_f(y, i, best);
-        argmax[i] = arg;
+        Pack<ELEM_T, VEC> out;
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) store_f(out.v, k, best[k]);
+        store_pack(y, i, out);
+        store_pack(argmax, i, arg);
     }
 }
-extern "C" __global__ void maxpool_backward(const ELEM_T* dy, const int* argmax, ELEM_T* dx, int total) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        const int ch = i % CHANNELS, pixel = i / CHANNELS;
+extern "C" __global__ void maxpool_backward(const ELEM_T* dy, const int* argmax, ELEM_T* dx, int packs) {
+    for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < packs; n += gridDim.x * blockDim.x) {
+        const int i = n * VEC, ch = i % CHANNELS, pixel = i / CHANNELS;
         const int col = pixel % IN_W, row = pixel / IN_W % IN_H, b = pixel / (IN_W * IN_H);
         // Windows containing (row, col): oh * STRIDE_H - PAD_TOP <= row <= oh * STRIDE_H - PAD_TOP + WIN_H - 1.
         const int r = row + PAD_TOP, q = col + PAD_LEFT;
         const int oh_first = r - WIN_H + 1 <= 0 ? 0 : (r - WIN_H + STRIDE_H) / STRIDE_H;
         const int ow_first = q - WIN_W + 1 <= 0 ? 0 : (q - WIN_W + STRIDE_W) / STRIDE_W;
         const int oh_last = min(OUT_H - 1, r / STRIDE_H), ow_last = min(OUT_W - 1, q / STRIDE_W);
-        float g = 0.f;
+        float g[VEC];
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) g[k] = 0.f;
         for (int oh = oh_first; oh <= oh_last; ++oh) {
             for (int ow = ow_first; ow <= ow_last; ++ow) {
                 const int o = ((b * OUT_H + oh) * OUT_W + ow) * CHANNELS + ch;
-                if (argmax[o] == (r - oh * STRIDE_H) * WIN_W + (q - ow * STRIDE_W)) g += load_f(dy, o);
+                const int here = (r - oh * STRIDE_H) * WIN_W + (q - ow * STRIDE_W);
+                const Pack<int, VEC> arg = load_pack<int, VEC>(argmax, o);
+                const Pack<ELEM_T, VEC> d = load_pack<ELEM_T, VEC>(dy, o);
+                #pragma unroll
+                for (int k = 0; k < VEC; ++k)
+                    if (arg.v[k] == here) g[k] += load_f(d.v, k);
             }
         }
-        store_f(dx, i, g);
+        Pack<ELEM_T, VEC> out;
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) store_f(out.v, k, g[k]);
+        store_pack(dx, i, out);
     }
 }
 """
@@ -85,14 +108,15 @@ class MaxPool2D(Layer):
     def output_shape(self, input_shape):
         return self._window(input_shape).output_hw + (input_shape[2],)
 
-    def kernel_defines(self, input_shape, dtype) -> dict:
-        """The kernels' compile-time defines for (H, W, C) samples of `dtype`."""
+    def kernel_defines(self, input_shape, dtype, *arrays) -> dict:
+        """The kernels' compile-time defines for (H, W, C) samples of `dtype`, the channels a thread takes chosen
+        for the GPU `arrays` it will read and write (their addresses must suit its vector accesses)."""
         h, w, c = input_shape
         window = self._window(tuple(input_shape))
         (out_h, out_w), (kh, kw), (sh, sw) = window.output_hw, window.kernel, window.stride
         top, _, left, _ = window.pads
         return dict(ELEM_T=ctype(dtype), IN_H=h, IN_W=w, CHANNELS=c, OUT_H=out_h, OUT_W=out_w, WIN_H=kh,
-                    WIN_W=kw, STRIDE_H=sh, STRIDE_W=sw, PAD_TOP=top, PAD_LEFT=left)
+                    WIN_W=kw, STRIDE_H=sh, STRIDE_W=sw, PAD_TOP=top, PAD_LEFT=left, VEC=vector_width(c, *arrays))
 
     def build_forward(self, ctx: BuildContext, x):
         self.backend, self.x = ctx.backend, x
@@ -103,20 +127,23 @@ class MaxPool2D(Layer):
         self.out = ctx.allocator.zeros(shape, x.dtype, "activations")
         self.argmax = ctx.allocator.zeros(shape, np.int32, "activations")
         if ctx.backend.is_gpu:
-            defines = self.kernel_defines(x.shape[1:], x.dtype)
-            self._forward = get_kernel(_SOURCE, "maxpool_forward", **defines)
-            self._backward = get_kernel(_SOURCE, "maxpool_backward", **defines)
+            self._forward_defines = self.kernel_defines(x.shape[1:], x.dtype, x, self.out, self.argmax)
+            self._forward = get_kernel(_SOURCE, "maxpool_forward", **self._forward_defines)
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         self.dy = dy
         self.dx = ctx.allocator.zeros(self.x.shape, self.x.dtype, "activations") if needs_input_grad else None
+        if ctx.backend.is_gpu and self.dx is not None:
+            self._backward_defines = self.kernel_defines(self.x.shape[1:], self.x.dtype, dy, self.argmax, self.dx)
+            self._backward = get_kernel(_SOURCE, "maxpool_backward", **self._backward_defines)
         return self.dx
 
     def forward(self):
         if self.backend.is_gpu:
-            grid, block = launch_shape(self.out.size)
-            self._forward(grid, block, (self.x, self.out, self.argmax, np.int32(self.out.size)))
+            packs = self.out.size // self._forward_defines["VEC"]
+            grid, block = launch_shape(packs)
+            self._forward(grid, block, (self.x, self.out, self.argmax, np.int32(packs)))
             return
         n, out_h, out_w, c = self.out.shape
         cols = windows(pad(widen(self.x), self.window, -np.inf), self.window).reshape(n, out_h, out_w, -1, c)
@@ -127,8 +154,9 @@ class MaxPool2D(Layer):
         if self.dx is None:
             return
         if self.backend.is_gpu:
-            grid, block = launch_shape(self.dx.size)
-            self._backward(grid, block, (self.dy, self.argmax, self.dx, np.int32(self.dx.size)))
+            packs = self.dx.size // self._backward_defines["VEC"]
+            grid, block = launch_shape(packs)
+            self._backward(grid, block, (self.dy, self.argmax, self.dx, np.int32(packs)))
             return
         n, out_h, out_w, c = self.out.shape
         (kh, kw) = self.window.kernel

@@ -25,6 +25,14 @@ __device__ __forceinline__ float load_f(const float* p, long long i) { return p[
 __device__ __forceinline__ float load_f(const bf16_t* p, long long i) { return bf16_to_float(p[i]); }
 __device__ __forceinline__ void store_f(float* p, long long i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_f(bf16_t* p, long long i, float v) { p[i] = float_to_bf16(v); }
+// N neighbouring values moved by one vector access (the address aligned to the whole pack).
+template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
+template <typename T, int N> __device__ __forceinline__ Pack<T, N> load_pack(const T* p, long long i) {
+    return *reinterpret_cast<const Pack<T, N>*>(p + i);
+}
+template <typename T, int N> __device__ __forceinline__ void store_pack(T* p, long long i, const Pack<T, N>& v) {
+    *reinterpret_cast<Pack<T, N>*>(p + i) = v;
+}
 // Butterfly reductions over one warp: every lane ends with the result.
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -98,6 +106,15 @@ def get_kernel(source: str, name: str, **defines):
 def launch_shape(n: int, threads: int = 256) -> tuple:
     """(grid, block) of a grid-stride loop over n elements; the grid is capped, the loop covers the rest."""
     return (min(-(-n // threads), 65535 * 4),), (threads,)
+
+
+def vector_width(count: int, *arrays, widest: int = 4) -> int:
+    """How many neighbouring values a thread moves in one vector access (widest, ..., 2 or 1): a divisor of
+    `count` (values in a row) to which every GPU array's address is aligned."""
+    width = widest
+    while width > 1 and (count % width or any(a.data.ptr % (a.itemsize * width) for a in arrays)):
+        width //= 2
+    return width
 
 
 @functools.lru_cache(maxsize=None)
