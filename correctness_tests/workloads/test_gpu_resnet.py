@@ -107,6 +107,27 @@ def test_global_average_pool_matches_numpy(shape, precision):
     assert_close(gpu, cpu, TOLERANCE[precision] if precision == "bf16" else 1e-6)
 
 
+@pytest.mark.parametrize("size,offset", [(4096, 0), (4098, 0), (4099, 0), (4096, 1)],
+                         ids=["packs-of-16-bytes", "pairs", "odd-size", "unaligned-view"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_gradient_sum_at_every_vector_width(size, offset, precision):
+    """add_into moves up to 16 bytes a thread where the size and every address allow, fewer where not."""
+    import cupy
+    from gpuengine.layers.merge import add_into
+    from gpuengine.runtime.backend import Backend, bfloat16_dtype
+    from gpuengine.runtime.kernels import vector_width
+    dtype = np.dtype(np.float32) if precision == "fp32" else bfloat16_dtype()
+    a, b = (normal(seed, (size + offset,), precision) for seed in (1, 2))
+    ga, gb = (cupy.asarray(v.astype(dtype))[offset:] for v in (a, b))
+    out = cupy.zeros_like(ga)
+    widest = 16 // dtype.itemsize
+    assert vector_width(size, ga, gb, out, widest=widest) == {
+        (4096, 0): widest, (4098, 0): 2, (4099, 0): 1, (4096, 1): 1}[(size, offset)]
+    add_into(Backend("cuda"), ga, gb, out)
+    expected = (a[offset:] + b[offset:]).astype(dtype).astype(np.float64)   # one rounding, as the kernel's
+    assert (cupy.asnumpy(out).astype(np.float64) == expected).all()
+
+
 def smoke_batch(shape=resnet.SMOKE_SHAPE, batch: int = 32, seed: int = 7):
     rng = np.random.default_rng(seed)
     x = rng.random((batch,) + shape.image_shape)

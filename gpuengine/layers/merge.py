@@ -12,13 +12,20 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.backend import widen
-from ..runtime.kernels import ctype, get_kernel, launch_shape
+from ..runtime.kernels import ctype, get_kernel, launch_shape, vector_width
 from .base import BuildContext, Layer
 
 _SOURCE = r"""
-extern "C" __global__ void add2(const ELEM_T* a, const ELEM_T* b, ELEM_T* out, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        store_f(out, i, load_f(a, i) + load_f(b, i));
+// VEC values a thread, one vector load of each addend and one store.
+extern "C" __global__ void add2(const ELEM_T* a, const ELEM_T* b, ELEM_T* out, long long packs) {
+    for (long long n = blockIdx.x * (long long)blockDim.x + threadIdx.x; n < packs;
+         n += (long long)gridDim.x * blockDim.x) {
+        const Pack<ELEM_T, VEC> x = load_pack<ELEM_T, VEC>(a, n * VEC), y = load_pack<ELEM_T, VEC>(b, n * VEC);
+        Pack<ELEM_T, VEC> s;
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) store_f(s.v, k, load_f(x.v, k) + load_f(y.v, k));
+        store_pack(out, n * VEC, s);
+    }
 }
 """
 
@@ -28,8 +35,10 @@ def add_into(backend, a, b, out):
     if not backend.is_gpu:
         out[...] = (widen(a) + widen(b)).astype(out.dtype)
         return
-    grid, block = launch_shape(out.size)
-    get_kernel(_SOURCE, "add2", ELEM_T=ctype(out.dtype))(grid, block, (a, b, out, np.int64(out.size)))
+    width = vector_width(out.size, a, b, out, widest=16 // out.itemsize)
+    packs = out.size // width
+    grid, block = launch_shape(packs)
+    get_kernel(_SOURCE, "add2", ELEM_T=ctype(out.dtype), VEC=width)(grid, block, (a, b, out, np.int64(packs)))
 
 
 class Add(Layer):
