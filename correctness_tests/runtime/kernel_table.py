@@ -70,7 +70,6 @@ def compute_dtypes() -> dict[str, np.dtype]:
 _ELEMENT_KERNELS = [
     (layernorm, ("layernorm_fwd", "layernorm_bwd", "layernorm_param_grads")),
     (positional, ("add_table",)),
-    (merge, ("add2",)),
     (fused_head, ("head_rows", "head_columns", "head_reduce")),
     (dropout, ("dropout_mask", "dropout_advance")),
     (cross_entropy, ("softmax_xent", "softmax_xent_wide")),
@@ -88,6 +87,8 @@ def _shape_free_cases():
         for kind, text in activations.SOURCES.items():
             for kernel in ("forward", "backward"):
                 yield _case(activations, kernel, f"{kind}, {where}", "SOURCES[kind]", text, ELEM_T=elem)
+        for width in (w for w in (1, 2, 4, 8) if w * dtype.itemsize <= 16):   # up to 16 bytes a thread
+            yield _case(merge, "add2", f"{where}, {width} a thread", ELEM_T=elem, VEC=width)
         # ColumnSum reads the compute dtype and sums in float, in one launch.
         yield _case(reductions, "column_sum", where, ELEM_T=elem)
         policy = policy_for(precision)
@@ -97,7 +98,9 @@ def _shape_free_cases():
                         HAS_COPY=int(policy.needs_compute_copy), VECTOR=vector)
     # Attention casts fp32 activations to the bf16 fused engines and back.
     for src, dst in (("float", "bf16_t"), ("bf16_t", "float")):
-        yield _case(cudnn_attention, "cast", "attention cast", "_CAST_SOURCE", SRC_T=src, DST_T=dst)
+        for width in (1, 2, 4):
+            yield _case(cudnn_attention, "cast", f"attention cast, {width} a thread", "_CAST_SOURCE", SRC_T=src,
+                        DST_T=dst, VEC=width)
     for kernel in ("finish_step", "book_loss"):
         yield _case(step_state, kernel, "step counter")
     yield _case(injected_delay, "spin", "injected delay")

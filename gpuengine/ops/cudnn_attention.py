@@ -17,16 +17,23 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.backend import bfloat16_dtype
-from ..runtime.kernels import ctype, get_kernel, launch_shape
+from ..runtime.kernels import ctype, get_kernel, launch_shape, vector_width
 from .attention import Heads, attention_scale
 from .cudnn import BoundGraph, TensorSpec, _cudnn, runtime_for
 
 GRAPH_PRECISION = "bf16"   # the fused engines' I/O dtype: the key of both graphs, in every precision mode
 
 _CAST_SOURCE = r"""
-extern "C" __global__ void cast(const SRC_T* src, DST_T* dst, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        store_f(dst, i, load_f(src, i));
+// VEC values a thread: one vector load, one vector store.
+extern "C" __global__ void cast(const SRC_T* src, DST_T* dst, long long packs) {
+    for (long long n = blockIdx.x * (long long)blockDim.x + threadIdx.x; n < packs;
+         n += (long long)gridDim.x * blockDim.x) {
+        const Pack<SRC_T, VEC> a = load_pack<SRC_T, VEC>(src, n * VEC);
+        Pack<DST_T, VEC> b;
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) store_f(b.v, k, load_f(a.v, k));
+        store_pack(dst, n * VEC, b);
+    }
 }
 """
 
@@ -38,11 +45,13 @@ class Cast:
         if src.shape != dst.shape:
             raise ValueError(f"cast of {src.shape} into {dst.shape}")
         self.src, self.dst = src, dst
-        self._kernel = get_kernel(_CAST_SOURCE, "cast", SRC_T=ctype(src.dtype), DST_T=ctype(dst.dtype))
-        self._grid, self._block = launch_shape(src.size)
+        width = vector_width(src.size, src, dst)
+        self._kernel = get_kernel(_CAST_SOURCE, "cast", SRC_T=ctype(src.dtype), DST_T=ctype(dst.dtype), VEC=width)
+        self._packs = np.int64(src.size // width)
+        self._grid, self._block = launch_shape(src.size // width)
 
     def run(self):
-        self._kernel(self._grid, self._block, (self.src, self.dst, np.int64(self.src.size)))
+        self._kernel(self._grid, self._block, (self.src, self.dst, self._packs))
 
 
 def _spec(heads: Heads) -> TensorSpec:
