@@ -117,14 +117,15 @@ def test_gradient_sum_at_every_vector_width(size, offset, precision):
     from gpuengine.runtime.backend import Backend, bfloat16_dtype
     from gpuengine.runtime.kernels import vector_width
     dtype = np.dtype(np.float32) if precision == "fp32" else bfloat16_dtype()
-    a, b = (normal(seed, (size + offset,), precision) for seed in (1, 2))
-    ga, gb = (cupy.asarray(v.astype(dtype))[offset:] for v in (a, b))
+    a, b = (normal(seed, (size + offset,), precision).astype(dtype) for seed in (1, 2))
+    ga, gb = (cupy.asarray(v)[offset:] for v in (a, b))
     out = cupy.zeros_like(ga)
     widest = 16 // dtype.itemsize
     assert vector_width(size, ga, gb, out, widest=widest) == {
         (4096, 0): widest, (4098, 0): 2, (4099, 0): 1, (4096, 1): 1}[(size, offset)]
     add_into(Backend("cuda"), ga, gb, out)
-    expected = (a[offset:] + b[offset:]).astype(dtype).astype(np.float64)   # one rounding, as the kernel's
+    exact = a[offset:].astype(np.float64) + b[offset:].astype(np.float64)
+    expected = exact.astype(dtype).astype(np.float64)   # one rounding of the exact sum, as the kernel's
     assert (cupy.asnumpy(out).astype(np.float64) == expected).all()
 
 
