@@ -36,11 +36,12 @@ def test_dense_matches_numpy(precision, units):
     assert_close(gpu, cpu, TOLERANCE[precision])
 
 
+@pytest.mark.parametrize("shape", [(40, 70), (3, 6), (7, 9)], ids=["16-bytes", "pairs", "odd"])   # values a thread
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("make", [Tanh, ReLU])
-def test_activation_matches_numpy(precision, make):
+def test_activation_matches_numpy(precision, make, shape):
     rng = np.random.default_rng(1)
-    x, dy = rng.standard_normal((40, 70)), rng.standard_normal((40, 70))
+    x, dy = rng.standard_normal(shape), rng.standard_normal(shape)
     cpu = run_layer(make("act"), x, dy, precision="fp32")
     gpu = run_layer(make("act"), x, dy, device="cuda", precision=precision)
     assert_close(gpu, cpu, TOLERANCE[precision])

@@ -84,10 +84,11 @@ def _shape_free_cases():
         for module, kernels in _ELEMENT_KERNELS:
             for kernel in kernels:
                 yield _case(module, kernel, where, ELEM_T=elem)
-        for kind, text in activations.SOURCES.items():
-            for kernel in ("forward", "backward"):
-                yield _case(activations, kernel, f"{kind}, {where}", "SOURCES[kind]", text, ELEM_T=elem)
         for width in (w for w in (1, 2, 4, 8) if w * dtype.itemsize <= 16):   # up to 16 bytes a thread
+            for kind, text in activations.SOURCES.items():
+                for kernel in ("forward", "backward"):
+                    yield _case(activations, kernel, f"{kind}, {where}, {width} a thread", "SOURCES[kind]", text,
+                                ELEM_T=elem, VEC=width)
             yield _case(merge, "add2", f"{where}, {width} a thread", ELEM_T=elem, VEC=width)
         # ColumnSum reads the compute dtype and sums in float, in one launch.
         yield _case(reductions, "column_sum", where, ELEM_T=elem)
