@@ -68,7 +68,6 @@ def compute_dtypes() -> dict[str, np.dtype]:
 
 # Kernels whose only define is ELEM_T, the compute dtype: (module, kernel names).
 _ELEMENT_KERNELS = [
-    (layernorm, ("layernorm_fwd", "layernorm_bwd", "layernorm_param_grads")),
     (positional, ("add_table",)),
     (fused_head, ("head_rows", "head_columns", "head_reduce")),
     (dropout, ("dropout_mask", "dropout_advance")),
@@ -90,6 +89,9 @@ def _shape_free_cases():
                     yield _case(activations, kernel, f"{kind}, {where}, {width} a thread", "SOURCES[kind]", text,
                                 ELEM_T=elem, VEC=width)
             yield _case(merge, "add2", f"{where}, {width} a thread", ELEM_T=elem, VEC=width)
+            if width <= 4:   # LayerNorm's lanes take up to 4 features
+                for kernel in ("layernorm_fwd", "layernorm_bwd", "layernorm_param_grads"):
+                    yield _case(layernorm, kernel, f"{where}, {width} a lane", ELEM_T=elem, VEC=width)
         # ColumnSum reads the compute dtype and sums in float, in one launch.
         yield _case(reductions, "column_sum", where, ELEM_T=elem)
         policy = policy_for(precision)

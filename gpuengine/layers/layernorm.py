@@ -3,9 +3,9 @@
 y = (x - mean) * rstd * gamma + beta per row of d features, rstd = 1/sqrt(var + eps)
 (biased variance, as torch). Backward, with xhat = (x - mean) * rstd and g = dy * gamma:
 dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dgamma = sum over rows of dy * xhat,
-dbeta = sum of dy. On a GPU one warp owns a row in the forward and in dx (mean
-and rstd saved for backward; where no input gradient is wanted, that kernel is not
-launched). dgamma and dbeta are column sums in reductions.py's one-launch deterministic
+dbeta = sum of dy. On a GPU one warp owns a row in the forward and in dx, each lane
+moving up to 4 features in one access (mean and rstd saved for backward; where no
+input gradient is wanted, that kernel is not launched). dgamma and dbeta are column sums in reductions.py's one-launch deterministic
 scheme (fixed order, no float atomics): one kernel recomputes xhat from x and sums dy * xhat
 and dy side by side, so dy * xhat never goes to memory, and its last block per column tile
 adds the row chunks into both gradients. On the NumPy backend all of it is array arithmetic.
@@ -17,44 +17,74 @@ import numpy as np
 from .. import checks
 from ..ops.reductions import COLUMN_TILE_SOURCE, plan_chunks
 from ..runtime.backend import widen
-from ..runtime.kernels import ctype, get_kernel
+from ..runtime.kernels import ctype, get_kernel, vector_width
 from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
 
 _SOURCE = COLUMN_TILE_SOURCE + r"""
+// A lane takes VEC neighbouring features at a time (dim % VEC == 0), one vector load or store each.
 extern "C" __global__ void layernorm_fwd(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* beta, ELEM_T* y,
                                          float* mean, float* rstd, int rows, int dim, float eps) {
+    typedef Pack<ELEM_T, VEC> P;
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
     const long long base = row * dim;
     float s = 0.f;
-    for (int c = lane; c < dim; c += 32) s += load_f(x, base + c);
+    for (int c = lane * VEC; c < dim; c += 32 * VEC) {
+        const P a = load_pack<ELEM_T, VEC>(x, base + c);
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) s += load_f(a.v, k);
+    }
     const float m = warp_sum(s) / dim;
     float q = 0.f;
-    for (int c = lane; c < dim; c += 32) { const float d = load_f(x, base + c) - m; q += d * d; }
+    for (int c = lane * VEC; c < dim; c += 32 * VEC) {
+        const P a = load_pack<ELEM_T, VEC>(x, base + c);
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) { const float d = load_f(a.v, k) - m; q += d * d; }
+    }
     const float r = rsqrtf(warp_sum(q) / dim + eps);
-    for (int c = lane; c < dim; c += 32)
-        store_f(y, base + c, (load_f(x, base + c) - m) * r * load_f(gamma, c) + load_f(beta, c));
+    for (int c = lane * VEC; c < dim; c += 32 * VEC) {
+        const P a = load_pack<ELEM_T, VEC>(x, base + c), g = load_pack<ELEM_T, VEC>(gamma, c),
+                b = load_pack<ELEM_T, VEC>(beta, c);
+        P out;
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k)
+            store_f(out.v, k, (load_f(a.v, k) - m) * r * load_f(g.v, k) + load_f(b.v, k));
+        store_pack(y, base + c, out);
+    }
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
 }
 extern "C" __global__ void layernorm_bwd(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* dy, const float* mean,
                                          const float* rstd, ELEM_T* dx, int rows, int dim) {
+    typedef Pack<ELEM_T, VEC> P;
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
     const long long base = row * dim;
     const float m = mean[row], r = rstd[row];
     float sg = 0.f, sgx = 0.f;
-    for (int c = lane; c < dim; c += 32) {
-        const float xhat = (load_f(x, base + c) - m) * r, d = load_f(dy, base + c), g = d * load_f(gamma, c);
-        sg += g;
-        sgx += g * xhat;
+    for (int c = lane * VEC; c < dim; c += 32 * VEC) {
+        const P a = load_pack<ELEM_T, VEC>(x, base + c), d = load_pack<ELEM_T, VEC>(dy, base + c),
+                w = load_pack<ELEM_T, VEC>(gamma, c);
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            const float xhat = (load_f(a.v, k) - m) * r, g = load_f(d.v, k) * load_f(w.v, k);
+            sg += g;
+            sgx += g * xhat;
+        }
     }
     const float mg = warp_sum(sg) / dim, mgx = warp_sum(sgx) / dim;
-    for (int c = lane; c < dim; c += 32) {
-        const float xhat = (load_f(x, base + c) - m) * r;
-        store_f(dx, base + c, r * (load_f(dy, base + c) * load_f(gamma, c) - mg - xhat * mgx));
+    for (int c = lane * VEC; c < dim; c += 32 * VEC) {
+        const P a = load_pack<ELEM_T, VEC>(x, base + c), d = load_pack<ELEM_T, VEC>(dy, base + c),
+                w = load_pack<ELEM_T, VEC>(gamma, c);
+        P out;
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            const float xhat = (load_f(a.v, k) - m) * r;
+            store_f(out.v, k, r * (load_f(d.v, k) * load_f(w.v, k) - mg - xhat * mgx));
+        }
+        store_pack(dx, base + c, out);
     }
 }
 // dgamma (sums of dy * xhat) and dbeta (sums of dy), per reductions.py's finish_column_sums<2>.
@@ -106,7 +136,8 @@ class LayerNorm(Layer):
         self.rstd = ctx.allocator.zeros((self.rows,), np.float32, "activations")
         self._blocks = (-(-self.rows // _ROWS_PER_BLOCK),)
         if ctx.backend.is_gpu:
-            self._fwd = get_kernel(_SOURCE, "layernorm_fwd", ELEM_T=ctype(x.dtype))
+            width = vector_width(self.dim, self.x, self.gamma, self.beta, self.out)
+            self._fwd = get_kernel(_SOURCE, "layernorm_fwd", ELEM_T=ctype(x.dtype), VEC=width)
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
@@ -115,11 +146,13 @@ class LayerNorm(Layer):
         self.dgamma = ctx.params.grad_view(f"{self.name}.weight")
         self.dbeta = ctx.params.grad_view(f"{self.name}.bias")
         if ctx.backend.is_gpu:
-            self._bwd = get_kernel(_SOURCE, "layernorm_bwd", ELEM_T=ctype(dy.dtype))
+            arrays = (self.x, self.gamma, self.dy) + ((self.dx,) if self.dx is not None else ())
+            defines = dict(ELEM_T=ctype(dy.dtype), VEC=vector_width(self.dim, *arrays))   # one module for both
+            self._bwd = get_kernel(_SOURCE, "layernorm_bwd", **defines)
             self.plan = plan_chunks(ctx.backend, self.rows, self.dim)
             # dy * xhat partials in columns [0, dim) of each chunk's row, dy partials in [dim, 2 dim).
             self.partials, self.counters = self.plan.workspace(ctx.allocator, self.dim, sums=2)
-            self._param_grads = get_kernel(_SOURCE, "layernorm_param_grads", ELEM_T=ctype(dy.dtype))
+            self._param_grads = get_kernel(_SOURCE, "layernorm_param_grads", **defines)
         return self.dx
 
     def forward(self):
