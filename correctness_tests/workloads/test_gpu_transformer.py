@@ -96,7 +96,7 @@ def layernorm_float64(x, dy, gamma, beta, epsilon):
 # (batch, length, dim): 999 rows end in a partial row chunk, and 300 columns in a partial tile of 32; 30 and 17
 # features give a lane pairs and single values to move.
 LAYERNORM_SHAPES = {"999x300": (27, 37, 300), "2048x512": (16, 128, 512), "363x30": (11, 33, 30),
-                    "33x17": (3, 11, 17)}
+                    "999x17": (27, 37, 17)}
 
 
 @pytest.mark.parametrize("needs_input_grad", [True, False], ids=["dx", "first-layer"])
