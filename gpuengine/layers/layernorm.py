@@ -5,10 +5,11 @@ y = (x - mean) * rstd * gamma + beta per row of d features, rstd = 1/sqrt(var + 
 dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dgamma = sum over rows of dy * xhat,
 dbeta = sum of dy. On a GPU one warp owns a row in the forward and in dx, each lane
 moving up to 4 features in one access (mean and rstd saved for backward; where no
-input gradient is wanted, that kernel is not launched). dgamma and dbeta are column sums in reductions.py's one-launch deterministic
-scheme (fixed order, no float atomics): one kernel recomputes xhat from x and sums dy * xhat
-and dy side by side, so dy * xhat never goes to memory, and its last block per column tile
-adds the row chunks into both gradients. On the NumPy backend all of it is array arithmetic.
+input gradient is wanted, that kernel is not launched). dgamma and dbeta are column
+sums in reductions.py's one-launch deterministic scheme (fixed order, no float
+atomics): one kernel recomputes xhat from x and sums dy * xhat and dy side by side, so
+dy * xhat never goes to memory, and its last block per column tile adds the row chunks
+into both gradients. On the NumPy backend all of it is array arithmetic.
 """
 from __future__ import annotations
 
