@@ -104,13 +104,13 @@ __device__ __forceinline__ void finish_column_sums(const ColumnTile& t, int cols
 """
 _SOURCE = COLUMN_TILE_SOURCE + r"""
 extern "C" __global__ void column_sum(const ELEM_T* src, float* dst, float* partials, unsigned int* counters,
-                                      int rows, int cols, int ld, int rows_per_chunk, int tile_cols) {
+                                      int rows, int cols, int rows_per_chunk, int tile_cols) {
     extern __shared__ float lane_sums[];
     const ColumnTile t = column_tile(rows, rows_per_chunk, tile_cols);
     float s[1] = {0.f};
     if (t.col < cols) {
         #pragma unroll 8
-        for (long long r = t.first; r < t.stop; r += t.step) s[0] += load_f(src, r * ld + t.col);
+        for (long long r = t.first; r < t.stop; r += t.step) s[0] += load_f(src, r * cols + t.col);
     }
     float* const out[1] = {dst};
     finish_column_sums<1>(t, cols, tile_cols, s, lane_sums, partials, counters, out);
@@ -177,5 +177,5 @@ class ColumnSum:
             return
         plan = self.plan
         plan.launch(self._kernel, (self.src, self.dst, self.partials, self.counters, np.int32(self.rows),
-                                   np.int32(self.cols), np.int32(self.cols), np.int32(plan.rows_per_chunk),
+                                   np.int32(self.cols), np.int32(plan.rows_per_chunk),
                                    np.int32(plan.tile_cols)))
