@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import checks
 from ..runtime.backend import widen
-from ..runtime.kernels import ctype, get_kernel, launch_shape, vector_width
+from ..runtime.kernels import ctype, get_kernel, packed_launch
 from .base import BuildContext, Layer
 
 _SOURCE = r"""
@@ -66,10 +66,8 @@ def activation_forward(backend, kind: str, x, out):
     if not backend.is_gpu:
         out[...] = _ACTIVATIONS[kind][2](widen(x)).astype(out.dtype)
         return
-    width = vector_width(x.size, x, out, widest=16 // x.itemsize)
-    grid, block = launch_shape(x.size // width)
-    get_kernel(SOURCES[kind], "forward", ELEM_T=ctype(x.dtype), VEC=width)(grid, block,
-                                                                          (x, out, np.int64(x.size // width)))
+    width, grid, block, packs = packed_launch(x.size, x, out, widest=16 // x.itemsize)
+    get_kernel(SOURCES[kind], "forward", ELEM_T=ctype(x.dtype), VEC=width)(grid, block, (x, out, packs))
 
 
 def activation_backward(backend, kind: str, y, dy, dx):
@@ -77,10 +75,8 @@ def activation_backward(backend, kind: str, y, dy, dx):
     if not backend.is_gpu:
         dx[...] = _ACTIVATIONS[kind][3](widen(y), widen(dy)).astype(dx.dtype)
         return
-    width = vector_width(y.size, y, dy, dx, widest=16 // y.itemsize)
-    grid, block = launch_shape(y.size // width)
-    get_kernel(SOURCES[kind], "backward", ELEM_T=ctype(y.dtype), VEC=width)(grid, block,
-                                                                           (y, dy, dx, np.int64(y.size // width)))
+    width, grid, block, packs = packed_launch(y.size, y, dy, dx, widest=16 // y.itemsize)
+    get_kernel(SOURCES[kind], "backward", ELEM_T=ctype(y.dtype), VEC=width)(grid, block, (y, dy, dx, packs))
 
 
 class Activation(Layer):

@@ -9,10 +9,9 @@ float32, stored in the compute dtype).
 """
 from __future__ import annotations
 
-import numpy as np
 
 from ..runtime.backend import widen
-from ..runtime.kernels import ctype, get_kernel, launch_shape, vector_width
+from ..runtime.kernels import ctype, get_kernel, packed_launch
 from .base import BuildContext, Layer
 
 _SOURCE = r"""
@@ -35,10 +34,8 @@ def add_into(backend, a, b, out):
     if not backend.is_gpu:
         out[...] = (widen(a) + widen(b)).astype(out.dtype)
         return
-    width = vector_width(out.size, a, b, out, widest=16 // out.itemsize)
-    packs = out.size // width
-    grid, block = launch_shape(packs)
-    get_kernel(_SOURCE, "add2", ELEM_T=ctype(out.dtype), VEC=width)(grid, block, (a, b, out, np.int64(packs)))
+    width, grid, block, packs = packed_launch(out.size, a, b, out, widest=16 // out.itemsize)
+    get_kernel(_SOURCE, "add2", ELEM_T=ctype(out.dtype), VEC=width)(grid, block, (a, b, out, packs))
 
 
 class Add(Layer):

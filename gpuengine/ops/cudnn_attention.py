@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.backend import bfloat16_dtype
-from ..runtime.kernels import ctype, get_kernel, launch_shape, vector_width
+from ..runtime.kernels import ctype, get_kernel, packed_launch
 from .attention import Heads, attention_scale
-from .cudnn import BoundGraph, TensorSpec, _cudnn, runtime_for
+from .cudnn import BoundGraph, TensorSpec, runtime_for
 
 GRAPH_PRECISION = "bf16"   # the fused engines' I/O dtype: the key of both graphs, in every precision mode
 
@@ -45,10 +45,8 @@ class Cast:
         if src.shape != dst.shape:
             raise ValueError(f"cast of {src.shape} into {dst.shape}")
         self.src, self.dst = src, dst
-        width = vector_width(src.size, src, dst)
+        width, self._grid, self._block, self._packs = packed_launch(src.size, src, dst)
         self._kernel = get_kernel(_CAST_SOURCE, "cast", SRC_T=ctype(src.dtype), DST_T=ctype(dst.dtype), VEC=width)
-        self._packs = np.int64(src.size // width)
-        self._grid, self._block = launch_shape(src.size // width)
 
     def run(self):
         self._kernel(self._grid, self._block, (self.src, self.dst, self._packs))

@@ -117,6 +117,14 @@ def vector_width(count: int, *arrays, widest: int = 4) -> int:
     return width
 
 
+def packed_launch(count: int, *arrays, widest: int = 4) -> tuple[int, tuple, tuple, np.int64]:
+    """(width, grid, block, packs) of a grid-stride loop over `count` values moved `width` a thread (vector_width
+    of the arrays): the kernel compiles with VEC=width and takes `packs` as its count."""
+    width = vector_width(count, *arrays, widest=widest)
+    grid, block = launch_shape(count // width)
+    return width, grid, block, np.int64(count // width)
+
+
 @functools.lru_cache(maxsize=None)
 def multiprocessor_count() -> int:
     import cupy
