@@ -39,6 +39,7 @@ class KernelCase:
     source_expr: str     # the call's source argument as written there, e.g. "_SOURCE" or "SOURCES[kind]"
     kernel: str
     defines: tuple       # kernels.define_items of the call's defines
+    variant: str         # which of a call site's sources (SOURCES[kind]: the kind), "" where it has one
     where: str = field(compare=False)
     source: str = field(compare=False, repr=False)
 
@@ -49,13 +50,14 @@ class KernelCase:
     @property
     def id(self) -> str:
         described = ",".join(f"{k}={v}" for k, v in self.defines)
-        return f"{self.module.removeprefix('gpuengine.')}:{self.kernel}[{described}]"
+        variant = f"{self.variant}:" if self.variant else ""
+        return f"{self.module.removeprefix('gpuengine.')}:{variant}{self.kernel}[{described}]"
 
 
 def _case(module, kernel: str, where: str, source_expr: str = "_SOURCE", source: str | None = None,
-          **defines) -> KernelCase:
+          variant: str = "", **defines) -> KernelCase:
     text = getattr(module, source_expr) if source is None else source
-    return KernelCase(module.__name__, source_expr, kernel, define_items(defines), where, text)
+    return KernelCase(module.__name__, source_expr, kernel, define_items(defines), variant, where, text)
 
 
 def compute_dtypes() -> dict[str, np.dtype]:
@@ -87,7 +89,7 @@ def _shape_free_cases():
             for kind, text in activations.SOURCES.items():
                 for kernel in ("forward", "backward"):
                     yield _case(activations, kernel, f"{kind}, {where}, {width} a thread", "SOURCES[kind]", text,
-                                ELEM_T=elem, VEC=width)
+                                kind, ELEM_T=elem, VEC=width)
             yield _case(merge, "add2", f"{where}, {width} a thread", ELEM_T=elem, VEC=width)
             if width <= 4:   # LayerNorm's lanes take up to 4 features
                 for kernel in ("layernorm_fwd", "layernorm_bwd", "layernorm_param_grads"):
