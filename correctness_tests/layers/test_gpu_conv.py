@@ -3,7 +3,7 @@
 The NumPy CNN ops are checked against finite differences and PyTorch on the
 CPU (test_conv_gradients.py, test_cnn_torch_parity.py); these tests carry that
 trust to the cuDNN graphs (conv forward with fused bias/ReLU, data and weight
-gradients), the ColumnSum bias gradient, the pooling and softmax cross-entropy
+gradients), the ColumnSum bias gradient and its fusion with ReLU's gradient, the pooling and softmax cross-entropy
 kernels, and to captured training steps. bf16 cases feed both sides
 bf16-representable inputs, so a max pool sees the same ties on both.
 """
@@ -191,6 +191,52 @@ def test_column_sum_is_deterministic_and_resets_its_tickets(rows, cols, rows_per
     assert rel_err(results[0], dy.astype(np.float64).sum(axis=0)) < 1e-5, op.plan
     for again in results[1:]:
         np.testing.assert_array_equal(again, results[0])
+
+
+# (rows, cols): a VGG-like conv gradient, the CNN's 16 channels, partial tiles, one chunk.
+BACKWARD_SUM_CASES = [(16 * 56 * 56, 64), (100352, 16), (999, 300), (5, 3)]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("kind", ["relu", "relu6", "tanh"])
+@pytest.mark.parametrize("rows,cols", BACKWARD_SUM_CASES)
+def test_backward_column_sum_writes_the_activation_gradient_and_sums_it(rows, cols, kind, precision):
+    """dz bit-identical to activation_backward's; the bias gradient within fp32 rounding of the float64 sum of dz as
+    stored; an eager run and two replays of a captured one bit-identical, the tile counters back at zero."""
+    from gpuengine.layers.activations import BackwardColumnSum, activation_backward
+    from gpuengine.runtime.capture import GraphCapturedStep
+    backend = Backend("cuda")
+    allocator = Allocator(backend)
+    dtype = np.float32 if precision == "fp32" else bfloat16_dtype()
+    y, dy, dz, expected_dz = (allocator.zeros((rows, cols), dtype, "activations") for _ in range(4))
+    db = allocator.zeros((cols,), np.float32, "gradients")
+    bound = 1 if kind == "tanh" else 8   # tanh's outputs lie in (-1, 1); ReLU6's reach past both clip points
+    backend.upload(y, normal(21, (rows, cols), precision, scale=4.0).clip(-bound, bound))
+    backend.upload(dy, normal(22, (rows, cols), precision))
+    op = BackwardColumnSum(backend, allocator, kind, y, dy, dz, db)
+    with backend.activate():
+        activation_backward(backend, kind, y, dy, expected_dz)
+
+    def run_once(run):
+        backend.upload(dz, np.full((rows, cols), np.nan))   # each run must write every value and column
+        with backend.activate():
+            db.fill(np.nan)
+        run()
+        backend.synchronize()
+        assert not backend.to_host(op.counters).any(), "a tile counter was left non-zero"
+        return backend.to_host(dz), backend.to_host(db)
+
+    with backend.activate():
+        results = [run_once(op.run)]
+    graph = GraphCapturedStep(backend, op.run, 1, {"y": y, "dy": dy})
+    graph.capture()
+    results += [run_once(graph.launch), run_once(graph.launch)]
+    stored = backend.to_host(expected_dz)
+    np.testing.assert_array_equal(results[0][0], stored)
+    assert rel_err(results[0][1], stored.astype(np.float64).sum(axis=0)) < 1e-5, op.plan
+    for again_dz, again_db in results[1:]:
+        np.testing.assert_array_equal(again_dz, stored)
+        np.testing.assert_array_equal(again_db, results[0][1])
 
 
 def test_a_cudnn_graph_first_met_in_capture_is_an_error_not_an_untimed_plan():

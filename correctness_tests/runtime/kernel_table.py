@@ -94,8 +94,11 @@ def _shape_free_cases():
             if width <= 4:   # LayerNorm's lanes take up to 4 features
                 for kernel in ("layernorm_fwd", "layernorm_bwd", "layernorm_param_grads"):
                     yield _case(layernorm, kernel, f"{where}, {width} a lane", ELEM_T=elem, VEC=width)
-        # ColumnSum reads the compute dtype and sums in float, in one launch.
+        # ColumnSum reads the compute dtype and sums in float, in one launch; fused with an activation's gradient too.
         yield _case(reductions, "column_sum", where, ELEM_T=elem)
+        for kind, text in activations.SUM_SOURCES.items():
+            yield _case(activations, "backward_column_sum", f"{kind}, {where}", "SUM_SOURCES[kind]", text, kind,
+                        ELEM_T=elem)
         policy = policy_for(precision)
         copy = policy.compute_dtype if policy.needs_compute_copy else np.float32   # as Adam chooses its copy
         for vector in (1, 0):   # 16-byte aligned buffers, and the scalar loop alone

@@ -16,9 +16,10 @@ norm such as VGG), zero bias.
 
 Forward is one cuDNN graph: conv, + bias, + ReLU when the layer asks for the
 activation (seed note 001: conv + bias + ReLU fused into a single forward
-graph). Backward: ReLU's gradient from the saved output (one kernel), the bias
-gradient as a ColumnSum over the (N*H*W, C) gradient (deterministic; cuDNN
-9.19's reduction graph has no fp32 engine), the weight-gradient graph, and the
+graph). Backward: ReLU's gradient from the saved output and the bias gradient
+as its column sum over (N*H*W, C) in one pass (activations.BackwardColumnSum;
+a ColumnSum alone without the ReLU; deterministic: cuDNN 9.19's reduction
+graph has no fp32 engine), the weight-gradient graph, and the
 data-gradient graph only where the layer below needs it; the bias and weight
 gradients are `backward_params()`, run after it. Under bf16 the weight
 gradient lands in a bf16 scratch that is widened into the fp32 master
@@ -41,7 +42,7 @@ from ..ops.cudnn import CudnnUnsupported, conv_data_grad, conv_forward, conv_wei
 from ..ops.reductions import ColumnSum
 from ..runtime.backend import widen
 from ..runtime.params import ParamSpec
-from .activations import activation_backward, activation_forward
+from .activations import BackwardColumnSum, activation_backward, activation_forward
 from .base import BuildContext, Layer
 from .geometry import add_windows, pad, resolve_window, windows
 
@@ -144,7 +145,7 @@ class Conv2D(Layer):
         self.grad_w = ctx.params.grad_view(f"{self.name}.weight")
         grad_b = ctx.params.grad_view(f"{self.name}.bias") if self.use_bias else None
         self.dx = ctx.allocator.zeros(self.x.shape, self.x.dtype, "activations") if needs_input_grad else None
-        self._direct = self._grad_b = self._grad_w = self._grad_x = None
+        self._direct = self._grad_b = self._grad_w = self._grad_x = self._grad_z = None
         direct = self._direct_wgrad_fits(self.window, self.x.shape[3])
         if ctx.backend.is_gpu and not needs_input_grad and direct:
             self._direct = direct_wgrad.DirectWeightGrad(ctx, self.window, self.x, self.out, dy, self.grad_w, grad_b,
@@ -152,7 +153,10 @@ class Conv2D(Layer):
             return None
         # The gradient at the convolution's output, before the fused activation.
         self.dz = ctx.allocator.zeros(dy.shape, dy.dtype, "activations") if self.activation else dy
-        if self.use_bias:
+        if self.activation and self.use_bias:
+            self._grad_z = BackwardColumnSum(ctx.backend, ctx.allocator, self.activation, self.out, dy, self.dz,
+                                             grad_b)
+        elif self.use_bias:
             self._grad_b = ColumnSum(ctx.backend, ctx.allocator, self.dz.reshape(-1, self.filters), grad_b)
         if ctx.backend.is_gpu:
             runtime, precision, dw = runtime_for(ctx.backend), ctx.policy.name, self._depthwise
@@ -192,7 +196,9 @@ class Conv2D(Layer):
         """The activation's gradient and the data gradient: the chain the layers below wait for."""
         if self._direct is not None:
             return
-        if self.activation:
+        if self._grad_z is not None:
+            self._grad_z.run()   # the bias gradient too
+        elif self.activation:
             activation_backward(self.backend, self.activation, self.out, self.dy, self.dz)
         if self.dx is None:
             return
@@ -207,7 +213,7 @@ class Conv2D(Layer):
         self.dx[...] = add_windows(grad_cols, self.window).astype(self.dx.dtype)
 
     def backward_params(self):
-        """Bias and weight gradients from the saved input and dz."""
+        """The weight gradient from the saved input and dz; the bias gradient unless backward() took it."""
         if self._direct is not None:
             self._direct.run()
             return

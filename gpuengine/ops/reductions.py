@@ -143,13 +143,14 @@ class ChunkPlan:
         kernel((self.tiles, self.chunks), (self.threads,), args, shared_mem=4 * sums * self.threads)
 
 
-def plan_chunks(backend, rows: int, cols: int, rows_per_chunk: int | None = None) -> ChunkPlan:
-    """Tiles of up to 32 columns; enough row chunks for about _BLOCKS_PER_SM blocks on every SM."""
+def plan_chunks(backend, rows: int, cols: int, rows_per_chunk: int | None = None,
+                blocks_per_sm: int = _BLOCKS_PER_SM) -> ChunkPlan:
+    """Tiles of up to 32 columns; enough row chunks for about `blocks_per_sm` blocks on every SM."""
     tile_cols = min(cols, _TILE_COLS)
     threads = tile_cols * (_THREADS // tile_cols)   # narrow tiles: several rows per warp
     tiles = -(-cols // tile_cols)
     if rows_per_chunk is None:
-        target_chunks = max(1, _BLOCKS_PER_SM * (multiprocessor_count() if backend.is_gpu else 1) // tiles)
+        target_chunks = max(1, blocks_per_sm * (multiprocessor_count() if backend.is_gpu else 1) // tiles)
         row_lanes = threads // tile_cols
         rows_per_chunk = max(row_lanes * _MIN_ROWS_PER_LANE, -(-rows // target_chunks))
     chunks = max(1, -(-rows // rows_per_chunk))
