@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuengine.config import EngineConfig
+from gpuengine.ops import autotune
 from gpuengine.trainer import Trainer
 
 # fp32 kernels vs NumPy float32: rounding only. tf32/bf16: tensor-core rounding.
@@ -23,9 +24,20 @@ def assert_close(gpu: dict, cpu: dict, tol: float):
 
 
 def losses_by_graph_group(net, x, t, batch: int, precision: str, groups, epochs: int) -> dict:
-    """Epoch losses of the same training run, eager (0) and with each number of steps per graph launch."""
-    return {g: Trainer(net, x, t, batch, EngineConfig(precision=precision, cuda_graph=g)).train(epochs)
-            for g in groups}
+    """Epoch losses of the same training run, eager (0) and with each number of steps per graph launch. Every
+    trainer runs the kernels the first one chose: a timed choice (depthwise by cuDNN or direct kernels) that flips
+    between trainers would change the rounding, and bf16 MobileNetV2's losses moved 1% on one such flip."""
+    saved = autotune.PLAN_CHOICES
+    choices = autotune.use_plan_choices({})
+    losses = {}
+    try:
+        for g in groups:
+            losses[g] = Trainer(net, x, t, batch, EngineConfig(precision=precision, cuda_graph=g)).train(epochs)
+            chosen = {**choices.preset, **{key: way["plan"] for key, way in choices.tuned.items()}}
+            choices = autotune.use_plan_choices(chosen)
+    finally:
+        autotune.PLAN_CHOICES = saved
+    return losses
 
 
 def assert_steady_state_allocates_nothing(net, x, t, batch: int, configs):
