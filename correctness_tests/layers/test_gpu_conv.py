@@ -3,8 +3,9 @@
 The NumPy CNN ops are checked against finite differences and PyTorch on the
 CPU (test_conv_gradients.py, test_cnn_torch_parity.py); these tests carry that
 trust to the cuDNN graphs (conv forward with fused bias/ReLU, data and weight
-gradients), the ColumnSum bias gradient and its fusion with ReLU's gradient, the pooling and softmax cross-entropy
-kernels, and to captured training steps. bf16 cases feed both sides
+gradients), the ColumnSum bias gradient and its fusion with an activation's
+gradient, the pooling and softmax cross-entropy kernels, and to captured
+training steps. bf16 cases feed both sides
 bf16-representable inputs, so a max pool sees the same ties on both.
 """
 from __future__ import annotations

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import checks
-from ..runtime.backend import widen
 from ..ops.reductions import COLUMN_TILE_SOURCE, plan_chunks
+from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel, packed_launch
 from .base import BuildContext, Layer
 

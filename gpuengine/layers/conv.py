@@ -20,8 +20,8 @@ graph). Backward: ReLU's gradient from the saved output and the bias gradient
 as its column sum over (N*H*W, C) in one pass (activations.BackwardColumnSum;
 a ColumnSum alone without the ReLU; deterministic: cuDNN 9.19's reduction
 graph has no fp32 engine), the weight-gradient graph, and the
-data-gradient graph only where the layer below needs it; the bias and weight
-gradients are `backward_params()`, run after it. Under bf16 the weight
+data-gradient graph only where the layer below needs it; the weight gradient
+(and a bias gradient without ReLU) is `backward_params()`, run after it. Under bf16 the weight
 gradient lands in a bf16 scratch that is widened into the fp32 master
 gradient, as torch's autocast does: cuDNN's bf16-in/fp32-out wgrad engines
 exist but are runtime-compiled kernels that took 0.93 ms of ResNet-50's
