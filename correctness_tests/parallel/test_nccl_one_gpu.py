@@ -136,18 +136,23 @@ def test_all_reduce_captured_in_a_graph_replays_correctly(reducer):
     np.testing.assert_array_equal(backend.to_host(out), np.full(1 << 16, 2.8125, np.float32))
 
 
+@pytest.mark.parametrize("fuse", [True, False])
 @pytest.mark.parametrize("graph", [0, 4])
-def test_a_world_one_nccl_sync_trains_like_no_sync(graph):
+def test_a_world_one_nccl_sync_trains_like_no_sync(graph, fuse):
+    # 512 bytes splits this MLP's 25.9 KB of gradients in three (4096 left one: dense1's weight closes the bucket);
+    # unfused, the head's bucket starts after backward step 0 and overlaps the two steps still to run
     shape = MLPShape(inputs=64, hidden=96)
     x, t = mlp_data(2048, shape)
     config = EngineConfig(device="cuda", precision="fp32", cuda_graph=graph)
-    plain = Trainer(build_mlp(shape), x, t, 128, config)
+    plain = Trainer(build_mlp(shape), x, t, 128, config, fuse=fuse)
     expected = plain.train(3)
-    sync = data_parallel(config, bucket_bytes=4096, environ=world_one_env())
+    sync = data_parallel(config, bucket_bytes=512, environ=world_one_env())
     try:
-        synced = Trainer(build_mlp(shape), x, t, 128, config, sync=sync)
+        synced = Trainer(build_mlp(shape), x, t, 128, config, fuse=fuse, sync=sync)
         losses = synced.train(3)
+        starts = sorted({b.ready_after for b in sync.buckets})
         assert len(sync.buckets) > 1, "the small bucket cap must split the gradients"
+        assert fuse or len(starts) > 1, f"unfused, a bucket must start before backward ends (starts {starts})"
         assert losses == expected
         for name, value in plain.params.state_dict().items():
             np.testing.assert_array_equal(synced.params.state_dict()[name], value, err_msg=name)
