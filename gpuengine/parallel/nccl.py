@@ -1,6 +1,8 @@
 """The GPU all-reduce: NCCL through `cupy.cuda.nccl`, on a communication stream forked from the engine stream.
 
-NOT YET RUN ON A GPU (written on the CPU tier; its tests are marked gpu).
+Run on one H100 at world size 1 only (correctness_tests/parallel/test_nccl_one_gpu.py):
+never across GPUs, as no multi-GPU machine has been lent.
+
 Rank 0 draws the NCCL unique id and the rendezvous hands it to the others
 (NCCL's documented bootstrap, ncclGetUniqueId / ncclCommInitRank). Each bucket
 is enqueued as: event on the engine stream -> the communication stream waits
