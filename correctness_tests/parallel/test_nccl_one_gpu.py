@@ -140,7 +140,7 @@ def test_all_reduce_captured_in_a_graph_replays_correctly(reducer):
 @pytest.mark.parametrize("graph", [0, 4])
 def test_a_world_one_nccl_sync_trains_like_no_sync(graph, fuse):
     # 512 bytes splits this MLP's 25.9 KB of gradients in three (4096 left one: dense1's weight closes the bucket);
-    # unfused, the head's bucket starts after backward step 0 and overlaps the two steps still to run
+    # unfused, dense2's bucket starts after backward step 0 and overlaps the two steps still to run
     shape = MLPShape(inputs=64, hidden=96)
     x, t = mlp_data(2048, shape)
     config = EngineConfig(device="cuda", precision="fp32", cuda_graph=graph)
