@@ -203,3 +203,34 @@ def test_tables_and_headline_say_which_captured_reference_torch_graph_best_was(t
     (headline,) = [[cell.text for cell in row] for row in headline_table(tier, loaded.rules).rows]
     assert headline[3] == ("1.85× torch_graph_best: 1.58× (tf32-graph8-resident-bpe1, torch_compile_graph in 2 of 3 "
                            "rounds, the engine at 37% of peak), not met")
+
+
+def test_a_quick_tier_run_keeps_the_nightlys_strongest_comparison_in_view(tmp_path):
+    """A newer run that did not time torch_graph_best (the quick tier's CNN) shows first; the newest run that did
+    follows, so the speed-up over PyTorch at its strongest stays in the tables."""
+    from gpuengine.bench.report.sections import summary_table, timed_workloads, workload_table
+    nightly = gpu_run("2026-11-25T07:00:00+00:00", "n", {CNN_128: 3.0e6})
+    nightly["benchmarks"][0]["extra_info"]["ratios"]["torch_graph_best"] = {
+        "median": 1.7, "low": 1.68, "high": 1.72, "spread": 0.02, "per_round": [1.7, 1.68, 1.72],
+        "label": "torch_compile_graph in 3 of 3 rounds"}
+    store = tmp_path / "store"
+    write_run(store, "Linux-CPython-3.12-64bit/0001_n.json", nightly)
+    write_run(store, "Linux-CPython-3.12-64bit/0002_q.json", gpu_run("2026-11-27T07:00:00+00:00", "q", {CNN_128: 3.1e6}))
+    tier = load_store(store).tiers[0]
+
+    (summary,) = [r for r in cells(summary_table(tier), "CNN train, batch 128") if r["Precision"] == "tf32"]
+    assert summary["gpuengine"] == "3.10 M/s" and summary["vs torch_graph_best"] == "—"
+    assert summary["Run"].startswith("0002 qqqqqqq")
+    beside = summary["next"]
+    assert beside["Workload"] == "↳ newest beside torch_graph_best" and beside["Run"].startswith("0001 nnnnnnn")
+    assert beside["vs torch_graph_best"] == "1.70× (1.68–1.72), torch_compile_graph in 3 of 3 rounds"
+
+    table = workload_table("test_cnn_train", timed_workloads(tier)["test_cnn_train"], tier)
+    assert "vs torch_graph_best" in table.columns   # only the older run holds it
+    assert [r[0].text for r in table.rows] == ["tf32-graph8-resident-b128", "↳ newest beside torch_graph_best"]
+
+    write_run(store, "Linux-CPython-3.12-64bit/0003_r.json", nightly | {"datetime": "2026-11-28T07:00:00+00:00"})
+    tier = load_store(store).tiers[0]
+    (summary,) = [r for r in cells(summary_table(tier), "CNN train, batch 128") if r["Precision"] == "tf32"]
+    assert summary["vs torch_graph_best"].startswith("1.70×")
+    assert summary["next"].get("Workload") != "↳ newest beside torch_graph_best"   # the newest has it: one row

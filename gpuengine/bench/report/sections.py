@@ -6,9 +6,10 @@ Each reads what `gpuengine.bench.benchmarking.Comparison.extra_info` and the per
 measured in the same session, max_batch searches, energy) and the machine facts of
 `gpuengine.bench.machine_info`. Every table shows the newest measurement of each test, whichever run it
 came from: a run that failed the gate (kept under history/) is named as one in the table's Run column,
-and the rows of the baseline in force (the newest passing run of that test) follow its rows. The speed-up
-over torch_graph_best (the faster of torch_graph and torch_compile_graph in each round) says which of the
-two it was: "1.65× (1.50–2.00), torch_compile_graph in 3 of 4 rounds".
+and the rows of the baseline in force (the newest passing run of that test) follow its rows. In the
+speed tables, a case whose newest run did not time torch_graph_best is followed by the newest run that
+did. The speed-up over torch_graph_best (the faster of torch_graph and torch_compile_graph in each round)
+says which of the two it was: "1.65× (1.50–2.00), torch_compile_graph in 3 of 4 rounds".
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from ..profile.record import StoredProfile, family_rows
 from ..stronger_reference import STRONGER
 from ..thresholds import ThresholdRule, rule_for
 from .store import Benchmark, Run, Store, TierRuns
-from .tables import (BASELINE_ROW, NONE, NOT_MEASURED, Cell, Table, count, percent, rate, speedup,
-                     speedup_with_spread)
+from .tables import (BASELINE_ROW, NONE, NOT_MEASURED, STRONGEST_ROW, Cell, Table, count, percent, rate,
+                     speedup, speedup_with_spread)
 
 Record = tuple[Run, Benchmark]
 
@@ -78,19 +79,34 @@ def run_cell(run: Run, note: str = "") -> Cell:
 
 
 def add_measured(table: Table, tier: TierRuns, run: Run, bench: Benchmark,
-                 rows: Callable[[Run, Benchmark], list[list[Cell | str]]]) -> list[Run]:
+                 rows: Callable[[Run, Benchmark], list[list[Cell | str]]], strongest: bool = False) -> list[Run]:
     """The rows of one test's newest measurement with its run in the last column; when that run failed
     the gate, the rows of the baseline in force follow (their first cell says so), or the run cell says
-    there is none. Returns the runs shown, for the caption."""
+    there is none. With `strongest`, when neither was measured beside torch_graph_best, the rows of the
+    newest run that was follow too (a quick-tier run must not hide the nightly's strongest comparison).
+    Returns the runs shown, for the caption."""
     baseline = None if run.passed else tier.baseline_of(run, bench)
     note = "" if run.passed else "baseline in force below" if baseline else "no baseline yet"
     for cells in rows(run, bench):
         table.add(*(_failed(cell) if not run.passed else cell for cell in cells), run_cell(run, note))
-    if baseline is None:
-        return [run]
-    for cells in rows(*baseline):
-        table.add(Cell(BASELINE_ROW, source(*baseline)), *cells[1:], run_cell(baseline[0], "baseline in force"))
-    return [run, baseline[0]]
+    shown = [run]
+    if baseline is not None:
+        for cells in rows(*baseline):
+            table.add(Cell(BASELINE_ROW, source(*baseline)), *cells[1:], run_cell(baseline[0], "baseline in force"))
+        shown.append(baseline[0])
+    measured = [bench] if baseline is None else [bench, baseline[1]]
+    if strongest and all(shown_bench.ratio(STRONGER) is None for shown_bench in measured):
+        beside = beside_strongest(tier, bench)
+        if beside is not None:
+            for cells in rows(*beside):
+                table.add(Cell(STRONGEST_ROW, source(*beside)), *cells[1:], run_cell(beside[0]))
+            shown.append(beside[0])
+    return shown
+
+
+def beside_strongest(tier: TierRuns, bench: Benchmark) -> Record | None:
+    """The newest measurement of `bench`'s test that ran beside torch_graph_best, passed or failed."""
+    return tier.find(bench.name, bench.precision, keep=lambda older: older.ratio(STRONGER) is not None)
 
 
 def _failed(cell: Cell | str) -> Cell:
@@ -136,7 +152,8 @@ def with_baselines(tier: TierRuns, records: list[Record]) -> list[Record]:
 
 
 def workload_table(function: str, records: list[Record], tier: TierRuns) -> Table:
-    refs = references([bench for _, bench in with_baselines(tier, records)])
+    beside = [found for _, bench in records if (found := beside_strongest(tier, bench)) is not None]
+    refs = references([bench for _, bench in with_baselines(tier, records) + beside])
     columns = ["Case", "Precision", "gpuengine"]
     for ref in refs:
         columns += [f"vs {ref}"] if ref == STRONGER else [ref, f"vs {ref}"]   # no runner, no samples/s of its own
@@ -153,8 +170,10 @@ def workload_table(function: str, records: list[Record], tier: TierRuns) -> Tabl
             cells.append(Cell(ratio_text(bench, ref), where))
         fraction = (bench.info.get("fraction_of_peak") or {}).get(bench.engine)
         return [cells + [Cell(percent(fraction), where)]]
-    shown = [shown_run for run, bench in records for shown_run in add_measured(table, tier, run, bench, rows)]
-    table.caption = f"The newest measurement of each case. Runs {runs_text(shown)}."
+    shown = [shown_run for run, bench in records
+             for shown_run in add_measured(table, tier, run, bench, rows, strongest=True)]
+    table.caption = (f"The newest measurement of each case (and, where it did not time {STRONGER}, the newest that "
+                     f"did, marked ↳). Runs {runs_text(shown)}.")
     return table
 
 
@@ -181,8 +200,9 @@ def summary_table(tier: TierRuns) -> Table:
             return [[label, precision, Cell(rate(bench.throughput(bench.engine)), where),
                      *(Cell(ratio_text(bench, ref), where) for ref in refs),
                      Cell(percent(fraction), where)]]
-        shown += add_measured(table, tier, *found, rows)
-    table.caption = (f"The newest measurement of each case, from runs {runs_text(shown)}. fp32 is IEEE fp32; tf32 "
+        shown += add_measured(table, tier, *found, rows, strongest=True)
+    table.caption = (f"The newest measurement of each case (and, where it did not time {STRONGER}, the newest that "
+                     f"did, marked ↳), from runs {runs_text(shown)}. fp32 is IEEE fp32; tf32 "
                      "uses tensor cores with fp32 storage; bf16 computes in bf16 with fp32 master weights, on both "
                      "sides. % of peak: of the GEMM peak measured in the same session at that precision. "
                      f"{STRONGER}: the faster of torch_graph and torch_compile_graph in each round, and which it "
@@ -231,7 +251,8 @@ def max_batch_table(records: list[Record], tier: TierRuns) -> Table:
                         NONE if peak is None else f"{peak / 2**30:.2f} GiB", str(search.get("trials", NONE)),
                         Cell(speedup(ratio), where)])
         return out
-    shown = [shown_run for run, bench in records for shown_run in add_measured(table, tier, run, bench, rows)]
+    shown = [shown_run for run, bench in records
+             for shown_run in add_measured(table, tier, run, bench, rows)]
     caps = sorted({str(bench.info.get("cap_gib")) for _, bench in records})
     table.caption = f"The newest measurement of each test. Runs {runs_text(shown)}; cap {', '.join(caps)} GiB."
     return table

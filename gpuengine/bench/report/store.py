@@ -168,12 +168,13 @@ class TierRuns:
     def failed_runs(self) -> list[Run]:
         return [run for run in self.runs if not run.passed]
 
-    def find(self, pattern: str, precision: str | None = None) -> tuple[Run, Benchmark] | None:
-        """The newest run, passed or failed, holding a test that matches `pattern` (`*`, `?`); of its
-        matches, the fastest engine."""
+    def find(self, pattern: str, precision: str | None = None,
+             keep=lambda bench: True) -> tuple[Run, Benchmark] | None:
+        """The newest run, passed or failed, holding a test that matches `pattern` (`*`, `?`) and that `keep`
+        accepts; of its matches, the fastest engine."""
         for run in reversed(self.runs):
             matches = [b for b in run.benchmarks.values() if wildcard_match(pattern, b.name)
-                       and (precision is None or b.precision == precision)]
+                       and (precision is None or b.precision == precision) and keep(b)]
             if matches:
                 return run, max(matches, key=lambda b: b.throughput(b.engine) or 0.0)
         return None
