@@ -251,8 +251,7 @@ def max_batch_table(records: list[Record], tier: TierRuns) -> Table:
                         NONE if peak is None else f"{peak / 2**30:.2f} GiB", str(search.get("trials", NONE)),
                         Cell(speedup(ratio), where)])
         return out
-    shown = [shown_run for run, bench in records
-             for shown_run in add_measured(table, tier, run, bench, rows)]
+    shown = [shown_run for run, bench in records for shown_run in add_measured(table, tier, run, bench, rows)]
     caps = sorted({str(bench.info.get("cap_gib")) for _, bench in records})
     table.caption = f"The newest measurement of each test. Runs {runs_text(shown)}; cap {', '.join(caps)} GiB."
     return table
