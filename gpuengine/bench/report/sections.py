@@ -152,8 +152,9 @@ def with_baselines(tier: TierRuns, records: list[Record]) -> list[Record]:
 
 
 def workload_table(function: str, records: list[Record], tier: TierRuns) -> Table:
-    beside = [found for _, bench in records if (found := beside_strongest(tier, bench)) is not None]
-    refs = references([bench for _, bench in with_baselines(tier, records) + beside])
+    beside = [found for _, bench in records
+              if bench.ratio(STRONGER) is None and (found := beside_strongest(tier, bench)) is not None]
+    refs = references([bench for _, bench in with_baselines(tier, records) + beside])   # columns the ↳ rows fill
     columns = ["Case", "Precision", "gpuengine"]
     for ref in refs:
         columns += [f"vs {ref}"] if ref == STRONGER else [ref, f"vs {ref}"]   # no runner, no samples/s of its own
