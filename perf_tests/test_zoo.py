@@ -5,9 +5,9 @@ torchvision's parameter counts), each at tf32 and bf16 with the data
 resident on the device or streamed, and at fp32 resident. Streamed is the
 note's protocol: a fresh batch copied from the host every step (the engine's
 streamed loader; the torch side copies each batch from pinned host memory,
-reference/torch_host_batches.py). The
-references are torchvision's own models in channels-last (torch_eager in
-NCHW, as written): the TF32 resident case races all PyTorch modes, the
+reference/torch_host_batches.py). The references are torchvision's own
+models in channels-last (torch_eager in NCHW, as written): the TF32 resident
+case races all PyTorch modes, the
 others torch_graph (whole step captured, fused capturable Adam) and
 torch_compile_graph (the same, the model compiled by Inductor), whose faster
 round by round is what the target reads (torch_graph_best), and a streamed
