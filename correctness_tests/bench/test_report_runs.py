@@ -13,6 +13,7 @@ import pytest
 
 from gpuengine.bench.report import load_store, markdown_report
 from gpuengine.bench.report.headline import headline_table
+from gpuengine.bench.report.sections import history_table, summary_table, timed_workloads, workload_table
 from gpuengine.bench.report.seeds import seed_tables
 
 from .test_report import H200, STORE, newest_holding, number, stored
@@ -66,21 +67,26 @@ def cells(table, first: str) -> list[dict[str, str]]:
     return out
 
 
+def tf32_row(table, first: str) -> dict[str, str]:
+    """The one TF32 row of `table` whose first cell is `first` (see cells)."""
+    (found,) = [r for r in cells(table, first) if r["Precision"] == "tf32"]
+    return found
+
+
 def test_tables_show_a_failed_runs_measurement_marked_next_to_the_baseline_in_force(failing_store):
-    from gpuengine.bench.report.sections import summary_table
     tier = load_store(failing_store).tiers[0]
     summary = summary_table(tier)
-    (mlp,) = [r for r in cells(summary, "MLP train, 1 batch/epoch") if r["Precision"] == "tf32"]
+    mlp = tf32_row(summary, "MLP train, 1 batch/epoch")
     assert mlp["gpuengine"] == "2.00 M/s"
     assert mlp["Run"].startswith("history/0001 bbbbbbb, 2026-11-22 07:00: failed run")
     assert mlp["next"]["Workload"] == "↳ baseline in force" and mlp["next"]["gpuengine"] == "1.00 M/s"
     assert mlp["next"]["Run"].startswith("0001 aaaaaaa, 2026-11-21 07:00: passed")
-    (cnn,) = [r for r in cells(summary, "CNN train, batch 128") if r["Precision"] == "tf32"]
+    cnn = tf32_row(summary, "CNN train, batch 128")
     assert cnn["gpuengine"] == "3.00 M/s" and cnn["Run"] == "0001 aaaaaaa, 2026-11-21 07:00: passed"
     assert cnn["next"]["Workload"] != "↳ baseline in force"
-    (resnet,) = [r for r in cells(summary, "ResNet-50 train, CIFAR-10") if r["Precision"] == "tf32"]
+    resnet = tf32_row(summary, "ResNet-50 train, CIFAR-10")
     assert resnet["Run"].endswith("failed run; no baseline yet") and resnet["gpuengine"] == "9.88 k/s"
-    (infer,) = [r for r in cells(summary, "MLP infer, batch 8000") if r["Precision"] == "tf32"]
+    infer = tf32_row(summary, "MLP infer, batch 8000")
     assert infer["gpuengine"] == "not measured yet"   # no run at all holds it
     assert all(c.failed for c in summary.rows[0][2:]) and not any(c.failed for c in summary.rows[1])
 
@@ -102,11 +108,10 @@ def test_tables_show_a_failed_runs_measurement_marked_next_to_the_baseline_in_fo
 
 
 def test_a_newer_baseline_is_shown_plain_and_the_failed_run_stays_in_the_history(failing_store):
-    from gpuengine.bench.report.sections import history_table, summary_table
     write_run(failing_store, "Linux-CPython-3.12-64bit/0002_c.json",
               gpu_run("2026-11-23T07:00:00+00:00", "c", {MLP_1: 1.5e6}))
     tier = load_store(failing_store).tiers[0]
-    (mlp,) = [r for r in cells(summary_table(tier), "MLP train, 1 batch/epoch") if r["Precision"] == "tf32"]
+    mlp = tf32_row(summary_table(tier), "MLP train, 1 batch/epoch")
     assert mlp["gpuengine"] == "1.50 M/s" and mlp["Run"] == "0002 ccccccc, 2026-11-23 07:00: passed"
     history = history_table(tier.runs, load_store(failing_store), tier.gpu)
     assert history.columns[1:4] == ["0001 aaaaaaa 2026-11-21 07:00",
@@ -116,7 +121,6 @@ def test_a_newer_baseline_is_shown_plain_and_the_failed_run_stays_in_the_history
 
 def test_the_workload_table_shows_each_cases_newest_measurement(failing_store):
     """The failed run holds one MLP case; the workload table still shows the others from the baseline."""
-    from gpuengine.bench.report.sections import timed_workloads, workload_table
     write_run(failing_store, "Linux-CPython-3.12-64bit/0000_old.json",
               gpu_run("2026-11-20T07:00:00+00:00", "d", {"test_mlp_train[tf32-graph8-resident-bpe12]": 5.0e5}))
     tier = load_store(failing_store).tiers[0]
@@ -141,7 +145,6 @@ def store_at_cd502ab(tmp_path_factory) -> Path:
 
 
 def test_the_h100_runs_that_failed_the_gate_show_where_a_reader_looks(store_at_cd502ab):
-    from gpuengine.bench.report.sections import summary_table, timed_workloads, workload_table
     store = load_store(store_at_cd502ab)
     h100_folder = store_at_cd502ab / "nvidia-h100-80gb-hbm3"
     h100 = next(tier for tier in store.tiers if tier.name == "nvidia-h100-80gb-hbm3")
@@ -163,7 +166,7 @@ def test_the_h100_runs_that_failed_the_gate_show_where_a_reader_looks(store_at_c
     assert float(engine_ms.split()[0]) == pytest.approx(1e3 * 16 / info["samples_per_s"]["gpuengine"], abs=1e-3)
     assert f"{newest_holding(h100_folder, 'test_zoo_train[alexnet-tf32-streamed-b16]')[0]} (" in zoo_seed.caption
 
-    (resnet,) = [r for r in cells(summary_table(h100), "ResNet-50 train, CIFAR-10") if r["Precision"] == "tf32"]
+    resnet = tf32_row(summary_table(h100), "ResNet-50 train, CIFAR-10")
     newest, in_force = (stored(h100_folder, RESNET), stored(h100_folder, RESNET, history=False))
     assert number(resnet["vs torch_graph"].split()[0]) == pytest.approx(newest["ratios"]["torch_graph"]["median"],
                                                                         abs=5e-3)
@@ -176,7 +179,6 @@ def test_the_h100_runs_that_failed_the_gate_show_where_a_reader_looks(store_at_c
 def test_tables_and_headline_say_which_captured_reference_torch_graph_best_was(tmp_path):
     """A run that timed both captured references: the workload and summary tables and the headline name the
     faster one, from its stored label."""
-    from gpuengine.bench.report.sections import summary_table, timed_workloads, workload_table
     run = gpu_run("2026-11-25T07:00:00+00:00", "e", {MLP_1: 2.0e6})
     info = run["benchmarks"][0]["extra_info"]
     info["samples_per_s"]["torch_compile_graph"] = 1.2e6
@@ -198,7 +200,7 @@ def test_tables_and_headline_say_which_captured_reference_torch_graph_best_was(t
     (row_cells,) = [dict(zip(table.columns, (c.text for c in r))) for r in table.rows]
     assert row_cells["vs torch_graph_best"] == "1.58× (1.55–1.62), torch_compile_graph in 2 of 3 rounds"
     assert row_cells["torch_compile_graph"] == "1.20 M/s" and row_cells["vs torch_compile_graph"].startswith("1.60×")
-    (summary,) = [r for r in cells(summary_table(tier), "MLP train, 1 batch/epoch") if r["Precision"] == "tf32"]
+    summary = tf32_row(summary_table(tier), "MLP train, 1 batch/epoch")
     assert summary["vs torch_graph_best"].endswith(", torch_compile_graph in 2 of 3 rounds")
     (headline,) = [[cell.text for cell in row] for row in headline_table(tier, loaded.rules).rows]
     assert headline[3] == ("1.85× torch_graph_best: 1.58× (tf32-graph8-resident-bpe1, torch_compile_graph in 2 of 3 "
@@ -208,7 +210,6 @@ def test_tables_and_headline_say_which_captured_reference_torch_graph_best_was(t
 def test_a_quick_tier_run_keeps_the_nightlys_strongest_comparison_in_view(tmp_path):
     """A newer run that did not time torch_graph_best (the quick tier's CNN) shows first; the newest run that did
     follows, so the speed-up over PyTorch at its strongest stays in the tables."""
-    from gpuengine.bench.report.sections import summary_table, timed_workloads, workload_table
     nightly = gpu_run("2026-11-25T07:00:00+00:00", "n", {CNN_128: 3.0e6})
     nightly["benchmarks"][0]["extra_info"]["ratios"]["torch_graph_best"] = {
         "median": 1.7, "low": 1.68, "high": 1.72, "spread": 0.02, "per_round": [1.7, 1.68, 1.72],
@@ -218,7 +219,7 @@ def test_a_quick_tier_run_keeps_the_nightlys_strongest_comparison_in_view(tmp_pa
     write_run(store, "Linux-CPython-3.12-64bit/0002_q.json", gpu_run("2026-11-27T07:00:00+00:00", "q", {CNN_128: 3.1e6}))
     tier = load_store(store).tiers[0]
 
-    (summary,) = [r for r in cells(summary_table(tier), "CNN train, batch 128") if r["Precision"] == "tf32"]
+    summary = tf32_row(summary_table(tier), "CNN train, batch 128")
     assert summary["gpuengine"] == "3.10 M/s" and summary["vs torch_graph_best"] == "—"
     assert summary["Run"].startswith("0002 qqqqqqq")
     beside = summary["next"]
@@ -231,6 +232,6 @@ def test_a_quick_tier_run_keeps_the_nightlys_strongest_comparison_in_view(tmp_pa
 
     write_run(store, "Linux-CPython-3.12-64bit/0003_r.json", nightly | {"datetime": "2026-11-28T07:00:00+00:00"})
     tier = load_store(store).tiers[0]
-    (summary,) = [r for r in cells(summary_table(tier), "CNN train, batch 128") if r["Precision"] == "tf32"]
+    summary = tf32_row(summary_table(tier), "CNN train, batch 128")
     assert summary["vs torch_graph_best"].startswith("1.70×")
     assert summary["next"].get("Workload") != "↳ newest beside torch_graph_best"   # the newest has it: one row
