@@ -52,6 +52,7 @@ TOGGLE_HELP = {
     "resident_data": "1 = dataset staged on the device; 0 = streamed from the host",
     "batch_pool": "streamed data's batch buffers on the device (1, or 2: the next batch staged)",
     "profile": "1 = per-phase device timings of a step",
+    "deterministic": "1 = cuDNN's deterministic engines only (the default); 0 = any engine, the fastest",
     "device": "cuda | cpu (default: cuda when a GPU is visible)",
     "vram_cap_gib": "cap of the engine's device memory pool in GiB, or 'full'",
 }

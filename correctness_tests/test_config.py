@@ -14,7 +14,7 @@ from gpuengine.config import ENV_PREFIX, ConfigError, EngineConfig
 from gpuengine.runtime.backend import Backend, get_backend
 
 DEFAULTS = {"precision": "tf32", "cuda_graph": 1, "resident_data": True, "batch_pool": 2, "profile": False,
-            "device": None, "vram_cap_gib": None}
+            "deterministic": True, "device": None, "vram_cap_gib": None}
 
 # (toggle, raw spelling, normal value): what code, the command line or tox may write.
 SPELLINGS = [
@@ -25,6 +25,7 @@ SPELLINGS = [
     ("resident_data", "yes", True), ("resident_data", "True", True), ("resident_data", False, False),
     ("batch_pool", "1", 1), ("batch_pool", 2, 2),
     ("profile", "1", True), ("profile", "true", True), ("profile", "0", False), ("profile", True, True),
+    ("deterministic", "0", False), ("deterministic", "on", True), ("deterministic", False, False),
     ("device", "CPU", "cpu"), ("device", "cuda", "cuda"), ("device", "auto", None), ("device", "", None),
     ("vram_cap_gib", "6", 6.0), ("vram_cap_gib", "0.5", 0.5), ("vram_cap_gib", 6, 6.0),
     ("vram_cap_gib", "full", None), ("vram_cap_gib", "None", None), ("vram_cap_gib", "", None),
@@ -61,10 +62,11 @@ def test_from_the_environment(toggle, raw, normal):
 
 def test_all_toggles_from_the_environment_at_once():
     environ = {"GPUENGINE_PRECISION": "bf16", "GPUENGINE_CUDA_GRAPH": "4", "GPUENGINE_RESIDENT_DATA": "0",
-               "GPUENGINE_BATCH_POOL": "1", "GPUENGINE_PROFILE": "1", "GPUENGINE_DEVICE": "cpu",
-               "GPUENGINE_VRAM_CAP_GIB": "6", "PATH": "/usr/bin", "GPUENGINE": "x"}
+               "GPUENGINE_BATCH_POOL": "1", "GPUENGINE_PROFILE": "1", "GPUENGINE_DETERMINISTIC": "0",
+               "GPUENGINE_DEVICE": "cpu", "GPUENGINE_VRAM_CAP_GIB": "6", "PATH": "/usr/bin", "GPUENGINE": "x"}
     assert EngineConfig.from_env(environ=environ) == EngineConfig(
-        precision="bf16", cuda_graph=4, resident_data=False, batch_pool=1, profile=True, device="cpu", vram_cap_gib=6)
+        precision="bf16", cuda_graph=4, resident_data=False, batch_pool=1, profile=True, deterministic=False,
+        device="cpu", vram_cap_gib=6)
 
 
 def test_empty_environment_variables_are_unset():
@@ -109,7 +111,7 @@ def test_describe_names_every_toggle_with_its_value():
     config = EngineConfig(precision="bf16", cuda_graph=4, resident_data=False, batch_pool=2, profile=True,
                           device="cpu", vram_cap_gib=6)
     assert config.describe() == ("precision=bf16 cuda_graph=4 resident_data=False batch_pool=2 profile=True "
-                                 "device=cpu vram_cap_gib=6.0")
+                                 "deterministic=True device=cpu vram_cap_gib=6.0")
     shown = DEFAULTS | {"device": "auto", "vram_cap_gib": "full"}   # None is spelled as from_env accepts it
     assert EngineConfig().describe().split() == [f"{name}={value}" for name, value in shown.items()]
 

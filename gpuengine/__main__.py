@@ -16,6 +16,9 @@
     python -m gpuengine profile WORKLOAD [--precision bf16] [--batch N] [--cuda-graph N] [--references ...]
         one training step of the engine and of the PyTorch references per kernel, by op family, in
         microseconds, saved under baselines_store/<gpu>/profiles/ (a GPU only; gpuengine/bench/profile/cli.py)
+    python -m gpuengine plans [WORKLOAD ...] [--precision tf32 bf16] [--runs 2] [--out FILE]
+        whether fresh autotunings in new processes keep the same plan choices, per case and kind (a GPU
+        only; gpuengine/bench/plan_stability.py)
 
 Every command checks its arguments, and the GPUENGINE_* toggles where it runs the
 engine, before any work starts: a bad one is a usage error (status 2) naming the
@@ -28,13 +31,14 @@ import json
 import sys
 
 from .bench.cli_args import UsageError
+from .bench import plan_stability
 from .bench.gatepower import cli as gatepower_cli
 from .bench.maxbatch import cli as maxbatch_cli
 from .bench.profile import cli as profile_cli
 from .bench.report import cli as report_cli
 from .config import ConfigError, EngineConfig
 
-ENGINE_COMMANDS = ("maxbatch", "info", "gatepower", "profile")   # these read the GPUENGINE_* toggles
+ENGINE_COMMANDS = ("maxbatch", "info", "gatepower", "profile", "plans")   # these read the GPUENGINE_* toggles
 
 
 def _info(args) -> int:
@@ -55,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     report_cli.add_parser(commands)
     gatepower_cli.add_parser(commands)
     profile_cli.add_parser(commands)
+    plan_stability.add_parser(commands)
     return parser
 
 

@@ -82,6 +82,7 @@ _PARSERS = {
     "resident_data": _parse_bool,
     "batch_pool": lambda label, raw: _parse_int(label, raw, BATCH_POOL_RANGE),
     "profile": _parse_bool,
+    "deterministic": _parse_bool,
     "device": _parse_device,
     "vram_cap_gib": _parse_cap,
 }
@@ -96,6 +97,7 @@ class EngineConfig:
     resident_data: bool = True      # stage the dataset on the device once, gather there
     batch_pool: int = 2             # streamed data's batch buffers on the device (2: the next batch is staged)
     profile: bool = False           # per-phase device-event timings of a step
+    deterministic: bool = True      # only cuDNN engines (SDPA backward included) that give the same bits every run
     device: str | None = None       # cuda | cpu; None picks cuda when a GPU is visible
     vram_cap_gib: float | None = None  # cap the engine's device memory pool
 

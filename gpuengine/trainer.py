@@ -76,7 +76,8 @@ class Trainer:
             extra = {} if self.config.resident_data else {"pool": self.config.batch_pool}
             self.data = source(backend, self.allocator, self.policy, self.state, x, t, local_batch, seed,
                                **extra, **shard)
-            ctx = BuildContext(backend, self.policy, self.allocator, self.params, local_batch)
+            ctx = BuildContext(backend, self.policy, self.allocator, self.params, local_batch,
+                               deterministic=self.config.deterministic)
             self.program = TrainingProgram(net, ctx, self.data.batch_x, self.data.batch_t, self.state, fuse)
             self.optimizer = Adam(backend, self.allocator, self.params, self.state, lr)
         self.sync, self.step_hook = sync, step_hook

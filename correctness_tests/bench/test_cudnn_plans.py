@@ -2,7 +2,8 @@
 file of choices round-trips, refuses corrupt content by name, and is set aside on another stack.
 
 The engine side runs against a stand-in of the cuDNN frontend's graph object (the real one needs a GPU):
-it has plans named by index, some of which fail to build, and counts what was built.
+it has plans named by index, some of which fail to build or repeat a name, and counts what was built; the
+plans' timings come from a stand-in device (correctness_tests/ops/stand_in_device.py).
 """
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ from gpuengine.bench import cudnn_plans
 from gpuengine.bench.json_files import JsonFileError
 from gpuengine.ops import autotune, cudnn as cudnn_graphs
 
+from ..ops.stand_in_device import StandInDevice
+
 STACK = {"cudnn": "91900", "cudnn_frontend": "1.22.1", "gpu": "NVIDIA H100 80GB HBM3"}
 KEY = ("conv_fprop", "tf32", None, ("x", "spec"))
 
 
 class StandInGraph:
-    """The parts of cudnn.pygraph that CudnnGraph calls: plans 'eng0'..'eng11', 'eng1' fails to build."""
+    """The parts of cudnn.pygraph that CudnnGraph calls: plans 'eng0'..'eng11' and 'eng3' again (the FALLBACK
+    heuristic repeating one of A's), 'eng1' fails to build."""
 
     def __init__(self, **_):
         self.built = []
@@ -30,8 +34,8 @@ class StandInGraph:
     def create_execution_plans(self, modes): pass
     def deselect_numeric_notes(self, notes): pass
     def check_support(self): pass
-    def get_execution_plan_count(self): return 12
-    def get_plan_name_at_index(self, i): return f"eng{i}"
+    def get_execution_plan_count(self): return 13
+    def get_plan_name_at_index(self, i): return f"eng{i}" if i < 12 else "eng3"
     def get_workspace_size_plan_at_index(self, i): return 1024 * i
 
     def build_plan_at_index(self, i):
@@ -53,10 +57,10 @@ def build(key=KEY):
     return cudnn_graphs.CudnnGraph(key, handle=0, io_dtype=np.float32, precision="tf32", define=lambda g: {})
 
 
-def test_without_a_preset_every_candidate_that_builds_is_kept_up_to_the_limit(stand_in_cudnn):
+def test_without_a_preset_every_candidate_that_builds_is_kept_once(stand_in_cudnn):
     graph = build()
-    assert graph.plans == [0, 2, 3, 4, 5, 6, 7, 8] and len(graph.plans) == cudnn_graphs.MAX_PLANS
-    assert not graph.preset and graph.plan is None and graph.plan_names[8] == "eng8"
+    assert graph.plans == [0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]   # not 1 (fails to build), not 12 (eng3 again)
+    assert not graph.preset and graph.plan is None and graph.plan_names[11] == "eng11"
 
 
 def test_a_preset_plan_is_built_alone_and_a_stale_one_falls_back_to_autotuning(stand_in_cudnn):
@@ -67,36 +71,41 @@ def test_a_preset_plan_is_built_alone_and_a_stale_one_falls_back_to_autotuning(s
     for stale in ("eng1", "eng-gone"):   # fails to build here / no longer offered by this cuDNN
         autotune.use_plan_choices({autotune.key_text(KEY): stale})
         graph = build()
-        assert not graph.preset and len(graph.plans) == cudnn_graphs.MAX_PLANS
+        assert not graph.preset and len(graph.plans) == 11
+
+
+PLAN_MS = {0: 0.30, 2: 0.10, 3: 0.20, 4: 0.5, 5: 0.5, 6: 0.5, 7: 0.5, 8: 0.5, 9: 0.5, 10: 0.102, 11: 0.5}
 
 
 def test_autotuning_records_its_choice_unless_it_is_the_preset(stand_in_cudnn, monkeypatch):
     choices = autotune.use_plan_choices({autotune.key_text(("other",)): "eng3"})
     graph = build()
-    timing = {0: 0.30, 2: 0.10, 3: 0.20, 4: 0.5, 5: 0.5, 6: 0.5, 7: 0.5, 8: 0.5}   # ms per plan: eng2 is fastest
-    runtime = stand_in_runtime(graph, timing, monkeypatch)
-    runtime.autotune(graph, {})
-    assert graph.plan == 2
+    device = StandInDevice(PLAN_MS)   # eng2 is clearly the fastest; eng10, later, is within 2% of it
+    stand_in_runtime(graph, device, monkeypatch).autotune(graph, {})
+    assert graph.plan == 2 and set(graph.timings) == {2, 3, 10}   # the rest estimated over 2x eng2's time
     assert choices.tuned == {autotune.key_text(KEY): {"plan": "eng2", "ms": 0.1}}
+    assert device.eager_runs == {plan: 1 for plan in graph.plans}   # each run once to surface failures, no more
     choices = autotune.use_plan_choices({autotune.key_text(KEY): "eng2"})
     graph = build()
-    stand_in_runtime(graph, timing, monkeypatch).autotune(graph, {})
-    assert graph.plans == [2] and graph.plan == 2 and choices.tuned == {}   # timed once, nothing new to keep
+    device = StandInDevice(PLAN_MS)
+    stand_in_runtime(graph, device, monkeypatch).autotune(graph, {})
+    assert graph.plans == [2] and graph.plan == 2 and choices.tuned == {}   # the preset: nothing timed or new
+    assert device.replays == {}
 
 
-def stand_in_runtime(graph, timing: dict, monkeypatch):
-    """A CudnnRuntime whose events report `timing[plan]` ms per execution of the last plan run."""
-    last = {}
-    monkeypatch.setattr(graph, "execute", lambda pointers, ws, plan, handle: last.update(plan=plan))
+def test_a_plan_close_to_the_fastest_loses_to_an_earlier_one(stand_in_cudnn, monkeypatch):
+    autotune.use_plan_choices({})
+    graph = build()
+    stand_in_runtime(graph, StandInDevice({**PLAN_MS, 0: 0.101}), monkeypatch).autotune(graph, {})
+    assert graph.plan == 0   # 1% slower than eng2 in the timings: the heuristic's first stays
 
-    class Event:
-        def record(self, stream): pass
-        def synchronize(self): pass
 
-    cuda = SimpleNamespace(Event=Event, get_elapsed_time=lambda a, b: timing[last["plan"]] * autotune.TIMING_REPEATS)
+def stand_in_runtime(graph, device: StandInDevice, monkeypatch):
+    """A CudnnRuntime whose plan executions run on `device`, each plan taking its set time."""
+    monkeypatch.setattr(graph, "execute", lambda pointers, ws, plan, handle: device.run(plan))
     runtime = object.__new__(cudnn_graphs.CudnnRuntime)
-    runtime.backend = SimpleNamespace(xp=SimpleNamespace(cuda=cuda))
-    runtime.stream = SimpleNamespace(synchronize=lambda: None)
+    runtime.backend = SimpleNamespace(xp=device.xp)
+    runtime.stream = device.stream
     runtime.workspace = SimpleNamespace(nbytes=1 << 30, data=SimpleNamespace(ptr=0))
     runtime.handle = 0
     runtime._last_tuned = float("inf")   # no clock warm-up

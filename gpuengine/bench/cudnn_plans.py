@@ -1,13 +1,15 @@
 """The perf gate's cuDNN plan choices, kept with its baselines in `baselines_store/<tier>/cudnn_plans.json`.
 
-The engine autotunes every cuDNN graph on its first run (ops/cudnn.py):
-it builds up to eight candidate plans and keeps the fastest. Done afresh in
-every process, that costs minutes of set-up for ResNet-50 and the zoo, and
-the choice itself is noisy: two autotunings of ResNet-50 kept different plans
-for 53 of 96 graphs and trained 1.5% apart. The gate therefore keeps each
-graph's chosen plan by name beside its stored runs, so a later run of the
-same GPU kind builds and runs the very plans its baseline ran, and a
-difference between runs is the code's, not the autotuner's. The file is
+The engine autotunes every cuDNN graph on its first run (ops/cudnn.py), and
+every GEMM's cuBLASLt algorithm and every depthwise convolution's way
+(ops/autotune.py): it times the candidates' kernels and keeps the heuristic's
+first unless another is clearly faster. Done afresh in every process, that
+costs minutes of set-up for ResNet-50 and the zoo. The gate therefore keeps
+each choice by name beside its stored runs, so a later run of the same GPU
+kind builds and runs the very plans its baseline ran without timing them,
+and a difference between runs is the code's, not the autotuner's (before
+choices were timed by their kernels, two autotunings of ResNet-50 kept
+different plans for 53 of 96 graphs and trained 1.5% apart). The file is
 tied to the stack that chose the plans (cuDNN version, frontend version, GPU
 name): on another stack it is set aside and every graph is autotuned again.
 

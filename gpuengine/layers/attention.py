@@ -21,11 +21,11 @@ from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
 
 
-def make_attention(backend, policy, allocator, q: Heads, k: Heads, v: Heads, out: Heads, causal: bool):
+def make_attention(ctx: BuildContext, q: Heads, k: Heads, v: Heads, out: Heads, causal: bool):
     """The backend's strategy: cuDNN's fused graphs on a GPU, the formula on NumPy."""
-    if backend.is_gpu:
+    if ctx.backend.is_gpu:
         from ..ops.cudnn_attention import FusedAttention   # imports the cuDNN frontend: GPU machines only
-        return FusedAttention(backend, policy, allocator, q, k, v, out, causal)
+        return FusedAttention(ctx.backend, ctx.policy, ctx.allocator, q, k, v, out, causal, ctx.deterministic)
     return NumpyAttention(q, k, v, out, causal)
 
 
@@ -118,7 +118,7 @@ class MultiHeadAttention(Layer):
         self.q, self.k, self.v = q, k, v
         self.context = ctx.allocator.zeros((batch * queries, d), dtype, "activations")
         self.heads_out = Heads(self.context, 0, batch, queries, self.heads, d_head)
-        self._core = make_attention(ctx.backend, ctx.policy, ctx.allocator, q, k, v, self.heads_out, self.causal)
+        self._core = make_attention(ctx, q, k, v, self.heads_out, self.causal)
         self.out = ctx.allocator.zeros(x.shape, dtype, "activations")
         self._out_proj = _Projection(ctx, self.context, self.out.reshape(-1, d),
                                      (f"{self.name}.out_proj.weight", f"{self.name}.out_proj.bias"))

@@ -36,6 +36,7 @@ class BuildContext:
     params: FlatParameters | None
     batch: int
     training: bool = True   # False: an inference program (BatchNorm then uses its running statistics)
+    deterministic: bool = True   # the config's toggle: cuDNN graphs keep to engines that give the same bits
 
 
 class Layer:

@@ -136,8 +136,9 @@ class BatchNorm2D(Layer):
         if not self.training:
             self._infer = get_kernel(_SOURCE, "bn_inference", **defines)
             return self.out
-        args = (runtime_for(ctx.backend), ctx.policy.name, x, self.gamma, self.beta, self.running_mean,
-                self.running_var, self.out, self.saved_mean, self.saved_inv_std, self.epsilon, self.momentum)
+        args = (runtime_for(ctx.backend, ctx.deterministic), ctx.policy.name, x, self.gamma, self.beta,
+                self.running_mean, self.running_var, self.out, self.saved_mean, self.saved_inv_std, self.epsilon,
+                self.momentum)
         relu, masks = self.activation == "relu", self._masks(channels)
         if relu and masks:   # the ReLU's bit mask lets cuDNN fuse its gradient into BN's backward
             mask = ctx.allocator.zeros(mask_shape(x.shape), np.uint8, "activations")
@@ -189,7 +190,7 @@ class BatchNorm2D(Layer):
         return grads if self.arity == 2 else grads[0]
 
     def _build_gpu_backward(self, ctx, needs_res: bool):
-        args = (runtime_for(ctx.backend), ctx.policy.name)
+        args = (runtime_for(ctx.backend, ctx.deterministic), ctx.policy.name)
         stats = (self.gamma, self.saved_mean, self.saved_inv_std, self.dx, self.dgamma, self.dbeta)
         relu = self.activation == "relu"
         self._activation_here = False

@@ -121,8 +121,9 @@ class Conv2D(Layer):
             if depthwise.fits(self.groups, x.shape[3], self.filters, self.window):
                 self._depthwise = depthwise.DepthwiseKernels(ctx.allocator, self.window, x, self.weight, self.out,
                                                              self.bias, relu)   # defines: depthwise_defines
-            graph = self._cudnn(lambda: conv_forward(runtime_for(ctx.backend), ctx.policy.name, self.window, x,
-                                                     self.weight, self.out, self.bias, relu, ctx.allocator))
+            runtime = runtime_for(ctx.backend, ctx.deterministic)
+            graph = self._cudnn(lambda: conv_forward(runtime, ctx.policy.name, self.window, x, self.weight, self.out,
+                                                     self.bias, relu, ctx.allocator))
             self._forward = self._faster_of(ctx, "forward", graph and graph.run,
                                             self._depthwise and self._depthwise.forward, bias=self.use_bias, relu=relu)
         return self.out
@@ -138,6 +139,8 @@ class Conv2D(Layer):
 
     def _faster_of(self, ctx, op: str, cudnn, direct, **extra):
         key = graph_key(f"conv_{op}_choice", ctx.policy.name, self.window, x=self.x, w=self.weight)
+        if not ctx.deterministic:   # cuDNN's side may run other engines: a choice of its own
+            extra["deterministic"] = False
         return autotune.FasterOf(ctx.backend, key + tuple(sorted(extra.items())), {"cudnn": cudnn, "direct": direct})
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
@@ -159,7 +162,7 @@ class Conv2D(Layer):
         elif self.use_bias:
             self._grad_b = ColumnSum(ctx.backend, ctx.allocator, self.dz.reshape(-1, self.filters), grad_b)
         if ctx.backend.is_gpu:
-            runtime, precision, dw = runtime_for(ctx.backend), ctx.policy.name, self._depthwise
+            runtime, precision, dw = runtime_for(ctx.backend, ctx.deterministic), ctx.policy.name, self._depthwise
             self.grad_w_compute = self.grad_w
             if self.dz.dtype != self.grad_w.dtype:   # bf16: a bf16 weight gradient, widened after
                 self.grad_w_compute = ctx.allocator.zeros(self.grad_w.shape, self.dz.dtype, "workspace")

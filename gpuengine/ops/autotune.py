@@ -1,23 +1,47 @@
-"""Autotune and pin: time the ways of computing one thing on live buffers, keep the fastest, remember the choice.
+"""Autotune and pin: time the ways of computing one thing on live buffers, keep one, remember the choice.
 
-Two callers: every cuDNN graph times its candidate plans (ops/cudnn.py), and
-`FasterOf` times whole implementations of one op against each other (a
-depthwise convolution by cuDNN or by direct kernels). Both time in
-interleaved passes, each way keeping its fastest pass, and never inside
-CUDA-graph capture (a choice timed there would time nothing and be kept for
-good).
+Three callers: every cuDNN graph chooses among its candidate plans
+(ops/cudnn.py), every cuBLASLt GEMM among its heuristic's algorithms
+(ops/gemm.py), and `FasterOf` between whole implementations of one op (a
+depthwise convolution by cuDNN or by direct kernels).
+
+What is timed is the kernels, not their launches: each way is captured in a
+CUDA graph of N back-to-back executions, N chosen so that a replay lasts
+about TARGET_REPLAY_MS, and the replays are timed between device events in
+interleaved passes. Timed from Python one launch at a time, a plan whose
+kernels take a few microseconds measured the host's launch rate, and two
+autotunings of ResNet-50 kept different plans for 53 of 96 graphs.
+
+The choice is stable by construction: the ways come in their heuristic's
+order, and a later way replaces an earlier one only when it is faster by
+more than MIN_MARGIN and more than its timing's own noise (`choose`). Where
+candidates are that close, the heuristic order decides, so every machine of
+a kind keeps the same choice.
 
 `PLAN_CHOICES` carries choices between processes for whoever sets it (the
 perf gate keeps them with its baselines): a key with a preset takes that
-choice without timing, the others are timed and recorded. Two fresh
-autotunings of ResNet-50 kept different cuDNN plans for 53 of 96 graphs, so
-without pinning, separate runs of an unchanged engine differ by plan luck.
-Empty by default: everything is timed afresh.
+choice without timing, the others are timed and recorded (once per key and process). Empty by default.
+Progress goes to the logger "gpuengine.autotune" (INFO), so a first run that
+autotunes for minutes does not look hung.
 """
 from __future__ import annotations
 
-TIMING_REPEATS = 5   # executions per timing, and
-TIMING_PASSES = 3    # interleaved passes over the ways; a way's time is its fastest pass
+import logging
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+TARGET_REPLAY_MS = 0.2   # long beside a replay's own start-up (a few us) and the events' 0.5 us resolution
+MAX_REPEATS = 512        # executions captured per way: bounds capture time for kernels of a microsecond
+PASSES = 5               # interleaved timed passes over the ways; a way's time is their median
+PRUNE_FACTOR = 2.0       # a way estimated this much slower than the fastest is out before the careful timing
+MIN_MARGIN = 0.02        # a later way must beat an earlier one by more than this fraction ...
+NOISE_FACTOR = 3.0       # ... and by more than this many times the two timings' spread
+PROGRESS_EVERY_S = 5.0
+BURST_GAP_S = 30.0
+
+log = logging.getLogger("gpuengine.autotune")
 
 
 def key_text(key: tuple) -> str:
@@ -32,8 +56,12 @@ class PlanChoices:
         self.preset = dict(preset or {})
         self.tuned: dict[str, dict] = {}   # key text -> {"plan": name, "ms": time} timed in this process
 
-    def preset_for(self, key: tuple) -> str | None:
-        return self.preset.get(key_text(key))
+    def chosen_for(self, key: tuple) -> str | None:
+        """The choice already made for `key`: preset by an earlier process, or timed in this one (a shape that
+        repeats, as in a network's identical blocks, is timed once)."""
+        text = key_text(key)
+        tuned = self.tuned.get(text)
+        return self.preset.get(text, tuned["plan"] if tuned else None)
 
     def record(self, key: tuple, plan_name: str, ms: float):
         if self.preset.get(key_text(key)) != plan_name:
@@ -56,26 +84,113 @@ def refuse_capture(stream, what: str):
                            "(the trainer's and predictor's warm-up do)")
 
 
-def time_interleaved(xp, stream, ways: dict) -> dict:
-    """Milliseconds per run of each way (name -> callable), its fastest of TIMING_PASSES interleaved passes."""
-    start, stop = xp.cuda.Event(), xp.cuda.Event()
-    times: dict = {name: [] for name in ways}
-    for _ in range(TIMING_PASSES):
-        for name, run in ways.items():
-            start.record(stream)
-            for _ in range(TIMING_REPEATS):
+@dataclass(frozen=True)
+class Timing:
+    """One way's device time per execution: the median of its passes, and their spread relative to it."""
+
+    ms: float
+    spread: float   # (slowest - fastest pass) / median: the timing's own noise
+    repeats: int    # executions per captured replay
+
+    @classmethod
+    def of(cls, pass_ms: list[float], repeats: int) -> "Timing":
+        median = statistics.median(pass_ms)
+        return cls(median, (max(pass_ms) - min(pass_ms)) / median if median > 0 else math.inf, repeats)
+
+
+def choose(order: list, timings: dict) -> object:
+    """The first way in `order` (the heuristic's) whose time is within the margin of the fastest way's.
+
+    A way is within the margin when the fastest is not faster by more than MIN_MARGIN and NOISE_FACTOR times
+    the two timings' spreads: a later way wins only where it is clearly faster, never on noise."""
+    timed = [name for name in order if name in timings]
+    if not timed:
+        raise ValueError("no way was timed")
+    best = min((timings[name] for name in timed), key=lambda timing: timing.ms)
+
+    def close_to_best(timing: Timing) -> bool:
+        return timing.ms <= best.ms * (1 + max(MIN_MARGIN, NOISE_FACTOR * (timing.spread + best.spread)))
+
+    return next(name for name in timed if close_to_best(timings[name]))   # the fastest itself always is
+
+
+def _capture(stream, run, repeats: int):
+    """A CUDA graph of `repeats` executions of `run` on `stream`."""
+    with stream:
+        stream.begin_capture()
+        try:
+            for _ in range(repeats):
                 run()
-            stop.record(stream)
-            stop.synchronize()
-            times[name].append(xp.cuda.get_elapsed_time(start, stop) / TIMING_REPEATS)
-    return {name: min(ms) for name, ms in times.items()}
+        finally:
+            graph = stream.end_capture()
+    return graph
+
+
+def _replay_ms(xp, stream, graph, start, stop, replays: int = 1) -> float:
+    start.record(stream)
+    for _ in range(replays):
+        graph.launch(stream)
+    stop.record(stream)
+    stop.synchronize()
+    return xp.cuda.get_elapsed_time(start, stop)
+
+
+def time_captured(xp, stream, ways: dict) -> dict:
+    """Device milliseconds per execution of each way (name -> callable, run once eagerly already) as a Timing.
+
+    A first estimate replays one captured execution; ways estimated PRUNE_FACTOR slower than the fastest are
+    dropped, the others captured N times over and timed in PASSES interleaved passes."""
+    start, stop = xp.cuda.Event(), xp.cuda.Event()
+    singles = {name: _capture(stream, run, 1) for name, run in ways.items()}
+    estimates = {name: math.inf for name in ways}
+    for _ in range(3):   # interleaved, each way's fastest: a GPU still raising its clocks slows the first ones
+        for name, graph in singles.items():
+            estimates[name] = min(estimates[name], _replay_ms(xp, stream, graph, start, stop))
+    del singles
+    floor = min(estimates.values())
+    graphs, repeats = {}, {}
+    for name, estimate in estimates.items():
+        if estimate > PRUNE_FACTOR * floor:
+            continue
+        repeats[name] = max(1, min(MAX_REPEATS, round(TARGET_REPLAY_MS / max(estimate, 1e-4))))
+        graphs[name] = _capture(stream, ways[name], repeats[name])
+        graphs[name].launch(stream)
+    passes: dict = {name: [] for name in graphs}
+    for _ in range(PASSES):
+        for name, graph in graphs.items():
+            passes[name].append(_replay_ms(xp, stream, graph, start, stop) / repeats[name])
+    return {name: Timing.of(ms, repeats[name]) for name, ms in passes.items()}
+
+
+class Progress:
+    """How far a burst of autotuning is, said on the "gpuengine.autotune" logger every PROGRESS_EVERY_S seconds.
+
+    A burst ends after BURST_GAP_S without a step: the next test's model starts its own count."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.done = 0
+        self.started = self.said = self.last = -math.inf
+
+    def step(self, pending: int | None = None):
+        """One more done; `pending`: how many are known to be still to do (None: not known)."""
+        now = time.perf_counter()
+        if now - self.last > BURST_GAP_S:
+            self.done, self.started, self.said = 0, now, now
+        self.done += 1
+        self.last = now
+        if pending == 0 or now - self.said >= PROGRESS_EVERY_S:
+            self.said = now
+            to_go = "" if pending is None else f", {pending} to go"
+            log.info("%s: %d%s, %.0f s", self.what, self.done, to_go, now - self.started)
 
 
 class FasterOf:
-    """Ways of computing the same outputs; the first eager run times each on the live buffers, keeps the fastest.
+    """Ways of computing the same outputs; the first eager run times each on the live buffers and keeps one.
 
     `key` names the choice in PLAN_CHOICES: a preset there is taken without timing, and a choice made here is
-    recorded, so the gate runs the same kernels from run to run as it runs the same cuDNN plans.
+    recorded, so the gate runs the same kernels from run to run as it runs the same cuDNN plans. The ways'
+    order is their preference where timings are too close to tell (`choose`).
     """
 
     def __init__(self, backend, key: tuple, ways: dict):
@@ -84,7 +199,7 @@ class FasterOf:
         if not self.ways:
             raise ValueError(f"{key}: no way to run it")
         self.chosen = next(iter(self.ways)) if len(self.ways) == 1 else None
-        self.times_ms: dict[str, float] = {}
+        self.timings: dict = {}
 
     def run(self):
         if self.chosen is None:
@@ -92,13 +207,13 @@ class FasterOf:
         self.ways[self.chosen]()
 
     def _choose(self):
-        preset = PLAN_CHOICES.preset_for(self.key)
+        preset = PLAN_CHOICES.chosen_for(self.key)
         if preset in self.ways:
             self.chosen = preset
             return
         refuse_capture(self.backend.stream, str(self.key[0]))
         for run in self.ways.values():
             run()   # first runs: cuDNN autotunes its plan, kernels load
-        self.times_ms = time_interleaved(self.backend.xp, self.backend.stream, self.ways)
-        self.chosen = min(self.times_ms, key=self.times_ms.get)
-        PLAN_CHOICES.record(self.key, self.chosen, self.times_ms[self.chosen])
+        self.timings = time_captured(self.backend.xp, self.backend.stream, self.ways)
+        self.chosen = choose(list(self.ways), self.timings)
+        PLAN_CHOICES.record(self.key, self.chosen, self.timings[self.chosen].ms)

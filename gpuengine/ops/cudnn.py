@@ -6,15 +6,19 @@ create_execution_plans (heuristics A, then FALLBACK) -> check_support -> build
 each candidate plan. Building is the slow part (milliseconds to seconds, runtime
 compilation included), so graphs are cached by everything that shapes them
 (op, dims, strides, dtypes, window, fusions, precision) and built when a layer
-is built, never inside CUDA-graph capture. The first eager execution times
-every built plan on the live buffers and keeps the fastest: the equivalent of
-`torch.backends.cudnn.benchmark`. Graphs run on raw CuPy device pointers on the
-engine stream, so they record into a captured step like any kernel.
+is built, never inside CUDA-graph capture. Every candidate the heuristics
+return is built; the first eager execution times them on the live buffers
+and keeps one (ops/autotune.py: kernels timed in captured replays, the
+heuristic's order deciding between plans too close to tell): the
+equivalent of `torch.backends.cudnn.benchmark`. Graphs run on raw CuPy device
+pointers on the engine stream, so they record into a captured step like any
+kernel.
 
 Precision: fp32 deselects tensor-core (TF32) and down-converting engines, tf32
 deselects down-converting ones, bf16 runs bf16 I/O; all accumulate in fp32.
-Non-deterministic engines are deselected everywhere, so a replayed graph
-computes exactly what the eager step computed.
+Non-deterministic engines are deselected unless the config's `deterministic`
+toggle is off, so a replayed graph computes exactly what the eager step
+computed; graphs built without that filter have keys (and plans) of their own.
 
 All graphs of one engine stream run one after another, so they share one
 workspace; it only grows, and a replaced buffer stays alive because a captured
@@ -35,7 +39,6 @@ import numpy as np
 
 from . import autotune
 
-MAX_PLANS = 8        # candidate plans built and timed per graph: building dominates set-up time
 CLOCK_WARMUP_S = 0.3  # device busy time before timing after an idle spell: an idle GPU runs at low clocks
 IDLE_S = 1.0
 
@@ -87,9 +90,9 @@ class TensorSpec:
         tensor.set_data_type(_data_type(self.dtype))
 
 
-def excluded_notes(precision: str) -> list:
+def excluded_notes(precision: str, deterministic: bool = True) -> list:
     notes = _cudnn().numerical_note
-    excluded = [notes.NONDETERMINISTIC]
+    excluded = [notes.NONDETERMINISTIC] if deterministic else []
     if precision in ("fp32", "tf32"):
         excluded.append(notes.DOWN_CONVERT_INPUTS)
     if precision == "fp32":
@@ -100,7 +103,7 @@ def excluded_notes(precision: str) -> list:
 class CudnnGraph:
     """One built graph: the uid of each named tensor, its candidate plans, and the plan autotuning chose."""
 
-    def __init__(self, key: tuple, handle: int, io_dtype, precision: str, define):
+    def __init__(self, key: tuple, handle: int, io_dtype, precision: str, define, deterministic: bool = True):
         cudnn = _cudnn()
         self.key = key
         graph = cudnn.pygraph(io_data_type=_data_type(io_dtype), intermediate_data_type=cudnn.data_type.FLOAT,
@@ -110,37 +113,45 @@ class CudnnGraph:
             graph.validate()
             graph.build_operation_graph()
             graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-            graph.deselect_numeric_notes(excluded_notes(precision))
+            graph.deselect_numeric_notes(excluded_notes(precision, deterministic))
             graph.check_support()
         except Exception as exc:   # the frontend raises several types for "no engine supports this"
             raise CudnnUnsupported(f"cuDNN cannot run {key[0]} {key[1:]}: {exc}") from exc
-        count = graph.get_execution_plan_count()
-        preset = autotune.PLAN_CHOICES.preset_for(key)
+        names = _plan_names(graph)
+        preset = autotune.PLAN_CHOICES.chosen_for(key)
         self.plans = []
-        if preset is not None:   # a choice of an earlier process: that plan alone, if it still builds
-            self.plans = _build_plans(graph, [i for i in range(count) if graph.get_plan_name_at_index(i) == preset], 1)
+        if preset in names.values():   # a choice of an earlier process: that plan alone, if it still builds
+            self.plans = _build_plans(graph, [i for i, name in names.items() if name == preset])
         self.preset = bool(self.plans)
         if not self.plans:
-            self.plans = _build_plans(graph, range(count), MAX_PLANS)
+            self.plans = _build_plans(graph, names)
         if not self.plans:
             raise CudnnUnsupported(f"cuDNN built no plan for {key[0]} {key[1:]} under {precision}")
         self.graph = graph
         self.uids = {name: t.get_uid() for name, t in tensors.items()}
-        self.plan_names = {i: graph.get_plan_name_at_index(i) for i in self.plans}
+        self.plan_names = {i: names[i] for i in self.plans}
         self.workspace_bytes = {i: int(graph.get_workspace_size_plan_at_index(i)) for i in self.plans}
         self.plan: int | None = None   # chosen by the first eager execution
-        self.plan_times_ms: dict[int, float] = {}
+        self.timings: dict = {}        # plan index -> autotune.Timing
 
     def execute(self, pointers: dict, workspace_ptr: int, plan: int, handle: int):
         self.graph.execute_plan_at_index(pointers, workspace_ptr, plan, handle=handle)
 
 
-def _build_plans(graph, indices, limit: int) -> list[int]:
-    """The first `limit` of `indices` whose plans build."""
+def _plan_names(graph) -> dict[int, str]:
+    """Each candidate's index and name in heuristic order; a name the two heuristics both return counts once."""
+    names: dict[int, str] = {}
+    for index in range(graph.get_execution_plan_count()):
+        name = graph.get_plan_name_at_index(index)
+        if name not in names.values():
+            names[index] = name
+    return names
+
+
+def _build_plans(graph, indices) -> list[int]:
+    """Those of `indices` whose plans build, in their order."""
     built = []
     for index in indices:
-        if len(built) == limit:
-            break
         try:
             graph.build_plan_at_index(index)
         except Exception:   # deselected, or this engine fails to build on this GPU: try the next one
@@ -150,14 +161,23 @@ def _build_plans(graph, indices, limit: int) -> list[int]:
 
 
 _GRAPHS: dict[tuple, CudnnGraph] = {}   # building is slow: one graph per key, per process
+_BUILDING = autotune.Progress("cuDNN graphs built")
+_TUNING = autotune.Progress("cuDNN graphs autotuned")
+
+
+def _untimed() -> int:
+    """Graphs built in this process whose plan is still to be timed: what autotuning has left, as far as known."""
+    return sum(1 for graph in _GRAPHS.values() if graph.plan is None and not graph.preset)
 
 
 class CudnnRuntime:
-    """A cuDNN handle on a backend's engine stream, and the workspace the graphs on that stream share."""
+    """A cuDNN handle on a backend's engine stream, and the workspace the graphs on that stream share.
 
-    def __init__(self, backend):
+    `deterministic`: whether its graphs keep to engines that compute the same bits on every run."""
+
+    def __init__(self, backend, deterministic: bool = True):
         cudnn = _cudnn()
-        self.backend, self.stream = backend, backend.stream
+        self.backend, self.stream, self.deterministic = backend, backend.stream, deterministic
         # Never destroyed: the process-wide graph cache holds plans built with this handle.
         self.handle = cudnn.create_handle()
         cudnn.set_stream(handle=self.handle, stream=self.stream.ptr)
@@ -165,9 +185,12 @@ class CudnnRuntime:
         self._retired = []   # earlier workspaces, kept alive for steps captured with them
 
     def graph(self, key: tuple, io_dtype, precision: str, define) -> CudnnGraph:
+        if not self.deterministic:   # other candidate engines: a graph, and a kept choice, of its own
+            key += (("deterministic", False),)
         key = (self.backend.xp.cuda.Device().id,) + key
         if key not in _GRAPHS:
-            _GRAPHS[key] = CudnnGraph(key[1:], self.handle, io_dtype, precision, define)
+            _GRAPHS[key] = CudnnGraph(key[1:], self.handle, io_dtype, precision, define, self.deterministic)
+            _BUILDING.step()
         return _GRAPHS[key]
 
     def reserve(self, nbytes: int, allocator=None):
@@ -187,12 +210,10 @@ class CudnnRuntime:
         graph.execute(pointers, self.workspace.data.ptr, graph.plan, self.handle)
 
     def autotune(self, graph: CudnnGraph, pointers: dict):
-        """Time every built plan on the live buffers (outputs are overwritten) and keep the fastest.
+        """Time every built plan on the live buffers (outputs are overwritten) and keep one (autotune.choose).
 
-        Plans are timed in interleaved passes and each keeps its fastest pass, and the GPU is first kept
-        busy for a moment when it has been idle: a GPU ramping up from idle clocks made whichever plans
-        were timed first look slow, and runs of the same ResNet-50 differed by 30% in the plans they kept.
-        """
+        The GPU is first kept busy for a moment when it has been idle: a GPU ramping up from idle clocks made
+        whichever plans were timed first look slow."""
         candidates = []
         for plan in graph.plans:
             self.reserve(graph.workspace_bytes[plan])
@@ -204,13 +225,19 @@ class CudnnRuntime:
             candidates.append(plan)
         if not candidates:
             raise CudnnUnsupported(f"no plan of {graph.key[0]} {graph.key[1:]} executed on this GPU")
-        self._warm_clocks(graph, pointers, candidates[0])
-        ways = {plan: functools.partial(graph.execute, pointers, self.workspace.data.ptr, plan, self.handle)
-                for plan in candidates}
-        graph.plan_times_ms = autotune.time_interleaved(self.backend.xp, self.stream, ways)
-        graph.plan = min(graph.plan_times_ms, key=graph.plan_times_ms.get)
-        autotune.PLAN_CHOICES.record(graph.key, graph.plan_names[graph.plan], graph.plan_times_ms[graph.plan])
-        self._last_tuned = time.perf_counter()
+        if len(candidates) == 1:
+            graph.plan = candidates[0]
+        else:
+            self._warm_clocks(graph, pointers, candidates[0])
+            ways = {plan: functools.partial(graph.execute, pointers, self.workspace.data.ptr, plan, self.handle)
+                    for plan in candidates}
+            graph.timings = autotune.time_captured(self.backend.xp, self.stream, ways)
+            graph.plan = autotune.choose(candidates, graph.timings)
+            self._last_tuned = time.perf_counter()
+        timing = graph.timings.get(graph.plan)
+        autotune.PLAN_CHOICES.record(graph.key, graph.plan_names[graph.plan], timing.ms if timing else 0.0)
+        if not graph.preset:
+            _TUNING.step(_untimed())
 
     def _warm_clocks(self, graph: CudnnGraph, pointers: dict, plan: int):
         """Run the graph for CLOCK_WARMUP_S of device time if nothing was timed for IDLE_S seconds."""
@@ -226,11 +253,12 @@ class CudnnRuntime:
 _RUNTIMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def runtime_for(backend) -> CudnnRuntime:
-    """The runtime of the backend's engine stream."""
-    if backend not in _RUNTIMES:
-        _RUNTIMES[backend] = CudnnRuntime(backend)
-    return _RUNTIMES[backend]
+def runtime_for(backend, deterministic: bool = True) -> CudnnRuntime:
+    """The runtime of the backend's engine stream (one for deterministic graphs, one for the others)."""
+    runtimes = _RUNTIMES.setdefault(backend, {})
+    if deterministic not in runtimes:
+        runtimes[deterministic] = CudnnRuntime(backend, deterministic)
+    return runtimes[deterministic]
 
 
 class BoundGraph:

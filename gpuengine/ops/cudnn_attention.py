@@ -99,7 +99,8 @@ def sdpa_backward(runtime, q: Heads, k: Heads, v: Heads, out: Heads, stats, d_ou
     def define(g):
         t = {name: specs[name].make(g, name) for name in ("q", "k", "v", "o", "stats", "d_o")}
         grads = g.sdpa_backward(name="sdpa_bwd", q=t["q"], k=t["k"], v=t["v"], o=t["o"], dO=t["d_o"],
-                                stats=t["stats"], attn_scale=scale, use_deterministic_algorithm=True, **_mask(causal))
+                                stats=t["stats"], attn_scale=scale,
+                                use_deterministic_algorithm=runtime.deterministic, **_mask(causal))
         for name, tensor in zip(("dq", "dk", "dv"), grads):
             specs[name].mark_output(tensor)
         return t | dict(zip(("dq", "dk", "dv"), grads))
@@ -130,8 +131,9 @@ class _Bf16Twins:
 class FusedAttention:
     """The GPU attention strategy: fused cuDNN graphs, natively under bf16, between casts under fp32/tf32."""
 
-    def __init__(self, backend, policy, allocator, q: Heads, k: Heads, v: Heads, out: Heads, causal: bool):
-        self.runtime, self.allocator, self.causal = runtime_for(backend), allocator, causal
+    def __init__(self, backend, policy, allocator, q: Heads, k: Heads, v: Heads, out: Heads, causal: bool,
+                 deterministic: bool = True):
+        self.runtime, self.allocator, self.causal = runtime_for(backend, deterministic), allocator, causal
         self.native = policy.compute_dtype == bfloat16_dtype()
         if self.native:
             self.q, self.k, self.v, self.out = q, k, v, out

@@ -10,6 +10,11 @@ machines"). nvmath's execute() is capture-safe, unlike CuPy's cuBLAS calls,
 and allocates nothing when in place.
 On the NumPy backend the same object computes with np.matmul in float32.
 
+The first eager run chooses among the algorithms cuBLASLt's heuristic returns
+for the GEMM (up to CANDIDATES), timing their kernels in captured replays
+(ops/autotune.py): the heuristic's first is kept unless another is clearly
+faster, and the choice is recorded in autotune.PLAN_CHOICES like a cuDNN plan.
+
 Each plan's cuBLASLt workspace comes from CuPy's pool at the first execute;
 it is capped (nvmath would allow 80% of the device and size the workspace for
 the hungriest candidate algorithm) and booked with the allocator, so the
@@ -18,8 +23,23 @@ engine's memory report covers it before anything runs.
 from __future__ import annotations
 
 from ..runtime.backend import widen
+from . import autotune
 
 WORKSPACE_LIMIT = 32 << 20   # bytes per GEMM: PyTorch's default cuBLAS/cuBLASLt workspace on Hopper
+CANDIDATES = 16              # algorithms asked of the heuristic (nvmath's default asks for 8)
+_TUNING = autotune.Progress("cuBLASLt GEMMs autotuned")
+
+
+def algorithm_name(algorithm) -> str:
+    """A cuBLASLt algorithm's configuration as stable text: the same on every process of one stack."""
+    parts = []
+    for field in ("algorithm_id", "tile", "stages", "split_k", "reduction_scheme", "cta_swizzling",
+                  "custom_option", "inner_shape", "cluster_shape"):
+        try:
+            parts.append(f"{field}={getattr(algorithm, field)}")
+        except Exception:   # a field this cuBLASLt does not report: the others still name the algorithm
+            continue
+    return ",".join(parts)
 
 
 def workspace_bytes(mm) -> int:
@@ -45,7 +65,11 @@ class Gemm:
         self.backend, self.policy = backend, policy
         self.out, self.a, self.b, self.bias = out, a, b, bias
         self.flops = 2 * m * n * k
-        self._mm = self._plan() if backend.is_gpu else None
+        self.key = ("gemm", policy.name, a.shape, a.strides, b.shape, b.strides, out.strides, a.dtype.name,
+                    out.dtype.name, bias is not None)
+        self._mm, self._algorithms = self._plan() if backend.is_gpu else (None, [])
+        self._algorithm = None   # chosen at the first eager run; None with one candidate: the heuristic's first
+        self._chosen = len(self._algorithms) <= 1
         self._allocator, self._booked = allocator, 0
         self._book_workspace()
 
@@ -61,15 +85,41 @@ class Gemm:
         options = {"inplace": True, "compute_type": self.policy.gemm_compute_type(), "memory_limit": WORKSPACE_LIMIT}
         stream = self.backend.stream
         mm = Matmul(self.b.T, self.a.T, c=self.out.T, beta=0.0, options=options, stream=stream)
+        preferences = {"limit": CANDIDATES}
         if self.bias is not None:
-            mm.plan(epilog=MatmulEpilog.BIAS, epilog_inputs={"bias": self.bias}, stream=stream)
+            algorithms = mm.plan(preferences=preferences, epilog=MatmulEpilog.BIAS,
+                                 epilog_inputs={"bias": self.bias}, stream=stream)
         else:
-            mm.plan(stream=stream)
-        return mm
+            algorithms = mm.plan(preferences=preferences, stream=stream)
+        return mm, list(algorithms)
+
+    def _execute(self, algorithm=None):
+        self._mm.execute(algorithm=algorithm, stream=self.backend.stream)
+
+    def _choose(self):
+        """Time the heuristic's algorithms on the live operands (the output is overwritten) and keep one."""
+        names = {algorithm_name(algorithm): algorithm for algorithm in self._algorithms}
+        preset = autotune.PLAN_CHOICES.chosen_for(self.key)
+        if preset in names:
+            chosen = preset
+        else:
+            autotune.refuse_capture(self.backend.stream, f"GEMM {self.key[2]} @ {self.key[4]}")
+            ways = {name: (lambda algorithm=algorithm: self._execute(algorithm)) for name, algorithm in names.items()}
+            for run in ways.values():
+                run()   # first runs: the workspace is allocated, kernels load
+            timings = autotune.time_captured(self.backend.xp, self.backend.stream, ways)
+            chosen = autotune.choose(list(ways), timings)
+            autotune.PLAN_CHOICES.record(self.key, chosen, timings[chosen].ms)
+            _TUNING.step()
+        first = next(iter(names))
+        self._algorithm = None if chosen == first else names[chosen]   # the first is execute()'s own default
+        self._chosen = True
 
     def run(self):
         if self._mm is not None:
-            self._mm.execute(stream=self.backend.stream)
+            if not self._chosen:
+                self._choose()
+            self._execute(self._algorithm)
             return self.out
         if self.backend.is_gpu:
             raise RuntimeError("Gemm.run() after free(): its cuBLASLt plan was released")
@@ -83,4 +133,4 @@ class Gemm:
         """Release the cuBLASLt plan and its workspace now rather than at garbage collection."""
         if self._mm is not None:
             self._mm.free()
-            self._mm = None
+            self._mm, self._algorithms, self._algorithm = None, [], None

@@ -1,0 +1,63 @@
+"""`python -m gpuengine plans`: fresh autotunings compared choice by choice, per case and kind.
+
+The runs themselves need a GPU; here their records are written by hand, as `tune_once` writes them.
+"""
+from __future__ import annotations
+
+import pytest
+
+from gpuengine.__main__ import main
+from gpuengine.bench import plan_stability
+from gpuengine.ops.autotune import key_text
+
+CUDNN = key_text(("conv_fprop", "tf32", None, ("x", "spec")))
+GEMM = key_text(("gemm", "tf32", (512, 1000), (4000, 4), (1000, 1000), (4, 4000), (4000, 4), "float32", "float32", True))
+WAY = key_text(("conv_forward_choice", "tf32", None, ("relu", False)))
+
+
+def run_record(**cases) -> dict:
+    return {"cases": {case: {"choices": choices, "setup_s": 12.5} for case, choices in cases.items()}}
+
+
+def test_a_choice_key_says_what_it_chooses():
+    assert plan_stability.kind_of(CUDNN) == "cudnn"
+    assert plan_stability.kind_of(GEMM) == "gemm"
+    assert plan_stability.kind_of(WAY) == "way"
+
+
+def test_runs_are_compared_choice_by_choice_per_case_and_kind():
+    first = run_record(**{"resnet tf32": {CUDNN: "eng0", GEMM: "algorithm_id=6", WAY: "direct"},
+                          "resnet bf16": {CUDNN: "eng4"}})
+    second = run_record(**{"resnet tf32": {CUDNN: "eng0", GEMM: "algorithm_id=21", WAY: "direct", "('new',)": "e"},
+                           "resnet bf16": {CUDNN: "eng4"}})
+    result = plan_stability.compare([first, second])
+    tf32 = result["cases"]["resnet tf32"]
+    assert tf32["by_kind"] == {"cudnn": {"choices": 1, "same": 1}, "gemm": {"choices": 1, "same": 0},
+                               "way": {"choices": 1, "same": 1}}   # a key only one run made is not compared
+    assert tf32["setup_s"] == [12.5, 12.5]
+    assert result["total"] == {"choices": 4, "same": 3} and result["stability"] == 0.75
+    text = plan_stability.table(result)
+    assert "resnet tf32" in text and "all: 3 of 4 choices the same in every run (75.0%)" in text
+
+
+def test_a_case_missing_from_a_run_counts_no_choice():
+    result = plan_stability.compare([run_record(**{"cnn tf32": {CUDNN: "eng0"}}), run_record()])
+    assert result["total"] == {"choices": 0, "same": 0} and result["stability"] is None
+    assert "(n/a)" in plan_stability.table(result)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plans", "zoo:lenet"], "argument workloads: 'zoo:lenet' is not accepted"),
+    (["plans", "--runs", "1"], "argument --runs"),
+])
+def test_bad_arguments_are_refused_before_anything_runs(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_without_a_gpu_nothing_is_autotuned(capsys, monkeypatch):
+    monkeypatch.setattr("gpuengine.runtime.backend.gpu_visible", lambda: False)
+    with pytest.raises(SystemExit):
+        main(["plans", "resnet"])
+    assert "no CUDA GPU is visible here" in capsys.readouterr().err

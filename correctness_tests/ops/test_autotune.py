@@ -1,0 +1,126 @@
+"""Autotuning times kernels in captured replays and keeps the heuristic's order where timings cannot tell.
+
+Runs on a stand-in device (stand_in_device.py): each way has a set time per execution, and only what a
+replayed graph holds moves the device clock, as on a GPU.
+"""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from gpuengine.ops import autotune
+
+from .stand_in_device import StandInDevice
+
+
+def timings(**ms):
+    return {name: autotune.Timing(value, 0.0, 1) for name, value in ms.items()}
+
+
+def test_the_heuristic_first_stays_unless_another_is_clearly_faster():
+    assert autotune.choose(["a", "b"], timings(a=1.00, b=0.99)) == "a"       # 1% apart: inside the margin
+    assert autotune.choose(["a", "b"], timings(a=1.00, b=0.97)) == "b"       # 3%: clearly faster
+    assert autotune.choose(["a", "b", "c"], timings(a=1.5, b=1.01, c=1.0)) == "b"   # the first close to the best
+
+
+def test_the_margin_widens_with_the_timings_own_spread():
+    noisy = {"a": autotune.Timing(1.00, 0.02, 8), "b": autotune.Timing(0.93, 0.01, 8)}   # 7% apart, 3% spread
+    assert autotune.choose(["a", "b"], noisy) == "a"     # 3 x (2% + 1%) = 9% margin: cannot tell
+    steady = {"a": autotune.Timing(1.00, 0.002, 8), "b": autotune.Timing(0.93, 0.001, 8)}
+    assert autotune.choose(["a", "b"], steady) == "b"
+
+
+def test_untimed_ways_are_skipped_and_nothing_timed_is_an_error():
+    assert autotune.choose(["pruned", "a"], timings(a=1.0)) == "a"
+    with pytest.raises(ValueError, match="no way was timed"):
+        autotune.choose(["a"], {})
+
+
+def test_a_timing_is_the_median_pass_and_its_relative_spread():
+    timing = autotune.Timing.of([1.0, 1.2, 0.9, 1.1, 1.0], repeats=4)
+    assert timing.ms == 1.0 and timing.spread == pytest.approx(0.3) and timing.repeats == 4
+
+
+def test_replays_time_the_kernels_and_capture_enough_executions_to_fill_a_replay():
+    device = StandInDevice({"slow": 0.050, "fast": 0.002})
+    ways = {name: device.way(name) for name in device.ms}
+    result = autotune.time_captured(device.xp, device.stream, ways)
+    assert "slow" not in result   # estimated 25x slower than the fastest: pruned before the careful timing
+    assert result["fast"].ms == pytest.approx(0.002)
+    assert result["fast"].repeats == round(autotune.TARGET_REPLAY_MS / 0.002) == 100
+    assert device.captured_sizes["fast"] == [1, 100] and device.eager_runs == {}   # nothing timed from the host
+    assert device.replays["fast"] == 3 + 1 + autotune.PASSES   # estimates, upload, timed passes
+
+
+def test_executions_per_replay_are_capped_for_the_tiniest_kernels():
+    device = StandInDevice({"tiny": 1e-5})
+    result = autotune.time_captured(device.xp, device.stream, {"tiny": device.way("tiny")})
+    assert result["tiny"].repeats == autotune.MAX_REPEATS and result["tiny"].ms == pytest.approx(1e-5)
+
+
+def test_a_noisy_way_reports_its_spread():
+    device = StandInDevice({"steady": 0.1, "noisy": 0.1}, jitter={"noisy": 0.02})
+    result = autotune.time_captured(device.xp, device.stream, {n: device.way(n) for n in device.ms})
+    assert result["steady"].spread == pytest.approx(0, abs=1e-9) and result["noisy"].spread > 0.05
+
+
+def test_faster_of_times_each_way_once_then_runs_its_choice(monkeypatch):
+    choices = autotune.PlanChoices()
+    monkeypatch.setattr(autotune, "PLAN_CHOICES", choices)
+    device = StandInDevice({"cudnn": 0.010, "direct": 0.006})
+    backend = SimpleNamespace(xp=device.xp, stream=device.stream)
+    chooser = autotune.FasterOf(backend, ("conv_fwd_choice", 1), {"cudnn": device.way("cudnn"),
+                                                                   "direct": device.way("direct")})
+    chooser.run()
+    assert chooser.chosen == "direct" and set(chooser.timings) == {"cudnn", "direct"}
+    assert choices.tuned == {autotune.key_text(("conv_fwd_choice", 1)): {"plan": "direct", "ms": 0.006}}
+    assert choices.chosen_for(("conv_fwd_choice", 1)) == "direct"   # a repeated shape is not timed again
+    chooser.run()
+    assert device.eager_runs == {"cudnn": 1, "direct": 3}   # first runs, then the choice twice
+
+
+def test_faster_of_takes_a_preset_without_timing(monkeypatch):
+    monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices({autotune.key_text(("k",)): "cudnn"}))
+    device = StandInDevice({"cudnn": 0.010, "direct": 0.006})
+    backend = SimpleNamespace(xp=device.xp, stream=device.stream)
+    chooser = autotune.FasterOf(backend, ("k",), {"cudnn": device.way("cudnn"), "direct": device.way("direct")})
+    chooser.run()
+    assert chooser.chosen == "cudnn" and chooser.timings == {} and device.replays == {}
+
+
+def test_a_single_way_needs_no_choice_and_no_way_is_an_error():
+    device = StandInDevice({"cudnn": 1.0})
+    backend = SimpleNamespace(xp=device.xp, stream=device.stream)
+    assert autotune.FasterOf(backend, ("k",), {"cudnn": device.way("cudnn"), "direct": None}).chosen == "cudnn"
+    with pytest.raises(ValueError, match="no way to run it"):
+        autotune.FasterOf(backend, ("k",), {"cudnn": None, "direct": None})
+
+
+def test_faster_of_refuses_to_choose_inside_capture():
+    device = StandInDevice({"a": 1.0, "b": 1.0})
+    backend = SimpleNamespace(xp=device.xp, stream=device.stream)
+    chooser = autotune.FasterOf(backend, ("op",), {"a": device.way("a"), "b": device.way("b")})
+    device.stream.begin_capture()
+    with pytest.raises(RuntimeError, match="first ran inside CUDA-graph capture"):
+        chooser.run()
+
+
+def test_progress_is_said_every_few_seconds_and_when_nothing_is_left(monkeypatch, caplog):
+    now = [100.0]
+    monkeypatch.setattr(autotune.time, "perf_counter", lambda: now[0])
+    progress = autotune.Progress("cuDNN graphs autotuned")
+    caplog.set_level(logging.INFO, logger="gpuengine.autotune")
+    for pending in (3, 2, 1):
+        now[0] += 1.0
+        progress.step(pending)
+    now[0] += autotune.PROGRESS_EVERY_S
+    progress.step(0)
+    said = [record.getMessage() for record in caplog.records]
+    assert said == ["cuDNN graphs autotuned: 4, 0 to go, 7 s"]
+    now[0] += autotune.BURST_GAP_S + 1   # a later model's burst counts afresh
+    progress.step(None)
+    now[0] += autotune.PROGRESS_EVERY_S
+    progress.step(None)
+    assert caplog.records[-1].getMessage() == "cuDNN graphs autotuned: 2, 5 s"

@@ -1,0 +1,75 @@
+"""On a GPU: a GEMM computes the same product by whichever cuBLASLt algorithm it chose, eager and replayed.
+
+The first eager run times the heuristic's algorithms (ops/gemm.py) and records the choice; each algorithm
+is then pinned in turn through the plan choices a gate run would preset and checked against float64.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuengine.ops import autotune
+from gpuengine.ops.gemm import Gemm, algorithm_name
+from gpuengine.runtime.backend import Backend, gpu_visible
+from gpuengine.runtime.precision import policy_for
+
+from ..gpu_checks import TOLERANCE, rel_err
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
+
+SHAPES = {"mlp-infer-b512": (512, 1000, 1000), "mlp-dgrad-b8000": (8000, 1000, 1000), "skinny": (16, 256, 1024)}
+
+
+def operands(backend, precision: str, m: int, k: int, n: int, seed: int):
+    """a (m, k), b as the transposed view of a row-major (n, k) weight, a bias, and the float64 result."""
+    rng = np.random.default_rng(seed)
+    a, w, bias = rng.standard_normal((m, k)), rng.standard_normal((n, k)) / np.sqrt(k), rng.standard_normal(n)
+    dtype = policy_for(precision).compute_dtype
+    xp = backend.xp
+    on_device = [xp.asarray(v.astype(dtype)) for v in (a, w, bias)]
+    expected = a.astype(dtype).astype(np.float64) @ w.astype(dtype).astype(np.float64).T + bias.astype(dtype)
+    return on_device, xp.full((m, n), np.nan, dtype=dtype), expected
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=list(SHAPES))
+def test_every_candidate_algorithm_computes_the_product(shape, precision, monkeypatch):
+    backend = Backend("cuda")
+    (a, w, bias), out, expected = operands(backend, precision, *SHAPES[shape], seed=len(shape))
+    choices = autotune.PlanChoices()
+    monkeypatch.setattr(autotune, "PLAN_CHOICES", choices)
+    with backend.activate():
+        gemm = Gemm(backend, policy_for(precision), out, a, w.T, bias)
+        gemm.run()
+        backend.synchronize()
+    assert rel_err(out.get().astype(np.float64), expected) < TOLERANCE[precision]
+    names = [algorithm_name(algorithm) for algorithm in gemm._algorithms]
+    assert len(gemm._algorithms) == 1 or list(choices.tuned) == [autotune.key_text(gemm.key)]
+    for name in names:
+        monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices({autotune.key_text(gemm.key): name}))
+        out[...] = np.nan
+        with backend.activate():
+            pinned = Gemm(backend, policy_for(precision), out, a, w.T, bias)
+            pinned.run()
+            backend.synchronize()
+        assert rel_err(out.get().astype(np.float64), expected) < TOLERANCE[precision], name
+        pinned.free()
+    gemm.free()
+
+
+def test_a_captured_replay_runs_the_chosen_algorithm(monkeypatch):
+    monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices())
+    backend = Backend("cuda")
+    (a, w, bias), out, expected = operands(backend, "tf32", 512, 1000, 1000, seed=3)
+    with backend.activate():
+        gemm = Gemm(backend, policy_for("tf32"), out, a, w.T, bias)
+        gemm.run()   # eager: chooses
+        out[...] = np.nan
+        backend.stream.begin_capture()
+        gemm.run()
+        graph = backend.stream.end_capture()
+        graph.launch(backend.stream)
+        backend.synchronize()
+    assert rel_err(out.get().astype(np.float64), expected) < TOLERANCE["tf32"]
+    gemm.free()

@@ -1,0 +1,143 @@
+"""`python -m gpuengine plans`: do fresh autotunings on one GPU keep the same choices?
+
+    python -m gpuengine plans resnet zoo:resnet50 [--precision tf32 bf16] [--runs 2] [--out FILE]
+
+Every choice the engine makes by timing (a cuDNN graph's plan, a GEMM's
+cuBLASLt algorithm, a depthwise convolution's way: ops/autotune.py) is made
+afresh in each of `--runs` new processes, one after another on this GPU,
+with nothing preset: each process builds every case's engine as a profile
+does (profile/workloads.py: the perf tests' network, batch and data), warms it
+up (which autotunes), and writes what it chose. The runs are then compared
+choice by choice: the share of choices every run made alike, per case and per
+kind, is the plan stability docs/gate.md states (issue 36 asks for 95%). The
+set-up time of each case (building, autotuning, capture) is kept beside it.
+The table goes to stdout, the whole record to --out (JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..config import PRECISIONS
+from .cli_args import UsageError, whole
+from .json_files import write_json
+
+PROG = "python -m gpuengine plans"
+DEFAULT_WORKLOADS = ("mlp", "cnn", "resnet", "transformer", "zoo:resnet50", "zoo:mobilenet_v2")
+
+
+def kind_of(key: str) -> str:
+    """What a choice key chooses: 'gemm' (a cuBLASLt algorithm), 'way' (FasterOf) or 'cudnn' (a graph's plan)."""
+    first = key.lstrip("(").split(",")[0].strip("'\" ")
+    if first == "gemm":
+        return "gemm"
+    return "way" if first.endswith("_choice") else "cudnn"
+
+
+def compare(runs: list[dict]) -> dict:
+    """Per case and per kind: choices made in every run, and how many of them every run made alike."""
+    cases: dict = {}
+    for case in runs[0]["cases"]:
+        chosen = [run["cases"][case]["choices"] for run in runs if case in run["cases"]]
+        keys = set.intersection(*(set(c) for c in chosen)) if len(chosen) == len(runs) else set()
+        by_kind: dict = {}
+        for key in keys:
+            tally = by_kind.setdefault(kind_of(key), {"choices": 0, "same": 0})
+            tally["choices"] += 1
+            tally["same"] += len({c[key] for c in chosen}) == 1
+        cases[case] = {"by_kind": by_kind, "setup_s": [run["cases"][case]["setup_s"] for run in runs
+                                                        if case in run["cases"]]}
+    total = {"choices": 0, "same": 0}
+    for case in cases.values():
+        for tally in case["by_kind"].values():
+            total["choices"] += tally["choices"]
+            total["same"] += tally["same"]
+    return {"cases": cases, "total": total,
+            "stability": total["same"] / total["choices"] if total["choices"] else None}
+
+
+def tune_once(cases: list[tuple[str, str]], out: Path) -> None:
+    """In this (fresh) process: build and warm up each case's engine with nothing preset, write the choices."""
+    from ..ops import autotune
+    from .profile.record import ProfileCase
+    from .profile.workloads import get_workload
+    record = {"cases": {}}
+    for workload_name, precision in cases:
+        workload = get_workload(workload_name)
+        choices = autotune.use_plan_choices({})
+        started = time.perf_counter()
+        runner = workload.engine_runner(ProfileCase(workload_name, precision, workload.batch, 1))
+        runner.prepare()
+        runner.synchronize()
+        record["cases"][f"{workload_name} {precision}"] = {
+            "choices": {key: entry["plan"] for key, entry in choices.tuned.items()},
+            "setup_s": round(time.perf_counter() - started, 1)}
+        runner.trainer.close()
+        del runner
+    write_json(out, record)
+
+
+def table(result: dict) -> str:
+    lines = [f"{'case':<28} {'kind':<6} {'same':>5} / {'all':<5} set-up s per run"]
+    for case, entry in result["cases"].items():
+        setup = ", ".join(f"{s:.0f}" for s in entry["setup_s"])
+        for kind, tally in sorted(entry["by_kind"].items()):
+            lines.append(f"{case:<28} {kind:<6} {tally['same']:>5} / {tally['choices']:<5} {setup}")
+    total = result["total"]
+    share = "n/a" if result["stability"] is None else f"{100 * result['stability']:.1f}%"
+    lines.append(f"all: {total['same']} of {total['choices']} choices the same in every run ({share})")
+    return "\n".join(lines)
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser("plans", help="do fresh autotunings keep the same plan choices? (GPU)",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workloads", nargs="*", default=list(DEFAULT_WORKLOADS),
+                        help=f"workloads as `profile` takes them (default: {' '.join(DEFAULT_WORKLOADS)})")
+    parser.add_argument("--precision", nargs="+", choices=PRECISIONS, default=["tf32", "bf16"])
+    parser.add_argument("--runs", type=whole(2, 10), default=2, help="fresh processes that autotune (default 2)")
+    parser.add_argument("--out", type=Path, default=Path("build") / "plan_stability.json")
+    parser.add_argument("--tune-once", type=Path, metavar="JSON", help=argparse.SUPPRESS)   # a run's own process
+    parser.set_defaults(run=run, check=check, parser=parser)
+
+
+def check(args) -> None:
+    from ..runtime.backend import gpu_visible
+    from .profile.workloads import get_workload
+    for name in args.workloads:
+        try:
+            get_workload(name)
+        except ValueError as exc:
+            raise UsageError(f"argument workloads: {exc}") from None
+    if not gpu_visible():
+        raise UsageError("no CUDA GPU is visible here (CuPy missing, or no device): nothing is autotuned on the "
+                         "CPU tier")
+
+
+def run(args) -> int:
+    cases = [(name, precision) for name in args.workloads for precision in args.precision]
+    if args.tune_once is not None:
+        tune_once(cases, args.tune_once)
+        return 0
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="gpuengine-plans-") as folder:
+        for index in range(args.runs):
+            out = Path(folder) / f"run{index}.json"
+            command = [sys.executable, "-m", "gpuengine", "plans", *args.workloads, "--precision", *args.precision,
+                       "--tune-once", str(out)]
+            print(f"plans: fresh autotuning {index + 1} of {args.runs}: {len(cases)} case(s)", flush=True)
+            status = subprocess.run(command).returncode
+            if status != 0:
+                print(f"plans: run {index + 1} failed (exit status {status})", file=sys.stderr)
+                return 1
+            runs.append(json.loads(out.read_text()))
+    result = compare(runs) | {"runs": runs, "workloads": args.workloads, "precisions": args.precision}
+    print(table(result))
+    write_json(args.out, result)
+    print(f"plans: written to {args.out}")
+    return 0
