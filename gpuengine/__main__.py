@@ -19,6 +19,9 @@
     python -m gpuengine plans [WORKLOAD ...] [--precision tf32 bf16] [--runs 2] [--out FILE]
         whether fresh autotunings in new processes keep the same plan choices, per case and kind (a GPU
         only; gpuengine/bench/plan_stability.py)
+    python -m gpuengine toggle-cost TOGGLE=VALUE [WORKLOAD ...] [--precision ...] [--cuda-graph 8] [--rounds 21]
+        the engine with a toggle set beside the default engine, rounds alternating in one process: what the
+        toggle costs or gains per workload and precision (a GPU only; gpuengine/bench/toggle_cost.py)
 
 Every command checks its arguments, and the GPUENGINE_* toggles where it runs the
 engine, before any work starts: a bad one is a usage error (status 2) naming the
@@ -31,14 +34,14 @@ import json
 import sys
 
 from .bench.cli_args import UsageError
-from .bench import plan_stability
+from .bench import plan_stability, toggle_cost
 from .bench.gatepower import cli as gatepower_cli
 from .bench.maxbatch import cli as maxbatch_cli
 from .bench.profile import cli as profile_cli
 from .bench.report import cli as report_cli
 from .config import ConfigError, EngineConfig
 
-ENGINE_COMMANDS = ("maxbatch", "info", "gatepower", "profile", "plans")   # these read the GPUENGINE_* toggles
+ENGINE_COMMANDS = ("maxbatch", "info", "gatepower", "profile", "plans", "toggle-cost")   # these read the GPUENGINE_* toggles
 
 
 def _info(args) -> int:
@@ -60,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     gatepower_cli.add_parser(commands)
     profile_cli.add_parser(commands)
     plan_stability.add_parser(commands)
+    toggle_cost.add_parser(commands)
     return parser
 
 
