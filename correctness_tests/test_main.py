@@ -31,7 +31,7 @@ def test_info_refuses_a_bad_toggle_naming_the_variable(capsys, monkeypatch, vari
 
 
 def test_every_command_that_runs_the_engine_checks_the_toggles():
-    assert set(ENGINE_COMMANDS) == {"maxbatch", "info", "gatepower", "profile"}
+    assert set(ENGINE_COMMANDS) == {"maxbatch", "info", "gatepower", "profile", "plans", "toggle-cost"}
 
 
 def test_a_bad_toggle_is_one_line_without_a_traceback_from_the_shell():

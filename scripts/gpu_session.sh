@@ -48,6 +48,13 @@
 #                study-new the same for ResNet-50, the zoo, the loader and the streamed MLP and CNN
 #                faults   the fault trials: out of memory and nan mid-run in a perf session, Ctrl-C in an A/B one
 #                calibrate / study   `python -m gpuengine gatepower calibrate -m gatepower` / the power study
+#                autotune the GPU tests of what autotunes (ops/, conv, ResNet, Transformer), four workers
+#                plans    `python -m gpuengine plans` of PLANS (default: resnet transformer cnn mlp zoo:resnet50) in
+#                         tf32 and bf16: two fresh autotunings compared (LOGDIR/plan_stability.json)
+#                determinism `python -m gpuengine toggle-cost deterministic=0` of TOGGLE_WORKLOADS (default: cnn resnet
+#                         transformer zoo:resnet50 zoo:mobilenet_v2), every precision (LOGDIR/toggle_cost.json)
+#                ab-cold  the step ab with no kept plans (cudnn_plans.json removed): a fresh machine's first run,
+#                         autotuning included (with build/base at the same commit: the cold A/A run)
 #
 # For machines whose commands are cut off after a few minutes (a lent GPU): start, then poll `status`.
 # Needs the engine's packages importable already (GATE_NO_INSTALL=1 is set: no package registry assumed).
@@ -123,6 +130,14 @@ step_study-new() { python3 -m gpuengine gatepower --against build/base --session
     tar czf "$logdir/trials-study-new.tgz" -C "$logdir" trials-study-new; return $s; }
 step_faults() { python3 -m pytest correctness_tests/faults correctness_tests/test_trainer.py perf_tests/test_ab_smoke.py \
     -k "faults or nan or ctrl_c" -q -p no:cacheprovider -rA; }
+step_autotune() { python3 -m pytest correctness_tests/ops correctness_tests/layers/test_gpu_conv.py \
+    correctness_tests/workloads/test_gpu_resnet.py correctness_tests/workloads/test_gpu_transformer.py -m gpu -n 4 \
+    --dist loadfile -q -p no:cacheprovider -rs --durations=15; }
+step_plans() { python3 -m gpuengine plans ${PLANS:-resnet transformer cnn mlp zoo:resnet50} --precision tf32 bf16 \
+    --out "$logdir/plan_stability.json"; }
+step_determinism() { python3 -m gpuengine toggle-cost deterministic=0 \
+    ${TOGGLE_WORKLOADS:-cnn resnet transformer zoo:resnet50 zoo:mobilenet_v2} --out "$logdir/toggle_cost.json"; }
+step_ab-cold() { rm -f baselines_store/*/cudnn_plans.json; step_ab; }
 step_calibrate() { python3 -m gpuengine gatepower calibrate -m gatepower --keep-trials "$logdir/trials-calibrate"; }
 step_study() { python3 -m gpuengine gatepower --keep-trials "$logdir/trials-study"; }
 
