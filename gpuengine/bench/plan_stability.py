@@ -77,8 +77,7 @@ def tune_once(cases: list[tuple[str, str]], out: Path) -> None:
         record["cases"][f"{workload_name} {precision}"] = {
             "choices": {key: entry["plan"] for key, entry in choices.tuned.items()},
             "setup_s": round(time.perf_counter() - started, 1)}
-        runner.trainer.close()
-        del runner
+        del runner   # its device memory goes back before the next case is built
     write_json(out, record)
 
 

@@ -71,8 +71,6 @@ def measure(workload_name: str, precision: str, toggle: tuple[str, object], cuda
     after = {side: runner.train(1)[-1] for side, runner in sides.items()}
     default, toggled = list(sides)
     summary = ratio(times[toggled], times[default], toggled)
-    for runner in sides.values():
-        runner.trainer.close()
     return {"case": f"{workload_name} {precision}", "median_ms": {s: statistics.median(t) for s, t in times.items()},
             "toggled_speedup": summary.as_dict(), "loss_before": before, "loss_after": after,
             "trains": all(after[side] < before[side] for side in sides)}
