@@ -25,11 +25,11 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
 import pytest
 
-from gpuengine.bench.machine_info import Tier, collect_machine_info, current_tier, named_commit
+from gpuengine.bench.machine_info import (Tier, collect_machine_info, current_tier, named_commit, named_commit_info,
+                                         run_tag)
 from gpuengine.bench.stored_runs import run_files
 from gpuengine.config import ConfigError, EngineConfig
 from gpuengine.runtime.backend import get_backend, gpu_visible, resolve_device
@@ -137,9 +137,7 @@ def _name_autosave_after_gate_commit(config: pytest.Config):
     GATE_COMMIT_ID, when set, names it instead, like the run's commit_info (update_commit_info below)."""
     named = named_commit()
     if named and getattr(config.option, "benchmark_autosave", None):
-        commit, dirty = named
-        tag = f"{commit}_{datetime.now(timezone.utc):%Y%m%d_%H%M%S}"
-        config.option.benchmark_autosave = tag + ("_uncommited-changes" if dirty else "")
+        config.option.benchmark_autosave = run_tag(*named)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -165,10 +163,9 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 def pytest_benchmark_update_commit_info(config, commit_info):
     """A copy of the tree whose .git is missing or stale (a lent GPU machine) names its commit through
     GATE_COMMIT_ID: when set, it wins over what git reports there."""
-    named = named_commit()
+    named = named_commit_info()
     if named:
-        commit, dirty = named
-        commit_info.update(id=commit, dirty=dirty, branch=os.environ.get("GATE_COMMIT_BRANCH", "main"), error=None)
+        commit_info.update(named)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuengine.bench.machine_info import checkout_commit, named_commit_info, run_tag
 from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_only, merge_runs, next_run_path,
                                          split_tests)
 from gpuengine.bench.stored_runs import history_folder, newest_per_test, scan
@@ -118,8 +119,9 @@ def run_workers(workers: list[Worker], args: list[str], out: Path) -> dict[str, 
 
 
 def save_merged(workers: list[Worker], status: dict[str, int], store: Path, machine_id: str, tag: str,
-                save_baseline: bool) -> list[Path]:
-    """Merge the workers' JSON runs, one per GPU kind, into store/<tier>/[history/]<machine id>/NNNN_<tag>.json."""
+                save_baseline: bool, commit_info: dict | None = None) -> list[Path]:
+    """Merge the workers' JSON runs, one per GPU kind, into store/<tier>/[history/]<machine id>/NNNN_<tag>.json.
+    `commit_info`: fields that name the commit over what the workers' runs say (GATE_COMMIT_ID's)."""
     runs, names = [], []
     for worker in workers:
         if worker.json_path.is_file():
@@ -134,6 +136,8 @@ def save_merged(workers: list[Worker], status: dict[str, int], store: Path, mach
                                                for name, run in zip(names, runs))
     saved = []
     for merged in merge_runs(runs, names).values():
+        if commit_info:
+            merged["commit_info"] = {**merged.get("commit_info", {}), **commit_info}
         tier = store / merged["machine_info"]["tier"]
         folder = (tier if passed or save_baseline else history_folder(tier)) / machine_id
         folder.mkdir(parents=True, exist_ok=True)
@@ -143,8 +147,14 @@ def save_merged(workers: list[Worker], status: dict[str, int], store: Path, mach
     return saved
 
 
+def merged_run_naming() -> tuple[str, dict | None]:
+    """The merged run's tag and the commit_info fields that name its commit, as a single run's autosave gets them
+    (conftest.py): GATE_COMMIT_ID where set (a lent machine's copy of the tree has no .git), else git's answer."""
+    return run_tag(*checkout_commit()), named_commit_info()
+
+
 def main(argv: list[str] | None = None) -> int:
-    from pytest_benchmark.utils import get_machine_id, get_tag
+    from pytest_benchmark.utils import get_machine_id
     argv = list(sys.argv[1:] if argv is None else argv)
     save_baseline = "--save-baseline" in argv
     args = [a for a in argv if a not in HELD_BACK]
@@ -158,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"perf_tests.spread: GPUs {','.join(devices)}; " + "; ".join(f"{w.name}: {len(w.tests)} tests" for w in workers),
           flush=True)
     status = run_workers(workers, args, out)
-    for path in save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), get_tag(), save_baseline):
+    tag, commit_info = merged_run_naming()
+    for path in save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), tag, save_baseline,
+                            commit_info):
         print(f"perf_tests.spread: saved the merged run as {path.relative_to(ROOT)}", flush=True)
     return max(status.values(), default=0)
 

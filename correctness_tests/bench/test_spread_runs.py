@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from gpuengine.bench.machine_info import run_tag
 from gpuengine.bench.spread_runs import benchmark_seconds, merge_runs, next_run_path, split_tests
 from gpuengine.bench.stored_runs import read_run
-from perf_tests.spread import HELD_BACK, Worker, plan_workers, save_merged, visible_devices
+from perf_tests.spread import HELD_BACK, Worker, merged_run_naming, plan_workers, save_merged, visible_devices
 
 
 def fake_run(gpu: str, tests: dict[str, float], when: str = "2026-11-23T10:00:00+00:00") -> dict:
@@ -122,3 +124,31 @@ def test_the_merged_run_keeps_every_workers_gate_verdict():
     (merged,) = merge_runs(runs, ["gpu0", "gpu1"]).values()
     assert merged["gpuengine_gate"] == {"targets_fail": True, "targets_not_met": 1, "failed_on_targets_only": ["a"],
                                         "failed_otherwise": ["b"]}
+
+
+def test_run_tags_read_like_pytest_benchmarks_autosave():
+    when = datetime(2026, 11, 27, 11, 16, 55, tzinfo=timezone(timedelta(hours=1)))
+    assert run_tag("0cfdca4", False, when) == "0cfdca4_20261127_101655"   # UTC, as pytest-benchmark writes it
+    assert run_tag("0cfdca4", True, when) == "0cfdca4_20261127_101655_uncommited-changes"
+    assert run_tag("unversioned", None, when) == "unversioned_20261127_101655"
+
+
+def test_the_merged_run_is_named_after_gate_commit_id_without_git(tmp_path, monkeypatch):
+    # A lent GPU machine's copy of the tree has no .git: its workers' runs say "unversioned" where no hook named
+    # the commit, and the merged run must name it anyway, in its file name and its commit_info alike.
+    monkeypatch.setenv("GATE_COMMIT_ID", "0cfdca4")
+    monkeypatch.setenv("GATE_COMMIT_DIRTY", "1")
+    monkeypatch.setenv("GATE_COMMIT_BRANCH", "spread-fix")
+    tag, commit_info = merged_run_naming()
+    assert tag.startswith("0cfdca4_") and tag.endswith("_uncommited-changes")
+    workers = [Worker(f"gpu{i}", str(i), [], tmp_path / f"gpu{i}.json") for i in range(2)]
+    for i, worker in enumerate(workers):
+        run = fake_run("NVIDIA H100", {f"perf_tests/t.py::t{i}": 1.0})
+        run["commit_info"] = {"id": "unversioned", "dirty": False, "project": "gpuengine", "branch": "(unknown)"}
+        worker.json_path.write_text(json.dumps(run))
+    (path,) = save_merged(workers, {"gpu0": 0, "gpu1": 0}, tmp_path / "store", "m", tag, False, commit_info)
+    assert path.name == f"0001_{tag}.json" and "unversioned" not in path.name
+    assert json.loads(path.read_text())["commit_info"] == {"id": "0cfdca4", "dirty": True, "project": "gpuengine",
+                                                           "branch": "spread-fix", "error": None}
+    monkeypatch.delenv("GATE_COMMIT_ID")
+    assert merged_run_naming()[1] is None   # git's answer then, the workers' commit_info as pytest-benchmark wrote it
