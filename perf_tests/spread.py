@@ -4,22 +4,37 @@
 
 1. Collect the perf tests the gate would run (same selection, the user's args).
 2. Split the single-GPU tests over the GPUs (gpuengine/bench/spread_runs.py:
-   balanced by each test's time in the newest stored run), and run one
+   balanced by each test's wall time in the newest stored run), and run one
    pytest per GPU at once, pinned with CUDA_VISIBLE_DEVICES=<i>, each
    comparing with the stored baselines and writing its run as JSON.
 3. Run the tests that need every GPU (perf_tests/test_data_parallel.py) in
    one pytest that sees them all, after the others (they would share GPUs).
 4. Merge the runs into one per GPU kind and store it like `--benchmark-autosave`
-   does: a baseline if every process passed, or failed only on targets not met
+   does, named after the commit as a single run is (GATE_COMMIT_ID where set):
+   a baseline if every process passed, or failed only on targets not met
    (--claims), or with --save-baseline; else under history/. The exit status
    is the worst of the processes'.
 Workers do not save on their own (no --benchmark-autosave, --save-baseline
 held back): only the merged run is stored.
+
+Host bandwidth. The tests whose timed rounds move data over the host link
+(`shares_host_bandwidth`: the loader module's, every case whose id says
+`streamed`, and nightly the tests timing a reference that streams from host
+arrays) would slow each other if two GPUs ran them at once: one GPU's copies
+would eat the other's bandwidth and its rounds, not the code, would decide.
+They all go to one GPU's pytest, as one block of the split, so they run one
+after another, beside the other GPUs' compute-bound tests. A phase of their
+own after the parallel one would take H + (T - H) / N of wall time (H their
+time, T the whole, N GPUs); one block takes about max(H, T / N), never more,
+and no schedule can beat that bound: H runs serially and T / N is each
+GPU's share. (H100, run 0033: H 108 s of T 232 s, so two GPUs still split
+evenly.) The all-GPU tests stay last and alone.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -35,6 +50,11 @@ ROOT = Path(__file__).resolve().parent.parent
 WHOLE_MACHINE = ("perf_tests/test_data_parallel.py",)   # tests that spread themselves over every GPU
 SELECTION = ["perf_tests", "--ignore-glob=perf_tests/test_*_smoke.py", "-m", "not slow"]   # as ./gate perf
 HELD_BACK = ("--save-baseline", "--benchmark-autosave")
+HOST_BANDWIDTH_MODULES = ("perf_tests/test_loader.py",)   # the loader alone, and training streamed against it
+STREAMED_CASE = re.compile(r"\[(?:[^\]]*-)?streamed(?:-[^\]]*)?\]$")   # a case id naming streamed data
+# Tests that time, in the nightly tier only (plan.NIGHTLY_REFERENCES), a reference fed from host arrays:
+# gpuengine_oneshot uploads each inference batch and reads its outputs back; Keras' fit streams its batches.
+NIGHTLY_HOST_BANDWIDTH = ("perf_tests/test_mlp.py::test_mlp_infer[", "perf_tests/test_cnn.py::test_cnn_train_vs_keras[")
 
 
 @dataclass(frozen=True)
@@ -47,6 +67,13 @@ class Worker:
     def command(self, args: list[str]) -> list[str]:
         return [sys.executable, "-m", "pytest", *self.tests, "-m", "not slow", "--benchmark-compare",
                 f"--benchmark-json={self.json_path}", *args]
+
+
+def shares_host_bandwidth(test_id: str, full: bool = False) -> bool:
+    """Whether a test's timed rounds move data between host and GPU, so that two GPUs running such tests at
+    once would skew each other; `full`: in the nightly tier (--full), whose references differ."""
+    return (test_id.startswith(HOST_BANDWIDTH_MODULES) or bool(STREAMED_CASE.search(test_id))
+            or (full and test_id.startswith(NIGHTLY_HOST_BANDWIDTH)))
 
 
 def gpu_count() -> int:
@@ -84,17 +111,27 @@ def stored_seconds(store: Path) -> dict[str, float]:
     return seconds
 
 
-def plan_workers(test_ids: list[str], devices: list[str] | int, seconds: dict[str, float], out: Path) -> list[Worker]:
+def plan_workers(test_ids: list[str], devices: list[str] | int, seconds: dict[str, float], out: Path,
+                 full: bool = False) -> list[Worker]:
     """The per-GPU workers (non-empty ones), then the all-GPU worker if any test needs every GPU. devices: the
-    CUDA_VISIBLE_DEVICES entry of each GPU (visible_devices()), or a count for 0..N-1."""
+    CUDA_VISIBLE_DEVICES entry of each GPU (visible_devices()), or a count for 0..N-1. The tests that share
+    host bandwidth all go to one GPU's worker; `full`: the nightly tier (--full)."""
     devices = [str(i) for i in range(devices)] if isinstance(devices, int) else list(devices)
     whole = [t for t in test_ids if t.startswith(WHOLE_MACHINE)]
     single = [t for t in test_ids if not t.startswith(WHOLE_MACHINE)]
+    host = [t for t in single if shares_host_bandwidth(t, full)]
     workers = [Worker(f"gpu{device}", device, part, out / f"gpu{device}.json")
-               for device, part in zip(devices, split_tests(single, len(devices), seconds)) if part]
+               for device, part in zip(devices, split_tests(single, len(devices), seconds, together=host)) if part]
     if whole:
         workers.append(Worker("all-gpus", None, whole, out / "all-gpus.json"))
     return workers
+
+
+def describe(worker: Worker, full: bool) -> str:
+    """'gpu0: 20 tests (9 sharing host bandwidth, one at a time)': what the spread line says of a worker."""
+    host = sum(shares_host_bandwidth(t, full) for t in worker.tests)
+    return f"{worker.name}: {len(worker.tests)} tests" + (f" ({host} sharing host bandwidth, one at a time)"
+                                                           if host else "")
 
 
 def run_workers(workers: list[Worker], args: list[str], out: Path) -> dict[str, int]:
@@ -164,9 +201,9 @@ def main(argv: list[str] | None = None) -> int:
                          f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>: every GPU nvidia-smi lists')}); "
                          "a spread run needs >= 2")
     out = Path(tempfile.mkdtemp(prefix="gpuengine-spread-"))
-    workers = plan_workers(collect(args), devices, stored_seconds(ROOT / "baselines_store"), out)
-    print(f"perf_tests.spread: GPUs {','.join(devices)}; " + "; ".join(f"{w.name}: {len(w.tests)} tests" for w in workers),
-          flush=True)
+    full = "--full" in args
+    workers = plan_workers(collect(args), devices, stored_seconds(ROOT / "baselines_store"), out, full)
+    print(f"perf_tests.spread: GPUs {','.join(devices)}; " + "; ".join(describe(w, full) for w in workers), flush=True)
     status = run_workers(workers, args, out)
     tag, commit_info = merged_run_naming()
     for path in save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), tag, save_baseline,
