@@ -205,4 +205,5 @@ def ab_record(config, pair: EnginePair, times: dict[str, list[float]]) -> dict:
             "base_round_ms": [round(ms, 6) for ms in times[pair.base.name]],
             "head_round_ms": [round(ms, 6) for ms in times[pair.head.name]],
             "base_samples_per_round": pair.base.samples_per_round,
-            "head_samples_per_round": pair.head.samples_per_round}
+            "head_samples_per_round": pair.head.samples_per_round,
+            "timing_cpu": {side.worker.side: side.worker.info.get("timing_cpu") for side in pair.sides}}

@@ -29,6 +29,17 @@ time, T the whole, N GPUs); one block takes about max(H, T / N), never more,
 and no schedule can beat that bound: H runs serially and T / N is each
 GPU's share. (H100, run 0033: H 108 s of T 232 s, so two GPUs still split
 evenly.) The all-GPU tests stay last and alone.
+
+Timing cores. Each GPU's session (its engine workers and its references)
+times its rounds on a core of its own (GATE_TIMING_CPU, perf_tests/ab_worker.py):
+NUMA-local to its GPU where Linux says which cores are, else a distinct core
+of the affinity set (gpuengine/bench/timing_cores.py); core 0 and a
+hyper-thread sibling of another GPU's core only when nothing else is left.
+One core for every session (the host's last) put the launch-bound rounds of
+two GPUs' engines on it at once: a likely cause of issue 36's steady A/A
+offset. The merged run keeps the cores chosen and why
+(machine_info["spread"]["timing_cores_chosen"]), and each test the core that
+timed it (extra_info["timing_cpu"]).
 """
 from __future__ import annotations
 
@@ -45,6 +56,8 @@ from gpuengine.bench.machine_info import checkout_commit, named_commit_info, run
 from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_only, merge_runs, next_run_path,
                                          split_tests)
 from gpuengine.bench.stored_runs import history_folder, newest_per_test, scan
+from gpuengine.bench.timing_cores import TimingCore, timing_cores
+from perf_tests.ab_worker import TIMING_CPU_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 WHOLE_MACHINE = ("perf_tests/test_data_parallel.py",)   # tests that spread themselves over every GPU
@@ -63,10 +76,21 @@ class Worker:
     devices: str | None         # CUDA_VISIBLE_DEVICES, None: every GPU
     tests: list[str]
     json_path: Path
+    timing: TimingCore | None = None   # the core its session times rounds on (GATE_TIMING_CPU); None: its default
 
     def command(self, args: list[str]) -> list[str]:
         return [sys.executable, "-m", "pytest", *self.tests, "-m", "not slow", "--benchmark-compare",
                 f"--benchmark-json={self.json_path}", *args]
+
+    def environment(self, environ=None) -> dict[str, str]:
+        """The pytest's environment: its GPU and its timing core over the caller's."""
+        env = dict(os.environ if environ is None else environ)
+        if self.devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.devices
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")   # nvidia-smi's numbering, the one counted here
+        if self.timing is not None:
+            env[TIMING_CPU_ENV] = str(self.timing.cpu)
+        return env
 
 
 def shares_host_bandwidth(test_id: str, full: bool = False) -> bool:
@@ -112,15 +136,17 @@ def stored_seconds(store: Path) -> dict[str, float]:
 
 
 def plan_workers(test_ids: list[str], devices: list[str] | int, seconds: dict[str, float], out: Path,
-                 full: bool = False) -> list[Worker]:
+                 full: bool = False, cores: dict[str, TimingCore] | None = None) -> list[Worker]:
     """The per-GPU workers (non-empty ones), then the all-GPU worker if any test needs every GPU. devices: the
     CUDA_VISIBLE_DEVICES entry of each GPU (visible_devices()), or a count for 0..N-1. The tests that share
-    host bandwidth all go to one GPU's worker; `full`: the nightly tier (--full)."""
+    host bandwidth all go to one GPU's worker; `full`: the nightly tier (--full); `cores`: each GPU's timing
+    core (timing_cores.timing_cores)."""
+    cores = cores or {}
     devices = [str(i) for i in range(devices)] if isinstance(devices, int) else list(devices)
     whole = [t for t in test_ids if t.startswith(WHOLE_MACHINE)]
     single = [t for t in test_ids if not t.startswith(WHOLE_MACHINE)]
     host = [t for t in single if shares_host_bandwidth(t, full)]
-    workers = [Worker(f"gpu{device}", device, part, out / f"gpu{device}.json")
+    workers = [Worker(f"gpu{device}", device, part, out / f"gpu{device}.json", cores.get(device))
                for device, part in zip(devices, split_tests(single, len(devices), seconds, together=host)) if part]
     if whole:
         workers.append(Worker("all-gpus", None, whole, out / "all-gpus.json"))
@@ -130,8 +156,9 @@ def plan_workers(test_ids: list[str], devices: list[str] | int, seconds: dict[st
 def describe(worker: Worker, full: bool) -> str:
     """'gpu0: 20 tests (9 sharing host bandwidth, one at a time)': what the spread line says of a worker."""
     host = sum(shares_host_bandwidth(t, full) for t in worker.tests)
-    return f"{worker.name}: {len(worker.tests)} tests" + (f" ({host} sharing host bandwidth, one at a time)"
-                                                           if host else "")
+    return (f"{worker.name}: {len(worker.tests)} tests" + (f" ({host} sharing host bandwidth, one at a time)" if host
+                                                           else "")
+            + (f", timed on core {worker.timing.cpu} ({worker.timing.why})" if worker.timing else ""))
 
 
 def run_workers(workers: list[Worker], args: list[str], out: Path) -> dict[str, int]:
@@ -140,9 +167,8 @@ def run_workers(workers: list[Worker], args: list[str], out: Path) -> dict[str, 
     single = [w for w in workers if w.devices is not None]
     procs = {}
     for worker in single:
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=worker.devices)
         with open(out / f"{worker.name}.log", "wb") as log:
-            procs[worker.name] = subprocess.Popen(worker.command(args), cwd=ROOT, env=env, stdout=log,
+            procs[worker.name] = subprocess.Popen(worker.command(args), cwd=ROOT, env=worker.environment(), stdout=log,
                                                   stderr=subprocess.STDOUT)
     for name, proc in procs.items():
         status[name] = proc.wait()
@@ -151,7 +177,7 @@ def run_workers(workers: list[Worker], args: list[str], out: Path) -> dict[str, 
     for worker in workers:
         if worker.devices is None:
             print(f"===== perf worker {worker.name}: every GPU =====", flush=True)
-            status[worker.name] = subprocess.run(worker.command(args), cwd=ROOT).returncode
+            status[worker.name] = subprocess.run(worker.command(args), cwd=ROOT, env=worker.environment()).returncode
     return status
 
 
@@ -175,6 +201,9 @@ def save_merged(workers: list[Worker], status: dict[str, int], store: Path, mach
     for merged in merge_runs(runs, names).values():
         if commit_info:
             merged["commit_info"] = {**merged.get("commit_info", {}), **commit_info}
+        spread = merged["machine_info"]["spread"]
+        spread["timing_cores_chosen"] = {w.name: w.timing.as_dict() for w in workers
+                                         if w.timing is not None and w.name in spread["workers"]}
         tier = store / merged["machine_info"]["tier"]
         folder = (tier if passed or save_baseline else history_folder(tier)) / machine_id
         folder.mkdir(parents=True, exist_ok=True)
@@ -202,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                          "a spread run needs >= 2")
     out = Path(tempfile.mkdtemp(prefix="gpuengine-spread-"))
     full = "--full" in args
-    workers = plan_workers(collect(args), devices, stored_seconds(ROOT / "baselines_store"), out, full)
+    workers = plan_workers(collect(args), devices, stored_seconds(ROOT / "baselines_store"), out, full,
+                           timing_cores(devices))
     print(f"perf_tests.spread: GPUs {','.join(devices)}; " + "; ".join(describe(w, full) for w in workers), flush=True)
     status = run_workers(workers, args, out)
     tag, commit_info = merged_run_naming()

@@ -11,6 +11,7 @@ import pytest
 from gpuengine.bench.machine_info import run_tag
 from gpuengine.bench.spread_runs import benchmark_seconds, merge_runs, next_run_path, split_tests
 from gpuengine.bench.stored_runs import read_run
+from gpuengine.bench.timing_cores import TimingCore
 from perf_tests.spread import (HELD_BACK, HOST_BANDWIDTH_MODULES, NIGHTLY_HOST_BANDWIDTH, Worker, merged_run_naming,
                                plan_workers, save_merged, shares_host_bandwidth, visible_devices)
 
@@ -252,3 +253,20 @@ def test_every_perf_module_that_feeds_from_host_arrays_is_known_to_the_spread():
         if fed and not placed and not module.name.endswith("_smoke.py"):
             unplaced.append(f"{path} ({', '.join(fed)})")
     assert not unplaced, f"host-fed perf modules spread.shares_host_bandwidth does not place: {unplaced}"
+
+
+def test_the_merged_run_says_which_core_timed_each_test_and_why_it_was_chosen(tmp_path):
+    cores = {"0": TimingCore(47, "NUMA-local to GPU 0 (its local cores: 0-15,32-47)"),
+             "1": TimingCore(63, "NUMA-local to GPU 1 (its local cores: 16-31,48-63)")}
+    workers = plan_workers(["perf_tests/a.py::a", "perf_tests/b.py::b"], ["0", "1"], {}, tmp_path, cores=cores)
+    for worker, cpu in zip(workers, (47, 63)):
+        run = fake_run("NVIDIA H100", {worker.tests[0]: 1.0})
+        run["machine_info"]["timing_cpu"] = {"cpu": cpu, "set_by": "GATE_TIMING_CPU"}
+        worker.json_path.write_text(json.dumps(run))
+    (path,) = save_merged(workers, {"gpu0": 0, "gpu1": 0}, tmp_path / "store", "m", "tag", False)
+    run = json.loads(path.read_text())
+    assert {b["fullname"]: b["extra_info"]["timing_cpu"]["cpu"] for b in run["benchmarks"]} == {
+        "perf_tests/a.py::a": 47, "perf_tests/b.py::b": 63}
+    assert run["machine_info"]["spread"]["timing_cores_chosen"] == {
+        "gpu0": {"cpu": 47, "why": cores["0"].why}, "gpu1": {"cpu": 63, "why": cores["1"].why}}
+    assert "timing_cpu" not in run["machine_info"]   # one worker's core would read as every test's

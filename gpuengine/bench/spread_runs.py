@@ -94,11 +94,15 @@ def merge_runs(runs: list[dict], workers: list[str]) -> dict[str, dict]:
                 if name in seen:
                     raise ValueError(f"{name} is in the runs of worker {seen[name]} and worker {worker}")
                 seen[name] = worker
-                benchmarks.append(dict(bench, extra_info=dict(bench.get("extra_info", {}), spread_worker=worker)))
+                extra = dict(bench.get("extra_info", {}), spread_worker=worker)
+                if "timing_cpu" in run["machine_info"]:   # which core timed it (perf_tests/conftest.py)
+                    extra["timing_cpu"] = run["machine_info"]["timing_cpu"]
+                benchmarks.append(dict(bench, extra_info=extra))
         first = members[0][0]
         machine_info = dict(first["machine_info"], spread={"workers": [w for _, w in members],
                                                           "tests_per_worker": {w: sum(seen[n] == w for n in seen)
                                                                                for _, w in members}})
+        machine_info.pop("timing_cpu", None)   # the first worker's: each benchmark says its own instead
         merged[kind] = {**{k: v for k, v in first.items() if k not in ("benchmarks", "machine_info", "datetime")},
                         "machine_info": machine_info,
                         "datetime": max(str(run.get("datetime", "")) for run, _ in members),
