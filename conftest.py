@@ -36,9 +36,10 @@ from gpuengine.runtime.backend import get_backend, gpu_visible, resolve_device
 
 # pytester: the harness tests run small pytest sessions of their own; gate_plugin: per-test baselines,
 # saving by outcome, tiers, the stored-run check; gate_summary: its end-of-session summary; tier_time: how
-# long each test and workload took; kept_plans: the cuDNN plan choices stored with the baselines.
+# long each test and workload took; kept_plans: the cuDNN plan choices stored with the baselines; progress:
+# the engine's autotuning progress on the terminal while a test waits for it (before ab_session, which uses it).
 pytest_plugins = ("pytester", "perf_tests.gate_plugin", "perf_tests.gate_summary", "perf_tests.tier_time",
-                  "perf_tests.kept_plans", "perf_tests.ab_session")
+                  "perf_tests.kept_plans", "perf_tests.progress", "perf_tests.ab_session")
 
 BASELINES_DIR = "baselines_store"
 GPU_SKIP_REASON = "no CUDA GPU visible (CuPy missing or no device): GPU-only test"

@@ -28,6 +28,7 @@ from . import ab_base
 from .ab_sides import BASE, EnginePair, SideError, Sides
 from .ab_worker import close_runner
 from .gate_plugin import GATE
+from .progress import terminal_writer
 
 STORED_MODE = "stored-run mode"
 LOG_DIR = Path("build") / "ab"   # the workers' logs, git-ignored
@@ -121,7 +122,8 @@ def pytest_collection_finish(session):
         return
     log_dir = session.config.rootpath / LOG_DIR
     shutil.rmtree(log_dir, ignore_errors=True)   # the last session's logs: one session's at a time
-    ab.sides = Sides(session.config.rootpath, ab.base.root, log_dir, _plan_presets(session.config))
+    ab.sides = Sides(session.config.rootpath, ab.base.root, log_dir, _plan_presets(session.config),
+                     progress=terminal_writer(session.config))   # the workers' autotuning progress, live
     try:
         catalog = ab.sides.catalog(BASE, sorted(wanted))
     except SideError as exc:

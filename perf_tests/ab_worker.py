@@ -18,11 +18,17 @@ to a core of its own for each GPU's session, else the last core this process
 may use), as the session's pytest process times the references on it
 (perf_tests/harness.py): base, head and references alike, and never two of
 them at once. The thread is pinned for the round only (`on_cpu`).
+
+The engine's progress through a long set-up (cuDNN autotuning: minutes for
+ResNet-50 and the zoo on a first run) is logged to the "gpuengine.autotune"
+logger; here it goes to the log as `gpuengine.autotune: <message>` lines,
+which the session relays to the terminal while it waits for the reply.
 """
 from __future__ import annotations
 
 import gc
 import importlib
+import logging
 import os
 import pickle
 import sys
@@ -32,6 +38,20 @@ from contextlib import contextmanager
 
 PROTOCOL = 1   # ab_sides.py refuses a worker that speaks another
 TIMING_CPU_ENV = "GATE_TIMING_CPU"   # the session's timing core, set per GPU by perf_tests/spread.py
+PROGRESS_LOGGERS = ("gpuengine.autotune",)   # the engine's progress through long set-ups, at INFO
+PROGRESS_FORMAT = "%(name)s: %(message)s"    # how a progress record reads in the log: ab_sides.py picks it out
+
+
+def route_progress(stream) -> logging.Handler:
+    """The progress loggers' INFO records to `stream` (the worker's stderr: its log), one line each."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter(PROGRESS_FORMAT))
+    for name in PROGRESS_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        logger.addHandler(handler)
+        logger.propagate = False   # once: not again through whatever handler the root logger gets
+    return handler
 
 
 def cpu_list_text(cpus) -> str:
@@ -224,6 +244,7 @@ def main(argv: list[str]) -> int:
     os.dup2(2, 1)                 # prints of the engine and of imported modules go to the log, not the protocol
     sys.stdout = sys.stderr
     sys.path[0] = root            # instead of this script's folder: the checkout's packages come first
+    route_progress(sys.stderr)
     try:
         cpu = timing_cpu()
     except ValueError as exc:
