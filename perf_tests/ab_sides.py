@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from .ab_worker import PROGRESS_LOGGERS, PROTOCOL
+from .progress import new_lines
 
 WORKER_SCRIPT = Path(__file__).with_name("ab_worker.py")
 REPLY_TIMEOUT_S = 1800   # a ResNet-50 build with autotuning takes minutes; a hung GPU takes forever
@@ -95,15 +96,8 @@ class Worker:
         """Hand the progress lines the worker logged since the last look to `progress`, as '[side] message'."""
         if self.progress is None:
             return
-        try:
-            with open(self.log_path, "rb") as log:
-                log.seek(self._log_read)
-                chunk = log.read()
-        except OSError:
-            return
-        complete = chunk.rfind(b"\n") + 1   # a line still being written waits for the next look
-        self._log_read += complete
-        for line in chunk[:complete].decode(errors="replace").splitlines():
+        lines, self._log_read = new_lines(self.log_path, self._log_read)
+        for line in lines:
             message = progress_message(line)
             if message is not None:
                 self.progress(f"[{self.side}] {message}")

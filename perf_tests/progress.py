@@ -16,13 +16,18 @@ pytest's own live logging does:
   which perf_tests/ab_session.py hands to the workers: "  [base] cuDNN
   autotune: ...".
 
-Root conftest.py registers this plugin. A session without a terminal
-reporter (-p no:terminal) shows no progress.
+A spread run's per-GPU sessions write to logs shown when they end, so each
+also copies its progress lines to the file GATE_PROGRESS_FILE names, which
+perf_tests/spread.py shows as they come. Root conftest.py registers this
+plugin. A session without a terminal reporter (-p no:terminal) shows no
+progress on the terminal.
 """
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -30,11 +35,18 @@ import pytest
 from .ab_worker import PROGRESS_LOGGERS
 
 INDENT = "  "   # under the test's line, apart from pytest's own output
+PROGRESS_FILE_ENV = "GATE_PROGRESS_FILE"   # where a session also appends its progress lines (spread.py's)
 
 
 def terminal_writer(config: pytest.Config) -> Callable[[str], None]:
-    """write(text): `text` on a line of its own on the terminal, now, even in the middle of a captured test."""
+    """write(text): `text` on a line of its own on the terminal, now, even in the middle of a captured test (and
+    at the end of GATE_PROGRESS_FILE where set)."""
+    copy = os.environ.get(PROGRESS_FILE_ENV, "").strip()
+
     def write(text: str):
+        if copy:
+            with open(copy, "a") as lines:
+                lines.write(text + "\n")
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
             return
@@ -43,6 +55,19 @@ def terminal_writer(config: pytest.Config) -> Callable[[str], None]:
             reporter.write_line(INDENT + text)   # starts a new line where pytest's dots left one open
 
     return write
+
+
+def new_lines(path: Path, read: int) -> tuple[list[str], int]:
+    """The complete lines of file `path` past byte `read`, and the byte to read on from (a line still being
+    written waits for the next look); none where the file is not there (yet)."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(read)
+            chunk = file.read()
+    except OSError:
+        return [], read
+    complete = chunk.rfind(b"\n") + 1
+    return chunk[:complete].decode(errors="replace").splitlines(), read + complete
 
 
 class ProgressHandler(logging.Handler):

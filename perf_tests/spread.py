@@ -15,7 +15,9 @@
    (--claims), or with --save-baseline; else under history/. The exit status
    is the worst of the processes'.
 Workers do not save on their own (no --benchmark-autosave, --save-baseline
-held back): only the merged run is stored.
+held back): only the merged run is stored. A per-GPU pytest's output is
+shown when it ends, but its engine's autotuning progress as it comes
+("[gpu0] [base] cuDNN autotune: ...", perf_tests/progress.py).
 
 Host bandwidth. The tests whose timed rounds move data over the host link
 (`shares_host_bandwidth`: the loader module's, every case whose id says
@@ -49,6 +51,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,11 +61,13 @@ from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_on
 from gpuengine.bench.stored_runs import history_folder, newest_per_test, scan
 from gpuengine.bench.timing_cores import TimingCore, timing_cores
 from perf_tests.ab_worker import TIMING_CPU_ENV
+from perf_tests.progress import PROGRESS_FILE_ENV, new_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 WHOLE_MACHINE = ("perf_tests/test_data_parallel.py",)   # tests that spread themselves over every GPU
 SELECTION = ["perf_tests", "--ignore-glob=perf_tests/test_*_smoke.py", "-m", "not slow"]   # as ./gate perf
 HELD_BACK = ("--save-baseline", "--benchmark-autosave")
+PROGRESS_POLL_S = 2.0   # how often the per-GPU sessions' progress files are looked at while they run
 HOST_BANDWIDTH_MODULES = ("perf_tests/test_loader.py",)   # the loader alone, and training streamed against it
 STREAMED_CASE = re.compile(r"\[(?:[^\]]*-)?streamed(?:-[^\]]*)?\]$")   # a case id naming streamed data
 # Tests that time, in the nightly tier only (plan.NIGHTLY_REFERENCES), a reference fed from host arrays:
@@ -82,12 +87,17 @@ class Worker:
         return [sys.executable, "-m", "pytest", *self.tests, "-m", "not slow", "--benchmark-compare",
                 f"--benchmark-json={self.json_path}", *args]
 
+    @property
+    def progress_path(self) -> Path:
+        return self.json_path.with_suffix(".progress")
+
     def environment(self, environ=None) -> dict[str, str]:
-        """The pytest's environment: its GPU and its timing core over the caller's."""
+        """The pytest's environment: its GPU, its timing core and its progress file over the caller's."""
         env = dict(os.environ if environ is None else environ)
         if self.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.devices
             env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")   # nvidia-smi's numbering, the one counted here
+            env[PROGRESS_FILE_ENV] = str(self.progress_path)     # its output shows at its end, its progress live
         if self.timing is not None:
             env[TIMING_CPU_ENV] = str(self.timing.cpu)
         return env
@@ -161,19 +171,34 @@ def describe(worker: Worker, full: bool) -> str:
             + (f", timed on core {worker.timing.cpu} ({worker.timing.why})" if worker.timing else ""))
 
 
+def relay_progress(workers: list[Worker], read: dict[str, int], show=print):
+    """Show the progress lines each worker's session wrote since the last look, '[gpu0] ...' each."""
+    for worker in workers:
+        lines, read[worker.name] = new_lines(worker.progress_path, read.get(worker.name, 0))
+        for line in lines:
+            show(f"[{worker.name}] {line}", flush=True)
+
+
 def run_workers(workers: list[Worker], args: list[str], out: Path) -> dict[str, int]:
-    """Per-GPU workers at once, then the all-GPU one; each one's log printed when it ends. Exit status by name."""
+    """Per-GPU workers at once, their progress shown as it comes and each one's log when it ends; then the all-GPU
+    one. Exit status by name."""
     status: dict[str, int] = {}
     single = [w for w in workers if w.devices is not None]
-    procs = {}
+    procs, read = {}, {}
     for worker in single:
         with open(out / f"{worker.name}.log", "wb") as log:
             procs[worker.name] = subprocess.Popen(worker.command(args), cwd=ROOT, env=worker.environment(), stdout=log,
                                                   stderr=subprocess.STDOUT)
-    for name, proc in procs.items():
-        status[name] = proc.wait()
-        print(f"===== perf worker {name} (exit status {status[name]}) =====\n"
-              f"{(out / f'{name}.log').read_text(errors='replace')}", flush=True)
+    while procs:
+        for worker in single:
+            ended = worker.name in procs and procs[worker.name].poll() is not None
+            relay_progress([worker], read)   # after the poll: all it wrote before it ended
+            if ended:
+                status[worker.name] = procs.pop(worker.name).returncode
+                print(f"===== perf worker {worker.name} (exit status {status[worker.name]}) =====\n"
+                      f"{(out / f'{worker.name}.log').read_text(errors='replace')}", flush=True)
+        if procs:
+            time.sleep(PROGRESS_POLL_S)
     for worker in workers:
         if worker.devices is None:
             print(f"===== perf worker {worker.name}: every GPU =====", flush=True)

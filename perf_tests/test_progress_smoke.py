@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import io
 import logging
+import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from . import ab_sides
+from . import ab_sides, spread
 from .ab_sides import BASE, HEAD, Sides, Worker, progress_message
 from .ab_worker import PROGRESS_LOGGERS, route_progress
 from .progress import HANDLER
@@ -113,8 +114,9 @@ def test_builds_an_engine():
 """
 
 
-def test_a_plain_sessions_progress_goes_to_the_terminal_live(pytester, monkeypatch):
+def test_a_plain_sessions_progress_goes_to_the_terminal_live(pytester, monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("GATE_PROGRESS_FILE", str(tmp_path / "gpu0.progress"))   # a spread run's per-GPU session
     pytester.makepyfile(test_engine=textwrap.dedent(PLAIN_TEST))
     result = pytester.runpytest_subprocess("-p", "perf_tests.progress", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
@@ -122,3 +124,34 @@ def test_a_plain_sessions_progress_goes_to_the_terminal_live(pytester, monkeypat
     # On a line of its own inside the test's progress line, though the test passed and its output was captured.
     assert "\n  cuDNN autotune: 40 graphs timed, 56 to go, 31 s\n" in out
     assert "not shown" not in out and "captured" not in out
+    assert (tmp_path / "gpu0.progress").read_text() == "cuDNN autotune: 40 graphs timed, 56 to go, 31 s\n"
+
+
+class ScriptWorker(spread.Worker):
+    """A per-GPU worker whose 'pytest' is a script: it writes progress as a session would, then ends."""
+
+    def command(self, args: list[str]) -> list[str]:
+        return [sys.executable, "-c", SPREAD_SESSION]
+
+
+SPREAD_SESSION = """
+import os, time
+for done in (0, 96):
+    with open(os.environ["GATE_PROGRESS_FILE"], "a") as lines:
+        lines.write(f"[base] cuDNN autotune: {done} graphs timed\\n")
+    time.sleep(0.5)
+print("the session's own output")
+"""
+
+
+def test_a_spread_runs_progress_shows_as_it_comes_and_its_output_when_it_ends(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(spread, "PROGRESS_POLL_S", 0.05)
+    workers = [ScriptWorker(f"gpu{i}", str(i), [], tmp_path / f"gpu{i}.json") for i in range(2)]
+    assert spread.run_workers(workers, [], tmp_path) == {"gpu0": 0, "gpu1": 0}
+    out = capsys.readouterr().out
+    for name in ("gpu0", "gpu1"):
+        first, last, ended = (out.index(f"[{name}] [base] cuDNN autotune: 0 graphs timed\n"),
+                              out.index(f"[{name}] [base] cuDNN autotune: 96 graphs timed\n"),
+                              out.index(f"===== perf worker {name} (exit status 0) =====\nthe session's own output"))
+        assert first < last < ended
+    assert out.index("[gpu1] [base] cuDNN autotune: 0") < out.index("===== perf worker gpu0")   # both at once

@@ -109,7 +109,8 @@ def test_each_gpus_pytest_gets_its_core_and_its_gpu_in_its_environment(tmp_path)
     env = gpu1.environment({"PATH": "/bin", TIMING_CPU_ENV: "5"})
     assert (env["CUDA_VISIBLE_DEVICES"], env[TIMING_CPU_ENV], env["CUDA_DEVICE_ORDER"]) == ("1", "63", "PCI_BUS_ID")
     assert gpu0.environment({})[TIMING_CPU_ENV] == "47"
-    assert whole.timing is None and "CUDA_VISIBLE_DEVICES" not in whole.environment({"PATH": "/bin"})
+    assert env["GATE_PROGRESS_FILE"] == str(tmp_path / "gpu1.progress")   # shown live; its other output at its end
+    assert whole.timing is None and whole.environment({"PATH": "/bin"}) == {"PATH": "/bin"}
     assert Worker("x", "0", [], tmp_path).environment({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})["CUDA_DEVICE_ORDER"] \
         == "FASTEST_FIRST"   # the caller's order stands
 
