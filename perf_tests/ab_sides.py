@@ -45,10 +45,11 @@ READS = frozenset({"state_dict", "buffers_dict", "parameter_count", "outputs", "
 
 
 def progress_message(line: str) -> str | None:
-    """The message of a progress line in a worker's log (ab_worker.PROGRESS_FORMAT), None for any other line."""
-    for name in PROGRESS_LOGGERS:
-        if line.startswith(f"{name}: "):
-            return line[len(name) + 2:].rstrip("\r\n")
+    """The message of a progress line in a worker's log (ab_worker.PROGRESS_FORMAT: a progress logger's name, or
+    one of its children's, then ': '), None for any other line."""
+    name, colon, message = line.partition(": ")
+    if colon and any(name == logger or name.startswith(logger + ".") for logger in PROGRESS_LOGGERS):
+        return message.rstrip("\r\n")
     return None
 
 

@@ -100,6 +100,7 @@ def test_a_progress_line_is_told_from_the_rest_of_a_log(pytestconfig, monkeypatc
     assert progress_message(line) == "cuDNN autotune: 3 graphs timed" and shown == ["cuDNN autotune: 3 graphs timed"]
     assert progress_message("Traceback (most recent call last):") is None
     assert progress_message("gpuengine.autotuner: x") is None
+    assert progress_message("gpuengine.autotune.cudnn: conv plans: 3 of 9") == "conv plans: 3 of 9"   # a child logger
 
 
 PLAIN_TEST = """
