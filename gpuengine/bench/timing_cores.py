@@ -130,8 +130,11 @@ def cpu_text(cpus: set[int]) -> str:
 
 def timing_cores(devices: list[str], bus_ids: dict[str, str] | None = None, sys_pci: Path = SYS_PCI,
                  sys_cpu: Path = SYS_CPU) -> dict[str, TimingCore]:
-    """{CUDA_VISIBLE_DEVICES entry: timing core} for this host's GPUs `devices`, from what Linux and nvidia-smi say."""
+    """{CUDA_VISIBLE_DEVICES entry: timing core} for this host's GPUs `devices`, from what Linux and nvidia-smi say;
+    {} where the OS cannot pin a thread (each session then times wherever the scheduler puts it)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return {}
     bus_ids = gpu_bus_ids() if bus_ids is None else bus_ids
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    allowed = os.sched_getaffinity(0)
     local = {device: local_cpus(bus_ids[device], sys_pci) if device in bus_ids else None for device in devices}
     return choose_timing_cores(devices, allowed, local, lambda cpu: smt_siblings(cpu, sys_cpu))
