@@ -25,20 +25,21 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
 import pytest
 
-from gpuengine.bench.machine_info import Tier, collect_machine_info, current_tier, named_commit
+from gpuengine.bench.machine_info import (Tier, collect_machine_info, current_tier, named_commit, named_commit_info,
+                                         run_tag)
 from gpuengine.bench.stored_runs import run_files
 from gpuengine.config import ConfigError, EngineConfig
 from gpuengine.runtime.backend import get_backend, gpu_visible, resolve_device
 
 # pytester: the harness tests run small pytest sessions of their own; gate_plugin: per-test baselines,
 # saving by outcome, tiers, the stored-run check; gate_summary: its end-of-session summary; tier_time: how
-# long each test and workload took; kept_plans: the cuDNN plan choices stored with the baselines.
+# long each test and workload took; kept_plans: the cuDNN plan choices stored with the baselines; progress:
+# the engine's autotuning progress on the terminal while a test waits for it (before ab_session, which uses it).
 pytest_plugins = ("pytester", "perf_tests.gate_plugin", "perf_tests.gate_summary", "perf_tests.tier_time",
-                  "perf_tests.kept_plans", "perf_tests.ab_session")
+                  "perf_tests.kept_plans", "perf_tests.progress", "perf_tests.ab_session")
 
 BASELINES_DIR = "baselines_store"
 GPU_SKIP_REASON = "no CUDA GPU visible (CuPy missing or no device): GPU-only test"
@@ -138,9 +139,7 @@ def _name_autosave_after_gate_commit(config: pytest.Config):
     GATE_COMMIT_ID, when set, names it instead, like the run's commit_info (update_commit_info below)."""
     named = named_commit()
     if named and getattr(config.option, "benchmark_autosave", None):
-        commit, dirty = named
-        tag = f"{commit}_{datetime.now(timezone.utc):%Y%m%d_%H%M%S}"
-        config.option.benchmark_autosave = tag + ("_uncommited-changes" if dirty else "")
+        config.option.benchmark_autosave = run_tag(*named)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -166,10 +165,9 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 def pytest_benchmark_update_commit_info(config, commit_info):
     """A copy of the tree whose .git is missing or stale (a lent GPU machine) names its commit through
     GATE_COMMIT_ID: when set, it wins over what git reports there."""
-    named = named_commit()
+    named = named_commit_info()
     if named:
-        commit, dirty = named
-        commit_info.update(id=commit, dirty=dirty, branch=os.environ.get("GATE_COMMIT_BRANCH", "main"), error=None)
+        commit_info.update(named)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -28,6 +28,7 @@ from . import ab_base
 from .ab_sides import BASE, EnginePair, SideError, Sides
 from .ab_worker import close_runner
 from .gate_plugin import GATE
+from .progress import terminal_writer
 
 STORED_MODE = "stored-run mode"
 LOG_DIR = Path("build") / "ab"   # the workers' logs, git-ignored
@@ -121,7 +122,8 @@ def pytest_collection_finish(session):
         return
     log_dir = session.config.rootpath / LOG_DIR
     shutil.rmtree(log_dir, ignore_errors=True)   # the last session's logs: one session's at a time
-    ab.sides = Sides(session.config.rootpath, ab.base.root, log_dir, _plan_presets(session.config))
+    ab.sides = Sides(session.config.rootpath, ab.base.root, log_dir, _plan_presets(session.config),
+                     progress=terminal_writer(session.config))   # the workers' autotuning progress, live
     try:
         catalog = ab.sides.catalog(BASE, sorted(wanted))
     except SideError as exc:
@@ -205,4 +207,5 @@ def ab_record(config, pair: EnginePair, times: dict[str, list[float]]) -> dict:
             "base_round_ms": [round(ms, 6) for ms in times[pair.base.name]],
             "head_round_ms": [round(ms, 6) for ms in times[pair.head.name]],
             "base_samples_per_round": pair.base.samples_per_round,
-            "head_samples_per_round": pair.head.samples_per_round}
+            "head_samples_per_round": pair.head.samples_per_round,
+            "timing_cpu": {side.worker.side: side.worker.info.get("timing_cpu") for side in pair.sides}}

@@ -14,7 +14,11 @@ sides. The references stay in the pytest process.
 
 Workers live for the whole session; a test builds its engine in both and
 drops it at teardown. A worker that dies (out of memory, a crash) fails that
-test with the tail of its log and is started afresh for the next.
+test with the tail of its log and is started afresh for the next. While the
+session waits for a reply (a build with minutes of cuDNN autotuning), it
+relays the engine's progress lines from the worker's log to `progress`
+(the terminal, perf_tests/progress.py) every PROGRESS_POLL_S, each prefixed
+with the side: "[base] cuDNN autotune: 40 graphs timed, 56 to go, 31 s".
 """
 from __future__ import annotations
 
@@ -23,17 +27,30 @@ import pickle
 import select
 import subprocess
 import sys
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from .ab_worker import PROTOCOL
+from .ab_worker import PROGRESS_LOGGERS, PROTOCOL
+from .progress import new_lines
 
 WORKER_SCRIPT = Path(__file__).with_name("ab_worker.py")
 REPLY_TIMEOUT_S = 1800   # a ResNet-50 build with autotuning takes minutes; a hung GPU takes forever
+PROGRESS_POLL_S = 2.0    # how often a wait for a reply looks in the worker's log for new progress lines
 HEAD, BASE = "head", "base"   # the workers; the runners keep the recipe's name, the base's with "_base"
 READS = frozenset({"state_dict", "buffers_dict", "parameter_count", "outputs", "bytes_per_step",
                    "delivered"})   # an engine runner's reads
+
+
+def progress_message(line: str) -> str | None:
+    """The message of a progress line in a worker's log (ab_worker.PROGRESS_FORMAT: a progress logger's name, or
+    one of its children's, then ': '), None for any other line."""
+    name, colon, message = line.partition(": ")
+    if colon and any(name == logger or name.startswith(logger + ".") for logger in PROGRESS_LOGGERS):
+        return message.rstrip("\r\n")
+    return None
 
 
 class SideError(RuntimeError):
@@ -43,14 +60,18 @@ class SideError(RuntimeError):
 class Worker:
     """One worker process: the engine of one checkout."""
 
-    def __init__(self, side: str, root: Path, log_dir: Path, env: dict | None = None):
+    def __init__(self, side: str, root: Path, log_dir: Path, env: dict | None = None,
+                 progress: Callable[[str], None] | None = None):
         self.side, self.root = side, Path(root)
         self.log_path = Path(log_dir) / f"{side}.log"
         self.env = {**os.environ, **(env or {})}
+        self.progress = progress   # where the engine's progress lines go while a reply is awaited
         self.process = None
         self.info: dict = {}
+        self._log_read = 0         # bytes of the log already looked through for progress lines
 
     def start(self):
+        self._log_read = self.log_path.stat().st_size if self.log_path.exists() else 0   # the last process's: seen
         log = open(self.log_path, "ab")
         try:
             self.process = subprocess.Popen([sys.executable, str(WORKER_SCRIPT), str(self.root)], cwd=self.root,
@@ -72,9 +93,29 @@ class Worker:
         except OSError:
             return "(no log)"
 
+    def relay_progress(self):
+        """Hand the progress lines the worker logged since the last look to `progress`, as '[side] message'."""
+        if self.progress is None:
+            return
+        lines, self._log_read = new_lines(self.log_path, self._log_read)
+        for line in lines:
+            message = progress_message(line)
+            if message is not None:
+                self.progress(f"[{self.side}] {message}")
+
     def _reply(self, what: str):
+        """The worker's reply to `what`; waiting in slices of PROGRESS_POLL_S, its progress relayed after each."""
         out = self.process.stdout
-        ready, _, _ = select.select([out], [], [], REPLY_TIMEOUT_S)
+        deadline, waited = time.monotonic() + REPLY_TIMEOUT_S, False
+        while True:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([out], [], [], max(0.0, min(PROGRESS_POLL_S, left)))
+            if ready or left <= 0:
+                break
+            waited = True
+            self.relay_progress()
+        if waited:
+            self.relay_progress()   # the lines logged since the last look, the last one before the reply
         try:
             if not ready:
                 raise SideError(f"no reply in {REPLY_TIMEOUT_S} s")
@@ -201,10 +242,12 @@ class EnginePair:
 class Sides:
     """The session's two workers and the pair of the running test."""
 
-    def __init__(self, head_root: Path, base_root: Path, log_dir: Path, plan_presets: dict | None):
+    def __init__(self, head_root: Path, base_root: Path, log_dir: Path, plan_presets: dict | None,
+                 progress: Callable[[str], None] | None = None):
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
-        self.workers = {HEAD: Worker(HEAD, head_root, log_dir), BASE: Worker(BASE, base_root, log_dir)}
+        self.workers = {side: Worker(side, root, log_dir, progress=progress)
+                        for side, root in ((HEAD, head_root), (BASE, base_root))}
         self.presets = plan_presets
         self.pairs: list[EnginePair] = []
         self.tuned: dict = {}

@@ -11,20 +11,96 @@ script, and so the timing of a round, is the head's for both sides. Requests
 and replies are pickled tuples on stdin and stdout; whatever the engine
 prints goes to stderr, the worker's log. Only the standard library is
 imported before ROOT is on the path.
+
+Both workers of a session time their rounds on one core, the session's
+timing core (`timing_cpu`: GATE_TIMING_CPU, which perf_tests/spread.py sets
+to a core of its own for each GPU's session, else the last core this process
+may use), as the session's pytest process times the references on it
+(perf_tests/harness.py): base, head and references alike, and never two of
+them at once. The thread is pinned for the round only (`on_cpu`).
+
+The engine's progress through a long set-up (cuDNN autotuning: minutes for
+ResNet-50 and the zoo on a first run) is logged to the "gpuengine.autotune"
+logger; here it goes to the log as `gpuengine.autotune: <message>` lines,
+which the session relays to the terminal while it waits for the reply.
 """
 from __future__ import annotations
 
 import gc
 import importlib
+import logging
 import os
 import pickle
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 
 PROTOCOL = 1   # ab_sides.py refuses a worker that speaks another
-# The core both workers time on: the last one this process may use (the first tends to take interrupts).
-TIMING_CPU = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+TIMING_CPU_ENV = "GATE_TIMING_CPU"   # the session's timing core, set per GPU by perf_tests/spread.py
+PROGRESS_LOGGERS = ("gpuengine.autotune",)   # the engine's progress through long set-ups, at INFO
+PROGRESS_FORMAT = "%(name)s: %(message)s"    # how a progress record reads in the log: ab_sides.py picks it out
+
+
+def route_progress(stream) -> logging.Handler:
+    """The progress loggers' INFO records to `stream` (the worker's stderr: its log), one line each."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter(PROGRESS_FORMAT))
+    for name in PROGRESS_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        logger.addHandler(handler)
+        logger.propagate = False   # once: not again through whatever handler the root logger gets
+    return handler
+
+
+def cpu_list_text(cpus) -> str:
+    """{0, 1, 2, 5} -> '0-2,5': a set of cores as Linux's cpulists write it."""
+    spans = []
+    for cpu in sorted(cpus):
+        if spans and cpu == spans[-1][1] + 1:
+            spans[-1][1] = cpu
+        else:
+            spans.append([cpu, cpu])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def timing_cpu(environ=None) -> int | None:
+    """The core a session times its rounds on: GATE_TIMING_CPU where set, else the last core this process may
+    use (the first tends to take interrupts); None where the OS cannot pin a thread. A value that is not one of
+    this process's cores is a ValueError that names it and the cores there are."""
+    raw = (os.environ if environ is None else environ).get(TIMING_CPU_ENV, "").strip()
+    if not hasattr(os, "sched_setaffinity"):
+        if raw:
+            raise ValueError(f"{TIMING_CPU_ENV}={raw!r}: this OS cannot pin a thread to a core")
+        return None
+    allowed = os.sched_getaffinity(0)
+    if not raw:
+        return max(allowed)
+    try:
+        cpu = int(raw)
+    except ValueError:
+        raise ValueError(f"{TIMING_CPU_ENV}={raw!r} is not a core number; this process may run on cores "
+                         f"{cpu_list_text(allowed)}") from None
+    if cpu not in allowed:
+        raise ValueError(f"{TIMING_CPU_ENV}={cpu} is not a core this process may run on ({cpu_list_text(allowed)})")
+    return cpu
+
+
+@contextmanager
+def on_cpu(cpu: int | None):
+    """The calling thread on `cpu` alone for the body, then back on the cores it had: a thread or process started
+    between rounds (a DataLoader's workers, its pin-memory thread) takes its starter's cores, and must not find
+    them narrowed to one. None: as it is."""
+    if cpu is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})   # pid 0: this thread only
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def close_runner(runner):
@@ -41,8 +117,9 @@ class WorkerError(Exception):
 class Side:
     """The checkout's engine runner of the current test, built from its module's recipe."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, cpu: int | None = None):
         self.root = root
+        self.cpu = cpu        # the session's timing core (timing_cpu)
         self.runner = None
         self.choices = None   # the cuDNN plan choices handed to this process's engine (GPU tier)
 
@@ -87,19 +164,17 @@ class Side:
     def timed_round(self) -> float:
         """Milliseconds of one round, the device drained before both clock reads (as benchmarking.time_round).
 
-        The timing thread runs on TIMING_CPU in both workers: a launch-bound round otherwise moves with the core
-        the scheduler happened to give each process. Threads the engine started earlier (the streamed loader's)
-        keep every core."""
+        The round runs on the session's timing core in both workers: a launch-bound round otherwise moves with
+        the core the scheduler happened to give each process. Other threads keep their cores."""
         runner = self.runner
         if runner is None:
             raise WorkerError("no engine built: nothing to time")
-        if TIMING_CPU is not None:
-            os.sched_setaffinity(0, {TIMING_CPU})   # pid 0: this thread only
-        runner.synchronize()
-        start = time.perf_counter()
-        runner.run_round()
-        runner.synchronize()
-        return (time.perf_counter() - start) * 1e3
+        with on_cpu(self.cpu):
+            runner.synchronize()
+            start = time.perf_counter()
+            runner.run_round()
+            runner.synchronize()
+            return (time.perf_counter() - start) * 1e3
 
     def set_delay(self, us: float) -> None:
         """The gatepower study's injected delay per step, in this checkout's engine (armed by the study only)."""
@@ -134,7 +209,8 @@ class Side:
 
 def serve(side: Side, requests, replies):
     handlers = {"catalog": side.catalog, "build": side.build, "call": side.call, "timed_round": side.timed_round,
-                "set_delay": side.set_delay, "use_plans": side.use_plans, "add_plans": side.add_plans, "tuned_plans": side.tuned_plans, "drop": side.drop}
+                "set_delay": side.set_delay, "use_plans": side.use_plans, "add_plans": side.add_plans,
+                "tuned_plans": side.tuned_plans, "drop": side.drop}
     while True:
         try:
             op, args = pickle.load(requests)
@@ -168,19 +244,27 @@ def main(argv: list[str]) -> int:
     os.dup2(2, 1)                 # prints of the engine and of imported modules go to the log, not the protocol
     sys.stdout = sys.stderr
     sys.path[0] = root            # instead of this script's folder: the checkout's packages come first
+    route_progress(sys.stderr)
+    try:
+        cpu = timing_cpu()
+    except ValueError as exc:
+        pickle.dump(("error", f"cannot time rounds: {exc}"), replies)
+        replies.flush()
+        return 1
     try:
         import gpuengine
         engine_file = os.path.realpath(gpuengine.__file__)
         if not engine_file.startswith(root + os.sep):
             raise WorkerError(f"gpuengine was imported from {engine_file}, not from the checkout {root}")
-        hello = ("ok", {"protocol": PROTOCOL, "root": root, "pid": os.getpid(), "engine_file": engine_file})
+        hello = ("ok", {"protocol": PROTOCOL, "root": root, "pid": os.getpid(), "engine_file": engine_file,
+                        "timing_cpu": cpu})
     except Exception as exc:
         hello = ("error", f"cannot import gpuengine from {root}: {type(exc).__name__}: {exc}")
     pickle.dump(hello, replies)
     replies.flush()
     if hello[0] != "ok":
         return 1
-    serve(Side(root), sys.stdin.buffer, replies)
+    serve(Side(root, cpu), sys.stdin.buffer, replies)
     return 0
 
 

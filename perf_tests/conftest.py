@@ -10,9 +10,13 @@ on a GPU tier a missed ratio threshold or a regression against the test's
 stored baseline fails the test, as does a missed claim; a missed target goes to
 the summary (and fails with --claims). In a gatepower study session the same
 test then runs the study's trials (gpuengine/bench/gatepower/trials.py).
+Every round is timed on the session's timing core (GATE_TIMING_CPU, else the
+last core of the process: perf_tests/ab_worker.py's `timing_cpu`), which the
+stored run records in machine_info["timing_cpu"].
 """
 from __future__ import annotations
 
+import os
 import traceback
 
 import pytest
@@ -25,10 +29,29 @@ from gpuengine.bench.regression import choose_reference
 
 from .ab_session import ab_record
 from .ab_sides import EnginePair
+from .ab_worker import TIMING_CPU_ENV, timing_cpu
 from .gemm_peak import measure_gemm_peak_tflops
-from .harness import alternate_rounds, fail_with, record_and_gate, unavailable_references, warm_up
+from .harness import alternate_rounds, fail_with, record_and_gate, round_ms, unavailable_references, warm_up
 from . import plan
 from .plan import RoundsChoice
+
+
+TIMING_CPU = pytest.StashKey[object]()   # the session's timing core: a core number, or None where none can be pinned
+
+
+def pytest_configure(config):
+    """The session's timing core, settled before anything runs: a bad GATE_TIMING_CPU stops the session."""
+    try:
+        config.stash[TIMING_CPU] = timing_cpu()
+    except ValueError as exc:
+        raise pytest.UsageError(f"gpuengine: {exc}") from None
+
+
+@pytest.hookimpl(optionalhook=True)   # a pytest-benchmark hook: which core timed this run's rounds
+def pytest_benchmark_update_machine_info(config, machine_info):
+    chosen = os.environ.get(TIMING_CPU_ENV, "").strip()
+    machine_info["timing_cpu"] = {"cpu": config.stash.get(TIMING_CPU, None),
+                                  "set_by": TIMING_CPU_ENV if chosen else "the last core of the process's affinity"}
 
 
 @pytest.fixture(scope="session")
@@ -93,11 +116,12 @@ def compare(request, run_target, gemm_peak_tflops, gate_test, gate_targets):
     def run(benchmark, engine, references, *, rounds: int, precision: str | None = None,
             flops_per_sample: float | None = None, warmup_rounds: int = 1) -> Comparison:
         precision = precision or run_target.config.precision
-        round_set_ms = warm_up(engine, references, warmup_rounds)
+        cpu = request.config.stash.get(TIMING_CPU, None)
+        round_set_ms = warm_up(engine, references, warmup_rounds, cpu)
         paired = isinstance(engine, EnginePair)
         choice = (gate_test.rounds(rounds, round_set_ms, paired_rounds=paired) if gate_test
                   else RoundsChoice(rounds, "the test's default"))
-        times = alternate_rounds(benchmark, engine, references, choice.rounds, warmup_rounds=0)
+        times = alternate_rounds(benchmark, engine, references, choice.rounds, warmup_rounds=0, timing_cpu=cpu)
         if isinstance(engine, EnginePair):   # A/B: the base's rounds are the gate's, not the comparison's
             benchmark.extra_info["ab"] = ab_record(request.config, engine, times)
             del times[engine.base.name]
@@ -116,7 +140,7 @@ def compare(request, run_target, gemm_peak_tflops, gate_test, gate_targets):
             run = study_trials.run_paired_trials if isinstance(engine, EnginePair) else study_trials.run_trials
             try:
                 run(gate_test.fullname, gate_test.workload, engine, [ref for ref in references if ref.name == read],
-                    choice.rounds, gate_test.study)
+                    choice.rounds, gate_test.study, timer=lambda runner: round_ms(runner, cpu))
             except study_trials.DelayUnreachable as exc:   # no trials: the study says so, the session goes on
                 pytest.skip(f"gatepower: no trials: {exc}")
         return comparison

@@ -6,7 +6,9 @@ runners alternate R1 R2 E R1 R2 E ... in one process (docs/architecture.md,
 "Measuring honestly") while pytest-benchmark stores and compares the engine's
 rounds. Both sides are timed by `benchmarking.time_round` (drain the device
 before each clock read); an A/B pair's engines time their rounds in their own
-workers the same way, the base's round in setup (perf_tests/ab_sides.py). With
+workers the same way, the base's round in setup (perf_tests/ab_sides.py). Every
+round, here or in a worker, runs on the session's timing core (perf_tests/ab_worker.py's
+`timing_cpu`), so base, head and references are timed alike. With
 benchmarks disabled (xdist, --benchmark-disable), pedantic would run a single
 round, so the same alternation runs without it and ratios are still measured
 and gated. Timing gates only on a GPU tier: a ratio below a claim that has
@@ -32,6 +34,8 @@ from gpuengine.bench.benchmarking import Comparison, Runner, time_round
 from gpuengine.bench.machine_info import Tier
 from gpuengine.bench.thresholds import CLAIM, TARGET, RatioCheck, ThresholdRule, evaluate_ratios
 from gpuengine.reference import ReferenceUnavailable
+
+from .ab_worker import on_cpu
 
 UNAVAILABLE = "references_unavailable"   # extra_info: {reference: why it could not run here}
 
@@ -104,10 +108,14 @@ def sides(engine) -> list:
     return list(engine.sides) if hasattr(engine, "sides") else [engine]
 
 
-def round_ms(runner: Runner) -> float:
-    """One timed round: a worker's engine times itself (no pipe inside its clock), the rest here."""
+def round_ms(runner: Runner, cpu: int | None = None) -> float:
+    """One timed round: a worker's engine times itself (no pipe inside its clock, on the same core), the rest here
+    on core `cpu` (the session's timing core; None: wherever the scheduler puts it)."""
     timed_round = getattr(runner, "timed_round", None)
-    return timed_round() if timed_round is not None else time_round(runner)
+    if timed_round is not None:
+        return timed_round()
+    with on_cpu(cpu):
+        return time_round(runner)
 
 
 def _prepare(engine, references: Sequence[Runner]):
@@ -118,19 +126,21 @@ def _prepare(engine, references: Sequence[Runner]):
         runner.prepare()
 
 
-def warm_up(engine, references: Sequence[Runner], warmup_rounds: int) -> float | None:
+def warm_up(engine, references: Sequence[Runner], warmup_rounds: int, timing_cpu: int | None = None) -> float | None:
     """Warm-up rounds, references then engine, not recorded; returns the median ms of one round of all
     runners (what a timed round will cost: the rounds budget needs it), None without warm-up rounds."""
     if warmup_rounds < 0:
         raise ValueError(f"warmup_rounds={warmup_rounds}: need warmup_rounds >= 0")
     _prepare(engine, references)
-    sets = [sum(round_ms(runner) for runner in (*references, *sides(engine))) for _ in range(warmup_rounds)]
+    sets = [sum(round_ms(runner, timing_cpu) for runner in (*references, *sides(engine)))
+            for _ in range(warmup_rounds)]
     return float(np.median(sets)) if sets else None
 
 
 def alternate_rounds(benchmark, engine, references: Sequence[Runner], rounds: int,
-                     warmup_rounds: int) -> dict[str, list[float]]:
-    """Per-runner round times in ms after warm-up; the engine's rounds are also pytest-benchmark's.
+                     warmup_rounds: int, timing_cpu: int | None = None) -> dict[str, list[float]]:
+    """Per-runner round times in ms after warm-up; the engine's rounds are also pytest-benchmark's. The rounds
+    timed here run on core `timing_cpu`, as an A/B pair's workers time theirs.
 
     An A/B pair's base runs in the setup of each round, before the references in even rounds and after
     them in odd ones, so the head is preceded by the base half the time and by a reference the other half.
@@ -146,10 +156,10 @@ def alternate_rounds(benchmark, engine, references: Sequence[Runner], rounds: in
         order = [*others, *references] if done[0] % 2 == 0 else [*references, *others]
         done[0] += 1
         for runner in order:
-            times[runner.name].append(round_ms(runner))
+            times[runner.name].append(round_ms(runner, timing_cpu))
 
     def engine_round():
-        times[head.name].append(round_ms(head))
+        times[head.name].append(round_ms(head, timing_cpu))
 
     if benchmark.disabled:
         for _ in range(warmup_rounds + rounds):

@@ -4,36 +4,75 @@
 
 1. Collect the perf tests the gate would run (same selection, the user's args).
 2. Split the single-GPU tests over the GPUs (gpuengine/bench/spread_runs.py:
-   balanced by each test's time in the newest stored run), and run one
+   balanced by each test's wall time in the newest stored run), and run one
    pytest per GPU at once, pinned with CUDA_VISIBLE_DEVICES=<i>, each
    comparing with the stored baselines and writing its run as JSON.
 3. Run the tests that need every GPU (perf_tests/test_data_parallel.py) in
    one pytest that sees them all, after the others (they would share GPUs).
 4. Merge the runs into one per GPU kind and store it like `--benchmark-autosave`
-   does: a baseline if every process passed, or failed only on targets not met
+   does, named after the commit as a single run is (GATE_COMMIT_ID where set):
+   a baseline if every process passed, or failed only on targets not met
    (--claims), or with --save-baseline; else under history/. The exit status
    is the worst of the processes'.
 Workers do not save on their own (no --benchmark-autosave, --save-baseline
-held back): only the merged run is stored.
+held back): only the merged run is stored. A per-GPU pytest's output is
+shown when it ends, but its engine's autotuning progress as it comes
+("[gpu0] [base] cuDNN autotune: ...", perf_tests/progress.py).
+
+Host bandwidth. The tests whose timed rounds move data over the host link
+(`shares_host_bandwidth`: the loader module's, every case whose id says
+`streamed`, and nightly the tests timing a reference that streams from host
+arrays) would slow each other if two GPUs ran them at once: one GPU's copies
+would eat the other's bandwidth and its rounds, not the code, would decide.
+They all go to one GPU's pytest, as one block of the split, so they run one
+after another, beside the other GPUs' compute-bound tests. A phase of their
+own after the parallel one would take H + (T - H) / N of wall time (H their
+time, T the whole, N GPUs); one block takes about max(H, T / N), never more,
+and no schedule can beat that bound: H runs serially and T / N is each
+GPU's share. (H100, run 0033: H 108 s of T 232 s, so two GPUs still split
+evenly.) The all-GPU tests stay last and alone.
+
+Timing cores. Each GPU's session (its engine workers and its references)
+times its rounds on a core of its own (GATE_TIMING_CPU, perf_tests/ab_worker.py):
+NUMA-local to its GPU where Linux says which cores are, else a distinct core
+of the affinity set (gpuengine/bench/timing_cores.py); core 0 and a
+hyper-thread sibling of another GPU's core only when nothing else is left.
+One core for every session (the host's last) put the launch-bound rounds of
+two GPUs' engines on it at once: a likely cause of issue 36's steady A/A
+offset. The merged run keeps the cores chosen and why
+(machine_info["spread"]["timing_cores_chosen"]), and each test the core that
+timed it (extra_info["timing_cpu"]).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuengine.bench.machine_info import checkout_commit, named_commit_info, run_tag
 from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_only, merge_runs, next_run_path,
                                          split_tests)
 from gpuengine.bench.stored_runs import history_folder, newest_per_test, scan
+from gpuengine.bench.timing_cores import TimingCore, timing_cores
+from perf_tests.ab_worker import TIMING_CPU_ENV
+from perf_tests.progress import PROGRESS_FILE_ENV, new_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 WHOLE_MACHINE = ("perf_tests/test_data_parallel.py",)   # tests that spread themselves over every GPU
 SELECTION = ["perf_tests", "--ignore-glob=perf_tests/test_*_smoke.py", "-m", "not slow"]   # as ./gate perf
 HELD_BACK = ("--save-baseline", "--benchmark-autosave")
+PROGRESS_POLL_S = 2.0   # how often the per-GPU sessions' progress files are looked at while they run
+HOST_BANDWIDTH_MODULES = ("perf_tests/test_loader.py",)   # the loader alone, and training streamed against it
+STREAMED_CASE = re.compile(r"\[(?:[^\]]*-)?streamed(?:-[^\]]*)?\]$")   # a case id naming streamed data
+# Tests that time, in the nightly tier only (plan.NIGHTLY_REFERENCES), a reference fed from host arrays:
+# gpuengine_oneshot uploads each inference batch and reads its outputs back; Keras' fit streams its batches.
+NIGHTLY_HOST_BANDWIDTH = ("perf_tests/test_mlp.py::test_mlp_infer[", "perf_tests/test_cnn.py::test_cnn_train_vs_keras[")
 
 
 @dataclass(frozen=True)
@@ -42,10 +81,33 @@ class Worker:
     devices: str | None         # CUDA_VISIBLE_DEVICES, None: every GPU
     tests: list[str]
     json_path: Path
+    timing: TimingCore | None = None   # the core its session times rounds on (GATE_TIMING_CPU); None: its default
 
     def command(self, args: list[str]) -> list[str]:
         return [sys.executable, "-m", "pytest", *self.tests, "-m", "not slow", "--benchmark-compare",
                 f"--benchmark-json={self.json_path}", *args]
+
+    @property
+    def progress_path(self) -> Path:
+        return self.json_path.with_suffix(".progress")
+
+    def environment(self, environ=None) -> dict[str, str]:
+        """The pytest's environment: its GPU, its timing core and its progress file over the caller's."""
+        env = dict(os.environ if environ is None else environ)
+        if self.devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.devices
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")   # nvidia-smi's numbering, the one counted here
+            env[PROGRESS_FILE_ENV] = str(self.progress_path)     # its output shows at its end, its progress live
+        if self.timing is not None:
+            env[TIMING_CPU_ENV] = str(self.timing.cpu)
+        return env
+
+
+def shares_host_bandwidth(test_id: str, full: bool = False) -> bool:
+    """Whether a test's timed rounds move data between host and GPU, so that two GPUs running such tests at
+    once would skew each other; `full`: in the nightly tier (--full), whose references differ."""
+    return (test_id.startswith(HOST_BANDWIDTH_MODULES) or bool(STREAMED_CASE.search(test_id))
+            or (full and test_id.startswith(NIGHTLY_HOST_BANDWIDTH)))
 
 
 def gpu_count() -> int:
@@ -83,43 +145,71 @@ def stored_seconds(store: Path) -> dict[str, float]:
     return seconds
 
 
-def plan_workers(test_ids: list[str], devices: list[str] | int, seconds: dict[str, float], out: Path) -> list[Worker]:
+def plan_workers(test_ids: list[str], devices: list[str] | int, seconds: dict[str, float], out: Path,
+                 full: bool = False, cores: dict[str, TimingCore] | None = None) -> list[Worker]:
     """The per-GPU workers (non-empty ones), then the all-GPU worker if any test needs every GPU. devices: the
-    CUDA_VISIBLE_DEVICES entry of each GPU (visible_devices()), or a count for 0..N-1."""
+    CUDA_VISIBLE_DEVICES entry of each GPU (visible_devices()), or a count for 0..N-1. The tests that share
+    host bandwidth all go to one GPU's worker; `full`: the nightly tier (--full); `cores`: each GPU's timing
+    core (timing_cores.timing_cores)."""
+    cores = cores or {}
     devices = [str(i) for i in range(devices)] if isinstance(devices, int) else list(devices)
     whole = [t for t in test_ids if t.startswith(WHOLE_MACHINE)]
     single = [t for t in test_ids if not t.startswith(WHOLE_MACHINE)]
-    workers = [Worker(f"gpu{device}", device, part, out / f"gpu{device}.json")
-               for device, part in zip(devices, split_tests(single, len(devices), seconds)) if part]
+    host = [t for t in single if shares_host_bandwidth(t, full)]
+    workers = [Worker(f"gpu{device}", device, part, out / f"gpu{device}.json", cores.get(device))
+               for device, part in zip(devices, split_tests(single, len(devices), seconds, together=host)) if part]
     if whole:
         workers.append(Worker("all-gpus", None, whole, out / "all-gpus.json"))
     return workers
 
 
+def describe(worker: Worker, full: bool) -> str:
+    """'gpu0: 20 tests (9 sharing host bandwidth, one at a time)': what the spread line says of a worker."""
+    host = sum(shares_host_bandwidth(t, full) for t in worker.tests)
+    return (f"{worker.name}: {len(worker.tests)} tests" + (f" ({host} sharing host bandwidth, one at a time)" if host
+                                                           else "")
+            + (f", timed on core {worker.timing.cpu} ({worker.timing.why})" if worker.timing else ""))
+
+
+def relay_progress(workers: list[Worker], read: dict[str, int], show=print):
+    """Show the progress lines each worker's session wrote since the last look, '[gpu0] ...' each."""
+    for worker in workers:
+        lines, read[worker.name] = new_lines(worker.progress_path, read.get(worker.name, 0))
+        for line in lines:
+            show(f"[{worker.name}] {line}", flush=True)
+
+
 def run_workers(workers: list[Worker], args: list[str], out: Path) -> dict[str, int]:
-    """Per-GPU workers at once, then the all-GPU one; each one's log printed when it ends. Exit status by name."""
+    """Per-GPU workers at once, their progress shown as it comes and each one's log when it ends; then the all-GPU
+    one. Exit status by name."""
     status: dict[str, int] = {}
     single = [w for w in workers if w.devices is not None]
-    procs = {}
+    procs, read = {}, {}
     for worker in single:
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=worker.devices)
         with open(out / f"{worker.name}.log", "wb") as log:
-            procs[worker.name] = subprocess.Popen(worker.command(args), cwd=ROOT, env=env, stdout=log,
+            procs[worker.name] = subprocess.Popen(worker.command(args), cwd=ROOT, env=worker.environment(), stdout=log,
                                                   stderr=subprocess.STDOUT)
-    for name, proc in procs.items():
-        status[name] = proc.wait()
-        print(f"===== perf worker {name} (exit status {status[name]}) =====\n"
-              f"{(out / f'{name}.log').read_text(errors='replace')}", flush=True)
+    while procs:
+        for worker in single:
+            ended = worker.name in procs and procs[worker.name].poll() is not None
+            relay_progress([worker], read)   # after the poll: all it wrote before it ended
+            if ended:
+                status[worker.name] = procs.pop(worker.name).returncode
+                print(f"===== perf worker {worker.name} (exit status {status[worker.name]}) =====\n"
+                      f"{(out / f'{worker.name}.log').read_text(errors='replace')}", flush=True)
+        if procs:
+            time.sleep(PROGRESS_POLL_S)
     for worker in workers:
         if worker.devices is None:
             print(f"===== perf worker {worker.name}: every GPU =====", flush=True)
-            status[worker.name] = subprocess.run(worker.command(args), cwd=ROOT).returncode
+            status[worker.name] = subprocess.run(worker.command(args), cwd=ROOT, env=worker.environment()).returncode
     return status
 
 
 def save_merged(workers: list[Worker], status: dict[str, int], store: Path, machine_id: str, tag: str,
-                save_baseline: bool) -> list[Path]:
-    """Merge the workers' JSON runs, one per GPU kind, into store/<tier>/[history/]<machine id>/NNNN_<tag>.json."""
+                save_baseline: bool, commit_info: dict | None = None) -> list[Path]:
+    """Merge the workers' JSON runs, one per GPU kind, into store/<tier>/[history/]<machine id>/NNNN_<tag>.json.
+    `commit_info`: fields that name the commit over what the workers' runs say (GATE_COMMIT_ID's)."""
     runs, names = [], []
     for worker in workers:
         if worker.json_path.is_file():
@@ -134,6 +224,11 @@ def save_merged(workers: list[Worker], status: dict[str, int], store: Path, mach
                                                for name, run in zip(names, runs))
     saved = []
     for merged in merge_runs(runs, names).values():
+        if commit_info:
+            merged["commit_info"] = {**merged.get("commit_info", {}), **commit_info}
+        spread = merged["machine_info"]["spread"]
+        spread["timing_cores_chosen"] = {w.name: w.timing.as_dict() for w in workers
+                                         if w.timing is not None and w.name in spread["workers"]}
         tier = store / merged["machine_info"]["tier"]
         folder = (tier if passed or save_baseline else history_folder(tier)) / machine_id
         folder.mkdir(parents=True, exist_ok=True)
@@ -143,8 +238,14 @@ def save_merged(workers: list[Worker], status: dict[str, int], store: Path, mach
     return saved
 
 
+def merged_run_naming() -> tuple[str, dict | None]:
+    """The merged run's tag and the commit_info fields that name its commit, as a single run's autosave gets them
+    (conftest.py): GATE_COMMIT_ID where set (a lent machine's copy of the tree has no .git), else git's answer."""
+    return run_tag(*checkout_commit()), named_commit_info()
+
+
 def main(argv: list[str] | None = None) -> int:
-    from pytest_benchmark.utils import get_machine_id, get_tag
+    from pytest_benchmark.utils import get_machine_id
     argv = list(sys.argv[1:] if argv is None else argv)
     save_baseline = "--save-baseline" in argv
     args = [a for a in argv if a not in HELD_BACK]
@@ -154,11 +255,14 @@ def main(argv: list[str] | None = None) -> int:
                          f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>: every GPU nvidia-smi lists')}); "
                          "a spread run needs >= 2")
     out = Path(tempfile.mkdtemp(prefix="gpuengine-spread-"))
-    workers = plan_workers(collect(args), devices, stored_seconds(ROOT / "baselines_store"), out)
-    print(f"perf_tests.spread: GPUs {','.join(devices)}; " + "; ".join(f"{w.name}: {len(w.tests)} tests" for w in workers),
-          flush=True)
+    full = "--full" in args
+    workers = plan_workers(collect(args), devices, stored_seconds(ROOT / "baselines_store"), out, full,
+                           timing_cores(devices))
+    print(f"perf_tests.spread: GPUs {','.join(devices)}; " + "; ".join(describe(w, full) for w in workers), flush=True)
     status = run_workers(workers, args, out)
-    for path in save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), get_tag(), save_baseline):
+    tag, commit_info = merged_run_naming()
+    for path in save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), tag, save_baseline,
+                            commit_info):
         print(f"perf_tests.spread: saved the merged run as {path.relative_to(ROOT)}", flush=True)
     return max(status.values(), default=0)
 

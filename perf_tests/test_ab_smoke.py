@@ -11,6 +11,7 @@ ends.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -24,11 +25,11 @@ REPO = Path(__file__).resolve().parents[1]
 CASE = "perf_tests/test_mlp.py::test_mlp_train[fp32-graph1-resident-bpe1]"
 
 
-def gate_session(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def gate_session(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     storage = tmp_path / "store"
     return subprocess.run([sys.executable, "-m", "pytest", CASE, "-p", "no:cacheprovider", "-rA",
                            f"--benchmark-storage=file://{storage}", "--benchmark-autosave", *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+                          cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
 
 
 def saved_runs(tmp_path: Path) -> list[dict]:
@@ -45,12 +46,16 @@ def copy_of(tmp_path: Path, name: str) -> Path:
 def test_a_base_folder_runs_beside_the_head_and_both_rounds_are_kept(tmp_path):
     base = copy_of(tmp_path, "base")
     (base / "COMMIT").write_text("0123456789abcdef\n")
-    result = gate_session(tmp_path, f"--against={base}")
+    core = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    result = gate_session(tmp_path, f"--against={base}", env=None if core is None else {"GATE_TIMING_CPU": str(core)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "A/B against 0123456 (the same code: an A/A run)" in result.stdout
     (run,) = saved_runs(tmp_path)
     (bench,) = run["benchmarks"]
     ab = bench["extra_info"]["ab"]
+    if core is not None:   # both workers and the references timed on the session's core, and the run says which
+        assert ab["timing_cpu"] == {"base": core, "head": core}
+        assert run["machine_info"]["timing_cpu"] == {"cpu": core, "set_by": "GATE_TIMING_CPU"}
     assert ab["base_commit"] == "0123456789abcdef" and ab["base_code"] == ab["head_code"]
     assert len(ab["base_round_ms"]) == len(ab["head_round_ms"]) >= 1 and min(ab["base_round_ms"]) > 0
     assert bench["extra_info"]["stored_run_check"]["mode"] == "A/B"

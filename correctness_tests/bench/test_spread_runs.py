@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import json
+import re
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
+from gpuengine.bench.machine_info import run_tag
 from gpuengine.bench.spread_runs import benchmark_seconds, merge_runs, next_run_path, split_tests
 from gpuengine.bench.stored_runs import read_run
-from perf_tests.spread import HELD_BACK, Worker, plan_workers, save_merged, visible_devices
+from gpuengine.bench.timing_cores import TimingCore
+from perf_tests.spread import (HELD_BACK, HOST_BANDWIDTH_MODULES, NIGHTLY_HOST_BANDWIDTH, Worker, merged_run_naming,
+                               plan_workers, save_merged, shares_host_bandwidth, visible_devices)
 
 
 def fake_run(gpu: str, tests: dict[str, float], when: str = "2026-11-23T10:00:00+00:00") -> dict:
@@ -40,7 +46,7 @@ def test_bad_splits_are_refused():
 def test_one_worker_per_gpu_then_the_all_gpu_tests():
     ids = ["perf_tests/test_mlp.py::a", "perf_tests/test_cnn.py::b", "perf_tests/test_data_parallel.py::c[x]",
            "perf_tests/test_resnet.py::d"]
-    workers = plan_workers(ids, 4, {}, tmp := __import__("pathlib").Path("/tmp/x"))
+    workers = plan_workers(ids, 4, {}, tmp := Path("/tmp/x"))
     assert [(w.name, w.devices, w.tests) for w in workers] == [
         ("gpu0", "0", [ids[0]]), ("gpu1", "1", [ids[1]]), ("gpu2", "2", [ids[3]]),
         ("all-gpus", None, [ids[2]])]
@@ -122,3 +128,145 @@ def test_the_merged_run_keeps_every_workers_gate_verdict():
     (merged,) = merge_runs(runs, ["gpu0", "gpu1"]).values()
     assert merged["gpuengine_gate"] == {"targets_fail": True, "targets_not_met": 1, "failed_on_targets_only": ["a"],
                                         "failed_otherwise": ["b"]}
+
+
+def test_run_tags_read_like_pytest_benchmarks_autosave():
+    when = datetime(2026, 11, 27, 11, 16, 55, tzinfo=timezone(timedelta(hours=1)))
+    assert run_tag("0cfdca4", False, when) == "0cfdca4_20261127_101655"   # UTC, as pytest-benchmark writes it
+    assert run_tag("0cfdca4", True, when) == "0cfdca4_20261127_101655_uncommited-changes"
+    assert run_tag("unversioned", None, when) == "unversioned_20261127_101655"
+
+
+def test_the_merged_run_is_named_after_gate_commit_id_without_git(tmp_path, monkeypatch):
+    # A lent GPU machine's copy of the tree has no .git: its workers' runs say "unversioned" where no hook named
+    # the commit, and the merged run must name it anyway, in its file name and its commit_info alike.
+    monkeypatch.setenv("GATE_COMMIT_ID", "0cfdca4")
+    monkeypatch.setenv("GATE_COMMIT_DIRTY", "1")
+    monkeypatch.setenv("GATE_COMMIT_BRANCH", "spread-fix")
+    tag, commit_info = merged_run_naming()
+    assert tag.startswith("0cfdca4_") and tag.endswith("_uncommited-changes")
+    workers = [Worker(f"gpu{i}", str(i), [], tmp_path / f"gpu{i}.json") for i in range(2)]
+    for i, worker in enumerate(workers):
+        run = fake_run("NVIDIA H100", {f"perf_tests/t.py::t{i}": 1.0})
+        run["commit_info"] = {"id": "unversioned", "dirty": False, "project": "gpuengine", "branch": "(unknown)"}
+        worker.json_path.write_text(json.dumps(run))
+    (path,) = save_merged(workers, {"gpu0": 0, "gpu1": 0}, tmp_path / "store", "m", tag, False, commit_info)
+    assert path.name == f"0001_{tag}.json" and "unversioned" not in path.name
+    assert json.loads(path.read_text())["commit_info"] == {"id": "0cfdca4", "dirty": True, "project": "gpuengine",
+                                                           "branch": "spread-fix", "error": None}
+    monkeypatch.delenv("GATE_COMMIT_ID")
+    assert merged_run_naming()[1] is None   # git's answer then, the workers' commit_info as pytest-benchmark wrote it
+
+
+# The quick tier's tests on an H100 (run 0033) with each one's wall time: the split's weights.
+QUICK_TIER = {
+    "perf_tests/test_cnn.py::test_cnn_train[tf32-graph8-resident-b128]": 9.3,
+    "perf_tests/test_cnn.py::test_cnn_train[tf32-graph8-streamed-b128]": 1.2,
+    "perf_tests/test_loader.py::test_loader_bandwidth[tf32-4kB-b8000-pool2]": 4.5,
+    "perf_tests/test_loader.py::test_loader_bandwidth[tf32-150kB-b64-pool2]": 1.3,
+    "perf_tests/test_loader.py::test_mlp_streamed[tf32-graph1-pool2-b8000]": 9.4,
+    "perf_tests/test_loader.py::test_cnn_streamed[tf32-graph8-pool2-b1024]": 0.6,
+    "perf_tests/test_mlp.py::test_mlp_train[tf32-graph8-resident-bpe1]": 9.5,
+    "perf_tests/test_mlp.py::test_mlp_train[tf32-graph8-streamed-bpe12]": 1.2,
+    "perf_tests/test_mlp.py::test_mlp_infer[tf32-resident-b512]": 0.7,
+    "perf_tests/test_resnet.py::test_resnet_train[cifar10-tf32-graph8-resident-b128]": 30.1,
+    "perf_tests/test_resnet.py::test_resnet_train[cifar10-bf16-graph8-resident-b128]": 30.4,
+    "perf_tests/test_transformer.py::test_transformer_train[seq384-tf32-graph8-b16]": 6.7,
+    "perf_tests/test_zoo.py::test_zoo_train[alexnet-tf32-streamed-b16]": 10.8,
+    "perf_tests/test_zoo.py::test_zoo_train[resnet50-tf32-streamed-b16]": 18.2,
+    "perf_tests/test_zoo.py::test_zoo_train[mobilenet_v2-tf32-streamed-b16]": 34.5,
+    "perf_tests/test_data_parallel.py::test_data_parallel[mlp-tf32]": 20.0,
+}
+HOST = {t for t in QUICK_TIER if "streamed" in t or "test_loader.py" in t}
+
+
+def test_the_tests_that_share_host_bandwidth_are_the_loaders_and_every_streamed_case():
+    assert {t for t in QUICK_TIER if shares_host_bandwidth(t)} == HOST
+    assert not shares_host_bandwidth("perf_tests/test_resnet.py::test_resnet_train[cifar10-tf32-graph8-resident-b128]")
+    assert shares_host_bandwidth("perf_tests/test_resnet.py::test_resnet_train[cifar10-tf32-graph8-streamed-b128]")
+    assert not shares_host_bandwidth("perf_tests/test_zoo.py::test_zoo_train[streamedish-tf32-resident-b16]")
+    # Nightly, MLP inference times gpuengine_oneshot (host arrays in and out) and the CNN Keras' fit.
+    infer = "perf_tests/test_mlp.py::test_mlp_infer[tf32-resident-b512]"
+    assert not shares_host_bandwidth(infer) and shares_host_bandwidth(infer, full=True)
+    assert shares_host_bandwidth("perf_tests/test_cnn.py::test_cnn_train_vs_keras[tf32-graph8-resident-b128]", True)
+
+
+@pytest.mark.parametrize("gpus", [2, 3, 8])
+def test_the_host_bandwidth_tests_run_on_one_gpu_one_after_another_and_the_all_gpu_tests_last(tmp_path, gpus):
+    workers = plan_workers(list(QUICK_TIER), gpus, QUICK_TIER, tmp_path)
+    single, last = workers[:-1], workers[-1]
+    assert (last.name, last.devices, last.tests) == ("all-gpus", None, ["perf_tests/test_data_parallel.py::"
+                                                                         "test_data_parallel[mlp-tf32]"])
+    (host_worker,) = [w for w in single if HOST & set(w.tests)]   # one process: its tests never overlap
+    assert HOST <= set(host_worker.tests)
+    assert host_worker.tests == [t for t in QUICK_TIER if t in host_worker.tests]   # in collection order
+    loads = [sum(QUICK_TIER[t] for t in w.tests) for w in single]
+    compute = sum(QUICK_TIER.values()) - 20.0   # the single-GPU tests' time
+    host = sum(QUICK_TIER[t] for t in HOST)
+    # No schedule beats max(host time, an even share): within one test of it, and below the wall time of a phase
+    # of their own after the parallel one.
+    largest = max(QUICK_TIER[t] for t in QUICK_TIER if t not in HOST)
+    assert max(host, compute / gpus) - 1e-9 <= max(loads) <= max(host, compute / gpus) + largest
+    assert max(loads) < host + (compute - host) / gpus
+
+
+def test_the_nightly_tier_keeps_its_host_fed_references_with_the_others(tmp_path):
+    ids = ["perf_tests/test_mlp.py::test_mlp_infer[tf32-resident-b512]", "perf_tests/test_loader.py::t[a]",
+           "perf_tests/test_mlp.py::test_mlp_infer[tf32-resident-b8000]", "perf_tests/test_cnn.py::c[x-resident-y]"]
+    quick = plan_workers(ids, 2, {}, tmp_path)
+    nightly = plan_workers(ids, 2, {}, tmp_path, full=True)
+    assert [w.tests for w in quick] == [[ids[0], ids[2]], [ids[1], ids[3]]]
+    assert [w.tests for w in nightly] == [ids[:3], ids[3:]]
+
+
+def test_a_block_kept_together_is_weighed_whole_and_strangers_are_refused():
+    ids = ["a", "b", "c", "d", "e"]
+    parts = split_tests(ids, 2, {"a": 1, "b": 5, "c": 1, "d": 4, "e": 2}, together=["a", "c", "e"])
+    assert parts == [["b"], ["a", "c", "d", "e"]] or parts == [["a", "c", "d", "e"], ["b"]]
+    assert split_tests(ids, 3, {}, together=ids) == [ids, [], []]
+    with pytest.raises(ValueError, match="tests to keep together are not among the tests to split: z"):
+        split_tests(ids, 2, together=["a", "z"])
+
+
+def test_the_split_weighs_each_test_by_its_wall_time_where_the_run_kept_it():
+    run = fake_run("NVIDIA H100", {"a": 0.3, "b": 0.2})
+    run["benchmarks"][0]["extra_info"]["test_seconds"] = 34.5   # building and compiling dwarf the timed rounds
+    assert benchmark_seconds(run) == {"a": 34.5, "b": 0.2}
+
+
+# What feeds a timed runner from host memory: the loader and pinned copies, torch's host batches and DataLoader,
+# the engine's one-shot inference, Keras' fit, and an engine whose data is not always resident.
+HOST_FED = re.compile(r"LoaderRunner|PinnedCopyRunner|PinnedHostBatchRunner|EngineOneShotRunner|dataloader"
+                      r"|fit_runner|resident_data=(?!True\b)")
+
+
+def test_every_perf_module_that_feeds_from_host_arrays_is_known_to_the_spread():
+    # A tripwire: a new module timing a host-fed runner must be placed by shares_host_bandwidth (its module, a
+    # nightly reference, or case ids that say "streamed"); someone has to decide which of its cases stream.
+    perf = Path(__file__).resolve().parents[2] / "perf_tests"
+    unplaced = []
+    for module in sorted(perf.glob("test_*.py")):
+        source, path = module.read_text(), f"perf_tests/{module.name}"
+        fed = sorted(set(HOST_FED.findall(source)))
+        placed = (path in HOST_BANDWIDTH_MODULES or any(entry.startswith(path) for entry in NIGHTLY_HOST_BANDWIDTH)
+                  or "'streamed'" in source)
+        if fed and not placed and not module.name.endswith("_smoke.py"):
+            unplaced.append(f"{path} ({', '.join(fed)})")
+    assert not unplaced, f"host-fed perf modules spread.shares_host_bandwidth does not place: {unplaced}"
+
+
+def test_the_merged_run_says_which_core_timed_each_test_and_why_it_was_chosen(tmp_path):
+    cores = {"0": TimingCore(47, "NUMA-local to GPU 0 (its local cores: 0-15,32-47)"),
+             "1": TimingCore(63, "NUMA-local to GPU 1 (its local cores: 16-31,48-63)")}
+    workers = plan_workers(["perf_tests/a.py::a", "perf_tests/b.py::b"], ["0", "1"], {}, tmp_path, cores=cores)
+    for worker, cpu in zip(workers, (47, 63)):
+        run = fake_run("NVIDIA H100", {worker.tests[0]: 1.0})
+        run["machine_info"]["timing_cpu"] = {"cpu": cpu, "set_by": "GATE_TIMING_CPU"}
+        worker.json_path.write_text(json.dumps(run))
+    (path,) = save_merged(workers, {"gpu0": 0, "gpu1": 0}, tmp_path / "store", "m", "tag", False)
+    run = json.loads(path.read_text())
+    assert {b["fullname"]: b["extra_info"]["timing_cpu"]["cpu"] for b in run["benchmarks"]} == {
+        "perf_tests/a.py::a": 47, "perf_tests/b.py::b": 63}
+    assert run["machine_info"]["spread"]["timing_cores_chosen"] == {
+        "gpu0": {"cpu": 47, "why": cores["0"].why}, "gpu1": {"cpu": 63, "why": cores["1"].why}}
+    assert "timing_cpu" not in run["machine_info"]   # one worker's core would read as every test's

@@ -44,8 +44,9 @@ def time_round(runner: Runner, clock: Callable[[], float] = time.perf_counter) -
     return (clock() - start) * 1e3
 
 
-def interleave(runners: Sequence[Runner], rounds: int, warmup_rounds: int = 1) -> dict[str, list[float]]:
-    """Per-runner round times, the runners alternating round by round."""
+def interleave(runners: Sequence[Runner], rounds: int, warmup_rounds: int = 1,
+               timer: Callable[[Runner], float] = time_round) -> dict[str, list[float]]:
+    """Per-runner round times, the runners alternating round by round, each round timed by `timer`."""
     if rounds < 1:
         raise ValueError(f"rounds={rounds}: at least one timed round is needed")
     names = [r.name for r in runners]
@@ -55,11 +56,11 @@ def interleave(runners: Sequence[Runner], rounds: int, warmup_rounds: int = 1) -
         runner.prepare()
     for _ in range(warmup_rounds):
         for runner in runners:
-            time_round(runner)
+            timer(runner)
     times: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(rounds):
         for runner in runners:
-            times[runner.name].append(time_round(runner))
+            times[runner.name].append(timer(runner))
     return times
 
 

@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from ..config import EngineConfig
@@ -24,6 +25,7 @@ from ..config import EngineConfig
 REPO = Path(__file__).resolve().parents[2]
 CPU_TIER = "cpu-tier"
 NO_GPU = "none (CPU tier, NumPy backend)"
+UNCOMMITTED = "_uncommited-changes"   # pytest-benchmark's spelling: stored names read alike whoever wrote them
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,23 @@ def named_commit() -> tuple[str, bool] | None:
     of the tree on a lent GPU has no .git, or a stale one, so whoever copied it names the commit."""
     named = os.environ.get("GATE_COMMIT_ID", "").strip()
     return (named, os.environ.get("GATE_COMMIT_DIRTY", "0") == "1") if named else None
+
+
+def named_commit_info() -> dict | None:
+    """The commit_info fields a stored run takes from GATE_COMMIT_ID (`named_commit`, the branch from
+    GATE_COMMIT_BRANCH, main by default), or None where it is not set: git's answer stands then."""
+    named = named_commit()
+    if named is None:
+        return None
+    commit, dirty = named
+    return {"id": commit, "dirty": dirty, "branch": os.environ.get("GATE_COMMIT_BRANCH", "main"), "error": None}
+
+
+def run_tag(commit: str, dirty: bool | None, when: datetime | None = None) -> str:
+    """A stored run's name as pytest-benchmark's autosave writes it: `<commit>_<UTC date>_<time>`, plus
+    `_uncommited-changes` when the tree differs from the commit."""
+    when = datetime.now(timezone.utc) if when is None else when.astimezone(timezone.utc)
+    return f"{commit}_{when:%Y%m%d_%H%M%S}" + (UNCOMMITTED if dirty else "")
 
 
 def checkout_commit() -> tuple[str, bool | None]:

@@ -33,29 +33,45 @@ def _merged_outcome(outcomes: list[dict]) -> dict:
             "failed_otherwise": sorted({t for o in outcomes for t in o.get("failed_otherwise", [])})}
 
 
-def split_tests(test_ids: list[str], workers: int, seconds: dict[str, float] | None = None) -> list[list[str]]:
+def split_tests(test_ids: list[str], workers: int, seconds: dict[str, float] | None = None,
+                together: list[str] | tuple = ()) -> list[list[str]]:
     """`test_ids` over `workers` lists of about equal time: longest first, each to the least loaded worker
-    (ties: the lowest worker). `seconds`: each test's time in a stored run; unknown tests count the median."""
+    (ties: the lowest worker). `seconds`: each test's time in a stored run; unknown tests count the median.
+    `together`: tests that must all go to one worker, so that no two of them ever run at once (they share the
+    host's bandwidth): placed as one block of their summed time."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if len(set(test_ids)) != len(test_ids):
         raise ValueError("test ids repeat: " + ", ".join(sorted({t for t in test_ids if test_ids.count(t) > 1})))
+    strangers = sorted(set(together) - set(test_ids))
+    if strangers:
+        raise ValueError("tests to keep together are not among the tests to split: " + ", ".join(strangers))
     seconds = seconds or {}
     known = [seconds[t] for t in test_ids if t in seconds]
     default = statistics.median(known) if known else 1.0
-    order = sorted(test_ids, key=lambda t: (-seconds.get(t, default), test_ids.index(t)))
+    index = {t: i for i, t in enumerate(test_ids)}
+    kept = set(together)
+    blocks = [[t] for t in test_ids if t not in kept] + ([[t for t in test_ids if t in kept]] if kept else [])
+    weighed = sorted(((sum(seconds.get(t, default) for t in tests), tests) for tests in blocks),
+                     key=lambda entry: (-entry[0], index[entry[1][0]]))
     loads, parts = [0.0] * workers, [[] for _ in range(workers)]
-    for test in order:
+    for weight, tests in weighed:
         worker = min(range(workers), key=lambda w: (loads[w], w))
-        parts[worker].append(test)
-        loads[worker] += seconds.get(test, default)
-    return [sorted(part, key=test_ids.index) for part in parts]   # each worker runs in collection order
+        parts[worker] += tests
+        loads[worker] += weight
+    return [sorted(part, key=index.__getitem__) for part in parts]   # each worker runs in collection order
 
 
 def benchmark_seconds(run: dict) -> dict[str, float]:
-    """Each benchmark's timed seconds in a stored run (its rounds' total): the split's weights."""
-    return {b["fullname"]: float(b["stats"].get("total", 0.0)) for b in run.get("benchmarks", [])
-            if isinstance(b, dict) and "fullname" in b and isinstance(b.get("stats"), dict)}
+    """Each benchmark's seconds in a stored run, the split's weights: its wall time where the run kept it
+    (extra_info["test_seconds"]: building, compiling and capture included), else its timed rounds' total."""
+    seconds = {}
+    for bench in run.get("benchmarks", []):
+        if not (isinstance(bench, dict) and "fullname" in bench and isinstance(bench.get("stats"), dict)):
+            continue
+        wall = (bench.get("extra_info") or {}).get("test_seconds")
+        seconds[bench["fullname"]] = float(wall if isinstance(wall, (int, float)) else bench["stats"].get("total", 0.0))
+    return seconds
 
 
 def merge_runs(runs: list[dict], workers: list[str]) -> dict[str, dict]:
@@ -78,11 +94,15 @@ def merge_runs(runs: list[dict], workers: list[str]) -> dict[str, dict]:
                 if name in seen:
                     raise ValueError(f"{name} is in the runs of worker {seen[name]} and worker {worker}")
                 seen[name] = worker
-                benchmarks.append(dict(bench, extra_info=dict(bench.get("extra_info", {}), spread_worker=worker)))
+                extra = dict(bench.get("extra_info", {}), spread_worker=worker)
+                if "timing_cpu" in run["machine_info"]:   # which core timed it (perf_tests/conftest.py)
+                    extra["timing_cpu"] = run["machine_info"]["timing_cpu"]
+                benchmarks.append(dict(bench, extra_info=extra))
         first = members[0][0]
         machine_info = dict(first["machine_info"], spread={"workers": [w for _, w in members],
                                                           "tests_per_worker": {w: sum(seen[n] == w for n in seen)
                                                                                for _, w in members}})
+        machine_info.pop("timing_cpu", None)   # the first worker's: each benchmark says its own instead
         merged[kind] = {**{k: v for k, v in first.items() if k not in ("benchmarks", "machine_info", "datetime")},
                         "machine_info": machine_info,
                         "datetime": max(str(run.get("datetime", "")) for run, _ in members),

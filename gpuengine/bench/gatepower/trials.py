@@ -24,6 +24,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .. import injected_delay
 from ..benchmarking import Comparison, interleave, time_round
@@ -79,8 +80,8 @@ def settings() -> StudySettings | None:
                          trials, budget, rounds)
 
 
-def _engine_ms(engine) -> float:
-    return statistics.median(time_round(engine) for _ in range(PROBE_ROUNDS))
+def _engine_ms(engine, timer=time_round) -> float:
+    return statistics.median(timer(engine) for _ in range(PROBE_ROUNDS))
 
 
 class DelayUnreachable(RuntimeError):
@@ -125,12 +126,14 @@ def file_name(nodeid: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_") + ".json"
 
 
-def run_trials(nodeid: str, workload: str, engine, references, rounds: int, study: StudySettings) -> Path:
+def run_trials(nodeid: str, workload: str, engine, references, rounds: int, study: StudySettings,
+               timer: Callable = time_round) -> Path:
     """Trials of `rounds` rounds per level, written to the session's folder; the delay is 0 afterwards.
 
-    `references`: the one the rule reads (or none, where the test measures no torch reference)."""
+    `references`: the one the rule reads (or none, where the test measures no torch reference); `timer`: how
+    the test times a round (on its session's timing core)."""
     # a calibration runs the unchanged engine only: no delay to size
-    base_ms, probe_us, ms_per_us = (delay_slope(lambda: _engine_ms(engine)) if any(study.levels)
+    base_ms, probe_us, ms_per_us = (delay_slope(lambda: _engine_ms(engine, timer)) if any(study.levels)
                                     else (None, None, None))
     delays = {level: level * base_ms / ms_per_us if level else 0.0 for level in study.levels}
     runners = [*references, engine]    # the gate's order: references, then the engine, round by round
@@ -139,7 +142,7 @@ def run_trials(nodeid: str, workload: str, engine, references, rounds: int, stud
     try:
         for trial, level in schedule(study):
             injected_delay.set_delay_us(delays[level])   # a device scalar: no warm-up round needed
-            info = Comparison.from_times(engine.name, interleave(runners, rounds, 0), samples).extra_info()
+            info = Comparison.from_times(engine.name, interleave(runners, rounds, 0, timer), samples).extra_info()
             trials.append({"trial": trial, "level": level, "delay_us": round(delays[level], 3),
                            "extra_info": {key: info[key] for key in KEPT}})
     finally:
@@ -149,19 +152,21 @@ def run_trials(nodeid: str, workload: str, engine, references, rounds: int, stud
     return write_json(study.out_dir / file_name(nodeid), record)
 
 
-def _paired_rounds(pair, references, rounds: int) -> dict[str, list[float]]:
-    """The gate's A/B order: base and references (swapping every other round), then the head."""
+def _paired_rounds(pair, references, rounds: int, timer: Callable) -> dict[str, list[float]]:
+    """The gate's A/B order: base and references (swapping every other round), then the head; the references
+    timed by `timer`, the sides in their workers."""
     runners = [pair.base, *references, pair.head]
     times: dict[str, list[float]] = {runner.name: [] for runner in runners}
     for i in range(rounds):
         order = [pair.base, *references] if i % 2 == 0 else [*references, pair.base]
         for runner in [*order, pair.head]:
             timed = getattr(runner, "timed_round", None)
-            times[runner.name].append(timed() if timed is not None else time_round(runner))
+            times[runner.name].append(timed() if timed is not None else timer(runner))
     return times
 
 
-def run_paired_trials(nodeid: str, workload: str, pair, references, rounds: int, study: StudySettings) -> Path:
+def run_paired_trials(nodeid: str, workload: str, pair, references, rounds: int, study: StudySettings,
+                      timer: Callable = time_round) -> Path:
     """A/B trials: the head's engine slowed by each level (its worker's delay), the base's never; each trial keeps
     both sides' rounds for the A/B rule (analysis.py judges every trial alone). Both workers run the same code
     in an A/A study, so level 0 measures false alarms, the others detection."""
@@ -173,7 +178,7 @@ def run_paired_trials(nodeid: str, workload: str, pair, references, rounds: int,
     try:
         for trial, level in schedule(study):
             head.set_delay_us(delays[level])
-            times = _paired_rounds(pair, references, rounds)
+            times = _paired_rounds(pair, references, rounds, timer)
             ab = {"head_round_ms": times[head.name], "base_round_ms": times[pair.base.name],
                   "head_samples_per_round": head.samples_per_round, "base_samples_per_round": pair.base.samples_per_round}
             trials.append({"trial": trial, "level": level, "delay_us": round(delays[level], 3), "extra_info": {"ab": ab}})
