@@ -31,7 +31,6 @@ calls `configure` with the tier.
 """
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,27 +116,6 @@ def _storage_folder(option) -> Path | None:
     return None if "://" in uri else Path(uri).resolve()
 
 
-def unwritable(uri: str | None) -> str | None:
-    """Why runs cannot be saved into the file storage `uri` (None where they can): checked before the first test,
-    so a run's results are not lost at its end."""
-    if not uri or ("://" in uri and not uri.startswith("file://")):
-        return None
-    raw = Path(uri[len("file://"):] if uri.startswith("file://") else uri)
-    for path in (raw, *raw.parents):
-        if path.is_symlink():
-            return (f"{path} is a symbolic link, which pytest-benchmark cannot save through: point "
-                    f"--benchmark-storage at the folder it names ({path.resolve()})")
-        if path.exists():
-            if not path.is_dir():
-                return f"{path} is not a folder"
-            try:
-                tempfile.TemporaryFile(dir=path).close()
-            except OSError as exc:
-                return f"{path} cannot be written ({exc.strerror or exc})"
-            return None
-    return None
-
-
 def _usage_error(exc: Exception):
     raise pytest.UsageError(f"gpuengine: {exc}") from exc
 
@@ -161,7 +139,7 @@ def configure(config: pytest.Config, tier: Tier):
         from pytest_benchmark.utils import get_tag
         option.benchmark_autosave = get_tag()
         saving = option.benchmark_autosave
-    why = unwritable(getattr(option, "benchmark_storage", None)) if saving else None
+    why = run_storage.unwritable(getattr(option, "benchmark_storage", None)) if saving else None
     if why is not None:
         raise pytest.UsageError(f"gpuengine: this run could not be saved, so nothing ran: {why}")
     state = GateState(tier, _storage_folder(option), config.getoption("full"),
