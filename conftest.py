@@ -14,7 +14,7 @@
   whether this run is saved as a baseline or as history, is
   perf_tests/gate_plugin.py's (registered below).
 - When the stored run compared against was measured on another GPU stack
-  (driver, CUDA, cuDNN, library versions, toggles), the header says which
+  (driver, CUDA, cuDNN, library versions, toggles, the lock), the header says which
   facts changed, instead of pytest-benchmark's dump of every machine fact
   (clocks and CPU Hz differ on every run).
 - Tests marked `gpu` are skipped with a stated reason when no GPU is visible.
@@ -30,6 +30,7 @@ import pytest
 
 from gpuengine.bench.machine_info import (Tier, collect_machine_info, current_tier, named_commit, named_commit_info,
                                          run_tag)
+from gpuengine.bench.stack_lock import stack_of
 from gpuengine.bench.stored_runs import run_files
 from gpuengine.config import ConfigError, EngineConfig
 from gpuengine.runtime.backend import get_backend, gpu_visible, resolve_device
@@ -45,7 +46,7 @@ BASELINES_DIR = "baselines_store"
 GPU_SKIP_REASON = "no CUDA GPU visible (CuPy missing or no device): GPU-only test"
 DEFAULT_BENCHMARK_STORAGE = "file://./.benchmarks"  # pytest-benchmark's default: nobody chose a storage
 STACK_FACTS = ("gpu", "gpu_driver", "cuda_runtime", "cudnn", "cupy", "torch", "nvmath", "gpu_power_limit_w",
-               "gpuengine_config")  # the machine facts that make a stored run comparable or not
+               "gpuengine_config", "stack_lock")  # the machine facts that make a stored run comparable or not
 
 TOGGLE_HELP = {
     "precision": "fp32 | tf32 | bf16",
@@ -173,10 +174,15 @@ def pytest_benchmark_update_commit_info(config, commit_info):
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info, compared_benchmark):
     stored = compared_benchmark["machine_info"]
-    changed = [f"{fact} {stored.get(fact)} -> {machine_info.get(fact)}" for fact in STACK_FACTS
-               if stored.get(fact) != machine_info.get(fact)]
+    changed = [f"{fact} {_fact(stored, fact)} -> {_fact(machine_info, fact)}" for fact in STACK_FACTS
+               if _fact(stored, fact) != _fact(machine_info, fact)]
     if changed:
         config.stash[RUN_TARGET].notices.append(f"the stored run compared against differs: {'; '.join(changed)}")
+
+
+def _fact(machine_info: dict, fact: str):
+    """A machine fact as the header names it: the lock readably ('cpu lock 1a2b3c4d5e6f'), the rest as stored."""
+    return str(stack_of(machine_info)) if fact == "stack_lock" else machine_info.get(fact)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,6 +9,10 @@
   baselines; pytest-benchmark's compare table is fed the same per-test runs. An
   unreadable stored run is named in the header, and the summary says which run
   each test used.
+- Only runs of this run's stack are compared with (gpuengine/bench/stack_lock.py:
+  the tier's lock, and how the run's packages differed from it): a test whose
+  stored runs all ran on another stack is "not comparable: stack changed (A -> B)",
+  never "regressed", and this run, saved, is the next run's baseline.
 - A store the run could not be saved into (not a folder, not writable, a
   symbolic link) stops the session before the first test.
 - A saved run (`--benchmark-autosave`, `--benchmark-save`) becomes a baseline
@@ -31,7 +35,6 @@ calls `configure` with the tier.
 """
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +46,7 @@ from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.machine_info import Tier
 from gpuengine.bench.noise import NOISE_FILE, NoiseTable
 from gpuengine.bench.regression import REGRESSED, Decision, RunSamples, decide
+from gpuengine.bench.stack_lock import NO_LOCK, StackId, current_record, stack_of
 from gpuengine.bench.stored_runs import (StoredRun, UnreadableRun, history_folder, newest_per_test, newest_with_runners,
                                         read_run, runners_of, scan)
 from gpuengine.bench.thresholds import load_rules
@@ -51,6 +55,7 @@ from . import plan, run_storage
 from .harness import Targets, TargetsMissed
 
 NO_BASELINE = "no baseline"
+NOT_COMPARABLE = "not comparable"
 
 
 @dataclass
@@ -62,6 +67,7 @@ class GateState:
     noise: NoiseTable
     study: study_trials.StudySettings | None
     runs: list[StoredRun] = field(default_factory=list)   # every readable stored run, oldest first
+    stack: StackId = NO_LOCK   # this run's stack: only stored runs of the same one are compared with
     unreadable: list[UnreadableRun] = field(default_factory=list)
     checked: list[tuple[str, str, str]] = field(default_factory=list)   # (test, verdict, summary line)
     unavailable: list[str] = field(default_factory=list)   # "test: reference: why" (harness.ready_references)
@@ -76,9 +82,15 @@ class GateState:
     ab_catches: dict[str, float] = field(default_factory=dict)   # test -> slowdown its A/B check catches 95%
 
     @property
+    def comparable_runs(self) -> list[StoredRun]:
+        """The stored runs of this run's stack, oldest first: on another lock (a new cuDNN frontend re-autotuned
+        every plan, 2026-11-27) unchanged code times differently, so such a run is no baseline."""
+        return [run for run in self.runs if stack_of(run.machine_info) == self.stack]
+
+    @property
     def baselines(self) -> dict[str, StoredRun]:
-        """Each test's newest stored run that has timings, whatever runners it timed."""
-        return newest_per_test(self.runs, usable=_has_timings)
+        """Each test's newest stored run of this stack that has timings, whatever runners it timed."""
+        return newest_per_test(self.comparable_runs, usable=_has_timings)
 
     def failed_on_targets_only(self, exitstatus) -> bool:
         """The session failed, and only because tests missed targets: a baseline still (nothing regressed)."""
@@ -117,27 +129,6 @@ def _storage_folder(option) -> Path | None:
     return None if "://" in uri else Path(uri).resolve()
 
 
-def unwritable(uri: str | None) -> str | None:
-    """Why runs cannot be saved into the file storage `uri` (None where they can): checked before the first test,
-    so a run's results are not lost at its end."""
-    if not uri or ("://" in uri and not uri.startswith("file://")):
-        return None
-    raw = Path(uri[len("file://"):] if uri.startswith("file://") else uri)
-    for path in (raw, *raw.parents):
-        if path.is_symlink():
-            return (f"{path} is a symbolic link, which pytest-benchmark cannot save through: point "
-                    f"--benchmark-storage at the folder it names ({path.resolve()})")
-        if path.exists():
-            if not path.is_dir():
-                return f"{path} is not a folder"
-            try:
-                tempfile.TemporaryFile(dir=path).close()
-            except OSError as exc:
-                return f"{path} cannot be written ({exc.strerror or exc})"
-            return None
-    return None
-
-
 def _usage_error(exc: Exception):
     raise pytest.UsageError(f"gpuengine: {exc}") from exc
 
@@ -161,11 +152,12 @@ def configure(config: pytest.Config, tier: Tier):
         from pytest_benchmark.utils import get_tag
         option.benchmark_autosave = get_tag()
         saving = option.benchmark_autosave
-    why = unwritable(getattr(option, "benchmark_storage", None)) if saving else None
+    why = run_storage.unwritable(getattr(option, "benchmark_storage", None)) if saving else None
     if why is not None:
         raise pytest.UsageError(f"gpuengine: this run could not be saved, so nothing ran: {why}")
     state = GateState(tier, _storage_folder(option), config.getoption("full"),
-                      bool(getattr(option, "benchmark_compare", None)), noise, study)
+                      bool(getattr(option, "benchmark_compare", None)), noise, study,
+                      stack=stack_of({"stack_lock": current_record()}))
     state.targets.fail = plan.targets_fail(full=state.full, claims=config.getoption("claims"))
     if study is not None:
         state.notices.append(f"gatepower study session: injected slowdowns, trials written to {study.out_dir}")
@@ -193,10 +185,15 @@ def pytest_sessionstart(session):
         runs, state.unreadable = scan(state.storage)
     state.runs = runs
     baselines = state.baselines
-    lacking = [name for name, run in newest_per_test(runs).items() if baselines.get(name) is not run]
+    lacking = [name for name, run in newest_per_test(state.comparable_runs).items() if baselines.get(name) is not run]
     if lacking:
         state.notices.append(f"{len(lacking)} test(s) have a newer stored result without timings (no per-round "
                              "ratios or engine times): each compares with its newest result that has them, or none")
+    elsewhere = {name: run for name, run in newest_per_test(runs, usable=_has_timings).items() if name not in baselines}
+    if elsewhere:
+        stacks = "; ".join(sorted({str(stack_of(run.machine_info)) for run in elsewhere.values()}))
+        state.notices.append(f"{len(elsewhere)} test(s) have stored runs of another stack only ({stacks}): not "
+                             "comparable with this one; this run, saved, is their first baseline on it")
     for bad in state.unreadable:
         state.notices.append(f"stored run {bad.label} is unreadable and skipped: {bad.reason}; each test compares "
                              "with its newest readable result instead (named per test in the summary)")
@@ -228,6 +225,8 @@ def pytest_report_header(config) -> list[str]:
     lines = [f"gpuengine gate: {tier}; noise: {state.noise.path.name if state.noise.tests else 'not calibrated'}",
              f"gpuengine gate: missed claims and regressions fail; targets not met yet {targets_policy(state)}"]
     baselines = state.baselines if state.compare else {}
+    if state.compare:
+        lines.append(f"gpuengine gate: stack {state.stack}: only stored runs of the same stack are compared with")
     if baselines:
         used = sorted({run.label for run in baselines.values()})
         lines.append(f"gpuengine gate: {len(baselines)} tests have a stored baseline, in {len(used)} runs "
@@ -326,8 +325,11 @@ class GateTest:
         if not self.state.compare:
             return None
         runners = runners_of({"extra_info": extra_info})
-        run = newest_with_runners(self.state.runs, self.fullname, runners, usable=_has_timings)
+        run = newest_with_runners(self.state.comparable_runs, self.fullname, runners, usable=_has_timings)
         if run is None:
+            elsewhere = newest_with_runners(self.state.runs, self.fullname, runners, usable=_has_timings)
+            if elsewhere is not None:
+                return self.not_comparable(elsewhere)
             reason = self.no_baseline_reason(runners)
             self.state.checked.append((self.fullname, NO_BASELINE, f"{NO_BASELINE:16}{self.fullname}: {reason}"))
             return CheckOutcome({"verdict": NO_BASELINE, "reason": reason}, None)
@@ -338,6 +340,13 @@ class GateTest:
         self.state.checked.append((self.fullname, decision.verdict, f"{decision.verdict:16}{line}"))
         record = {"baseline_run": run.label, **decision.as_dict()}
         return CheckOutcome(record, line if decision.verdict == REGRESSED else None)
+
+    def not_comparable(self, stored: StoredRun) -> CheckOutcome:
+        """A test whose stored runs of the same runners all ran on another stack: said so, never a regression."""
+        changed = f"stack changed ({stack_of(stored.machine_info)} -> {self.state.stack})"
+        line = f"{self.fullname}: {changed}; its newest stored run, {stored.label}, is not compared with"
+        self.state.checked.append((self.fullname, NOT_COMPARABLE, f"{NOT_COMPARABLE:16}{line}"))
+        return CheckOutcome({"verdict": NOT_COMPARABLE, "reason": changed, "stored_run": stored.label}, None)
 
     def no_baseline_reason(self, runners: frozenset) -> str:
         newest = self.state.baselines.get(self.fullname)

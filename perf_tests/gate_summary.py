@@ -8,7 +8,7 @@ from __future__ import annotations
 from gpuengine.bench import paired
 from gpuengine.bench.regression import REGRESSED
 
-from .gate_plugin import GATE
+from .gate_plugin import GATE, NOT_COMPARABLE
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -46,6 +46,12 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"Performance has regressed{gated}:")
         for line in regressed:
             terminalreporter.write_line(f"\t{line}")
+    not_comparable = [line for _, verdict, line in sorted(state.checked) if verdict == NOT_COMPARABLE]
+    if not_comparable:
+        terminalreporter.write_line(f"{len(not_comparable)} test(s) not comparable: their stored runs ran on another "
+                                    f"stack (this run: {state.stack}), so no verdict, not a regression; this run, "
+                                    "saved as a baseline when it passes, is what the next run on this stack compares "
+                                    "with")
     power = paired.power_summary(state.ab_catches)
     if power:
         terminalreporter.write_line("A/B power (the rule's model at each test's noise in this session):")

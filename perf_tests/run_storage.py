@@ -6,9 +6,13 @@ next run reads as corrupt. `AtomicFileStorage` writes the same JSON to a
 temporary file beside it and renames it into place (gpuengine/bench/json_files.py),
 and a save that fails leaves nothing behind and says why in `failure`, for
 the gate's summary and exit status (perf_tests/gate_plugin.py) instead of a
-traceback that hides the session's results.
+traceback that hides the session's results. `unwritable` says, before the
+first test, why a store could not take the run at all.
 """
 from __future__ import annotations
+
+import tempfile
+from pathlib import Path
 
 from pytest_benchmark.storage.file import FileStorage
 from pytest_benchmark.utils import safe_dumps
@@ -39,3 +43,24 @@ def atomic(bench_session, folder=None, on_failure=None) -> AtomicFileStorage:
                                 default_machine_id=bench_session.machine_id)
     storage.on_failure = on_failure
     return storage
+
+
+def unwritable(uri: str | None) -> str | None:
+    """Why runs cannot be saved into the file storage `uri` (None where they can): checked before the first test,
+    so a run's results are not lost at its end."""
+    if not uri or ("://" in uri and not uri.startswith("file://")):
+        return None
+    raw = Path(uri[len("file://"):] if uri.startswith("file://") else uri)
+    for path in (raw, *raw.parents):
+        if path.is_symlink():
+            return (f"{path} is a symbolic link, which pytest-benchmark cannot save through: point "
+                    f"--benchmark-storage at the folder it names ({path.resolve()})")
+        if path.exists():
+            if not path.is_dir():
+                return f"{path} is not a folder"
+            try:
+                tempfile.TemporaryFile(dir=path).close()
+            except OSError as exc:
+                return f"{path} cannot be written ({exc.strerror or exc})"
+            return None
+    return None

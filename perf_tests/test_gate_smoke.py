@@ -23,6 +23,7 @@ from gpuengine.bench.benchmarking import Comparison
 from gpuengine.bench.machine_info import Tier
 from gpuengine.bench.noise import NoiseTable
 from gpuengine.bench.regression import MIN_ROUNDS, REGRESSED
+from gpuengine.bench.stack_lock import NO_LOCK, StackId, stack_of
 from gpuengine.bench.stored_runs import StoredRun
 
 from . import plan
@@ -361,12 +362,14 @@ def test_the_run_keeps_how_long_each_test_and_workload_took(session, pytester):
     assert tier_time["session_seconds"] >= tier_time["per_workload"]["w"]["seconds"]
 
 
-def gate_state(tier: Tier, *baseline_infos: dict) -> GateState:
-    """A gate whose store holds one run per extra_info given, oldest first (0004, 0005, ...)."""
+def gate_state(tier: Tier, *baseline_infos: dict, locks=(), stack: StackId = NO_LOCK) -> GateState:
+    """A gate on `stack` whose store holds one run per extra_info given, oldest first (0004, 0005, ...), each
+    stored under the stack_lock record of `locks` at its place (none: stored before locks)."""
     runs = [StoredRun(Path(f"run{i}.json"), f"Linux-CPython-3.12-64bit/000{4 + i}_abc.json", datetime(2026, 11, 21 + i),
-                      {FULLNAME: {"fullname": FULLNAME, "stats": {}, "extra_info": info}}, {})
+                      {FULLNAME: {"fullname": FULLNAME, "stats": {}, "extra_info": info}},
+                      {"stack_lock": locks[i]} if i < len(locks) else {})
             for i, info in enumerate(baseline_infos)]
-    return GateState(tier, None, False, True, NoiseTable(Path("noise.json"), {}, {}), None, runs=runs)
+    return GateState(tier, None, False, True, NoiseTable(Path("noise.json"), {}, {}), None, runs=runs, stack=stack)
 
 
 FULLNAME = "perf_tests/test_x.py::test_x[tf32]"
@@ -413,6 +416,57 @@ def test_a_stored_run_that_timed_other_runners_is_not_the_baseline():
     assert check["verdict"] == "no baseline" and check["reason"].startswith(
         "no stored run timed it beside the same runners (gpuengine, torch_graph); its newest, "
         "Linux-CPython-3.12-64bit/0004_abc.json, timed gpuengine, torch_eager, torch_graph")
+
+
+LOCK_A = {"tier": "cuda13", "file": "locks/cuda13.txt", "sha256": "1a2b3c4d5e6f", "matches": True, "differs": []}
+LOCK_B = {**LOCK_A, "sha256": "0f0f0f0f0f0f"}
+
+
+def test_a_stored_run_of_another_stack_is_not_comparable_never_a_regression():
+    node = SimpleNamespace(nodeid=FULLNAME, originalname="test_x", get_closest_marker=lambda name: None)
+    on_a = stack_of({"stack_lock": LOCK_A})
+    gate = GateTest(gate_state(GPU, comparison_at(1.0).extra_info(), stack=on_a), node)   # stored before locks
+    bench = SimpleNamespace(extra_info={})
+    record_and_gate(bench, comparison_at(1.10), "test_x[tf32]", "tf32", GPU, rules=[], gate_test=gate)   # no failure
+    assert bench.extra_info["stored_run_check"] == {
+        "verdict": "not comparable", "reason": "stack changed (no lock -> cuda13 lock 1a2b3c4d5e6f)",
+        "stored_run": "Linux-CPython-3.12-64bit/0004_abc.json"}
+    assert gate.state.checked == [(FULLNAME, "not comparable", f"not comparable  {FULLNAME}: stack changed (no lock "
+                                   "-> cuda13 lock 1a2b3c4d5e6f); its newest stored run, "
+                                   "Linux-CPython-3.12-64bit/0004_abc.json, is not compared with")]
+    # the newest run of the same lock is the baseline, not a newer one of another lock or of other packages
+    same = comparison_at(1.0).extra_info()
+    differing = {**LOCK_A, "matches": False, "differs": ["nvidia-cudnn-frontend 1.22.1 -> 1.32.0"]}
+    gate = GateTest(gate_state(GPU, same, same, same, locks=[LOCK_A, LOCK_B, differing], stack=on_a), node)
+    slower = SimpleNamespace(extra_info={})
+    with pytest.raises(pytest.fail.Exception, match="Performance has regressed"):
+        record_and_gate(slower, comparison_at(1.10), "test_x[tf32]", "tf32", GPU, rules=[], gate_test=gate)
+    assert slower.extra_info["stored_run_check"]["baseline_run"] == "Linux-CPython-3.12-64bit/0004_abc.json"
+
+
+def test_a_run_on_another_stack_is_not_comparable_and_starts_the_baselines_of_its_own(session, pytester):
+    from pytest_benchmark.utils import get_machine_id
+    machine = get_machine_id()
+    folder = pytester.path / "baselines_store" / "cpu-tier" / machine
+    session("-k", "test_a").assert_outcomes(passed=1)
+    (first,) = folder.glob("0001_*.json")
+    run = json.loads(first.read_text())
+    now = str(stack_of(run["machine_info"]))
+    assert now.startswith("cpu lock ") or now.startswith("cpu (no lock file)")
+    del run["machine_info"]["stack_lock"]   # as every run stored before locks
+    first.write_text(json.dumps(run))
+    result = session("-k", "test_a")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        f"gpuengine gate: stack {now}: only stored runs of the same stack are compared with",
+        "gpuengine gate: 1 test(s) have stored runs of another stack only (no lock): not comparable with this one*",
+        "*gpuengine regression check*",
+        f"not comparable  test_gate.py::test_a: stack changed (no lock -> {now}); its newest stored run, "
+        f"{machine}/{first.name}, is not compared with",
+        "1 test(s) not comparable: their stored runs ran on another stack*"])
+    assert "Performance has regressed" not in result.stdout.str()
+    (second,) = folder.glob("0002_*.json")   # saved as a baseline: the next run on this stack compares with it
+    session("-k", "test_a").stdout.fnmatch_lines([f"not significant*test_gate.py::test_a ({machine}/{second.name})*"])
 
 
 def test_the_gate_starts_from_the_stored_cudnn_plans_and_a_saved_run_adds_its_new_ones(tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """Kept cuDNN plan choices: the engine builds a preset plan alone, records what it autotunes, and the gate's
-file of choices round-trips, refuses corrupt content by name, and is set aside on another stack.
+file of choices round-trips, refuses corrupt content by name, and is set aside on another stack (another lock
+included).
 
 The engine side runs against a stand-in of the cuDNN frontend's graph object (the real one needs a GPU):
 it has plans named by index, some of which fail to build or repeat a name, and counts what was built; the
@@ -7,12 +8,14 @@ plans' timings come from a stand-in device (correctness_tests/ops/stand_in_devic
 """
 from __future__ import annotations
 
+import json
+import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from gpuengine.bench import cudnn_plans
+from gpuengine.bench import cudnn_plans, stack_lock
 from gpuengine.bench.json_files import JsonFileError
 from gpuengine.ops import autotune, cudnn as cudnn_graphs
 
@@ -131,6 +134,30 @@ def test_choices_made_on_another_stack_are_set_aside_saying_what_changed(tmp_pat
     assert newer.plans == {} and newer.set_aside.startswith("made on another stack (cudnn 91900 -> 92000)")
     newer.save({"k9": {"plan": "eng1", "ms": 0.3}})   # the new stack's choices replace the old ones
     assert cudnn_plans.load(path, {**STACK, "cudnn": "92000"}).presets() == {"k9": "eng1"}
+
+
+def test_choices_kept_under_another_lock_are_set_aside_naming_the_lock_change(tmp_path):
+    path = tmp_path / cudnn_plans.PLAN_FILE
+    locked = {**STACK, "stack_lock": "cuda13 lock 1a2b3c4d5e6f"}
+    cudnn_plans.load(path, locked).save({"k1": {"plan": "eng2", "ms": 0.1}})
+    assert cudnn_plans.load(path, locked).presets() == {"k1": "eng2"}
+    refreshed = {**STACK, "stack_lock": "cuda13 lock 0f0f0f0f0f0f"}
+    moved = cudnn_plans.load(path, refreshed)
+    assert moved.plans == {} and moved.set_aside.startswith(
+        "made on another stack (lock: cuda13 lock 1a2b3c4d5e6f -> cuda13 lock 0f0f0f0f0f0f): every graph is autotuned")
+    path.write_text(json.dumps({"format": 1, "stack": STACK, "plans": {"k1": {"plan": "eng2"}}}))   # before locks
+    assert cudnn_plans.load(path, refreshed).set_aside.startswith(
+        "made on another stack (lock: no lock -> cuda13 lock 0f0f0f0f0f0f)")
+
+
+def test_the_plans_stack_names_the_lock_this_python_was_installed_from(monkeypatch):
+    device = SimpleNamespace(id=0)
+    runtime = SimpleNamespace(getDeviceProperties=lambda i: {"name": b"NVIDIA H100 80GB HBM3"})
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(runtime=runtime,
+                                                                                  Device=lambda: device)))
+    monkeypatch.setitem(sys.modules, "cudnn", SimpleNamespace(backend_version=lambda: 91900, __version__="1.22.1"))
+    assert cudnn_plans.current_stack() == {**STACK, "stack_lock": stack_lock.lock_identity(
+        stack_lock.current_record())}
 
 
 @pytest.mark.parametrize("text, message", [

@@ -11,9 +11,11 @@ and a difference between runs is the code's, not the autotuner's (before
 choices were timed by their kernels, two autotunings of ResNet-50 kept
 different plans for 53 of 96 graphs and trained 1.5% apart). The file is
 tied to the stack that chose the plans (cuDNN version, frontend version, GPU
-name): on another stack it is set aside and every graph is autotuned again.
+name, and the lock the gate installed the stack from, gpuengine/bench/stack_lock.py):
+on another stack it is set aside, saying what changed, and every graph is autotuned again.
 
-    {"format": 1, "stack": {"cudnn": "91900", "cudnn_frontend": "1.22.1", "gpu": "NVIDIA H100 80GB HBM3"},
+    {"format": 1, "stack": {"cudnn": "91900", "cudnn_frontend": "1.22.1", "gpu": "NVIDIA H100 80GB HBM3",
+                            "stack_lock": "cuda13 lock 1a2b3c4d5e6f"},
      "plans": {"<graph key>": {"plan": "<engine tag>", "ms": 0.0123}, ...}}
 """
 from __future__ import annotations
@@ -21,10 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import stack_lock
 from .json_files import JsonFileError, load_json, write_json
 
 PLAN_FILE = "cudnn_plans.json"
 FORMAT = 1
+LOCK_KEY = "stack_lock"
 
 
 def current_stack() -> dict[str, str]:
@@ -33,7 +37,8 @@ def current_stack() -> dict[str, str]:
     import cupy
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    return {"cudnn": str(cudnn.backend_version()), "cudnn_frontend": str(cudnn.__version__), "gpu": name}
+    return {"cudnn": str(cudnn.backend_version()), "cudnn_frontend": str(cudnn.__version__), "gpu": name,
+            LOCK_KEY: stack_lock.lock_identity(stack_lock.current_record())}
 
 
 @dataclass
@@ -71,6 +76,12 @@ def load(path: Path, stack: dict[str, str]) -> PlanFile:
             raise JsonFileError(f"{path}: plans[{key!r}] must be an object with a 'plan' name")
     if stored_stack != stack:
         changed = sorted(k for k in stack.keys() | stored_stack.keys() if stack.get(k) != stored_stack.get(k))
-        why = ", ".join(f"{k} {stored_stack.get(k)} -> {stack.get(k)}" for k in changed)
+        why = ", ".join(_change(k, stored_stack.get(k), stack.get(k)) for k in changed)
         return PlanFile(path, stack, set_aside=f"made on another stack ({why}): every graph is autotuned again")
     return PlanFile(path, stack, plans)
+
+
+def _change(key: str, old, new) -> str:
+    if key == LOCK_KEY:   # plans kept before locks existed name none
+        return f"lock: {old or 'no lock'} -> {new or 'no lock'}"
+    return f"{key} {old} -> {new}"

@@ -6,7 +6,8 @@ against: a slug of the GPU's name (`nvidia-h200`, `nvidia-h100-80gb-hbm3`), or
 is what every stored pytest-benchmark run records next to the CPU facts the
 plugin gathers itself (docs/architecture.md, "Measuring honestly"). Every
 probe tolerates a missing piece (no NVML, no cuDNN frontend, no torch) by
-recording None rather than failing. `checkout_commit` names the code measured,
+recording None rather than failing; `stack_lock` names the tier's lock and how this
+Python differs from it (gpuengine/bench/stack_lock.py). `checkout_commit` names the code measured,
 for the records written outside pytest-benchmark (profiles, the power study).
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..config import EngineConfig
+from . import stack_lock
 
 REPO = Path(__file__).resolve().parents[2]
 CPU_TIER = "cpu-tier"
@@ -155,6 +157,7 @@ def collect_machine_info(tier: Tier, config: EngineConfig) -> dict:
         "gpu_clocks_mhz": None,
         "gpu_power_limit_w": None,
         "gpuengine_config": config.describe(),
+        "stack_lock": stack_lock.current_record(),   # the lock this run's packages came from, and what differed
     }
     if tier.on_gpu:
         info.update(_probe(_cupy_facts) or {})
