@@ -50,7 +50,7 @@
 #                calibrate / study   `python -m gpuengine gatepower calibrate -m gatepower` / the power study
 #                autotune the GPU tests of what autotunes (ops/, conv, ResNet, Transformer), four workers
 #                plans    `python -m gpuengine plans` of PLANS (default: resnet transformer cnn mlp zoo:resnet50) in
-#                         tf32 and bf16: two fresh autotunings compared (LOGDIR/plan_stability.json)
+#                         PLAN_PRECISIONS (default: tf32 bf16): two fresh autotunings compared (plan_stability.json)
 #                determinism `python -m gpuengine toggle-cost deterministic=0` of TOGGLE_WORKLOADS (default: cnn resnet
 #                         transformer zoo:resnet50 zoo:mobilenet_v2), every precision (LOGDIR/toggle_cost.json)
 #                ab-cold  the step ab with no kept plans (cudnn_plans.json removed): a fresh machine's first run,
@@ -133,8 +133,8 @@ step_faults() { python3 -m pytest correctness_tests/faults correctness_tests/tes
 step_autotune() { python3 -m pytest correctness_tests/ops correctness_tests/layers/test_gpu_conv.py \
     correctness_tests/workloads/test_gpu_resnet.py correctness_tests/workloads/test_gpu_transformer.py -m gpu -n 4 \
     --dist loadfile -q -p no:cacheprovider -rs --durations=15; }
-step_plans() { python3 -m gpuengine plans ${PLANS:-resnet transformer cnn mlp zoo:resnet50} --precision tf32 bf16 \
-    --out "$logdir/plan_stability.json"; }
+step_plans() { python3 -m gpuengine plans ${PLANS:-resnet transformer cnn mlp zoo:resnet50} \
+    --precision ${PLAN_PRECISIONS:-tf32 bf16} --out "$logdir/plan_stability.json"; }
 step_determinism() { python3 -m gpuengine toggle-cost deterministic=0 \
     ${TOGGLE_WORKLOADS:-cnn resnet transformer zoo:resnet50 zoo:mobilenet_v2} --out "$logdir/toggle_cost.json"; }
 step_ab-cold() { rm -f baselines_store/*/cudnn_plans.json; step_ab; }

@@ -4,6 +4,8 @@ The runs themselves need a GPU; here their records are written by hand, as `tune
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from gpuengine.__main__ import main
@@ -38,6 +40,13 @@ def test_runs_are_compared_choice_by_choice_per_case_and_kind():
     assert result["total"] == {"choices": 4, "same": 3} and result["stability"] == 0.75
     text = plan_stability.table(result)
     assert "resnet tf32" in text and "all: 3 of 4 choices the same in every run (75.0%)" in text
+
+
+def test_the_cudnn_set_up_cost_is_summed_over_a_cases_graphs():
+    graphs = [SimpleNamespace(candidates=30, plans=[0, 2, 3], timings={0: 1, 2: 1}, build_s=1.25, tune_s=0.5),
+              SimpleNamespace(candidates=1, plans=[0], timings={}, build_s=0.5, tune_s=0.0)]
+    assert plan_stability.cudnn_cost(graphs) == {"graphs": 2, "candidates": 31, "built": 4, "timed": 2,
+                                                 "build_s": 1.8, "tune_s": 0.5}
 
 
 def test_a_case_missing_from_a_run_counts_no_choice():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 import tempfile
@@ -61,22 +62,38 @@ def compare(runs: list[dict]) -> dict:
             "stability": total["same"] / total["choices"] if total["choices"] else None}
 
 
+def cudnn_cost(graphs) -> dict:
+    """What building and autotuning `graphs` (ops/cudnn.py's CudnnGraph) cost: counts and seconds."""
+    graphs = list(graphs)
+    return {"graphs": len(graphs), "candidates": sum(g.candidates for g in graphs),
+            "built": sum(len(g.plans) for g in graphs), "timed": sum(len(g.timings) for g in graphs),
+            "build_s": round(sum(g.build_s for g in graphs), 1), "tune_s": round(sum(g.tune_s for g in graphs), 1)}
+
+
 def tune_once(cases: list[tuple[str, str]], out: Path) -> None:
     """In this (fresh) process: build and warm up each case's engine with nothing preset, write the choices."""
-    from ..ops import autotune
+    from ..ops import autotune, cudnn
     from .profile.record import ProfileCase
     from .profile.workloads import get_workload
+    progress = logging.getLogger(autotune.log.name)
+    progress.setLevel(logging.INFO)
+    progress.addHandler(logging.StreamHandler(sys.stderr))
     record = {"cases": {}}
     for workload_name, precision in cases:
         workload = get_workload(workload_name)
         choices = autotune.use_plan_choices({})
+        known = set(cudnn._GRAPHS)
         started = time.perf_counter()
         runner = workload.engine_runner(ProfileCase(workload_name, precision, workload.batch, 1))
         runner.prepare()
         runner.synchronize()
-        record["cases"][f"{workload_name} {precision}"] = {
+        case = f"{workload_name} {precision}"
+        record["cases"][case] = {
             "choices": {key: entry["plan"] for key, entry in choices.tuned.items()},
-            "setup_s": round(time.perf_counter() - started, 1)}
+            "setup_s": round(time.perf_counter() - started, 1),
+            "cudnn": cudnn_cost(graph for key, graph in cudnn._GRAPHS.items() if key not in known)}
+        print(f"plans: {case}: set-up {record['cases'][case]['setup_s']} s, cuDNN {record['cases'][case]['cudnn']}",
+              file=sys.stderr, flush=True)
         del runner   # its device memory goes back before the next case is built
     write_json(out, record)
 

@@ -106,6 +106,7 @@ class CudnnGraph:
     def __init__(self, key: tuple, handle: int, io_dtype, precision: str, define, deterministic: bool = True):
         cudnn = _cudnn()
         self.key = key
+        started = time.perf_counter()
         graph = cudnn.pygraph(io_data_type=_data_type(io_dtype), intermediate_data_type=cudnn.data_type.FLOAT,
                               compute_data_type=cudnn.data_type.FLOAT, handle=handle)
         tensors = define(graph)   # name -> cudnn tensor
@@ -133,6 +134,9 @@ class CudnnGraph:
         self.workspace_bytes = {i: int(graph.get_workspace_size_plan_at_index(i)) for i in self.plans}
         self.plan: int | None = None   # chosen by the first eager execution
         self.timings: dict = {}        # plan index -> autotune.Timing
+        self.candidates = len(names)   # plans the heuristics offered (after deselection), built or not
+        self.build_s = time.perf_counter() - started   # set-up cost: building is the slow part
+        self.tune_s = 0.0
 
     def execute(self, pointers: dict, workspace_ptr: int, plan: int, handle: int):
         self.graph.execute_plan_at_index(pointers, workspace_ptr, plan, handle=handle)
@@ -214,6 +218,7 @@ class CudnnRuntime:
 
         The GPU is first kept busy for a moment when it has been idle: a GPU ramping up from idle clocks made
         whichever plans were timed first look slow."""
+        started = time.perf_counter()
         candidates = []
         for plan in graph.plans:
             self.reserve(graph.workspace_bytes[plan])
@@ -234,6 +239,7 @@ class CudnnRuntime:
             graph.timings = autotune.time_captured(self.backend.xp, self.stream, ways)
             graph.plan = autotune.choose(candidates, graph.timings)
             self._last_tuned = time.perf_counter()
+        graph.tune_s = time.perf_counter() - started
         timing = graph.timings.get(graph.plan)
         autotune.PLAN_CHOICES.record(graph.key, graph.plan_names[graph.plan], timing.ms if timing else 0.0)
         if not graph.preset:
