@@ -11,6 +11,7 @@ import pytest
 from gpuengine.ops import autotune
 from gpuengine.ops.gemm import Gemm, algorithm_name
 from gpuengine.runtime.backend import Backend, gpu_visible
+from gpuengine.runtime.capture import GraphCapturedStep
 from gpuengine.runtime.precision import policy_for
 
 from ..gpu_checks import TOLERANCE, rel_err
@@ -59,17 +60,17 @@ def test_every_candidate_algorithm_computes_the_product(shape, precision, monkey
 
 
 def test_a_captured_replay_runs_the_chosen_algorithm(monkeypatch):
+    """Captured as a training step is (runtime/capture.py), after the eager run that chose."""
     monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices())
     backend = Backend("cuda")
     (a, w, bias), out, expected = operands(backend, "tf32", 512, 1000, 1000, seed=3)
     with backend.activate():
         gemm = Gemm(backend, policy_for("tf32"), out, a, w.T, bias)
         gemm.run()   # eager: chooses
+        step = GraphCapturedStep(backend, gemm.run, 2, {"out": out, "a": a, "w": w})
+        step.capture()
         out[...] = np.nan
-        backend.stream.begin_capture()
-        gemm.run()
-        graph = backend.stream.end_capture()
-        graph.launch(backend.stream)
+        step.launch()
         backend.synchronize()
     assert rel_err(out.get().astype(np.float64), expected) < TOLERANCE["tf32"]
     gemm.free()
