@@ -70,3 +70,17 @@ def test_without_a_gpu_nothing_is_autotuned(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main(["plans", "resnet"])
     assert "no CUDA GPU is visible here" in capsys.readouterr().err
+
+
+def test_the_rule_is_replayed_on_recorded_timings_at_other_margins():
+    def run(first_ms):   # the heuristic's first way, then one 3% faster than 1.0 ms
+        return {"cases": {"resnet tf32": {"timed": {CUDNN: [["eng0", first_ms, 0.0], ["eng7", 0.97, 0.0]]}}}}
+    runs = [run(1.01), run(0.995)]   # eng0 4% / 2.5% slower than eng7
+    tight, loose = plan_stability.replay(runs, 0.02), plan_stability.replay(runs, 0.05)
+    assert tight["choices"] == 1 and tight["same"] == 1 and tight["slower_than_fastest"] == 0   # eng7 in both
+    assert loose["same"] == 1 and loose["slower_than_fastest"] == pytest.approx((1.01 + 0.995) / 1.94 - 1)
+    flip = plan_stability.replay([run(1.01), run(0.985)], 0.02)   # 4% and 1.5% slower: eng7, then eng0
+    assert flip["same"] == 0 and flip["stability"] == 0
+    result = plan_stability.compare([run_record(), run_record()]) | {"replayed": [tight, flip]}
+    text = plan_stability.table(result)
+    assert "replayed at min_margin 2%: 1 of 1 alike (100.0%)" in text and "0 of 1 alike (0.0%)" in text

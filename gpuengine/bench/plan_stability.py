@@ -11,7 +11,12 @@ up (which autotunes), and writes what it chose. The runs are then compared
 choice by choice: the share of choices every run made alike, per case and per
 kind, is the plan stability docs/gate.md states (issue 36 asks for 95%). The
 set-up time of each case (building, autotuning, capture) is kept beside it.
-The table goes to stdout, the whole record to --out (JSON).
+Every run also keeps each choice's timings (every way timed, in the
+heuristic's order), so the rule can be replayed offline at other margins
+(`replay`): the table then says how stable, and how much slower than the
+fastest ways, the choices would be at each margin in MARGINS: the
+measurement the margin is chosen from. The table goes to stdout, the whole
+record to --out (JSON).
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from .json_files import write_json
 
 PROG = "python -m gpuengine plans"
 DEFAULT_WORKLOADS = ("mlp", "cnn", "resnet", "transformer", "zoo:resnet50", "zoo:mobilenet_v2")
+MARGINS = (0.0, 0.01, 0.02, 0.03, 0.05, 0.08)   # min_margin values the rule is replayed at
 
 
 def kind_of(key: str) -> str:
@@ -62,6 +68,31 @@ def compare(runs: list[dict]) -> dict:
             "stability": total["same"] / total["choices"] if total["choices"] else None}
 
 
+def replay(runs: list[dict], min_margin: float) -> dict:
+    """The rule (autotune.choose) replayed on every run's recorded timings at `min_margin`: how many choices
+    every run would make alike, and the chosen ways' total time over the fastest ways' (summed over runs)."""
+    from ..ops.autotune import Timing, choose
+    same = choices = 0
+    chosen_ms = fastest_ms = 0.0
+    for case in runs[0]["cases"]:
+        timed = [run["cases"][case].get("timed", {}) for run in runs if case in run["cases"]]
+        if len(timed) != len(runs):
+            continue
+        for key in set.intersection(*(set(t) for t in timed)):
+            picks = set()
+            for ways in (t[key] for t in timed):
+                timings = {name: Timing(ms, spread, 1) for name, ms, spread in ways}
+                pick = choose([name for name, _, _ in ways], timings, min_margin=min_margin)
+                picks.add(pick)
+                chosen_ms += timings[pick].ms
+                fastest_ms += min(t.ms for t in timings.values())
+            choices += 1
+            same += len(picks) == 1
+    return {"min_margin": min_margin, "choices": choices, "same": same,
+            "stability": same / choices if choices else None,
+            "slower_than_fastest": chosen_ms / fastest_ms - 1 if fastest_ms else None}
+
+
 def cudnn_cost(graphs) -> dict:
     """What building and autotuning `graphs` (ops/cudnn.py's CudnnGraph) cost: counts and seconds."""
     graphs = list(graphs)
@@ -90,6 +121,7 @@ def tune_once(cases: list[tuple[str, str]], out: Path) -> None:
         case = f"{workload_name} {precision}"
         record["cases"][case] = {
             "choices": {key: entry["plan"] for key, entry in choices.tuned.items()},
+            "timed": dict(choices.timed),
             "setup_s": round(time.perf_counter() - started, 1),
             "cudnn": cudnn_cost(graph for key, graph in cudnn._GRAPHS.items() if key not in known)}
         print(f"plans: {case}: set-up {record['cases'][case]['setup_s']} s, cuDNN {record['cases'][case]['cudnn']}",
@@ -107,6 +139,11 @@ def table(result: dict) -> str:
     total = result["total"]
     share = "n/a" if result["stability"] is None else f"{100 * result['stability']:.1f}%"
     lines.append(f"all: {total['same']} of {total['choices']} choices the same in every run ({share})")
+    for margin in result.get("replayed", []):
+        if margin["choices"]:
+            lines.append(f"  replayed at min_margin {100 * margin['min_margin']:.0f}%: {margin['same']} of "
+                         f"{margin['choices']} alike ({100 * margin['stability']:.1f}%), chosen ways "
+                         f"{100 * margin['slower_than_fastest']:.2f}% slower than the fastest")
     return "\n".join(lines)
 
 
@@ -152,7 +189,8 @@ def run(args) -> int:
                 print(f"plans: run {index + 1} failed (exit status {status})", file=sys.stderr)
                 return 1
             runs.append(json.loads(out.read_text()))
-    result = compare(runs) | {"runs": runs, "workloads": args.workloads, "precisions": args.precision}
+    result = compare(runs) | {"runs": runs, "workloads": args.workloads, "precisions": args.precision,
+                              "replayed": [replay(runs, margin) for margin in MARGINS]}
     print(table(result))
     write_json(args.out, result)
     print(f"plans: written to {args.out}")

@@ -55,6 +55,7 @@ class PlanChoices:
     def __init__(self, preset: dict[str, str] | None = None):
         self.preset = dict(preset or {})
         self.tuned: dict[str, dict] = {}   # key text -> {"plan": name, "ms": time} timed in this process
+        self.timed: dict[str, list] = {}   # key text -> [[way, ms, spread], ...] in the heuristic's order
 
     def chosen_for(self, key: tuple) -> str | None:
         """The choice already made for `key`: preset by an earlier process, or timed in this one (a shape that
@@ -63,9 +64,13 @@ class PlanChoices:
         tuned = self.tuned.get(text)
         return self.preset.get(text, tuned["plan"] if tuned else None)
 
-    def record(self, key: tuple, plan_name: str, ms: float):
+    def record(self, key: tuple, plan_name: str, ms: float, timings: list | None = None):
+        """A choice made; `timings`: every way timed for it, [(name, Timing)] in the heuristic's order (what
+        `python -m gpuengine plans` replays to see how the choice moves with the margin)."""
         if self.preset.get(key_text(key)) != plan_name:
             self.tuned[key_text(key)] = {"plan": plan_name, "ms": round(ms, 5)}
+        if timings:
+            self.timed[key_text(key)] = [[str(name), round(t.ms, 6), round(t.spread, 5)] for name, t in timings]
 
 
 PLAN_CHOICES = PlanChoices()
@@ -98,18 +103,18 @@ class Timing:
         return cls(median, (max(pass_ms) - min(pass_ms)) / median if median > 0 else math.inf, repeats)
 
 
-def choose(order: list, timings: dict) -> object:
+def choose(order: list, timings: dict, min_margin: float = MIN_MARGIN, noise_factor: float = NOISE_FACTOR) -> object:
     """The first way in `order` (the heuristic's) whose time is within the margin of the fastest way's.
 
-    A way is within the margin when the fastest is not faster by more than MIN_MARGIN and NOISE_FACTOR times
-    the two timings' spreads: a later way wins only where it is clearly faster, never on noise."""
+    A way is within the margin when the fastest is not faster by more than `min_margin` and `noise_factor`
+    times the two timings' spreads: a later way wins only where it is clearly faster, never on noise."""
     timed = [name for name in order if name in timings]
     if not timed:
         raise ValueError("no way was timed")
     best = min((timings[name] for name in timed), key=lambda timing: timing.ms)
 
     def close_to_best(timing: Timing) -> bool:
-        return timing.ms <= best.ms * (1 + max(MIN_MARGIN, NOISE_FACTOR * (timing.spread + best.spread)))
+        return timing.ms <= best.ms * (1 + max(min_margin, noise_factor * (timing.spread + best.spread)))
 
     return next(name for name in timed if close_to_best(timings[name]))   # the fastest itself always is
 
@@ -216,4 +221,5 @@ class FasterOf:
             run()   # first runs: cuDNN autotunes its plan, kernels load
         self.timings = time_captured(self.backend.xp, self.backend.stream, self.ways)
         self.chosen = choose(list(self.ways), self.timings)
-        PLAN_CHOICES.record(self.key, self.chosen, self.timings[self.chosen].ms)
+        PLAN_CHOICES.record(self.key, self.chosen, self.timings[self.chosen].ms,
+                            [(name, self.timings[name]) for name in self.ways if name in self.timings])

@@ -241,7 +241,8 @@ class CudnnRuntime:
             self._last_tuned = time.perf_counter()
         graph.tune_s = time.perf_counter() - started
         timing = graph.timings.get(graph.plan)
-        autotune.PLAN_CHOICES.record(graph.key, graph.plan_names[graph.plan], timing.ms if timing else 0.0)
+        autotune.PLAN_CHOICES.record(graph.key, graph.plan_names[graph.plan], timing.ms if timing else 0.0,
+                                     [(graph.plan_names[p], graph.timings[p]) for p in candidates if p in graph.timings])
         if not graph.preset:
             _TUNING.step(_untimed())
 
