@@ -2,13 +2,30 @@
 
 Sections of pytest's terminal summary, from what perf_tests/gate_plugin.py
 gathered during the session (its GateState); root conftest.py registers it.
+A perf test that fails is also named, with the last line of why, as it
+fails: a session stopped before its summary (a GPU lease running out) still
+says which tests failed.
 """
 from __future__ import annotations
+
+import pytest
 
 from gpuengine.bench import paired
 from gpuengine.bench.regression import REGRESSED
 
 from .gate_plugin import GATE, NOT_COMPARABLE
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed and report.when == "call" and "compare" in getattr(item, "fixturenames", ()):
+        reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+        crash = getattr(report.longrepr, "reprcrash", None)
+        why = (crash.message if crash is not None else str(report.longrepr)).strip().splitlines() or ["?"]
+        if reporter is not None:
+            reporter.write_line(f"\nFAILED {item.nodeid}: {why[0][:300]}", red=True)
+    return report
 
 
 def pytest_terminal_summary(terminalreporter):

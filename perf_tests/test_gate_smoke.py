@@ -154,6 +154,8 @@ def test_partial_failing_and_corrupt_runs_do_not_spoil_the_baselines(session, py
     monkeypatch.setenv("FAIL_C", "1")
     failing = session()
     failing.assert_outcomes(passed=2, failed=1)
+    failing.stdout.fnmatch_lines(["FAILED *test_gate.py::test_c: AssertionError: test_c fails on request*",
+                                  "*short test summary info*"])   # named as it failed, before the summary
     failing.stdout.fnmatch_lines([
         f"gpuengine gate: stored run {machine}/0003_corrupt.json is unreadable and skipped: *not valid JSON at line 1*",
         "*gpuengine regression check*",
