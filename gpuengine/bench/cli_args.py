@@ -113,3 +113,17 @@ def replaced_folder(text: str) -> Path:
     """argparse type: a folder replaced whole at the end: the new one is made beside it and renamed into
     its place, so its parent must be writable (or creatable)."""
     return _folder(text, Path(text).parent)
+
+
+def gpu_workloads(names: list[str], why_gpu: str) -> None:
+    """Each name a workload as `profile` takes it, on a machine with a visible GPU; else a UsageError naming
+    the first bad name, or saying `why_gpu` (what the CPU tier cannot do)."""
+    from ..runtime.backend import gpu_visible
+    from .profile.workloads import get_workload
+    for name in names:
+        try:
+            get_workload(name)
+        except ValueError as exc:
+            raise UsageError(f"argument workloads: {exc}") from None
+    if not gpu_visible():
+        raise UsageError(f"no CUDA GPU is visible here (CuPy missing, or no device): {why_gpu}")

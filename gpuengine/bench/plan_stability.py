@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from ..config import PRECISIONS
-from .cli_args import UsageError, whole
+from .cli_args import gpu_workloads, whole
 from .json_files import write_json
 
 PROG = "python -m gpuengine plans"
@@ -160,16 +160,7 @@ def add_parser(commands) -> None:
 
 
 def check(args) -> None:
-    from ..runtime.backend import gpu_visible
-    from .profile.workloads import get_workload
-    for name in args.workloads:
-        try:
-            get_workload(name)
-        except ValueError as exc:
-            raise UsageError(f"argument workloads: {exc}") from None
-    if not gpu_visible():
-        raise UsageError("no CUDA GPU is visible here (CuPy missing, or no device): nothing is autotuned on the "
-                         "CPU tier")
+    gpu_workloads(args.workloads, "nothing is autotuned on the CPU tier")
 
 
 def run(args) -> int:

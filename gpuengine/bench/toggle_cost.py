@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..config import CUDA_GRAPH_RANGE, PRECISIONS, ConfigError, EngineConfig
 from .benchmarking import interleave, ratio
-from .cli_args import UsageError, whole
+from .cli_args import UsageError, gpu_workloads, whole
 from .json_files import write_json
 
 DEFAULT_WORKLOADS = ("cnn", "resnet", "transformer", "zoo:resnet50", "zoo:mobilenet_v2")
@@ -102,16 +102,8 @@ def add_parser(commands) -> None:
 
 
 def check(args) -> None:
-    from ..runtime.backend import gpu_visible
-    from .profile.workloads import get_workload
     args.parsed_toggle = parse_toggle(args.toggle)
-    for name in args.workloads:
-        try:
-            get_workload(name)
-        except ValueError as exc:
-            raise UsageError(f"argument workloads: {exc}") from None
-    if not gpu_visible():
-        raise UsageError("no CUDA GPU is visible here (CuPy missing, or no device): the CPU tier times nothing")
+    gpu_workloads(args.workloads, "the CPU tier times nothing")
 
 
 def run(args) -> int:
