@@ -16,7 +16,8 @@ heuristic's order), so the rule can be replayed offline at other margins
 (`replay`): the table then says how stable, and how much slower than the
 fastest ways, the choices would be at each margin in MARGINS: the
 measurement the margin is chosen from. The table goes to stdout, the whole
-record to --out (JSON).
+record to --out (JSON); the ones docs/gate.md cites are kept in
+baselines_store/<gpu>/plan_stability/ (not results: the report passes them by).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from .json_files import write_json
 PROG = "python -m gpuengine plans"
 DEFAULT_WORKLOADS = ("mlp", "cnn", "resnet", "transformer", "zoo:resnet50", "zoo:mobilenet_v2")
 MARGINS = (0.0, 0.01, 0.02, 0.03, 0.05, 0.08)   # min_margin values the rule is replayed at
+STORE_FOLDER = "plan_stability"   # where a GPU kind's records are kept: baselines_store/<gpu>/plan_stability/
 
 
 def kind_of(key: str) -> str:
