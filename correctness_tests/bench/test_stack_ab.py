@@ -35,7 +35,7 @@ def test_a_lock_file_is_read_relative_to_the_checkout_or_absolute(tmp_path):
                              "HEAD~3:locks/cuda13.txt)"),
     ("", None, "--against-stack needs a lock"),
     ("cpu.txt", "# The cpu tier's locked stack: Python 3.11\nnumpy==2.4.6\n",
-     "--against-stack cpu.txt: the cpu tier's lock, and this machine's tier is cuda13"),
+     "--against-stack cpu.txt: the cpu tier's lock, where the cuda13 tier's is wanted"),
     ("loose.txt", "numpy>=2\n", "loose.txt:1: a lock pins exact versions (name==version), not 'numpy>=2'"),
     ("empty.txt", HEADER, "--against-stack empty.txt: pins no package"),
 ])

@@ -48,46 +48,46 @@ class OtherLock:
         return self.lock.sha256
 
 
-def _git_show(root: Path, rev: str, path: str) -> str:
+def _git_show(root: Path, rev: str, path: str, option: str) -> str:
     try:
         result = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{path}"], capture_output=True, text=True)
     except OSError as exc:
-        raise LockError(f"--against-stack {rev}:{path}: git cannot run here ({exc})") from None
+        raise LockError(f"{option} {rev}:{path}: git cannot run here ({exc})") from None
     if result.returncode != 0:
         said = (result.stderr or result.stdout).strip().splitlines()
-        raise LockError(f"--against-stack {rev}:{path}: not a lock committed at {rev} "
+        raise LockError(f"{option} {rev}:{path}: not a lock committed at {rev} "
                         f"({said[-1] if said else f'git show exited {result.returncode}'})")
     return result.stdout
 
 
-def read_other_lock(spec: str, tier: str, root: Path) -> OtherLock:
+def read_other_lock(spec: str, tier: str, root: Path, option: str = "--against-stack") -> OtherLock:
     """The lock `spec` names (a file, else REV:PATH in the git history at `root`), checked to be `tier`'s;
-    LockError naming `spec` and the cause otherwise."""
+    LockError naming `option`, `spec` and the cause otherwise."""
     spec = spec.strip()
     if not spec:
-        raise LockError("--against-stack needs a lock: a file (build/old-cuda13.txt) or REV:PATH "
+        raise LockError(f"{option} needs a lock: a file (build/old-cuda13.txt) or REV:PATH "
                         "(HEAD~3:locks/cuda13.txt)")
     file = Path(spec) if Path(spec).is_absolute() else Path(root) / spec
     if file.is_file():
         try:
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise LockError(f"--against-stack {spec}: cannot be read ({exc})") from None
+            raise LockError(f"{option} {spec}: cannot be read ({exc})") from None
     elif ":" in spec:
         rev, path = spec.split(":", 1)
         if not rev or not path:
-            raise LockError(f"--against-stack {spec}: REV:PATH needs both, e.g. HEAD~3:locks/{tier}.txt")
-        text = _git_show(root, rev, path)
+            raise LockError(f"{option} {spec}: REV:PATH needs both, e.g. HEAD~3:locks/{tier}.txt")
+        text = _git_show(root, rev, path, option)
     else:
-        raise LockError(f"--against-stack {spec}: no such file (a lock file, or REV:PATH such as "
+        raise LockError(f"{option} {spec}: no such file (a lock file, or REV:PATH such as "
                         f"HEAD~3:locks/{tier}.txt)")
     named = HEADER_TIER.search(text)
     if named and named.group(1) != tier:
-        raise LockError(f"--against-stack {spec}: the {named.group(1)} tier's lock, and this machine's tier is "
-                        f"{tier}: a stack A/B compares two locks of one tier")
+        raise LockError(f"{option} {spec}: the {named.group(1)} tier's lock, where the {tier} tier's is wanted "
+                        "(a stack A/B compares two locks of this machine's tier)")
     pins = parse_pins(spec, text)
     if not pins:
-        raise LockError(f"--against-stack {spec}: pins no package (a lock is `name==version` lines)")
+        raise LockError(f"{option} {spec}: pins no package (a lock is `name==version` lines)")
     return OtherLock(spec, Lock(tier, Path(spec), pins), text)
 
 
