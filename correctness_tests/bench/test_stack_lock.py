@@ -190,3 +190,11 @@ def test_wheels_reads_another_lock_as_a_stack_ab_names_it(tmp_path, capsys, monk
     write_lock(tmp_path / "build")   # build/cuda13.txt, named relative to where ./gate runs
     assert stack_lock_cli.main(args + ["--lock", "build/cuda13.txt"]) == 0
     assert capsys.readouterr().out.splitlines()[1:] == ["  ml-dtypes==0.6.0", "  nvidia-cudnn-frontend==1.22.1"]
+
+
+def test_a_lock_reads_as_a_freeze_so_the_new_lock_is_the_old_ones_have():
+    """docs/gate.md: without a registry the base runs the Python that meets the new lock, so the old lock's wheels
+    are fetched with `--have locks/<tier>.txt`."""
+    for tier in stack_lock.TIERS:
+        path = stack_lock.lock_path(tier)
+        assert stack_lock_cli.read_have(path) == stack_lock.read_lock(path, tier).pins

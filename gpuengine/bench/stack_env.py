@@ -216,7 +216,8 @@ def wheels_lacking(needed: list[Difference], wheels: Path) -> list[Difference]:
 
 def fetch_command(other: OtherLock, wheels: Path | None) -> str:
     return (f"./gate wheels {wheels or 'DIR'} --have FREEZE --tier {other.lock.tier} --lock {other.spec} "
-            "(where a registry is; FREEZE: `python3 -m pip freeze` of this machine)")
+            "where a registry is (FREEZE: `python3 -m pip freeze` run here with this session's PYTHONPATH, or the "
+            "head's lock where this Python meets it)")
 
 
 def _needed_lines(needed: list[Difference]) -> str:
