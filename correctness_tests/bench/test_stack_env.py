@@ -2,6 +2,7 @@
 the error for a wheel folder lacking a package, the stamp that lets it be reused, and that nothing half-made is."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -108,6 +109,22 @@ def test_a_half_made_folder_is_never_reused_and_a_killed_builds_leftovers_go(tmp
     env = stack_env.prepare(other_lock(), tmp_path, no_install=False, environ={}, say=lambda _: None, run=pip)
     assert len(pip.commands) == 2 and not env.reused and stack_env.read_stamp(target)["lock"] == other_lock().sha256
     assert not leftover.exists() and not list(target.parent.glob(".*"))
+
+
+def test_a_venv_another_session_finished_meanwhile_is_left_to_it(tmp_path):
+    target = tmp_path / STACKS / other_lock().sha256
+    pip = FakePip()
+
+    def racing(command, log):   # while this build installs, another session's build of the same lock lands
+        if "pip" in map(str, command):
+            target.mkdir(parents=True)
+            (target / "theirs").write_text("")
+            (target / stack_env.STAMP_FILE).write_text(json.dumps(
+                {"how": "venv", "lock": other_lock().sha256, "python": stack_env.python_identity()}))
+        return pip(command, log)
+
+    stack_env.prepare(other_lock(), tmp_path, no_install=False, environ={}, say=lambda _: None, run=racing)
+    assert (target / "theirs").exists() and not list(target.parent.glob(".*"))   # theirs kept, ours dropped
 
 
 def test_a_renamed_venv_still_runs_as_its_own_prefix(tmp_path):

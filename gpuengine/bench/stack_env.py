@@ -148,7 +148,8 @@ def _build(other: OtherLock, target: Path, stamp: dict, log: Path, steps, run: R
     failure remove it and raise StackEnvError with the end of the log."""
     target.parent.mkdir(parents=True, exist_ok=True)
     prefix = f".{target.name}.building-"
-    _clear_leftovers(target.parent, prefix)
+    for leftover in (prefix, f".{target.name}.stale-"):
+        _clear_leftovers(target.parent, leftover)
     aside = target.parent / f"{prefix}{os.getpid()}"
     shutil.rmtree(aside, ignore_errors=True)
     log.write_text("")
@@ -160,6 +161,9 @@ def _build(other: OtherLock, target: Path, stamp: dict, log: Path, steps, run: R
                                     f"was kept. The end of its log {log}:\n{_log_tail(log)}")
         aside.mkdir(parents=True, exist_ok=True)
         (aside / STAMP_FILE).write_text(json.dumps(stamp, indent=1) + "\n")
+        if read_stamp(target) == stamp:   # another session finished the same meanwhile: its workers may run it
+            shutil.rmtree(aside, ignore_errors=True)
+            return
         _put_in_place(aside, target)
     except BaseException:
         shutil.rmtree(aside, ignore_errors=True)
