@@ -80,10 +80,10 @@ class StackBase:
 
     def record(self) -> dict:
         """What each test's extra_info["ab"] keeps of the stacks."""
+        installed = list(self.env.packages) if self.env.how == "site" else []   # a venv holds the whole lock
         return {"stack_change": self.change.as_dict(),
                 "base_lock": {"spec": self.other.spec, "tier": self.other.lock.tier, "sha256": self.other.sha256,
-                              "environment": self.env.how, "installed": list(self.env.packages)
-                              if self.env.how == "site" else []},
+                              "environment": self.env.how, "installed": installed},
                 "head_lock": {"file": self.head_file, "tier": self.head.tier, "sha256": self.head.sha256,
                               "differs": list(self.head_differs)},
                 "plans_shared": self.shares_plans}
