@@ -27,3 +27,36 @@ def test_no_command_prints_the_usage_alone():
     done = subprocess.run([str(ROOT / "gate")], env=dict(os.environ, GATE_NO_INSTALL="1"), capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2 and done.stderr == "" and "./gate test [pytest args...]" in done.stdout
+
+
+def logging_machine(tmp_path: Path) -> tuple[dict, Path]:
+    """A machine without a GPU whose python3 (and venv Python) only log what they are asked to run."""
+    log, bin_dir = tmp_path / "python.log", tmp_path / "bin"
+    bin_dir.mkdir()
+    for path in (bin_dir / "python3", tmp_path / "venv" / "bin" / "python"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f'#!/bin/sh\necho "$*" >> "{log}"\n')
+        path.chmod(0o755)
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("GATE_VENV", "GATE_LOCK_TIER", "CUDA_VISIBLE_DEVICES")}
+    return dict(env, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", GATE_NO_INSTALL="1",
+                GATE_VENV=str(tmp_path / "venv")), log
+
+
+@pytest.mark.parametrize("args", [["--against-stack", "build/old.txt"], ["--against-stack=HEAD~3:locks/cpu.txt"]])
+def test_perf_passes_against_stack_to_pytest_instead_of_the_default_base(tmp_path, args):
+    env, log = logging_machine(tmp_path)
+    subprocess.run([str(ROOT / "gate"), "perf", *args], env=env, check=True, capture_output=True, timeout=60)
+    (pytest_run,) = [line for line in log.read_text().splitlines() if line.startswith("-m pytest")]
+    assert pytest_run.endswith(" ".join(args)) and "--against auto" not in pytest_run
+
+
+def test_wheels_fetches_another_lock_of_the_tier_where_named(tmp_path):
+    env, log = logging_machine(tmp_path)
+    for extra in ([], ["--lock", "HEAD~3:locks/cuda13.txt"]):
+        subprocess.run([str(ROOT / "gate"), "wheels", "DIR", "--have", "FREEZE", *extra], env=env, check=True,
+                       capture_output=True, timeout=60)
+    runs = [line for line in log.read_text().splitlines() if "stack_lock_cli" in line]
+    assert runs == [f"-m gpuengine.bench.stack_lock_cli wheels --lock {lock} --tier cuda13 --python-version 3.12 "
+                    "DIR --have FREEZE" for lock in ("locks/cuda13.txt", "HEAD~3:locks/cuda13.txt")]

@@ -11,6 +11,10 @@ naming the base and the tests, before anything runs or is saved; with `auto`
 instead, said per test. A base that cannot be checked out or imported is one
 error too. The worktree and the workers go when the session ends, Ctrl-C
 included. Root conftest.py registers this plugin after the gate plugin.
+
+With `--against-stack LOCK` (perf_tests/ab_stack.py, excluding `--against`)
+the base is the working tree itself, run in the environment of another
+lock, and everything else is as above.
 """
 from __future__ import annotations
 
@@ -24,8 +28,8 @@ from gpuengine.bench import aa_noise
 from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.stored_runs import scan
 
-from . import ab_base
-from .ab_sides import BASE, EnginePair, SideError, Sides
+from . import ab_base, ab_stack
+from .ab_sides import BASE, EnginePair, Interpreter, SideError, Sides
 from .ab_worker import close_runner
 from .gate_plugin import GATE
 from .progress import terminal_writer
@@ -41,6 +45,7 @@ class AbState:
     base_code: str = ""                 # aa_noise.code_hash of each side: equal on an A/A run
     head_code: str = ""
     sides: Sides | None = None
+    stack: ab_stack.StackBase | None = None   # --against-stack: the base is another lock's stack, the code the same
     covered: set[str] = field(default_factory=set)           # node ids run A/B
     uncovered: dict[str, str] = field(default_factory=dict)  # node id -> why it compares with its stored run
 
@@ -54,12 +59,23 @@ AB = pytest.StashKey[AbState]()
 
 
 def pytest_addoption(parser):
-    parser.getgroup("gpuengine gate").addoption(
-        "--against", metavar="REV|DIR|auto|none", default=ab_base.NONE,
+    group = parser.getgroup("gpuengine gate")
+    group.addoption(
+        "--against", metavar="REV|DIR|auto|none", default=None,
         help="A/B mode: time the engine of REV (a commit, checked out in a worktree; or DIR, a checkout on disk) "
              "and the working tree's in this session, rounds alternating, and fail on head-over-base slowdowns; "
              "auto: the merge base with main in a branch, the newest stored baseline's commit on main "
              "(./gate perf's default); none: compare with stored runs only (the default)")
+    group.addoption(
+        ab_stack.AGAINST_STACK, metavar="LOCK", default=None,
+        help="A/B mode across stacks: the working tree's engine in the environment of another lock (LOCK: a file, "
+             "or REV:PATH such as HEAD~3:locks/cuda13.txt) as the base, and in this Python as the head; the "
+             "base's venv is built in build/stacks/ (with GATE_NO_INSTALL=1: the packages this Python does not "
+             "meet, from --stack-wheels); excludes --against")
+    group.addoption(
+        ab_stack.STACK_WHEELS, metavar="DIR", default=None,
+        help="with GATE_NO_INSTALL=1 and --against-stack: the folder of wheels the base's packages are installed "
+             "from (./gate wheels DIR --have FREEZE --lock LOCK fetches them; default: $GATE_STACK_WHEELS)")
 
 
 def _newest_baseline_commit(storage: Path | None) -> str | None:
@@ -75,9 +91,22 @@ def _newest_baseline_commit(storage: Path | None) -> str | None:
 
 @pytest.hookimpl(trylast=True)   # after the root conftest configured the gate
 def pytest_configure(config):
+    against, stack = config.getoption("against", None), config.getoption("against_stack", None)
+    if stack is not None and against is not None:
+        raise pytest.UsageError(f"gpuengine: --against {against} and {ab_stack.AGAINST_STACK} {stack}: one base at "
+                                "a time (--against: another commit's code; --against-stack: another lock's stack, "
+                                "the same code)")
+    if config.getoption("stack_wheels", None) is not None and stack is None:
+        raise pytest.UsageError(f"gpuengine: {ab_stack.STACK_WHEELS} goes with {ab_stack.AGAINST_STACK} LOCK (the "
+                                "wheels of the base's stack)")
     state = config.stash.get(GATE, None)
-    against = config.getoption("against", ab_base.NONE)
-    if state is None or against == ab_base.NONE:
+    if state is None:
+        return
+    if stack is not None:
+        _configure_stack(config, state, stack)
+        return
+    against = against or ab_base.NONE
+    if against == ab_base.NONE:
         return
     try:
         base, why = ab_base.resolve(against, config.rootpath, _newest_baseline_commit(state.storage))
@@ -88,15 +117,37 @@ def pytest_configure(config):
         return
     ab = AbState(base, explicit=against != ab_base.AUTO, base_code=aa_noise.code_hash(base.root),
                  head_code=aa_noise.code_hash(config.rootpath))
-    if state.storage is not None:
-        state.process_noise = {test: aa_noise.learn(runs)
-                               for test, runs in aa_noise.stored_aa_runs(state.storage).items()}
+    _learn_process_noise(state)
     config.stash[AB] = ab
     config.add_cleanup(ab.close)
     same = " (the same code: an A/A run)" if ab.base_code == ab.head_code else ""
     state.notices.append(f"A/B against {base.label}{same}: {why}; base and head engines alternate round by round "
                          f"with the references, each in its own process (checkout {base.root}); process noise "
                          f"learned from stored A/A runs for {len(state.process_noise)} test(s)")
+
+
+def _learn_process_noise(state):
+    """Each test's process offset, from the stored A/A runs of this GPU kind: the A/B rule's bar."""
+    if state.storage is not None:
+        state.process_noise = {test: aa_noise.learn(runs)
+                               for test, runs in aa_noise.stored_aa_runs(state.storage).items()}
+
+
+def _configure_stack(config, state, spec: str):
+    """--against-stack: the base is the working tree in another lock's environment, built (or reused) now."""
+    try:
+        stack = ab_stack.resolve(spec, config.rootpath, no_install=ab_stack.no_install(),
+                                 wheels=ab_stack.wheels_setting(config.getoption("stack_wheels", None)))
+    except ab_stack.StackBaseError as exc:
+        raise pytest.UsageError(f"gpuengine: {exc}") from None
+    code = aa_noise.code_hash(config.rootpath)
+    base = ab_base.Base(config.rootpath, None, stack.label, f"{ab_stack.AGAINST_STACK} {spec}")
+    ab = AbState(base, explicit=True, base_code=code, head_code=code, stack=stack)
+    _learn_process_noise(state)
+    config.stash[AB] = ab
+    config.add_cleanup(ab.close)
+    state.notices.append(f"{stack.notice()}; process noise learned from stored A/A runs for "
+                         f"{len(state.process_noise)} test(s)")
 
 
 def _plan_presets(config) -> dict | None:
@@ -122,8 +173,15 @@ def pytest_collection_finish(session):
         return
     log_dir = session.config.rootpath / LOG_DIR
     shutil.rmtree(log_dir, ignore_errors=True)   # the last session's logs: one session's at a time
-    ab.sides = Sides(session.config.rootpath, ab.base.root, log_dir, _plan_presets(session.config),
-                     progress=terminal_writer(session.config))   # the workers' autotuning progress, live
+    presets, interpreters, share_plans = _plan_presets(session.config), None, True
+    if ab.stack is not None:
+        interpreters = {BASE: Interpreter(ab.stack.env.python, ab.stack.env.environ)}
+        share_plans = ab.stack.shares_plans
+        if not share_plans and presets is not None:   # another cuDNN: each side autotunes every graph afresh
+            presets = {}
+    ab.sides = Sides(session.config.rootpath, ab.base.root, log_dir, presets,
+                     progress=terminal_writer(session.config),   # the workers' autotuning progress, live
+                     interpreters=interpreters, share_plans=share_plans)
     try:
         catalog = ab.sides.catalog(BASE, sorted(wanted))
     except SideError as exc:
@@ -162,8 +220,13 @@ def pytest_sessionfinish(session):
     ab.sides.close()
     from .kept_plans import KEPT
     kept = session.config.stash.get(KEPT, None)
-    if kept is not None and ab.sides.tuned:
-        kept["choices"].tuned.update(ab.sides.tuned)
+    tuned = ab.sides.tuned
+    if kept is not None and ab.stack is not None and not ab.stack.shares_plans:
+        # The head autotuned every graph afresh, by the session's choice, not because a stored plan failed to
+        # build: its choices fill the plan file's gaps and leave the stored ones (--retune-cudnn replaces them).
+        tuned = {key: entry for key, entry in tuned.items() if key not in kept["file"].plans}
+    if kept is not None and tuned:
+        kept["choices"].tuned.update(tuned)
 
 
 def ab_state(config) -> AbState | None:
@@ -200,7 +263,8 @@ def engine_for(request):
 
 
 def ab_record(config, pair: EnginePair, times: dict[str, list[float]]) -> dict:
-    """What the stored run keeps of the A/B rounds: both sides' round times and where each side came from."""
+    """What the stored run keeps of the A/B rounds: both sides' round times and where each side came from (in a
+    stack A/B also both locks and the change between them, perf_tests/ab_stack.py)."""
     ab = config.stash[AB]
     return {"base": ab.base.label, "base_commit": ab.base.commit, "base_why": ab.base.why,
             "base_code": ab.base_code, "head_code": ab.head_code,
@@ -208,4 +272,6 @@ def ab_record(config, pair: EnginePair, times: dict[str, list[float]]) -> dict:
             "head_round_ms": [round(ms, 6) for ms in times[pair.head.name]],
             "base_samples_per_round": pair.base.samples_per_round,
             "head_samples_per_round": pair.head.samples_per_round,
-            "timing_cpu": {side.worker.side: side.worker.info.get("timing_cpu") for side in pair.sides}}
+            "timing_cpu": {side.worker.side: side.worker.info.get("timing_cpu") for side in pair.sides},
+            "python": {side.worker.side: side.worker.info.get("python") for side in pair.sides},
+            **(ab.stack.record() if ab.stack is not None else {})}

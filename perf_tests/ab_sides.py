@@ -10,7 +10,10 @@ its engine; each round times the base, the references and then the head, the
 base and the references swapping places every other round, so the head follows
 the base half the time and a reference the other half. Each worker times its
 own rounds (no pipe inside the clock), with the head's timing code on both
-sides. The references stay in the pytest process.
+sides. The references stay in the pytest process. Each side's worker runs
+an `Interpreter`, a Python and its environment: this process's for both in a
+code A/B; in a stack A/B (`--against-stack`, perf_tests/ab_stack.py) both
+import the working tree and the base runs another lock's environment.
 
 Workers live for the whole session; a test builds its engine in both and
 drops it at teardown. A worker that dies (out of memory, a crash) fails that
@@ -31,7 +34,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from .ab_worker import PROGRESS_LOGGERS, PROTOCOL
 from .progress import new_lines
@@ -57,14 +60,30 @@ class SideError(RuntimeError):
     """A worker could not do what the test asked; the message names the side and the cause."""
 
 
+@dataclass(frozen=True)
+class Interpreter:
+    """The Python a worker runs and the environment it runs in: this process's for a code A/B; for a stack A/B
+    (`--against-stack`) the base's is another lock's (gpuengine/bench/stack_env.py)."""
+
+    python: str = sys.executable
+    environ: Mapping[str, str] | None = None   # the whole environment; None: this process's
+
+    def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        return {**(os.environ if self.environ is None else self.environ), **(extra or {})}
+
+
 class Worker:
-    """One worker process: the engine of one checkout."""
+    """One worker process: the engine of one checkout, in one Python."""
 
     def __init__(self, side: str, root: Path, log_dir: Path, env: dict | None = None,
-                 progress: Callable[[str], None] | None = None):
+                 progress: Callable[[str], None] | None = None, interpreter: Interpreter | None = None):
         self.side, self.root = side, Path(root)
         self.log_path = Path(log_dir) / f"{side}.log"
-        self.env = {**os.environ, **(env or {})}
+        self.interpreter = interpreter or Interpreter()
+        self.env = self.interpreter.environment(env)   # `env`: variables over the interpreter's environment
+        # what its errors call it: the checkout, and the Python where it is not this process's
+        self.where = str(self.root) + ("" if self.interpreter.python == sys.executable
+                                       else f", {self.interpreter.python}")
         self.progress = progress   # where the engine's progress lines go while a reply is awaited
         self.process = None
         self.info: dict = {}
@@ -74,7 +93,8 @@ class Worker:
         self._log_read = self.log_path.stat().st_size if self.log_path.exists() else 0   # the last process's: seen
         log = open(self.log_path, "ab")
         try:
-            self.process = subprocess.Popen([sys.executable, str(WORKER_SCRIPT), str(self.root)], cwd=self.root,
+            self.process = subprocess.Popen([self.interpreter.python, str(WORKER_SCRIPT), str(self.root)],
+                                            cwd=self.root,
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=self.env)
         finally:
             log.close()
@@ -123,10 +143,10 @@ class Worker:
         except (EOFError, pickle.UnpicklingError, SideError) as exc:
             self.stop()
             reason = str(exc) if isinstance(exc, SideError) else f"exit status {self.process.returncode}"
-            raise SideError(f"the {self.side} worker ({self.root}) died during {what}: {reason}; the end of its "
+            raise SideError(f"the {self.side} worker ({self.where}) died during {what}: {reason}; the end of its "
                             f"log {self.log_path}:\n{self.log_tail()}") from None
         if status != "ok":
-            raise SideError(f"{self.side} ({self.root}): {what}: {value}")
+            raise SideError(f"{self.side} ({self.where}): {what}: {value}")
         return value
 
     def request(self, op: str, *args):
@@ -137,7 +157,7 @@ class Worker:
             self.process.stdin.flush()
         except (BrokenPipeError, OSError):
             self.stop()
-            raise SideError(f"the {self.side} worker ({self.root}) is gone; its log {self.log_path}:\n"
+            raise SideError(f"the {self.side} worker ({self.where}) is gone; its log {self.log_path}:\n"
                             f"{self.log_tail()}") from None
         return self._reply(op if op != "call" else f"{args[0]}()")
 
@@ -240,12 +260,17 @@ class Sides:
     """The session's two workers and the pair of the running test."""
 
     def __init__(self, head_root: Path, base_root: Path, log_dir: Path, plan_presets: dict | None,
-                 progress: Callable[[str], None] | None = None):
+                 progress: Callable[[str], None] | None = None, interpreters: dict[str, Interpreter] | None = None,
+                 share_plans: bool = True):
+        """`interpreters`: each side's Python and environment (default: this process's); `share_plans`: the
+        base's new plan choices go to the head (False where the sides run different cuDNN versions)."""
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
-        self.workers = {side: Worker(side, root, log_dir, progress=progress)
+        interpreters = interpreters or {}
+        self.workers = {side: Worker(side, root, log_dir, progress=progress, interpreter=interpreters.get(side))
                         for side, root in ((HEAD, head_root), (BASE, base_root))}
         self.presets = plan_presets
+        self.share_plans = share_plans
         self.pairs: list[EnginePair] = []
         self.tuned: dict = {}
 
@@ -262,11 +287,13 @@ class Sides:
 
     def pair(self, module: str, test: str, case_id: str) -> EnginePair:
         """The base's engine built and warmed up first: the head builds its own after receiving the plans the
-        base chose, so it builds those plans alone (building every candidate of ResNet-50 took 2 minutes)."""
+        base chose, so it builds those plans alone (building every candidate of ResNet-50 took 2 minutes); not
+        where the plans are not shared, and each side then autotunes its own."""
         base_worker = self._worker(BASE)
         base = RemoteRunner(base_worker, base_worker.request("build", module, test, case_id))
         base.prepare()
-        tuned = base_worker.request("tuned_plans")
+        # Another cuDNN's choices are neither the head's to run nor the plan file's to keep.
+        tuned = base_worker.request("tuned_plans") if self.share_plans else {}
         head_worker = self._worker(HEAD)
         if tuned:
             head_worker.request("add_plans", {key: entry["plan"] for key, entry in tuned.items()})

@@ -257,7 +257,7 @@ def main(argv: list[str]) -> int:
         if not engine_file.startswith(root + os.sep):
             raise WorkerError(f"gpuengine was imported from {engine_file}, not from the checkout {root}")
         hello = ("ok", {"protocol": PROTOCOL, "root": root, "pid": os.getpid(), "engine_file": engine_file,
-                        "timing_cpu": cpu})
+                        "timing_cpu": cpu, "python": sys.executable})
     except Exception as exc:
         hello = ("error", f"cannot import gpuengine from {root}: {type(exc).__name__}: {exc}")
     pickle.dump(hello, replies)

@@ -32,6 +32,10 @@ and no schedule can beat that bound: H runs serially and T / N is each
 GPU's share. (H100, run 0033: H 108 s of T 232 s, so two GPUs still split
 evenly.) The all-GPU tests stay last and alone.
 
+A stack A/B (`--against-stack LOCK`, perf_tests/ab_stack.py) builds the
+base's environment here, once, before the sessions start; each session then
+finds it stamped and reuses it.
+
 Timing cores. Each GPU's session (its engine workers and its references)
 times its rounds on a core of its own (GATE_TIMING_CPU, perf_tests/ab_worker.py):
 NUMA-local to its GPU where Linux says which cores are, else a distinct core
@@ -60,6 +64,7 @@ from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_on
                                          split_tests)
 from gpuengine.bench.stored_runs import history_folder, newest_per_test, scan
 from gpuengine.bench.timing_cores import TimingCore, timing_cores
+from perf_tests.ab_stack import StackBaseError, prepare_from_args
 from perf_tests.ab_worker import TIMING_CPU_ENV
 from perf_tests.progress import PROGRESS_FILE_ENV, new_lines
 
@@ -254,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"perf_tests.spread: {len(devices)} GPU(s) visible (CUDA_VISIBLE_DEVICES="
                          f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>: every GPU nvidia-smi lists')}); "
                          "a spread run needs >= 2")
+    try:   # --against-stack: the base's environment built once here; every GPU's session reuses it
+        prepare_from_args(args, ROOT)
+    except StackBaseError as exc:
+        raise SystemExit(f"perf_tests.spread: {exc}") from None
     out = Path(tempfile.mkdtemp(prefix="gpuengine-spread-"))
     full = "--full" in args
     workers = plan_workers(collect(args), devices, stored_seconds(ROOT / "baselines_store"), out, full,

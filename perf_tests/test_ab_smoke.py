@@ -1,4 +1,4 @@
-"""A/B mode end to end on the CPU tier: real perf tests, real workers, a real base checkout.
+"""A/B mode end to end on the CPU tier: real perf tests, real workers, a real base checkout or another stack.
 
 Each test runs a pytest session of the repository's own perf modules in a
 subprocess (perf_tests/ab_session.py needs a fresh session per base), with
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -78,6 +79,61 @@ def test_a_folder_that_is_no_checkout_and_a_commit_that_is_none_are_one_error(tm
     assert result.returncode == pytest.ExitCode.USAGE_ERROR and "not a gpuengine checkout" in result.stderr
     result = gate_session(tmp_path, "--against=no-such-commit-anywhere")
     assert result.returncode == pytest.ExitCode.USAGE_ERROR and "--against no-such-commit-anywhere" in result.stderr
+    assert saved_runs(tmp_path) == []
+
+
+def lock_of_this_python(tmp_path: Path) -> tuple[Path, str]:
+    """A lock of the tier's packages at the versions this Python has (the tier's lock itself where ./gate
+    installed it), and the tier: the other stack of an A/B across stacks that installs nothing."""
+    from gpuengine.bench import stack_lock
+    tier = stack_lock.current_record()["tier"]
+    installed = stack_lock.installed_versions()
+    pins = stack_lock.read_lock(stack_lock.lock_path(tier), tier).pins
+    path = tmp_path / "old.txt"
+    path.write_text(f"# The {tier} tier's locked stack: this Python's versions of its packages.\n"
+                    + "".join(f"{name}=={installed[name]}\n" for name in sorted(pins) if name in installed))
+    return path, tier
+
+
+def test_a_stack_ab_runs_the_same_code_in_each_stacks_environment(tmp_path):
+    """An A/A across stacks without a registry: the other lock is met by this Python, nothing is installed, both
+    workers run the working tree, and the run names the base by its stack."""
+    lock, tier = lock_of_this_python(tmp_path)
+    result = gate_session(tmp_path, f"--against-stack={lock}", env={"GATE_NO_INSTALL": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "nothing to install, the base runs this Python as it is" in result.stderr
+    assert f"A/B against stack {tier} lock " in result.stdout and f"--against-stack {lock}" in result.stdout
+    (run,) = saved_runs(tmp_path)
+    (bench,) = run["benchmarks"]
+    ab = bench["extra_info"]["ab"]
+    assert ab["base"].startswith(f"stack {tier} lock ") and ab["base_why"] == f"--against-stack {lock}"
+    assert set(ab["stack_change"]) == {"changed", "added", "removed"} and ab["base_lock"]["environment"] == "as is"
+    assert ab["head_lock"]["sha256"] == run["machine_info"]["stack_lock"]["sha256"]   # the run's lock is the head's
+    assert set(ab["timing_cpu"]) == {"base", "head"} and len(ab["base_round_ms"]) == len(ab["head_round_ms"]) >= 1
+    assert ab["python"]["base"] == ab["python"]["head"]   # nothing to install: the base runs this Python as it is
+    assert {"gpuengine", "gpuengine_base"} <= set(bench["extra_info"]["loss_before"])   # both sides trained
+    check = bench["extra_info"]["stored_run_check"]
+    assert check["mode"] == "A/B" and check["verdict"] == "not significant" and check["base"] == ab["base"]
+
+
+def test_a_stack_ab_that_cannot_start_is_one_usage_error_before_anything_runs(tmp_path):
+    lock, tier = lock_of_this_python(tmp_path)
+    wanting = tmp_path / "wanting.txt"
+    wanting.write_text(re.sub(r"^numpy==.*$", "numpy==0.0.1", lock.read_text(), flags=re.M))   # no wheel has it
+    (tmp_path / "wheels").mkdir()
+    for args, env, message in [
+        (["--against=HEAD", f"--against-stack={lock}"], {}, "--against HEAD and --against-stack"),
+        ([f"--stack-wheels={tmp_path}"], {}, "--stack-wheels goes with --against-stack LOCK"),
+        (["--against-stack=build/no-such-lock.txt"], {}, "--against-stack build/no-such-lock.txt: no such file"),
+        ([f"--against-stack={lock}", f"--stack-wheels={tmp_path}"], {"GATE_NO_INSTALL": "0"},
+         "is for a machine without a registry"),
+        ([f"--against-stack={wanting}", f"--stack-wheels={tmp_path / 'wheels'}"], {"GATE_NO_INSTALL": "1"},
+         f"./gate wheels {tmp_path / 'wheels'} --have FREEZE --tier {tier} --lock {wanting}"),
+    ]:
+        result = gate_session(tmp_path, *args, env=env)
+        assert result.returncode == pytest.ExitCode.USAGE_ERROR, (args, result.stdout[-2000:], result.stderr[-2000:])
+        assert message in result.stderr, (args, result.stderr[-2000:])
+    assert "  numpy==0.0.1   (this Python has" in result.stderr
     assert saved_runs(tmp_path) == []
 
 

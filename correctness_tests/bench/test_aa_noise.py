@@ -35,6 +35,15 @@ def test_only_runs_of_the_same_code_on_both_sides_count():
     assert AaRun.from_record(record(rng, 0.01)) is not None
 
 
+def test_a_stack_ab_is_an_aa_run_only_where_both_locks_pin_the_same():
+    rng = np.random.default_rng(8)
+    stacks = {"base_lock": {"spec": "build/old.txt", "sha256": "3f1a2b3c4d5e"},
+              "head_lock": {"file": "locks/cuda13.txt", "sha256": "52ff223d84e6"}}
+    assert AaRun.from_record({**record(rng, 0.01), **stacks}) is None   # one code, two stacks: the stack changed
+    same = {**stacks, "base_lock": {**stacks["base_lock"], "sha256": "52ff223d84e6"}}
+    assert AaRun.from_record({**record(rng, 0.01), **same}) is not None
+
+
 def test_stored_aa_runs_come_from_baselines_and_history_alike(tmp_path):
     rng = np.random.default_rng(7)
 

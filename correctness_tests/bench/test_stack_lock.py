@@ -176,3 +176,25 @@ def test_a_freeze_it_cannot_read_is_one_error_naming_the_line(tmp_path, capsys):
                                   "--tier", "cuda13", "--python-version", "3.12"])
     assert status == 2
     assert capsys.readouterr().err == f"gate wheels: {bad}:2: `pip freeze` names an exact version, not 'numpy>=2'\n"
+
+
+def test_wheels_reads_another_lock_as_a_stack_ab_names_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    freeze = tmp_path / "freeze.txt"
+    freeze.write_text("torch==2.11.0\n")
+    args = ["wheels", str(tmp_path / "w"), "--have", str(freeze), "--tier", "cuda13", "--python-version", "3.12",
+            "--list"]
+    assert stack_lock_cli.main(args + ["--lock", "old.txt"]) == 2
+    assert capsys.readouterr().err.startswith("gate wheels: --lock old.txt: no such file (a lock file, or REV:PATH")
+    (tmp_path / "build").mkdir()
+    write_lock(tmp_path / "build")   # build/cuda13.txt, named relative to where ./gate runs
+    assert stack_lock_cli.main(args + ["--lock", "build/cuda13.txt"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == ["  ml-dtypes==0.6.0", "  nvidia-cudnn-frontend==1.22.1"]
+
+
+def test_a_lock_reads_as_a_freeze_so_the_new_lock_is_the_old_ones_have():
+    """docs/gate.md: without a registry the base runs the Python that meets the new lock, so the old lock's wheels
+    are fetched with `--have locks/<tier>.txt`."""
+    for tier in stack_lock.TIERS:
+        path = stack_lock.lock_path(tier)
+        assert stack_lock_cli.read_have(path) == stack_lock.read_lock(path, tier).pins

@@ -11,7 +11,7 @@ import pytest
 
 from gpuengine.bench.timing_cores import (TimingCore, choose_timing_cores, cpu_text, gpu_bus_ids, local_cpus,
                                           parse_cpu_list, smt_siblings, sysfs_bus_id, timing_cores)
-from perf_tests.ab_sides import SideError, Worker as SideWorker
+from perf_tests.ab_sides import Interpreter, SideError, Worker as SideWorker
 from perf_tests.ab_worker import TIMING_CPU_ENV, cpu_list_text, on_cpu, timing_cpu
 from perf_tests.harness import round_ms
 from perf_tests.spread import Worker, plan_workers
@@ -156,6 +156,23 @@ def test_a_worker_times_on_the_sessions_core_and_refuses_a_bad_one(tmp_path):
     with pytest.raises(SideError, match=r"base \(.*\): start: cannot time rounds: GATE_TIMING_CPU=-1 is not a core"):
         bad.start()
     bad.stop()
+
+
+@pinning
+def test_a_worker_runs_the_python_and_environment_its_side_was_given(tmp_path):
+    """A stack A/B's base runs another lock's Python in an environment of its own (perf_tests/ab_stack.py)."""
+    ran = tmp_path / "ran"
+    python = tmp_path / "python"   # a stand-in interpreter: says it ran, then is this Python
+    python.write_text(f'#!/bin/sh\necho "$@" > "{ran}"\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    cpu = min(os.sched_getaffinity(0))
+    worker = SideWorker("base", REPO, tmp_path, interpreter=Interpreter(str(python),
+                                                                         {**os.environ, TIMING_CPU_ENV: str(cpu)}))
+    try:
+        worker.start()
+        assert worker.info["timing_cpu"] == cpu and ran.read_text().split()[0].endswith("ab_worker.py")
+    finally:
+        worker.stop()
 
 
 @pinning

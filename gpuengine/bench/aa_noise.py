@@ -2,7 +2,9 @@
 
 An A/A run is an A/B run whose two sides ran the same code: the head's
 and the base's `gpuengine/` and `perf_tests/` hash alike (`code_hash`, kept
-in each test's `extra_info["ab"]`), whatever commits they were. Every such
+in each test's `extra_info["ab"]`), whatever commits they were, on the same
+stack (a stack A/B, `--against-stack`, runs one code on two locks: an A/A
+run only where both locks pin the same). Every such
 run, passed or failed (history/ included: leaving out the failed ones
 would hide exactly the alarms), gives per test one median d = median of
 log(head/base) per sample whose true value is 0, so
@@ -56,14 +58,21 @@ class AaRun:
 
     @classmethod
     def from_record(cls, ab: dict) -> "AaRun | None":
-        """From a test's extra_info["ab"]; None unless both sides ran the same code."""
+        """From a test's extra_info["ab"]; None unless both sides ran the same code on the same stack."""
         if not ab.get("head_code") or ab.get("head_code") != ab.get("base_code"):
+            return None
+        if _lock_id(ab.get("head_lock")) != _lock_id(ab.get("base_lock")):   # a stack A/B: the stack changed
             return None
         head, base = np.asarray(ab["head_round_ms"], float), np.asarray(ab["base_round_ms"], float)
         if len(head) != len(base) or len(head) < 2 or min(head.min(), base.min()) <= 0:
             return None
         d = np.log(head / ab["head_samples_per_round"]) - np.log(base / ab["base_samples_per_round"])
         return cls(float(np.median(d)), robust_sd(d), len(d))
+
+
+def _lock_id(record) -> str | None:
+    """The lock a side of a stack A/B ran on (extra_info["ab"]'s base_lock, head_lock); None in a code A/B."""
+    return record.get("sha256") if isinstance(record, dict) else None
 
 
 @dataclass(frozen=True)

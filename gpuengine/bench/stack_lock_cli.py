@@ -7,9 +7,9 @@
                                             --python-version 3.12 [--list]
         the lock's packages that FREEZE (`pip freeze`, or `pip list --format=json`, of the machine to bring them to)
         lacks or has at another version, then `pip download` of exactly those, for CPython of that version on
-        manylinux x86_64, into DIR (--list: only the list)
+        manylinux x86_64, into DIR (--list: only the list); --lock may be REV:PATH, a lock as committed at REV
 
-./gate passes the tier's lock and Python (`./gate wheels DIR --have FREEZE [--tier T]`).
+./gate passes the tier's lock and Python (`./gate wheels DIR --have FREEZE [--tier T] [--lock LOCK]`).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from .stack_ab import read_other_lock
 from .stack_lock import TIERS, Difference, Lock, LockError, differences, installed_versions, read_lock
 
 # The manylinux x86_64 wheels a glibc 2.28 or newer machine takes (the GPU image has 2.39), newest tag first.
@@ -98,8 +99,15 @@ def describe_missing(lock: Lock, have_file: str, missing: list[Difference]) -> l
                     for d in missing]
 
 
+def read_wanted_lock(spec: str, tier: str) -> Lock:
+    """--lock: a file, or REV:PATH (a lock as committed at REV: the old lock a stack A/B judges, say)."""
+    if Path(spec).is_file():
+        return read_lock(spec, tier)
+    return read_other_lock(spec, tier, Path.cwd(), option="--lock").lock
+
+
 def wheels(args) -> int:
-    lock = read_lock(args.lock, args.tier)
+    lock = read_wanted_lock(args.lock, args.tier)
     missing = differences(lock, read_have(args.have))
     print("\n".join(describe_missing(lock, args.have, missing)))
     if args.list or not missing:
@@ -113,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     for name in ("check", "wheels"):
         sub = commands.add_parser(name)
-        sub.add_argument("--lock", required=True, help="the lock file, e.g. locks/cuda13.txt")
+        sub.add_argument("--lock", required=True,
+                         help="the lock file, e.g. locks/cuda13.txt" + (" or REV:PATH" if name == "wheels" else ""))
         sub.add_argument("--tier", required=True, choices=TIERS)
         if name == "wheels":
             sub.add_argument("dest", metavar="DIR", help="where the wheels go")
