@@ -167,6 +167,17 @@ def time_captured(xp, stream, ways: dict) -> dict:
     return {name: Timing.of(ms, repeats[name]) for name, ms in passes.items()}
 
 
+def tune(xp, stream, key: tuple, ways: dict, names: dict | None = None) -> tuple:
+    """Time `ways` (in the heuristic's order), choose one and record the choice under `key`, each way by its
+    name (`names[way]`, else the way itself); returns (the chosen way, every Timing)."""
+    timings = time_captured(xp, stream, ways)
+    chosen = choose(list(ways), timings)
+    name = names.__getitem__ if names else str
+    PLAN_CHOICES.record(key, name(chosen), timings[chosen].ms,
+                        [(name(way), timings[way]) for way in ways if way in timings])
+    return chosen, timings
+
+
 class Progress:
     """How far a burst of autotuning is, said on the "gpuengine.autotune" logger every PROGRESS_EVERY_S seconds.
 
@@ -219,7 +230,4 @@ class FasterOf:
         refuse_capture(self.backend.stream, str(self.key[0]))
         for run in self.ways.values():
             run()   # first runs: cuDNN autotunes its plan, kernels load
-        self.timings = time_captured(self.backend.xp, self.backend.stream, self.ways)
-        self.chosen = choose(list(self.ways), self.timings)
-        PLAN_CHOICES.record(self.key, self.chosen, self.timings[self.chosen].ms,
-                            [(name, self.timings[name]) for name in self.ways if name in self.timings])
+        self.chosen, self.timings = tune(self.backend.xp, self.backend.stream, self.key, self.ways)

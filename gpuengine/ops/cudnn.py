@@ -232,17 +232,14 @@ class CudnnRuntime:
             raise CudnnUnsupported(f"no plan of {graph.key[0]} {graph.key[1:]} executed on this GPU")
         if len(candidates) == 1:
             graph.plan = candidates[0]
+            autotune.PLAN_CHOICES.record(graph.key, graph.plan_names[graph.plan], 0.0)
         else:
             self._warm_clocks(graph, pointers, candidates[0])
             ways = {plan: functools.partial(graph.execute, pointers, self.workspace.data.ptr, plan, self.handle)
                     for plan in candidates}
-            graph.timings = autotune.time_captured(self.backend.xp, self.stream, ways)
-            graph.plan = autotune.choose(candidates, graph.timings)
+            graph.plan, graph.timings = autotune.tune(self.backend.xp, self.stream, graph.key, ways, graph.plan_names)
             self._last_tuned = time.perf_counter()
         graph.tune_s = time.perf_counter() - started
-        timing = graph.timings.get(graph.plan)
-        autotune.PLAN_CHOICES.record(graph.key, graph.plan_names[graph.plan], timing.ms if timing else 0.0,
-                                     [(graph.plan_names[p], graph.timings[p]) for p in candidates if p in graph.timings])
         if not graph.preset:
             _TUNING.step(_untimed())
 

@@ -107,10 +107,7 @@ class Gemm:
             ways = {name: (lambda algorithm=algorithm: self._execute(algorithm)) for name, algorithm in names.items()}
             for run in ways.values():
                 run()   # first runs: the workspace is allocated, kernels load
-            timings = autotune.time_captured(self.backend.xp, self.backend.stream, ways)
-            chosen = autotune.choose(list(ways), timings)
-            autotune.PLAN_CHOICES.record(self.key, chosen, timings[chosen].ms,
-                                         [(name, timings[name]) for name in ways if name in timings])
+            chosen, _ = autotune.tune(self.backend.xp, self.backend.stream, self.key, ways)
             _TUNING.step()
         first = next(iter(names))
         self._algorithm = None if chosen == first else names[chosen]   # the first is execute()'s own default
