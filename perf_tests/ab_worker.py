@@ -55,7 +55,8 @@ def route_progress(stream) -> logging.Handler:
 
 
 def cpu_list_text(cpus) -> str:
-    """{0, 1, 2, 5} -> '0-2,5': a set of cores as Linux's cpulists write it."""
+    """{0, 1, 2, 5} -> '0-2,5': a set of cores as Linux's cpulists write it (timing_cores.cpu_text's twin: this
+    script imports no gpuengine of its own, and a base checkout's may predate timing_cores)."""
     spans = []
     for cpu in sorted(cpus):
         if spans and cpu == spans[-1][1] + 1:
