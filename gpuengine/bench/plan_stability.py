@@ -115,7 +115,7 @@ def tune_once(cases: list[tuple[str, str]], out: Path) -> None:
     for workload_name, precision in cases:
         workload = get_workload(workload_name)
         choices = autotune.use_plan_choices({})
-        known = set(cudnn._GRAPHS)
+        known = set(cudnn.built_graphs())
         started = time.perf_counter()
         runner = workload.engine_runner(ProfileCase(workload_name, precision, workload.batch, 1))
         runner.prepare()
@@ -125,7 +125,7 @@ def tune_once(cases: list[tuple[str, str]], out: Path) -> None:
             "choices": {key: entry["plan"] for key, entry in choices.tuned.items()},
             "timed": dict(choices.timed),
             "setup_s": round(time.perf_counter() - started, 1),
-            "cudnn": cudnn_cost(graph for key, graph in cudnn._GRAPHS.items() if key not in known)}
+            "cudnn": cudnn_cost(graph for key, graph in cudnn.built_graphs().items() if key not in known)}
         print(f"plans: {case}: set-up {record['cases'][case]['setup_s']} s, cuDNN {record['cases'][case]['cudnn']}",
               file=sys.stderr, flush=True)
         del runner   # its device memory goes back before the next case is built

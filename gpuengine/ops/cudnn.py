@@ -169,6 +169,11 @@ _BUILDING = autotune.Progress("cuDNN graphs built")
 _TUNING = autotune.Progress("cuDNN graphs autotuned")
 
 
+def built_graphs() -> dict[tuple, CudnnGraph]:
+    """Every graph this process built, by key: what building and autotuning cost (`python -m gpuengine plans`)."""
+    return dict(_GRAPHS)
+
+
 def _untimed() -> int:
     """Graphs built in this process whose plan is still to be timed: what autotuning has left, as far as known."""
     return sum(1 for graph in _GRAPHS.values() if graph.plan is None and not graph.preset)
