@@ -84,3 +84,23 @@ def test_the_rule_is_replayed_on_recorded_timings_at_other_margins():
     result = plan_stability.compare([run_record(), run_record()]) | {"replayed": [tight, flip]}
     text = plan_stability.table(result)
     assert "replayed at min_margin 2%: 1 of 1 alike (100.0%)" in text and "0 of 1 alike (0.0%)" in text
+
+
+def test_a_cap_on_cudnn_candidates_is_replayed_with_its_build_cost():
+    # eng9 (offered fourth) is 10% faster than the heuristic's first; eng3 failed to build
+    graph = {"offered": ["eng0", "eng3", "eng5", "eng9"], "build_ms": [100.0, 50.0, 200.0, 400.0]}
+    timed = [["eng0", 1.0, 0.0], ["eng5", 0.98, 0.0], ["eng9", 0.9, 0.0]]
+    runs = [{"cases": {"resnet tf32": {"timed": {CUDNN: timed}, "cudnn_graphs": {CUDNN: graph}}}}]
+    two, four = plan_stability.capped(runs, 2), plan_stability.capped(runs, 4)
+    assert two == {"cap": 2, "graphs": 1, "changed": 1, "build_s": 0.15, "all_build_s": 0.75,
+                   "slower": pytest.approx(1.0 / 0.9 - 1)}
+    assert four["changed"] == 0 and four["slower"] == 0 and four["build_s"] == 0.75
+    text = plan_stability.table(plan_stability.compare([run_record()]) | {"capped": [two]})
+    assert "cuDNN's first 2 candidates only: building 0 of 1 s, 1 of 1 choices differ" in text
+
+
+def test_each_cudnn_graphs_offer_is_kept_in_order_with_its_build_times():
+    graph = SimpleNamespace(key=("conv_fprop", "tf32", None, ("x", "spec")), offered={0: "eng0", 3: "eng7", 4: "eng2"},
+                            build_ms={0: 12.5, 4: 80.0})
+    assert plan_stability.cudnn_graphs([graph]) == {CUDNN: {"offered": ["eng0", "eng7", "eng2"],
+                                                           "build_ms": [12.5, None, 80.0]}}

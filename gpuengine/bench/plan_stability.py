@@ -37,6 +37,7 @@ from .json_files import write_json
 PROG = "python -m gpuengine plans"
 DEFAULT_WORKLOADS = ("mlp", "cnn", "resnet", "transformer", "zoo:resnet50", "zoo:mobilenet_v2")
 MARGINS = (0.0, 0.01, 0.02, 0.03, 0.05, 0.08)   # min_margin values the rule is replayed at
+CAPS = (8, 16, 32, 64)   # first-N-candidates limits the cuDNN choices are replayed at (building is the cost)
 STORE_FOLDER = "plan_stability"   # where a GPU kind's records are kept: baselines_store/<gpu>/plan_stability/
 
 
@@ -95,6 +96,43 @@ def replay(runs: list[dict], min_margin: float) -> dict:
             "slower_than_fastest": chosen_ms / fastest_ms - 1 if fastest_ms else None}
 
 
+def capped(runs: list[dict], cap: int, min_margin: float | None = None) -> dict:
+    """The first run's cuDNN choices replayed as if only the heuristics' first `cap` candidates were built:
+    the build seconds that would save, and how much slower the choices would run than with every candidate."""
+    from ..ops.autotune import MIN_MARGIN, Timing, choose
+    margin = MIN_MARGIN if min_margin is None else min_margin
+    saved_s = all_s = capped_ms = full_ms = 0.0
+    changed = graphs = 0
+    for case in runs[0]["cases"].values():
+        for key, graph in case.get("cudnn_graphs", {}).items():
+            all_s += sum(ms for ms in graph["build_ms"] if ms is not None) / 1e3
+            saved_s += sum(ms for ms in graph["build_ms"][cap:] if ms is not None) / 1e3
+            ways = case.get("timed", {}).get(key)
+            if not ways:
+                continue
+            position = {name: i for i, name in enumerate(graph["offered"])}
+            timings = {name: Timing(ms, spread, 1) for name, ms, spread in ways}
+            order = [name for name, _, _ in ways]
+            kept = [name for name in order if position.get(name, cap) < cap]
+            if not kept:
+                continue
+            full, cut = choose(order, timings, min_margin=margin), choose(kept, timings, min_margin=margin)
+            graphs += 1
+            changed += full != cut
+            full_ms += timings[full].ms
+            capped_ms += timings[cut].ms
+    return {"cap": cap, "graphs": graphs, "changed": changed, "build_s": round(all_s - saved_s, 2),
+            "all_build_s": round(all_s, 2), "slower": capped_ms / full_ms - 1 if full_ms else None}
+
+
+def cudnn_graphs(graphs) -> dict:
+    """Each graph's candidates in the heuristics' order and the milliseconds each build took (None: not tried)."""
+    from ..ops.autotune import key_text
+    return {key_text(graph.key): {"offered": list(graph.offered.values()),
+                                  "build_ms": [graph.build_ms.get(index) for index in graph.offered]}
+            for graph in graphs}
+
+
 def cudnn_cost(graphs) -> dict:
     """What building and autotuning `graphs` (ops/cudnn.py's CudnnGraph) cost: counts and seconds."""
     graphs = list(graphs)
@@ -125,7 +163,8 @@ def tune_once(cases: list[tuple[str, str]], out: Path) -> None:
             "choices": {key: entry["plan"] for key, entry in choices.tuned.items()},
             "timed": dict(choices.timed),
             "setup_s": round(time.perf_counter() - started, 1),
-            "cudnn": cudnn_cost(graph for key, graph in cudnn.built_graphs().items() if key not in known)}
+            "cudnn": cudnn_cost(graph for key, graph in cudnn.built_graphs().items() if key not in known),
+            "cudnn_graphs": cudnn_graphs(graph for key, graph in cudnn.built_graphs().items() if key not in known)}
         print(f"plans: {case}: set-up {record['cases'][case]['setup_s']} s, cuDNN {record['cases'][case]['cudnn']}",
               file=sys.stderr, flush=True)
         del runner   # its device memory goes back before the next case is built
@@ -146,6 +185,11 @@ def table(result: dict) -> str:
             lines.append(f"  replayed at min_margin {100 * margin['min_margin']:.0f}%: {margin['same']} of "
                          f"{margin['choices']} alike ({100 * margin['stability']:.1f}%), chosen ways "
                          f"{100 * margin['slower_than_fastest']:.2f}% slower than the fastest")
+    for cap in result.get("capped", []):
+        if cap["graphs"]:
+            lines.append(f"  cuDNN's first {cap['cap']} candidates only: building {cap['build_s']:.0f} of "
+                         f"{cap['all_build_s']:.0f} s, {cap['changed']} of {cap['graphs']} choices differ, "
+                         f"chosen plans {100 * cap['slower']:.2f}% slower than with every candidate")
     return "\n".join(lines)
 
 
@@ -183,7 +227,8 @@ def run(args) -> int:
                 return 1
             runs.append(json.loads(out.read_text()))
     result = compare(runs) | {"runs": runs, "workloads": args.workloads, "precisions": args.precision,
-                              "replayed": [replay(runs, margin) for margin in MARGINS]}
+                              "replayed": [replay(runs, margin) for margin in MARGINS],
+                              "capped": [capped(runs, cap) for cap in CAPS]}
     print(table(result))
     write_json(args.out, result)
     print(f"plans: written to {args.out}")

@@ -120,12 +120,12 @@ class CudnnGraph:
             raise CudnnUnsupported(f"cuDNN cannot run {key[0]} {key[1:]}: {exc}") from exc
         names = _plan_names(graph)
         preset = autotune.PLAN_CHOICES.chosen_for(key)
-        self.plans = []
+        self.plans, self.build_ms = [], {}   # build_ms: plan index -> milliseconds its build took
         if preset in names.values():   # a choice of an earlier process: that plan alone, if it still builds
-            self.plans = _build_plans(graph, [i for i, name in names.items() if name == preset])
+            self.plans = _build_plans(graph, [i for i, name in names.items() if name == preset], self.build_ms)
         self.preset = bool(self.plans)
         if not self.plans:
-            self.plans = _build_plans(graph, names)
+            self.plans = _build_plans(graph, names, self.build_ms)
         if not self.plans:
             raise CudnnUnsupported(f"cuDNN built no plan for {key[0]} {key[1:]} under {precision}")
         self.graph = graph
@@ -134,7 +134,8 @@ class CudnnGraph:
         self.workspace_bytes = {i: int(graph.get_workspace_size_plan_at_index(i)) for i in self.plans}
         self.plan: int | None = None   # chosen by the first eager execution
         self.timings: dict = {}        # plan index -> autotune.Timing
-        self.candidates = len(names)   # plans the heuristics offered (after deselection), built or not
+        self.offered = names   # plan index -> name: the heuristics' offer in their order (after deselection)
+        self.candidates = len(names)
         self.build_s = time.perf_counter() - started   # set-up cost: building is the slow part
         self.tune_s = 0.0
 
@@ -152,14 +153,17 @@ def _plan_names(graph) -> dict[int, str]:
     return names
 
 
-def _build_plans(graph, indices) -> list[int]:
-    """Those of `indices` whose plans build, in their order."""
+def _build_plans(graph, indices, build_ms: dict) -> list[int]:
+    """Those of `indices` whose plans build, in their order; each attempt's milliseconds go to `build_ms`."""
     built = []
     for index in indices:
+        started = time.perf_counter()
         try:
             graph.build_plan_at_index(index)
         except Exception:   # deselected, or this engine fails to build on this GPU: try the next one
             continue
+        finally:
+            build_ms[index] = round(1e3 * (time.perf_counter() - started), 2)
         built.append(index)
     return built
 
