@@ -10,8 +10,9 @@ one with TOGGLE=VALUE. Each is warmed up (its own autotuning included), then
 their rounds alternate (benchmarking.interleave) and the median of per-round
 ratios says how much faster the toggled engine is (> 1: faster). Both must
 still train: the loss after the timed rounds below the loss before them.
-The table goes to stdout, the record to --out (JSON). docs/gate.md keeps the
-figures for `deterministic=0` (issue 36: what determinism costs).
+The table goes to stdout, the record to --out (JSON); the records docs/gate.md
+cites for `deterministic=0` (issue 36: what determinism costs) are kept in
+baselines_store/<gpu>/toggle_cost/ (not results: the report passes them by).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from .cli_args import UsageError, gpu_workloads, whole
 from .json_files import write_json
 
 DEFAULT_WORKLOADS = ("cnn", "resnet", "transformer", "zoo:resnet50", "zoo:mobilenet_v2")
+STORE_FOLDER = "toggle_cost"   # where a GPU kind's records are kept: baselines_store/<gpu>/toggle_cost/
 
 
 def parse_toggle(text: str) -> tuple[str, object]:

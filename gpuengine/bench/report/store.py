@@ -28,13 +28,14 @@ from ..plan_stability import STORE_FOLDER as PLAN_STABILITY
 from ..profile.record import PROFILES, StoredProfile, read_profile
 from ..stored_runs import GATEPOWER, HISTORY
 from ..thresholds import ThresholdRule, load_rules, wildcard_match
+from ..toggle_cost import STORE_FOLDER as TOGGLE_COST
 
 ENGINE = "gpuengine"
 THRESHOLDS_FILE = "thresholds.json"
 MACHINE_ID = re.compile(r"^[A-Za-z]+-[A-Za-z]+-\d+\.\d+-\d+bit$")  # pytest-benchmark's folder per OS/Python
 MAXBATCH_KEYS = {"workload", "mode", "engine", "reference", "ratio", "engine_search", "reference_search"}
 HARNESS_SELF_TEST = "perf_tests/test_harness_smoke.py::"   # stand-in runners, stored by older runs: no workload
-GATE_FOLDERS = {GATEPOWER, PLAN_STABILITY}   # the gate's own studies: no results
+GATE_FOLDERS = {GATEPOWER, PLAN_STABILITY, TOGGLE_COST}   # the gate's own studies: no results
 
 
 class ReportError(Exception):
