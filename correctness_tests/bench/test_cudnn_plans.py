@@ -27,7 +27,7 @@ KEY = ("conv_fprop", "tf32", None, ("x", "spec"))
 
 class StandInGraph:
     """The parts of cudnn.pygraph that CudnnGraph calls: plans 'eng0'..'eng11' and 'eng3' again (the FALLBACK
-    heuristic repeating one of A's), 'eng1' fails to build."""
+    heuristic repeating one of A's), 'eng1' fails to build, 'eng6' on are compiled at run time."""
 
     def __init__(self, **_):
         self.built = []
@@ -40,6 +40,7 @@ class StandInGraph:
     def get_execution_plan_count(self): return 13
     def get_plan_name_at_index(self, i): return f"eng{i}" if i < 12 else "eng3"
     def get_workspace_size_plan_at_index(self, i): return 1024 * i
+    def get_behavior_notes_for_plan_at_index(self, i): return ["rtc"] if 6 <= i < 12 else []
 
     def build_plan_at_index(self, i):
         if i == 1:
@@ -51,7 +52,8 @@ class StandInGraph:
 def stand_in_cudnn(monkeypatch):
     data_type = SimpleNamespace(FLOAT="float", BFLOAT16="bf16")
     fake = SimpleNamespace(pygraph=StandInGraph, data_type=data_type, heur_mode=SimpleNamespace(A=0, FALLBACK=1),
-                           numerical_note=SimpleNamespace(NONDETERMINISTIC=0, DOWN_CONVERT_INPUTS=1, TENSOR_CORE=2))
+                           numerical_note=SimpleNamespace(NONDETERMINISTIC=0, DOWN_CONVERT_INPUTS=1, TENSOR_CORE=2),
+                           behavior_note=SimpleNamespace(RUNTIME_COMPILATION="rtc"))
     monkeypatch.setattr(cudnn_graphs, "_cudnn", lambda: fake)
     monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices())
 
@@ -64,6 +66,12 @@ def test_without_a_preset_every_candidate_that_builds_is_kept_once(stand_in_cudn
     graph = build()
     assert graph.plans == [0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]   # not 1 (fails to build), not 12 (eng3 again)
     assert not graph.preset and graph.plan is None and graph.plan_names[11] == "eng11"
+    assert graph.runtime_compiled == {6, 7, 8, 9, 10, 11} and set(graph.build_ms) == {0, 1, *graph.plans}
+
+
+def test_only_the_first_runtime_compiled_candidates_are_built(stand_in_cudnn, monkeypatch):
+    monkeypatch.setattr(cudnn_graphs, "RUNTIME_COMPILED_CANDIDATES", 2)
+    assert build().plans == [0, 2, 3, 4, 5, 6, 7]   # every precompiled one, eng6 and eng7 of the compiled ones
 
 
 def test_a_preset_plan_is_built_alone_and_a_stale_one_falls_back_to_autotuning(stand_in_cudnn):

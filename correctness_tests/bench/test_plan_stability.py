@@ -101,6 +101,7 @@ def test_a_cap_on_cudnn_candidates_is_replayed_with_its_build_cost():
 
 def test_each_cudnn_graphs_offer_is_kept_in_order_with_its_build_times():
     graph = SimpleNamespace(key=("conv_fprop", "tf32", None, ("x", "spec")), offered={0: "eng0", 3: "eng7", 4: "eng2"},
-                            build_ms={0: 12.5, 4: 80.0})
+                            build_ms={0: 12.5, 4: 80.0}, runtime_compiled={3, 4})
     assert plan_stability.cudnn_graphs([graph]) == {CUDNN: {"offered": ["eng0", "eng7", "eng2"],
-                                                           "build_ms": [12.5, None, 80.0]}}
+                                                           "build_ms": [12.5, None, 80.0],
+                                                           "compiled": [False, True, True]}}

@@ -126,10 +126,12 @@ def capped(runs: list[dict], cap: int, min_margin: float | None = None) -> dict:
 
 
 def cudnn_graphs(graphs) -> dict:
-    """Each graph's candidates in the heuristics' order and the milliseconds each build took (None: not tried)."""
+    """Each graph's candidates in the heuristics' order, the milliseconds each build took (None: not tried)
+    and whether cuDNN compiles it at run time."""
     from ..ops.autotune import key_text
     return {key_text(graph.key): {"offered": list(graph.offered.values()),
-                                  "build_ms": [graph.build_ms.get(index) for index in graph.offered]}
+                                  "build_ms": [graph.build_ms.get(index) for index in graph.offered],
+                                  "compiled": [index in graph.runtime_compiled for index in graph.offered]}
             for graph in graphs}
 
 

@@ -3,12 +3,15 @@
 Every graph goes through the frontend's fixed pipeline (NVIDIA cudnn-frontend,
 docs "Graph API" and samples/python): validate -> build_operation_graph ->
 create_execution_plans (heuristics A, then FALLBACK) -> check_support -> build
-each candidate plan. Building is the slow part (milliseconds to seconds, runtime
-compilation included), so graphs are cached by everything that shapes them
-(op, dims, strides, dtypes, window, fusions, precision) and built when a layer
-is built, never inside CUDA-graph capture. Every candidate the heuristics
-return is built; the first eager execution times them on the live buffers
-and keeps one (ops/autotune.py: kernels timed in captured replays, the
+the candidate plans. Building is the slow part, so graphs are cached by
+everything that shapes them (op, dims, strides, dtypes, window, fusions,
+precision) and built when a layer is built, never inside CUDA-graph capture.
+Every precompiled candidate the heuristics return is built (under a
+millisecond each on an H100); of those cuDNN compiles at run time (its
+RUNTIME_COMPILATION note: about 250 ms each, the batch norms' ~23 knob
+variants of one engine) only the first RUNTIME_COMPILED_CANDIDATES in the
+heuristics' order. The first eager execution times the built plans on the
+live buffers and keeps one (ops/autotune.py: kernels timed in captured replays, the
 heuristic's order deciding between plans too close to tell): the
 equivalent of `torch.backends.cudnn.benchmark`. Graphs run on raw CuPy device
 pointers on the engine stream, so they record into a captured step like any
@@ -39,6 +42,9 @@ import numpy as np
 
 from . import autotune
 
+# Building every runtime-compiled batch-norm plan took 189 of ResNet-50's 208 s of set-up on an H100; the
+# first 8 took 63 s and their choices ran the batch norms 1.5-1.8% slower than choices among all (docs/gate.md).
+RUNTIME_COMPILED_CANDIDATES = 8
 CLOCK_WARMUP_S = 0.3  # device busy time before timing after an idle spell: an idle GPU runs at low clocks
 IDLE_S = 1.0
 
@@ -124,8 +130,9 @@ class CudnnGraph:
         if preset in names.values():   # a choice of an earlier process: that plan alone, if it still builds
             self.plans = _build_plans(graph, [i for i, name in names.items() if name == preset], self.build_ms)
         self.preset = bool(self.plans)
+        compiled = _runtime_compiled(graph, names)
         if not self.plans:
-            self.plans = _build_plans(graph, names, self.build_ms)
+            self.plans = _build_plans(graph, _worth_building(names, compiled), self.build_ms)
         if not self.plans:
             raise CudnnUnsupported(f"cuDNN built no plan for {key[0]} {key[1:]} under {precision}")
         self.graph = graph
@@ -136,6 +143,7 @@ class CudnnGraph:
         self.timings: dict = {}        # plan index -> autotune.Timing
         self.offered = names   # plan index -> name: the heuristics' offer in their order (after deselection)
         self.candidates = len(names)
+        self.runtime_compiled = compiled   # the offer's plan indices that cuDNN compiles at run time
         self.build_s = time.perf_counter() - started   # set-up cost: building is the slow part
         self.tune_s = 0.0
 
@@ -151,6 +159,24 @@ def _plan_names(graph) -> dict[int, str]:
         if name not in names.values():
             names[index] = name
     return names
+
+
+def _runtime_compiled(graph, names: dict) -> set[int]:
+    """The plan indices of `names` whose engines cuDNN compiles at run time."""
+    note = _cudnn().behavior_note.RUNTIME_COMPILATION
+    return {index for index in names if note in graph.get_behavior_notes_for_plan_at_index(index)}
+
+
+def _worth_building(names: dict, compiled: set[int]) -> list[int]:
+    """The indices to build, in the heuristics' order: every precompiled plan, the first few runtime-compiled."""
+    kept, compiled_kept = [], 0
+    for index in names:
+        if index in compiled:
+            if compiled_kept == RUNTIME_COMPILED_CANDIDATES:
+                continue
+            compiled_kept += 1
+        kept.append(index)
+    return kept
 
 
 def _build_plans(graph, indices, build_ms: dict) -> list[int]:
