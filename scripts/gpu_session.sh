@@ -57,6 +57,7 @@
 #                         autotuning included (with build/base at the same commit: the cold A/A run)
 #
 # For machines whose commands are cut off after a few minutes (a lent GPU): start, then poll `status`.
+# The session runs in LOGDIR.tree, a copy of the checkout made at start (build/base and .whl included).
 # Needs the engine's packages importable already (GATE_NO_INSTALL=1 is set: no package registry assumed).
 # GATE_COMMIT_ID names the commit in the stored run when the tree has no .git.
 set -uo pipefail
@@ -172,8 +173,12 @@ case "$command" in
         fi
         args=""
         [ $# -lt 4 ] || args=$(printf '%q ' "${@:4}")   # printf with no arguments would pass one empty one
+        logdir=$(realpath -m -- "$logdir")   # the session runs elsewhere (below)
         mkdir -p "$logdir"
         rm -f "$logdir/done"
+        # The session runs in a copy of the checkout: the device tool re-syncs the checkout at every call, which
+        # deleted a stored run written between a poll's start and the step's snapshot of the store.
+        rm -rf "$logdir.tree" && cp -a . "$logdir.tree" && cd "$logdir.tree" || exit 1
         export GATE_NO_INSTALL=1 PYTHONUNBUFFERED=1
         setsid bash -c "set -o pipefail; $(declare -f run_suite run_memory run_calibrate run_gatepower run_steps \
             $(compgen -A function step_)); \

@@ -130,5 +130,9 @@ class Gemm:
     def free(self):
         """Release the cuBLASLt plan and its workspace now rather than at garbage collection."""
         if self._mm is not None:
+            # nvmath waits on the event of the last execute(), which for a captured step was recorded inside
+            # the capture and cannot be waited on (CUDA_ERROR_INVALID_VALUE): wait for the stream instead
+            self.backend.synchronize()
+            self._mm.last_compute_event = None
             self._mm.free()
             self._mm, self._algorithms, self._algorithm = None, [], None
