@@ -70,7 +70,7 @@ from perf_tests.progress import PROGRESS_FILE_ENV, new_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 WHOLE_MACHINE = ("perf_tests/test_data_parallel.py",)   # tests that spread themselves over every GPU
-SELECTION = ["perf_tests", "--ignore-glob=perf_tests/test_*_smoke.py", "-m", "not slow"]   # as ./gate perf
+SELECTION = ["perf_tests", "-m", "not slow"]   # as ./gate perf
 HELD_BACK = ("--save-baseline", "--benchmark-autosave")
 PROGRESS_POLL_S = 2.0   # how often the per-GPU sessions' progress files are looked at while they run
 HOST_BANDWIDTH_MODULES = ("perf_tests/test_loader.py",)   # the loader alone, and training streamed against it

@@ -129,7 +129,7 @@ step_study-new() { python3 -m gpuengine gatepower --against build/base --session
     -k "test_resnet_train or test_zoo_train or test_loader_bandwidth or test_mlp_streamed or test_cnn_streamed" \
     --keep-trials "$logdir/trials-study-new"; local s=$?
     tar czf "$logdir/trials-study-new.tgz" -C "$logdir" trials-study-new; return $s; }
-step_faults() { python3 -m pytest correctness_tests/faults correctness_tests/test_trainer.py perf_tests/test_ab_smoke.py \
+step_faults() { python3 -m pytest correctness_tests/faults correctness_tests/test_trainer.py correctness_tests/gate/test_ab_smoke.py \
     -k "faults or nan or ctrl_c" -q -p no:cacheprovider -rA; }
 step_autotune() { python3 -m pytest correctness_tests/ops correctness_tests/layers/test_gpu_conv.py \
     correctness_tests/workloads/test_gpu_resnet.py correctness_tests/workloads/test_gpu_transformer.py -m gpu -n 4 \

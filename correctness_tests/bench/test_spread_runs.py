@@ -250,7 +250,7 @@ def test_every_perf_module_that_feeds_from_host_arrays_is_known_to_the_spread():
         fed = sorted(set(HOST_FED.findall(source)))
         placed = (path in HOST_BANDWIDTH_MODULES or any(entry.startswith(path) for entry in NIGHTLY_HOST_BANDWIDTH)
                   or "'streamed'" in source)
-        if fed and not placed and not module.name.endswith("_smoke.py"):
+        if fed and not placed:
             unplaced.append(f"{path} ({', '.join(fed)})")
     assert not unplaced, f"host-fed perf modules spread.shares_host_bandwidth does not place: {unplaced}"
 

@@ -5,7 +5,7 @@ Each trial runs a pytest session of the repository's perf tests in a subprocess,
 - a device out-of-memory in one test fails that test with the allocation's size and the device's memory,
   and the next test runs and passes (GPU only);
 - a nan loss in the middle of the timed rounds fails the test naming the step (both tiers).
-Ctrl-C during an A/B session is perf_tests/test_ab_smoke.py's (it runs on a GPU too).
+Ctrl-C during an A/B session is correctness_tests/gate/test_ab_smoke.py's (it runs on a GPU too).
 """
 from __future__ import annotations
 

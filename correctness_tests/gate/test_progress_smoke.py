@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from . import ab_sides, spread
-from .ab_sides import BASE, HEAD, Sides, Worker, progress_message
-from .ab_worker import PROGRESS_LOGGERS, route_progress
-from .progress import HANDLER
+from perf_tests import ab_sides, spread
+from perf_tests.ab_sides import BASE, HEAD, Sides, Worker, progress_message
+from perf_tests.ab_worker import PROGRESS_LOGGERS, route_progress
+from perf_tests.progress import HANDLER
 
-REPO = Path(__file__).resolve().parents[1]
-PERF_TESTS = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
+PERF_TESTS = REPO / "perf_tests"
 
 FAKE_WORKER = """
 import logging, os, pickle, sys, time

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CASE = "perf_tests/test_mlp.py::test_mlp_train[fp32-graph1-resident-bpe1]"
 
 

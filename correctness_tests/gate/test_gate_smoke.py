@@ -26,11 +26,11 @@ from gpuengine.bench.regression import MIN_ROUNDS, REGRESSED
 from gpuengine.bench.stack_lock import NO_LOCK, StackId, stack_of
 from gpuengine.bench.stored_runs import StoredRun
 
-from . import plan
-from .gate_plugin import GateState, GateTest
-from .harness import record_and_gate
+from perf_tests import plan
+from perf_tests.gate_plugin import GateState, GateTest
+from perf_tests.harness import record_and_gate
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def ids(case):
@@ -91,14 +91,14 @@ def test_the_quick_tier_times_torch_compile_graph_in_the_mlp_headline_cases_only
 
 def test_the_quick_compile_graph_tests_are_spelled_as_the_mlp_module_names_its_cases():
     pytest.importorskip("torch", reason="the MLP perf module needs torch")
-    from . import test_mlp
+    from perf_tests import test_mlp
     assert plan.QUICK_COMPILE_GRAPH_TESTS == {f"test_mlp_train[{test_mlp.train_id(('tf32', 8, True, 1))}]",
                                               "test_mlp_infer[tf32-resident-b8000]"}
 
 
 SESSION_TESTS = textwrap.dedent("""
     import os
-    from perf_tests.test_harness_smoke import engine_and_references
+    from correctness_tests.gate.test_harness_smoke import engine_and_references
 
     def test_a(benchmark, compare):
         compare(benchmark, *engine_and_references(), rounds=3, precision="fp32")
@@ -248,7 +248,7 @@ def test_the_injected_delay_is_refused_outside_a_study_and_a_study_never_saves(s
 
 
 TARGET_TESTS = textwrap.dedent("""
-    from perf_tests.test_harness_smoke import engine_and_references
+    from correctness_tests.gate.test_harness_smoke import engine_and_references
 
     def test_meets_all(benchmark, compare):
         compare(benchmark, *engine_and_references(), rounds=3, precision="fp32")
@@ -334,7 +334,7 @@ TIMED_TESTS = textwrap.dedent("""
     import time
     import pytest
     from perf_tests import plan
-    from perf_tests.test_harness_smoke import engine_and_references
+    from correctness_tests.gate.test_harness_smoke import engine_and_references
 
     @pytest.fixture(scope="module")
     def slow_build():
@@ -472,7 +472,7 @@ def test_a_run_on_another_stack_is_not_comparable_and_starts_the_baselines_of_it
 
 
 def test_the_gate_starts_from_the_stored_cudnn_plans_and_a_saved_run_adds_its_new_ones(tmp_path, monkeypatch):
-    from . import kept_plans
+    from perf_tests import kept_plans
     from gpuengine.bench import cudnn_plans
     from gpuengine.ops import autotune
     stack = {"cudnn": "91900", "cudnn_frontend": "1.22.1", "gpu": GPU.gpu_label}

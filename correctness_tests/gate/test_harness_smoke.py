@@ -20,10 +20,10 @@ from gpuengine.bench.benchmarking import Comparison
 from gpuengine.bench.machine_info import CPU_TIER, NO_GPU, Tier
 from gpuengine.reference import ReferenceUnavailable
 
-from .harness import (UNAVAILABLE, Targets, TargetShortfall, TargetsMissed, alternate_rounds, ready_references,
+from perf_tests.harness import (UNAVAILABLE, Targets, TargetShortfall, TargetsMissed, alternate_rounds, ready_references,
     record_and_gate)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ROUNDS = 5
 
 
@@ -232,7 +232,7 @@ def test_a_missed_threshold_is_only_recorded_on_the_cpu_tier():
 
 
 STORED_TEST = textwrap.dedent("""
-    from perf_tests.test_harness_smoke import engine_and_references
+    from correctness_tests.gate.test_harness_smoke import engine_and_references
 
     def test_tiny_comparison(benchmark, compare):
         engine, references = engine_and_references()
@@ -308,7 +308,7 @@ def test_any_other_failure_of_a_reference_fails_the_test():
 
 UNAVAILABLE_TEST = textwrap.dedent("""
     from perf_tests.harness import ready_references
-    from perf_tests.test_harness_smoke import MatmulLoopRunner, UncapturableRunner
+    from correctness_tests.gate.test_harness_smoke import MatmulLoopRunner, UncapturableRunner
 
     def test_one_reference_cannot_run(benchmark, compare):
         refs = ready_references(benchmark, {
@@ -344,7 +344,7 @@ class Held:
 def drive_call_hook(body):
     """Run perf_tests/conftest.py's pytest_runtest_call wrapper around `body` as pytest would (a new-style
     wrapper: the test's exception comes back at its yield)."""
-    from . import conftest
+    from perf_tests import conftest
     item = SimpleNamespace(stash={})
     hook = conftest.pytest_runtest_call(item)
     next(hook)
