@@ -3,7 +3,7 @@
 From the bottom (docs/architecture.md, "Layers of the package"): checks and
 config (neither imports the other); the runtime; ops and data; layers; losses; model; the loop (optim, trainer,
 inference); parallel; then above the engine the workloads, the references,
-the benchmark support and the command line. A module may import its own area
+the benchmark support (the instruments), the gate and the command line. A module may import its own area
 and the areas below it. Every import counts, inside functions and under
 TYPE_CHECKING too: an arrow drawn only for the type checker is still one a
 reader follows.
@@ -15,7 +15,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gpuengine"
 LEVEL = {"checks": 0, "config": 0, "runtime": 1, "ops": 2, "data": 2, "layers": 3, "losses": 4, "model": 5, "optim": 6,
-         "trainer": 7, "inference": 7, "parallel": 8, "workloads": 9, "reference": 10, "bench": 11, "__main__": 12}
+         "trainer": 7, "inference": 7, "parallel": 8, "workloads": 9, "reference": 10, "bench": 11, "gate": 12,
+         "__main__": 13}
 
 
 def module_name(path: Path) -> str:

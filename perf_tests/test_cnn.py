@@ -8,7 +8,7 @@ engine and each reference alternating round by round (perf_tests/conftest.py's
 `compare`). Every test also checks that the loss descends on every side. On a
 machine without a GPU the same tests run a small CNN on the NumPy backend: a
 smoke test of the harness, never a timing gate. Cases and rounds of the quick
-and nightly tiers come through perf_tests/plan.py.
+and nightly tiers come through gpuengine/gate/plan.py.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from gpuengine.reference import tf_common
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import cnn
 
-from . import plan
-from .harness import assert_losses_descend, epoch_loss, ready_references, sides, skip_unless_selected
+from gpuengine.gate import plan
+from gpuengine.gate.harness import assert_losses_descend, epoch_loss, ready_references, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_cnn  # noqa: E402  (needs torch)
@@ -33,7 +33,7 @@ SAMPLES = cnn.SAMPLES if ON_GPU else 512
 BATCHES = cnn.TRAIN_BATCHES if ON_GPU else (32, 128)
 ROUNDS = 7 if ON_GPU else 2
 STEPS_PER_ROUND = 75 if ON_GPU else 4     # short epochs (9 steps at batch 1024) are grouped to time them
-# torch_compile_graph (with torch_graph, the claims' torch_graph_best) nightly only (perf_tests/plan.py).
+# torch_compile_graph (with torch_graph, the claims' torch_graph_best) nightly only (gpuengine/gate/plan.py).
 REFERENCES = ("torch_eager", "torch_compile", "torch_graph", "torch_compile_graph") if ON_GPU else ("torch_eager",)
 
 # (precision, cuda_graph, resident, batch): the precision sweep at the engine's best

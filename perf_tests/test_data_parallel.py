@@ -19,8 +19,8 @@ import pytest
 
 from gpuengine.runtime.backend import gpu_visible
 
-from . import plan
-from .harness import assert_losses_descend, skip_unless_selected
+from gpuengine.gate import plan
+from gpuengine.gate.harness import assert_losses_descend, skip_unless_selected
 
 pytest.importorskip("torch.distributed", reason="PyTorch (torch.distributed) is not installed: no torch_ddp")
 from gpuengine.bench.dp_group import WorkerGroup  # noqa: E402

@@ -31,8 +31,8 @@ from gpuengine.config import EngineConfig
 from gpuengine.runtime.backend import get_backend, gpu_visible
 from gpuengine.workloads import cnn, mlp
 
-from . import plan
-from .harness import assert_losses_descend, epoch_loss, sides, skip_unless_selected
+from gpuengine.gate import plan
+from gpuengine.gate.harness import assert_losses_descend, epoch_loss, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_mlp  # noqa: E402  (needs torch)

@@ -6,7 +6,7 @@ Engine and references alternate round by round (perf_tests/conftest.py's
 `compare`); each training test also checks that the loss descends on every
 side, and each inference test that the engine's outputs match a float64
 forward pass with the same weights. Cases, rounds and references of the quick
-and nightly tiers come through perf_tests/plan.py: torch_compile_graph, which
+and nightly tiers come through gpuengine/gate/plan.py: torch_compile_graph, which
 with torch_graph makes the claims' torch_graph_best, is timed nightly and in
 the quick tier's headline cases (tf32, 1 batch per epoch; inference at 8000).
 On a machine without a GPU the same tests run tiny shapes on the NumPy
@@ -22,8 +22,8 @@ from gpuengine.config import EngineConfig
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import mlp
 
-from . import plan
-from .harness import assert_losses_descend, epoch_loss, ready_references, sides, skip_unless_selected
+from gpuengine.gate import plan
+from gpuengine.gate.harness import assert_losses_descend, epoch_loss, ready_references, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_mlp  # noqa: E402  (needs torch)

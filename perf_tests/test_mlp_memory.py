@@ -22,7 +22,7 @@ from gpuengine.bench.benchmarking import Comparison, RatioSummary
 from gpuengine.bench.maxbatch.search import SearchResult, Status, SubprocessTrial, search
 from gpuengine.bench.maxbatch.trial import TrialSpec
 
-from .harness import record_and_gate
+from gpuengine.gate.harness import record_and_gate
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference to compare the max batch with")
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]

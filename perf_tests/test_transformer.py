@@ -27,8 +27,8 @@ from gpuengine.config import EngineConfig
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import transformer
 
-from . import plan
-from .harness import assert_losses_descend, epoch_loss, ready_references, sides, skip_unless_selected
+from gpuengine.gate import plan
+from gpuengine.gate.harness import assert_losses_descend, epoch_loss, ready_references, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_transformer  # noqa: E402  (needs torch)

@@ -19,8 +19,8 @@ from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.config import EngineConfig
 from gpuengine.workloads import transformer
 
-from .energy_protocol import IDLE_S, compare_energy, power_probe  # noqa: F401  (power_probe: a fixture)
-from .harness import record_and_gate, skip_unless_selected
+from gpuengine.gate.energy_protocol import IDLE_S, compare_energy, power_probe  # noqa: F401  (power_probe: a fixture)
+from gpuengine.gate.harness import record_and_gate, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_transformer  # noqa: E402  (needs torch)

@@ -12,7 +12,7 @@ others torch_graph (whole step captured, fused capturable Adam) and
 torch_compile_graph (the same, the model compiled by Inductor), whose faster
 round by round is what the target reads (torch_graph_best), and a streamed
 case also races the streamed torch_graph (`torch_graph_streamed`). The
-compiled references run nightly only (perf_tests/plan.py: Inductor takes
+compiled references run nightly only (gpuengine/gate/plan.py: Inductor takes
 minutes over the five networks), so the target is decided by nightly runs.
 Keras' applications (`tf_keras`, streaming from host arrays through `fit`)
 join the TF32 streamed cases where TensorFlow runs (not on the GPU machines
@@ -35,8 +35,8 @@ from gpuengine.config import EngineConfig
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import zoo
 
-from . import plan
-from .harness import assert_losses_descend, epoch_loss, ready_references, sides, skip_unless_selected
+from gpuengine.gate import plan
+from gpuengine.gate.harness import assert_losses_descend, epoch_loss, ready_references, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
 from gpuengine.reference import torch_zoo  # noqa: E402  (needs torch)

@@ -12,7 +12,7 @@ from gpuengine.bench.machine_info import run_tag
 from gpuengine.bench.spread_runs import benchmark_seconds, merge_runs, next_run_path, split_tests
 from gpuengine.bench.stored_runs import read_run
 from gpuengine.bench.timing_cores import TimingCore
-from perf_tests.spread import (HELD_BACK, HOST_BANDWIDTH_MODULES, NIGHTLY_HOST_BANDWIDTH, Worker, merged_run_naming,
+from gpuengine.gate.spread import (HELD_BACK, HOST_BANDWIDTH_MODULES, NIGHTLY_HOST_BANDWIDTH, Worker, merged_run_naming,
                                plan_workers, save_merged, shares_host_bandwidth, visible_devices)
 
 
@@ -92,7 +92,7 @@ def test_run_numbers_follow_the_stored_ones(tmp_path):
 
 
 def gate_outcome(on_targets=(), otherwise=()) -> dict:
-    """A worker run's gpuengine_gate record (perf_tests/gate_plugin.py): which tests failed, and why."""
+    """A worker run's gpuengine_gate record (gpuengine/gate/gate_plugin.py): which tests failed, and why."""
     return {"targets_fail": True, "targets_not_met": len(on_targets), "failed_on_targets_only": list(on_targets),
             "failed_otherwise": list(otherwise)}
 

@@ -11,10 +11,10 @@ import pytest
 
 from gpuengine.bench.timing_cores import (TimingCore, choose_timing_cores, cpu_text, gpu_bus_ids, local_cpus,
                                           parse_cpu_list, smt_siblings, sysfs_bus_id, timing_cores)
-from perf_tests.ab_sides import Interpreter, SideError, Worker as SideWorker
-from perf_tests.ab_worker import TIMING_CPU_ENV, cpu_list_text, on_cpu, timing_cpu
-from perf_tests.harness import round_ms
-from perf_tests.spread import Worker, plan_workers
+from gpuengine.gate.ab_sides import Interpreter, SideError, Worker as SideWorker
+from gpuengine.gate.ab_worker import TIMING_CPU_ENV, cpu_list_text, on_cpu, timing_cpu
+from gpuengine.gate.harness import round_ms
+from gpuengine.gate.spread import Worker, plan_workers
 
 REPO = Path(__file__).resolve().parents[2]
 pinning = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="this OS cannot pin a thread to a core")
@@ -160,7 +160,7 @@ def test_a_worker_times_on_the_sessions_core_and_refuses_a_bad_one(tmp_path):
 
 @pinning
 def test_a_worker_runs_the_python_and_environment_its_side_was_given(tmp_path):
-    """A stack A/B's base runs another lock's Python in an environment of its own (perf_tests/ab_stack.py)."""
+    """A stack A/B's base runs another lock's Python in an environment of its own (gpuengine/gate/ab_stack.py)."""
     ran = tmp_path / "ran"
     python = tmp_path / "python"   # a stand-in interpreter: says it ran, then is this Python
     python.write_text(f'#!/bin/sh\necho "$@" > "{ran}"\nexec "{sys.executable}" "$@"\n')

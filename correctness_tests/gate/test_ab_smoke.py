@@ -1,7 +1,7 @@
 """A/B mode end to end on the CPU tier: real perf tests, real workers, a real base checkout or another stack.
 
 Each test runs a pytest session of the repository's own perf modules in a
-subprocess (perf_tests/ab_session.py needs a fresh session per base), with
+subprocess (gpuengine/gate/ab_session.py needs a fresh session per base), with
 the run stored into a temporary folder so nothing here touches
 baselines_store/. They check what a user relies on: both engines ran and the
 rounds were recorded, a base whose tests differ stops the session before

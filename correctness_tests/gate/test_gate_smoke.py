@@ -26,9 +26,9 @@ from gpuengine.bench.regression import MIN_ROUNDS, REGRESSED
 from gpuengine.bench.stack_lock import NO_LOCK, StackId, stack_of
 from gpuengine.bench.stored_runs import StoredRun
 
-from perf_tests import plan
-from perf_tests.gate_plugin import GateState, GateTest
-from perf_tests.harness import record_and_gate
+from gpuengine.gate import plan
+from gpuengine.gate.gate_plugin import GateState, GateTest
+from gpuengine.gate.harness import record_and_gate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -192,7 +192,7 @@ def test_a_newer_stored_result_without_timings_does_not_hide_an_older_one_with_t
 def test_a_run_that_cannot_be_written_leaves_nothing_behind_and_fails_with_its_summary(session, pytester):
     pytester.makeconftest((REPO / "conftest.py").read_text()
                           + "\nfrom perf_tests.conftest import compare, gemm_peak_tflops  # noqa\n"
-                          + "import perf_tests.run_storage as _storage\n"
+                          + "import gpuengine.gate.run_storage as _storage\n"
                           + "def _disk_full(path, text):\n    raise OSError(28, 'No space left on device')\n"
                           + "_storage.write_text = _disk_full\n")
     result = session("-k", "test_a")
@@ -333,7 +333,7 @@ def test_targets_not_met_are_listed_fail_only_with_claims_and_the_run_is_still_a
 TIMED_TESTS = textwrap.dedent("""
     import time
     import pytest
-    from perf_tests import plan
+    from gpuengine.gate import plan
     from correctness_tests.gate.test_harness_smoke import engine_and_references
 
     @pytest.fixture(scope="module")
@@ -472,7 +472,7 @@ def test_a_run_on_another_stack_is_not_comparable_and_starts_the_baselines_of_it
 
 
 def test_the_gate_starts_from_the_stored_cudnn_plans_and_a_saved_run_adds_its_new_ones(tmp_path, monkeypatch):
-    from perf_tests import kept_plans
+    from gpuengine.gate import kept_plans
     from gpuengine.bench import cudnn_plans
     from gpuengine.ops import autotune
     stack = {"cudnn": "91900", "cudnn_frontend": "1.22.1", "gpu": GPU.gpu_label}

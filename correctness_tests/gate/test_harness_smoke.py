@@ -20,7 +20,7 @@ from gpuengine.bench.benchmarking import Comparison
 from gpuengine.bench.machine_info import CPU_TIER, NO_GPU, Tier
 from gpuengine.reference import ReferenceUnavailable
 
-from perf_tests.harness import (UNAVAILABLE, Targets, TargetShortfall, TargetsMissed, alternate_rounds, ready_references,
+from gpuengine.gate.harness import (UNAVAILABLE, Targets, TargetShortfall, TargetsMissed, alternate_rounds, ready_references,
     record_and_gate)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -186,7 +186,7 @@ def test_with_claims_a_missed_target_fails_and_says_it_is_only_targets():
 
 DEFERRED_TEST = textwrap.dedent("""
     from perf_tests.conftest import GATE_FAILURES
-    from perf_tests.harness import TargetShortfall
+    from gpuengine.gate.harness import TargetShortfall
 
     def test_missed_a_ratio(request):
         request.node.stash.setdefault(GATE_FAILURES, []).append("engine below a claim that has held")
@@ -202,7 +202,7 @@ DEFERRED_TEST = textwrap.dedent("""
 CLASSIFY_FAILURES = textwrap.dedent("""
     import pytest
     from perf_tests.conftest import pytest_runtest_call  # noqa: F401
-    from perf_tests.harness import TargetsMissed
+    from gpuengine.gate.harness import TargetsMissed
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(item, call):
@@ -307,7 +307,7 @@ def test_any_other_failure_of_a_reference_fails_the_test():
 
 
 UNAVAILABLE_TEST = textwrap.dedent("""
-    from perf_tests.harness import ready_references
+    from gpuengine.gate.harness import ready_references
     from correctness_tests.gate.test_harness_smoke import MatmulLoopRunner, UncapturableRunner
 
     def test_one_reference_cannot_run(benchmark, compare):

@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from perf_tests import ab_sides, spread
-from perf_tests.ab_sides import BASE, HEAD, Sides, Worker, progress_message
-from perf_tests.ab_worker import PROGRESS_LOGGERS, route_progress
-from perf_tests.progress import HANDLER
+from gpuengine.gate import ab_sides, spread
+from gpuengine.gate.ab_sides import BASE, HEAD, Sides, Worker, progress_message
+from gpuengine.gate.ab_worker import PROGRESS_LOGGERS, route_progress
+from gpuengine.gate.progress import HANDLER
 
 REPO = Path(__file__).resolve().parents[2]
-PERF_TESTS = REPO / "perf_tests"
+GATE = REPO / "gpuengine" / "gate"   # where the real worker script lies
 
 FAKE_WORKER = """
 import logging, os, pickle, sys, time
-sys.path.insert(0, {perf_tests!r})
+sys.path.insert(0, {gate!r})
 import ab_worker   # the real worker's routing of the progress loggers and its protocol number
 
 replies = os.fdopen(os.dup(1), "wb")
@@ -54,7 +54,7 @@ while True:
 @pytest.fixture
 def fake_worker_script(tmp_path, monkeypatch) -> Path:
     script = tmp_path / "fake_worker.py"
-    script.write_text(FAKE_WORKER.format(perf_tests=str(PERF_TESTS)))
+    script.write_text(FAKE_WORKER.format(gate=str(GATE)))
     monkeypatch.setattr(ab_sides, "WORKER_SCRIPT", script)
     monkeypatch.setattr(ab_sides, "PROGRESS_POLL_S", 0.05)
     return script
@@ -119,7 +119,7 @@ def test_a_plain_sessions_progress_goes_to_the_terminal_live(pytester, monkeypat
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     monkeypatch.setenv("GATE_PROGRESS_FILE", str(tmp_path / "gpu0.progress"))   # a spread run's per-GPU session
     pytester.makepyfile(test_engine=textwrap.dedent(PLAIN_TEST))
-    result = pytester.runpytest_subprocess("-p", "perf_tests.progress", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("-p", "gpuengine.gate.progress", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     out = result.stdout.str()
     # On a line of its own inside the test's progress line, though the test passed and its output was captured.

@@ -1,4 +1,4 @@
-"""Which core each GPU's perf session times its rounds on, when one pytest runs per GPU (perf_tests/spread.py).
+"""Which core each GPU's perf session times its rounds on, when one pytest runs per GPU (gpuengine/gate/spread.py).
 
 A launch-bound round (many small kernels, the host issuing each) takes as long
 as the core that issues it lets it: two sessions timing on one core at once
@@ -6,7 +6,7 @@ slow each other, by a steady amount, and an A/A run of two processes of the
 same code then reads as a regression (issue 36: +3.2% on two H100s, all four
 engine workers timing on the host's last core). So each GPU's session gets a
 core of its own, shared by its base and head workers and its references, which
-never time at once (perf_tests/ab_worker.py's GATE_TIMING_CPU). The core is
+never time at once (gpuengine/gate/ab_worker.py's GATE_TIMING_CPU). The core is
 NUMA-local to the GPU where Linux says which cores are
 (/sys/bus/pci/devices/<bus id>/local_cpulist), the highest free one there;
 else, or when those are taken, a distinct core of the process's affinity set.

@@ -6,15 +6,15 @@ runners alternate R1 R2 E R1 R2 E ... in one process (docs/architecture.md,
 "Measuring honestly") while pytest-benchmark stores and compares the engine's
 rounds. Both sides are timed by `benchmarking.time_round` (drain the device
 before each clock read); an A/B pair's engines time their rounds in their own
-workers the same way, the base's round in setup (perf_tests/ab_sides.py). Every
-round, here or in a worker, runs on the session's timing core (perf_tests/ab_worker.py's
+workers the same way, the base's round in setup (gpuengine/gate/ab_sides.py). Every
+round, here or in a worker, runs on the session's timing core (gpuengine/gate/ab_worker.py's
 `timing_cpu`), so base, head and references are timed alike. With
 benchmarks disabled (xdist, --benchmark-disable), pedantic would run a single
 round, so the same alternation runs without it and ratios are still measured
 and gated. Timing gates only on a GPU tier: a ratio below a claim that has
 held, or a regression against the base (A/B, gpuengine/bench/paired.py) or the
 test's stored baseline run (gpuengine/bench/regression.py), through
-perf_tests/gate_plugin.py.
+gpuengine/gate/gate_plugin.py.
 A ratio below a target not met yet is recorded and listed in the summary, and
 fails the test only where the session says so (`--claims`, the nightly tier).
 A reference that cannot run here (`ReferenceUnavailable`: no CUDA, no
@@ -73,7 +73,7 @@ class MissedTarget:
 @dataclass
 class Targets:
     """A session's policy on targets not met yet, and the ones it met: the gate plugin keeps one per session
-    (perf_tests/gate_plugin.py, the `gate_targets` fixture) and lists them in the terminal summary."""
+    (gpuengine/gate/gate_plugin.py, the `gate_targets` fixture) and lists them in the terminal summary."""
 
     fail: bool = False   # --claims (or the nightly tier): a missed target fails its test like a missed claim
     missed: list[MissedTarget] = field(default_factory=list)
@@ -104,7 +104,7 @@ def unavailable_references(benchmark) -> dict[str, str]:
 
 def sides(engine) -> list:
     """The engine runners one test times: the engine, or the base's and the head's of an A/B pair
-    (perf_tests/ab_sides.py), base first."""
+    (gpuengine/gate/ab_sides.py), base first."""
     return list(engine.sides) if hasattr(engine, "sides") else [engine]
 
 
@@ -175,7 +175,7 @@ def record_and_gate(benchmark, comparison: Comparison, test_name: str, precision
                     rules: list[ThresholdRule] | None = None, gate_test=None, defer_to: list | None = None,
                     targets: Targets | None = None) -> list[RatioCheck]:
     """Store the comparison with the run; on a GPU tier, fail the test on a missed claim or, with `gate_test`
-    (perf_tests/gate_plugin.py), on a regression against its stored baseline run. A missed target is noted in
+    (gpuengine/gate/gate_plugin.py), on a regression against its stored baseline run. A missed target is noted in
     `targets` (the session's, for its summary) and fails the test only where `targets.fail` (--claims).
     With `defer_to` the failures are appended there instead, for the test to fail once its own checks (loss
     descent) have run (fail_with). Returns the thresholds missed, claims and targets."""

@@ -11,14 +11,14 @@ pytest's own live logging does:
 - in this process (a plain session, or a test an A/B session runs here):
   `ProgressHandler` on those loggers, registered for the session;
 - from an A/B session's workers: each worker writes the records to its log
-  (perf_tests/ab_worker.py) and the session relays the new lines while it
-  waits for that worker's reply (perf_tests/ab_sides.py) to `terminal_writer`,
-  which perf_tests/ab_session.py hands to the workers: "  [base] cuDNN
+  (gpuengine/gate/ab_worker.py) and the session relays the new lines while it
+  waits for that worker's reply (gpuengine/gate/ab_sides.py) to `terminal_writer`,
+  which gpuengine/gate/ab_session.py hands to the workers: "  [base] cuDNN
   autotune: ...".
 
 A spread run's per-GPU sessions write to logs shown when they end, so each
 also copies its progress lines to the file GATE_PROGRESS_FILE names, which
-perf_tests/spread.py shows as they come. Root conftest.py registers this
+gpuengine/gate/spread.py shows as they come. Root conftest.py registers this
 plugin. A session without a terminal reporter (-p no:terminal) shows no
 progress on the terminal.
 """

@@ -1,18 +1,18 @@
 """The two engines of an A/B session: base and head, each in a worker process, driven from the test.
 
 A perf module that can run A/B names, per test, the cases and the function
-that builds its engine runner from a case alone (`ENGINES`, perf_tests/plan.py's
+that builds its engine runner from a case alone (`ENGINES`, gpuengine/gate/plan.py's
 `recipes`). In an A/B session (`--against`) the test's `engine_for(case)`
 fixture returns an `EnginePair`: the same recipe built by the base's checkout
 in one worker and by the head's (the working tree) in another
-(perf_tests/ab_worker.py). The test hands the pair to `compare` as it would
+(gpuengine/gate/ab_worker.py). The test hands the pair to `compare` as it would
 its engine; each round times the base, the references and then the head, the
 base and the references swapping places every other round, so the head follows
 the base half the time and a reference the other half. Each worker times its
 own rounds (no pipe inside the clock), with the head's timing code on both
 sides. The references stay in the pytest process. Each side's worker runs
 an `Interpreter`, a Python and its environment: this process's for both in a
-code A/B; in a stack A/B (`--against-stack`, perf_tests/ab_stack.py) both
+code A/B; in a stack A/B (`--against-stack`, gpuengine/gate/ab_stack.py) both
 import the working tree and the base runs another lock's environment.
 
 Workers live for the whole session; a test builds its engine in both and
@@ -20,7 +20,7 @@ drops it at teardown. A worker that dies (out of memory, a crash) fails that
 test with the tail of its log and is started afresh for the next. While the
 session waits for a reply (a build with minutes of cuDNN autotuning), it
 relays the engine's progress lines from the worker's log to `progress`
-(the terminal, perf_tests/progress.py) every PROGRESS_POLL_S, each prefixed
+(the terminal, gpuengine/gate/progress.py) every PROGRESS_POLL_S, each prefixed
 with the side: "[base] cuDNN autotune: 40 graphs timed, 56 to go, 31 s".
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`./gate perf` on a machine with several GPUs: one pytest process per GPU, then the all-GPU tests, one stored run.
 
-    python -m perf_tests.spread [pytest args...]      (the gate calls it when nvidia-smi lists >= 2 GPUs)
+    python -m gpuengine.gate.spread [pytest args...]      (the gate calls it when nvidia-smi lists >= 2 GPUs)
 
 1. Collect the perf tests the gate would run (same selection, the user's args).
 2. Split the single-GPU tests over the GPUs (gpuengine/bench/spread_runs.py:
@@ -17,7 +17,7 @@
 Workers do not save on their own (no --benchmark-autosave, --save-baseline
 held back): only the merged run is stored. A per-GPU pytest's output is
 shown when it ends, but its engine's autotuning progress as it comes
-("[gpu0] [base] cuDNN autotune: ...", perf_tests/progress.py).
+("[gpu0] [base] cuDNN autotune: ...", gpuengine/gate/progress.py).
 
 Host bandwidth. The tests whose timed rounds move data over the host link
 (`shares_host_bandwidth`: the loader module's, every case whose id says
@@ -32,12 +32,12 @@ and no schedule can beat that bound: H runs serially and T / N is each
 GPU's share. (H100, run 0033: H 108 s of T 232 s, so two GPUs still split
 evenly.) The all-GPU tests stay last and alone.
 
-A stack A/B (`--against-stack LOCK`, perf_tests/ab_stack.py) builds the
+A stack A/B (`--against-stack LOCK`, gpuengine/gate/ab_stack.py) builds the
 base's environment here, once, before the sessions start; each session then
 finds it stamped and reuses it.
 
 Timing cores. Each GPU's session (its engine workers and its references)
-times its rounds on a core of its own (GATE_TIMING_CPU, perf_tests/ab_worker.py):
+times its rounds on a core of its own (GATE_TIMING_CPU, gpuengine/gate/ab_worker.py):
 NUMA-local to its GPU where Linux says which cores are, else a distinct core
 of the affinity set (gpuengine/bench/timing_cores.py); core 0 and a
 hyper-thread sibling of another GPU's core only when nothing else is left.
@@ -64,11 +64,11 @@ from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_on
                                          split_tests)
 from gpuengine.bench.stored_runs import history_folder, newest_per_test, scan
 from gpuengine.bench.timing_cores import TimingCore, timing_cores
-from perf_tests.ab_stack import StackBaseError, prepare_from_args
-from perf_tests.ab_worker import TIMING_CPU_ENV
-from perf_tests.progress import PROGRESS_FILE_ENV, new_lines
+from gpuengine.gate.ab_stack import StackBaseError, prepare_from_args
+from gpuengine.gate.ab_worker import TIMING_CPU_ENV
+from gpuengine.gate.progress import PROGRESS_FILE_ENV, new_lines
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]   # the checkout
 WHOLE_MACHINE = ("perf_tests/test_data_parallel.py",)   # tests that spread themselves over every GPU
 SELECTION = ["perf_tests", "-m", "not slow"]   # as ./gate perf
 HELD_BACK = ("--save-baseline", "--benchmark-autosave")
@@ -136,7 +136,7 @@ def collect(args: list[str]) -> list[str]:
     result = subprocess.run([sys.executable, "-m", "pytest", *SELECTION, "--collect-only", "-q", *args], cwd=ROOT,
                             capture_output=True, text=True)
     if result.returncode not in (0, 5):
-        raise SystemExit(f"perf_tests.spread: collecting the perf tests failed:\n{result.stdout}\n{result.stderr}")
+        raise SystemExit(f"gpuengine.gate.spread: collecting the perf tests failed:\n{result.stdout}\n{result.stderr}")
     return [line.strip() for line in result.stdout.splitlines() if "::" in line and not line.startswith(" ")]
 
 
@@ -221,7 +221,7 @@ def save_merged(workers: list[Worker], status: dict[str, int], store: Path, mach
             runs.append(json.loads(worker.json_path.read_text()))
             names.append(worker.name)
         else:
-            print(f"perf_tests.spread: worker {worker.name} wrote no run (exit status {status.get(worker.name)})",
+            print(f"gpuengine.gate.spread: worker {worker.name} wrote no run (exit status {status.get(worker.name)})",
                   file=sys.stderr)
     if not runs:
         return []
@@ -256,23 +256,23 @@ def main(argv: list[str] | None = None) -> int:
     args = [a for a in argv if a not in HELD_BACK]
     devices = visible_devices()
     if len(devices) < 2:
-        raise SystemExit(f"perf_tests.spread: {len(devices)} GPU(s) visible (CUDA_VISIBLE_DEVICES="
+        raise SystemExit(f"gpuengine.gate.spread: {len(devices)} GPU(s) visible (CUDA_VISIBLE_DEVICES="
                          f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>: every GPU nvidia-smi lists')}); "
                          "a spread run needs >= 2")
     try:   # --against-stack: the base's environment built once here; every GPU's session reuses it
         prepare_from_args(args, ROOT)
     except StackBaseError as exc:
-        raise SystemExit(f"perf_tests.spread: {exc}") from None
+        raise SystemExit(f"gpuengine.gate.spread: {exc}") from None
     out = Path(tempfile.mkdtemp(prefix="gpuengine-spread-"))
     full = "--full" in args
     workers = plan_workers(collect(args), devices, stored_seconds(ROOT / "baselines_store"), out, full,
                            timing_cores(devices))
-    print(f"perf_tests.spread: GPUs {','.join(devices)}; " + "; ".join(describe(w, full) for w in workers), flush=True)
+    print(f"gpuengine.gate.spread: GPUs {','.join(devices)}; " + "; ".join(describe(w, full) for w in workers), flush=True)
     status = run_workers(workers, args, out)
     tag, commit_info = merged_run_naming()
     for path in save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), tag, save_baseline,
                             commit_info):
-        print(f"perf_tests.spread: saved the merged run as {path.relative_to(ROOT)}", flush=True)
+        print(f"gpuengine.gate.spread: saved the merged run as {path.relative_to(ROOT)}", flush=True)
     return max(status.values(), default=0)
 
 

@@ -1,8 +1,8 @@
 """One side of `./gate perf --against`: the engine of one checkout, in a process of its own.
 
-perf_tests/ab_sides.py starts this script twice per session, as
+gpuengine/gate/ab_sides.py starts this script twice per session, as
 
-    python perf_tests/ab_worker.py ROOT
+    python gpuengine/gate/ab_worker.py ROOT
 
 once with the base's checkout as ROOT and once with the head's (the working
 tree). ROOT goes first on sys.path, so `gpuengine` and the perf test modules
@@ -13,10 +13,10 @@ prints goes to stderr, the worker's log. Only the standard library is
 imported before ROOT is on the path.
 
 Both workers of a session time their rounds on one core, the session's
-timing core (`timing_cpu`: GATE_TIMING_CPU, which perf_tests/spread.py sets
+timing core (`timing_cpu`: GATE_TIMING_CPU, which gpuengine/gate/spread.py sets
 to a core of its own for each GPU's session, else the last core this process
 may use), as the session's pytest process times the references on it
-(perf_tests/harness.py): base, head and references alike, and never two of
+(gpuengine/gate/harness.py): base, head and references alike, and never two of
 them at once. The thread is pinned for the round only (`on_cpu`).
 
 The engine's progress through a long set-up (cuDNN autotuning: minutes for
@@ -37,7 +37,7 @@ import traceback
 from contextlib import contextmanager
 
 PROTOCOL = 1   # ab_sides.py refuses a worker that speaks another
-TIMING_CPU_ENV = "GATE_TIMING_CPU"   # the session's timing core, set per GPU by perf_tests/spread.py
+TIMING_CPU_ENV = "GATE_TIMING_CPU"   # the session's timing core, set per GPU by gpuengine/gate/spread.py
 PROGRESS_LOGGERS = ("gpuengine.autotune",)   # the engine's progress through long set-ups, at INFO
 PROGRESS_FORMAT = "%(name)s: %(message)s"    # how a progress record reads in the log: ab_sides.py picks it out
 

@@ -1,6 +1,6 @@
 """The gate's pytest plugin: per-test baselines, where a run is saved, tiers, and the regression checks.
 
-- A test that ran A/B (perf_tests/ab_session.py) is judged head against base
+- A test that ran A/B (gpuengine/gate/ab_session.py) is judged head against base
   by gpuengine/bench/paired.py, its bar from the stored A/A runs
   (`process_noise`, which the A/B plugin fills in).
 - Otherwise each test is compared with the newest stored baseline result *for
@@ -25,12 +25,12 @@
   or in the nightly tier (plan.targets_fail); a reference a test left out as
   unavailable here, with why, under `gpuengine references unavailable`.
 - `--full` runs the nightly tier; the quick tier deselects `nightly` cases
-  (perf_tests/plan.py). Rounds per test come from noise.json and the budget.
+  (gpuengine/gate/plan.py). Rounds per test come from noise.json and the budget.
 - A broken thresholds.json or noise.json stops the session with one error
   naming the file and the position; so does an injected slowdown
   (gpuengine/bench/injected_delay.py) outside a gatepower study session, and any
   saving inside one.
-The end-of-session summary is perf_tests/gate_summary.py's. Root conftest.py registers this plugin and
+The end-of-session summary is gpuengine/gate/gate_summary.py's. Root conftest.py registers this plugin and
 calls `configure` with the tier.
 """
 from __future__ import annotations
@@ -98,7 +98,7 @@ class GateState:
                 and not self.failed_otherwise)
 
     def outcome(self) -> dict:
-        """What the stored run keeps of the gate's verdict (`gpuengine_gate`): perf_tests/spread.py reads it."""
+        """What the stored run keeps of the gate's verdict (`gpuengine_gate`): gpuengine/gate/spread.py reads it."""
         return {"targets_fail": self.targets.fail, "targets_not_met": len(self.targets.missed),
                 "failed_on_targets_only": sorted(self.failed_on_targets - self.failed_otherwise),
                 "failed_otherwise": sorted(self.failed_otherwise)}

@@ -1,9 +1,9 @@
 """The A/B mode of the gate: `--against`, the base it names, and the `engine_for` fixture.
 
-With `--against REV|DIR|auto` (perf_tests/ab_base.py) the session checks out
+With `--against REV|DIR|auto` (gpuengine/gate/ab_base.py) the session checks out
 the base, asks the base's perf modules, before the first test, which engine
 recipes and cases they have, and then builds each covered test's engine in
-both checkouts (perf_tests/ab_sides.py). A test is covered when its module
+both checkouts (gpuengine/gate/ab_sides.py). A test is covered when its module
 names its recipe in `ENGINES` and the base has the same test and case. With
 an explicit base, a test the base lacks stops the session with one error
 naming the base and the tests, before anything runs or is saved; with `auto`
@@ -12,7 +12,7 @@ instead, said per test. A base that cannot be checked out or imported is one
 error too. The worktree and the workers go when the session ends, Ctrl-C
 included. Root conftest.py registers this plugin after the gate plugin.
 
-With `--against-stack LOCK` (perf_tests/ab_stack.py, excluding `--against`)
+With `--against-stack LOCK` (gpuengine/gate/ab_stack.py, excluding `--against`)
 the base is the working tree itself, run in the environment of another
 lock, and everything else is as above.
 """
@@ -151,7 +151,7 @@ def _configure_stack(config, state, spec: str):
 
 
 def _plan_presets(config) -> dict | None:
-    """The cuDNN plans the session starts from (perf_tests/kept_plans.py), for both workers: None off a GPU."""
+    """The cuDNN plans the session starts from (gpuengine/gate/kept_plans.py), for both workers: None off a GPU."""
     from .kept_plans import KEPT
     kept = config.stash.get(KEPT, None)
     if kept is None:
@@ -264,7 +264,7 @@ def engine_for(request):
 
 def ab_record(config, pair: EnginePair, times: dict[str, list[float]]) -> dict:
     """What the stored run keeps of the A/B rounds: both sides' round times and where each side came from (in a
-    stack A/B also both locks and the change between them, perf_tests/ab_stack.py)."""
+    stack A/B also both locks and the change between them, gpuengine/gate/ab_stack.py)."""
     ab = config.stash[AB]
     return {"base": ab.base.label, "base_commit": ab.base.commit, "base_why": ab.base.why,
             "base_code": ab.base_code, "head_code": ab.head_code,
