@@ -32,8 +32,8 @@ from gpuengine.gate.ab_sides import EnginePair
 from gpuengine.gate.ab_worker import TIMING_CPU_ENV, timing_cpu
 from gpuengine.gate.gemm_peak import measure_gemm_peak_tflops
 from gpuengine.gate.harness import alternate_rounds, fail_with, record_and_gate, round_ms, unavailable_references, warm_up
-from gpuengine.gate import plan
-from gpuengine.gate.plan import RoundsChoice
+from gpuengine.gate import tiers
+from gpuengine.gate.tiers import RoundsChoice
 
 
 TIMING_CPU = pytest.StashKey[object]()   # the session's timing core: a core number, or None where none can be pinned
@@ -97,10 +97,10 @@ def pytest_runtest_call(item):
 
 @pytest.fixture
 def references(request, run_target):
-    """references(names) -> the names this test times (gpuengine/gate/plan.py: the GPU quick tier leaves some
+    """references(names) -> the names this test times (gpuengine/gate/tiers.py: the GPU quick tier leaves some
     to the nightly tier)."""
     full = bool(request.config.getoption("full", False))
-    return lambda names: plan.references(names, full=full, on_gpu=run_target.tier.on_gpu, test=request.node.name)
+    return lambda names: tiers.references(names, full=full, on_gpu=run_target.tier.on_gpu, test=request.node.name)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ engine and each reference alternating round by round (perf_tests/conftest.py's
 `compare`). Every test also checks that the loss descends on every side. On a
 machine without a GPU the same tests run a small CNN on the NumPy backend: a
 smoke test of the harness, never a timing gate. Cases and rounds of the quick
-and nightly tiers come through gpuengine/gate/plan.py.
+and nightly tiers come through gpuengine/gate/tiers.py.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from gpuengine.reference import tf_common
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import cnn
 
-from gpuengine.gate import plan
+from gpuengine.gate import tiers
 from gpuengine.gate.harness import assert_losses_descend, epoch_loss, ready_references, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
@@ -33,7 +33,7 @@ SAMPLES = cnn.SAMPLES if ON_GPU else 512
 BATCHES = cnn.TRAIN_BATCHES if ON_GPU else (32, 128)
 ROUNDS = 7 if ON_GPU else 2
 STEPS_PER_ROUND = 75 if ON_GPU else 4     # short epochs (9 steps at batch 1024) are grouped to time them
-# torch_compile_graph (with torch_graph, the claims' torch_graph_best) nightly only (gpuengine/gate/plan.py).
+# torch_compile_graph (with torch_graph, the claims' torch_graph_best) nightly only (gpuengine/gate/tiers.py).
 REFERENCES = ("torch_eager", "torch_compile", "torch_graph", "torch_compile_graph") if ON_GPU else ("torch_eager",)
 
 # (precision, cuda_graph, resident, batch): the precision sweep at the engine's best
@@ -55,7 +55,7 @@ def case_id(case):
     return f"{precision}-graph{graph}-{'resident' if resident else 'streamed'}-b{batch}"
 
 
-CASES = plan.cases("cnn_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=60)
+CASES = tiers.cases("cnn_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=60)
 
 
 def epochs_per_round(batch: int) -> int:
@@ -99,8 +99,8 @@ def test_cnn_train(case, benchmark, compare, run_target, engine_for, references)
 
 # Keras only nightly on a GPU (its set-up takes minutes); on the CPU tier as the smoke of its path.
 KERAS = [("tf32" if ON_GPU else "fp32", 8 if ON_GPU else 1, True, b) for b in BATCHES]
-KERAS_CASES = plan.cases("cnn_train_vs_keras", KERAS, quick=KERAS, ids=case_id, budget_s=30, nightly_only=ON_GPU)
-ENGINES = plan.recipes(test_cnn_train=(CASES, engine_runner), test_cnn_train_vs_keras=(KERAS_CASES, engine_runner))
+KERAS_CASES = tiers.cases("cnn_train_vs_keras", KERAS, quick=KERAS, ids=case_id, budget_s=30, nightly_only=ON_GPU)
+ENGINES = tiers.recipes(test_cnn_train=(CASES, engine_runner), test_cnn_train_vs_keras=(KERAS_CASES, engine_runner))
 
 
 @pytest.mark.tf

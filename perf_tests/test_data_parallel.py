@@ -19,7 +19,7 @@ import pytest
 
 from gpuengine.runtime.backend import gpu_visible
 
-from gpuengine.gate import plan
+from gpuengine.gate import tiers
 from gpuengine.gate.harness import assert_losses_descend, skip_unless_selected
 
 pytest.importorskip("torch.distributed", reason="PyTorch (torch.distributed) is not installed: no torch_ddp")
@@ -51,7 +51,7 @@ def case_id(case):
     return f"{workload}-{precision}-b{SIZES[workload][0]}-{WORLD}gpus"
 
 
-CASES = plan.cases("data_parallel_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=240)
+CASES = tiers.cases("data_parallel_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=240)
 
 
 def spec_for(workload: str, precision: str) -> dict:

@@ -31,7 +31,7 @@ from gpuengine.config import EngineConfig
 from gpuengine.runtime.backend import get_backend, gpu_visible
 from gpuengine.workloads import cnn, mlp
 
-from gpuengine.gate import plan
+from gpuengine.gate import tiers
 from gpuengine.gate.harness import assert_losses_descend, epoch_loss, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
@@ -63,7 +63,7 @@ if ON_GPU:
               ("bf16", MLP_SHAPE.inputs, MLP_BATCH, 2), ("tf32", MLP_SHAPE.inputs, MLP_BATCH, 1)]
 else:
     LOADER = [("fp32", MLP_SHAPE.inputs, MLP_BATCH, 2), ("fp32", 96, 16, 1)]
-LOADER_CASES = plan.cases("loader_bandwidth", LOADER, quick=LOADER[:2], budget_s=10,
+LOADER_CASES = tiers.cases("loader_bandwidth", LOADER, quick=LOADER[:2], budget_s=10,
                           ids=lambda c: f"{c[0]}-{c[1] * 4 // 1000}kB-b{c[2]}-pool{c[3]}")
 
 
@@ -101,7 +101,7 @@ def test_loader_bandwidth(case, benchmark, compare, run_target, engine_for):
 # (precision, cuda_graph, batch_pool)
 MLP = [("tf32", 1, 2), ("tf32", 8, 2), ("bf16", 8, 2), ("tf32", 8, 1)] if ON_GPU else [("fp32", 2, 2), ("fp32", 2, 1)]
 # Quick tier: the default toggles (graph1); 8 steps per launch streamed is test_mlp_train's quick case too.
-MLP_CASES = plan.cases("mlp_streamed", MLP, quick=MLP[:1], ids=lambda c: f"{c[0]}-graph{c[1]}-pool{c[2]}-b{MLP_BATCH}",
+MLP_CASES = tiers.cases("mlp_streamed", MLP, quick=MLP[:1], ids=lambda c: f"{c[0]}-graph{c[1]}-pool{c[2]}-b{MLP_BATCH}",
                        budget_s=30)
 
 
@@ -157,7 +157,7 @@ def test_mlp_streamed(case, benchmark, compare, run_target, engine_for, referenc
 CNN = [("tf32", 8, 2, 1024), ("tf32", 1, 2, 128), ("bf16", 8, 2, 1024)] if ON_GPU else [("fp32", 1, 2, 128)]
 CNN_SHAPE = cnn.SEED_SHAPE if ON_GPU else cnn.SMOKE_SHAPE
 CNN_SAMPLES = cnn.SAMPLES if ON_GPU else 512
-CNN_CASES = plan.cases("cnn_streamed", CNN, quick=CNN[:1], ids=lambda c: f"{c[0]}-graph{c[1]}-pool{c[2]}-b{c[3]}",
+CNN_CASES = tiers.cases("cnn_streamed", CNN, quick=CNN[:1], ids=lambda c: f"{c[0]}-graph{c[1]}-pool{c[2]}-b{c[3]}",
                        budget_s=30)
 
 
@@ -172,7 +172,7 @@ def cnn_engine(case) -> EngineTrainRunner:
                              cnn_epochs(batch), lr=cnn.LEARNING_RATE)
 
 
-ENGINES = plan.recipes(test_loader_bandwidth=(LOADER_CASES, loader_runner), test_mlp_streamed=(MLP_CASES, mlp_engine),
+ENGINES = tiers.recipes(test_loader_bandwidth=(LOADER_CASES, loader_runner), test_mlp_streamed=(MLP_CASES, mlp_engine),
                        test_cnn_streamed=(CNN_CASES, cnn_engine))
 
 

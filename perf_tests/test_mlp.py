@@ -6,7 +6,7 @@ Engine and references alternate round by round (perf_tests/conftest.py's
 `compare`); each training test also checks that the loss descends on every
 side, and each inference test that the engine's outputs match a float64
 forward pass with the same weights. Cases, rounds and references of the quick
-and nightly tiers come through gpuengine/gate/plan.py: torch_compile_graph, which
+and nightly tiers come through gpuengine/gate/tiers.py: torch_compile_graph, which
 with torch_graph makes the claims' torch_graph_best, is timed nightly and in
 the quick tier's headline cases (tf32, 1 batch per epoch; inference at 8000).
 On a machine without a GPU the same tests run tiny shapes on the NumPy
@@ -22,7 +22,7 @@ from gpuengine.config import EngineConfig
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import mlp
 
-from gpuengine.gate import plan
+from gpuengine.gate import tiers
 from gpuengine.gate.harness import assert_losses_descend, epoch_loss, ready_references, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
@@ -55,7 +55,7 @@ def train_id(case):
     return f"{precision}-graph{graph}-{'resident' if resident else 'streamed'}-bpe{bpe}"
 
 
-TRAIN_CASES = plan.cases("mlp_train", ALL_TRAIN_CASES, quick=QUICK_TRAIN, ids=train_id, budget_s=60)
+TRAIN_CASES = tiers.cases("mlp_train", ALL_TRAIN_CASES, quick=QUICK_TRAIN, ids=train_id, budget_s=60)
 
 
 def numpy_forward(weights: dict, x: np.ndarray) -> np.ndarray:
@@ -95,7 +95,7 @@ def test_mlp_train(case, benchmark, compare, run_target, engine_for, references)
 
 
 # Quick tier: every precision at the smallest batch (launch-bound) and at 8000 (GEMM-bound).
-INFER_CASES = plan.cases("mlp_infer", [(p, b) for p in (("tf32", "fp32", "bf16") if ON_GPU else ("fp32",))
+INFER_CASES = tiers.cases("mlp_infer", [(p, b) for p in (("tf32", "fp32", "bf16") if ON_GPU else ("fp32",))
                                        for b in INFER_BATCHES],
                          quick=lambda case: not ON_GPU or case[1] in (512, 8000),
                          ids=lambda case: f"{case[0]}-resident-b{case[1]}", budget_s=30,
@@ -122,7 +122,7 @@ def infer_engine(case) -> EngineInferRunner:
                              batches_per_round=batches_per_round(batch))
 
 
-ENGINES = plan.recipes(test_mlp_train=(TRAIN_CASES, train_engine), test_mlp_infer=(INFER_CASES, infer_engine))
+ENGINES = tiers.recipes(test_mlp_train=(TRAIN_CASES, train_engine), test_mlp_infer=(INFER_CASES, infer_engine))
 
 
 @pytest.mark.parametrize("case", INFER_CASES)

@@ -7,7 +7,7 @@ tf32 on CIFAR-10; the TF32 cases at the best toggles race all PyTorch
 references (the note's ratios are claims against the three it measured), the
 others torch_graph and torch_compile_graph, whose faster round by round is the
 one to beat (torch_graph_best). torch.compile of ResNet-50 takes a minute or
-more per model, so the compiled references run nightly only (gpuengine/gate/plan.py):
+more per model, so the compiled references run nightly only (gpuengine/gate/tiers.py):
 the quick tier's cases time torch_graph, and the rules reading torch_graph_best
 are decided by the newest nightly run. bf16 cases also time the engine at tf32 in the same rounds
 (`gpuengine_tf32`), so the bf16 >= 1.3x tf32 target is a same-run ratio too.
@@ -27,7 +27,7 @@ from gpuengine.config import EngineConfig
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import resnet
 
-from gpuengine.gate import plan
+from gpuengine.gate import tiers
 from gpuengine.gate.harness import assert_losses_descend, epoch_loss, ready_references, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
@@ -56,7 +56,7 @@ if ON_GPU:
     ALL_CASES = ([("cifar10", p, 8, True) for p in ("tf32", "fp32", "bf16")]
                  + [("cifar100", p, 8, True) for p in ("tf32", "bf16")]
                  + [("cifar10", "tf32", g, r) for g, r in ((0, True), (1, True), (1, False), (8, False))])
-    # Quick tier (gpuengine/gate/plan.py): the two cases the claims are about, TF32 and bf16 on CIFAR-10 at
+    # Quick tier (gpuengine/gate/tiers.py): the two cases the claims are about, TF32 and bf16 on CIFAR-10 at
     # the best toggles. A ResNet case costs about two minutes of set-up (H100: two CIFAR-100 cases took 4.6 min),
     # so fp32 (no target; 13k samples/s), the toggles (their paths are the MLP's and CNN's quick cases too)
     # and the CIFAR-100 head run nightly (--full).
@@ -70,7 +70,7 @@ def case_id(case):
     return f"{dataset}-{precision}-graph{graph}-{'resident' if resident else 'streamed'}-b{BATCH}"
 
 
-CASES = plan.cases("resnet_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=120)
+CASES = tiers.cases("resnet_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=120)
 
 
 def engine_runner(case, precision: str | None = None, name: str = "gpuengine",
@@ -88,7 +88,7 @@ def engine_runner(case, precision: str | None = None, name: str = "gpuengine",
     return runner
 
 
-ENGINES = plan.recipes(test_resnet_train=(CASES, engine_runner))
+ENGINES = tiers.recipes(test_resnet_train=(CASES, engine_runner))
 
 
 @pytest.mark.parametrize("case", CASES)

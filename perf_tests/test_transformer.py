@@ -27,7 +27,7 @@ from gpuengine.config import EngineConfig
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import transformer
 
-from gpuengine.gate import plan
+from gpuengine.gate import tiers
 from gpuengine.gate.harness import assert_losses_descend, epoch_loss, ready_references, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
@@ -65,7 +65,7 @@ def case_id(case):
     return f"seq{length}-{precision}-graph{graph}-b{BATCH}"
 
 
-CASES = plan.cases("transformer_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=120)
+CASES = tiers.cases("transformer_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=120)
 
 
 def engine_runner(case) -> EngineTrainRunner:
@@ -76,7 +76,7 @@ def engine_runner(case) -> EngineTrainRunner:
     return EngineTrainRunner(transformer.build_transformer(shape), x, t, BATCH, config, lr=transformer.LEARNING_RATE)
 
 
-ENGINES = plan.recipes(test_transformer_train=(CASES, engine_runner))
+ENGINES = tiers.recipes(test_transformer_train=(CASES, engine_runner))
 
 
 @pytest.mark.parametrize("case", CASES)

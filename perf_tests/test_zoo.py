@@ -12,7 +12,7 @@ others torch_graph (whole step captured, fused capturable Adam) and
 torch_compile_graph (the same, the model compiled by Inductor), whose faster
 round by round is what the target reads (torch_graph_best), and a streamed
 case also races the streamed torch_graph (`torch_graph_streamed`). The
-compiled references run nightly only (gpuengine/gate/plan.py: Inductor takes
+compiled references run nightly only (gpuengine/gate/tiers.py: Inductor takes
 minutes over the five networks), so the target is decided by nightly runs.
 Keras' applications (`tf_keras`, streaming from host arrays through `fit`)
 join the TF32 streamed cases where TensorFlow runs (not on the GPU machines
@@ -35,7 +35,7 @@ from gpuengine.config import EngineConfig
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import zoo
 
-from gpuengine.gate import plan
+from gpuengine.gate import tiers
 from gpuengine.gate.harness import assert_losses_descend, epoch_loss, ready_references, sides, skip_unless_selected
 
 pytest.importorskip("torch", reason="PyTorch is not installed: no reference")
@@ -68,7 +68,7 @@ def case_id(case):
     return f"{name}-{precision}-{'resident' if resident else 'streamed'}-b{BATCH}"
 
 
-CASES = plan.cases("zoo_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=150)
+CASES = tiers.cases("zoo_train", ALL_CASES, quick=QUICK, ids=case_id, budget_s=150)
 
 
 def reference_modes(precision: str, resident: bool) -> list[tuple[str, bool]]:
@@ -112,7 +112,7 @@ def engine_runner(case, resident: bool | None = None, name: str = "gpuengine") -
     return runner
 
 
-ENGINES = plan.recipes(test_zoo_train=(CASES, engine_runner))
+ENGINES = tiers.recipes(test_zoo_train=(CASES, engine_runner))
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -66,7 +66,9 @@ def test_a_base_folder_runs_beside_the_head_and_both_rounds_are_kept(tmp_path):
 def test_a_base_without_the_tests_stops_the_session_before_anything_runs(tmp_path):
     base = copy_of(tmp_path, "old")
     module = base / "perf_tests" / "test_mlp.py"
-    module.write_text(module.read_text().replace("ENGINES = plan.recipes(", "OLD_ENGINES = plan.recipes("))
+    source = module.read_text()
+    assert "ENGINES = tiers.recipes(" in source   # the base's recipes, renamed away below
+    module.write_text(source.replace("ENGINES = tiers.recipes(", "OLD_ENGINES = tiers.recipes("))
     result = gate_session(tmp_path, f"--against={base}")
     assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout[-3000:]
     assert "tests differ from this tree's, nothing was run or saved" in result.stdout + result.stderr

@@ -1,4 +1,4 @@
-"""The gate on any machine: tiers and rounds (plan.py), and stored baselines as a user meets them.
+"""The gate on any machine: tiers and rounds (tiers.py), and stored baselines as a user meets them.
 
 The plugin tests run small pytest sessions of their own (as test_harness_smoke
 does) on the CPU tier, with the suite's two conftests and tiny NumPy runners:
@@ -26,7 +26,7 @@ from gpuengine.bench.regression import MIN_ROUNDS, REGRESSED
 from gpuengine.bench.stack_lock import NO_LOCK, StackId, stack_of
 from gpuengine.bench.stored_runs import StoredRun
 
-from gpuengine.gate import plan
+from gpuengine.gate import tiers
 from gpuengine.gate.gate_plugin import GateState, GateTest
 from gpuengine.gate.harness import record_and_gate
 
@@ -38,14 +38,14 @@ def ids(case):
 
 
 def test_cases_mark_the_quick_tier_the_nightly_rest_and_one_study_case():
-    params = plan.cases("w", [1, 2, 3, 4], quick=lambda c: c % 2 == 0, ids=ids, budget_s=30)
+    params = tiers.cases("w", [1, 2, 3, 4], quick=lambda c: c % 2 == 0, ids=ids, budget_s=30)
     marks = {p.id: sorted(m.name for m in p.marks) for p in params}
-    assert marks == {"c1": [plan.NIGHTLY, plan.WORKLOAD], "c2": [plan.STUDY, plan.WORKLOAD],
-                     "c3": [plan.NIGHTLY, plan.WORKLOAD], "c4": [plan.WORKLOAD]}
-    workload = next(m for m in params[0].marks if m.name == plan.WORKLOAD)
+    assert marks == {"c1": [tiers.NIGHTLY, tiers.WORKLOAD], "c2": [tiers.STUDY, tiers.WORKLOAD],
+                     "c3": [tiers.NIGHTLY, tiers.WORKLOAD], "c4": [tiers.WORKLOAD]}
+    workload = next(m for m in params[0].marks if m.name == tiers.WORKLOAD)
     assert workload.args == ("w",) and workload.kwargs == {"budget_s": 30, "quick_cases": 2}
-    chosen = plan.cases("w", [1, 2, 3], quick=[2, 3], ids=ids, budget_s=30, study=3)
-    assert [p.id for p in chosen if any(m.name == plan.STUDY for m in p.marks)] == ["c3"]
+    chosen = tiers.cases("w", [1, 2, 3], quick=[2, 3], ids=ids, budget_s=30, study=3)
+    assert [p.id for p in chosen if any(m.name == tiers.STUDY for m in p.marks)] == ["c3"]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -53,14 +53,14 @@ def test_cases_mark_the_quick_tier_the_nightly_rest_and_one_study_case():
     (dict(quick=[1], study=2), "not one of its quick cases"),
     (dict(quick=[1], budget_s=0), "budget_s must be > 0"),
 ])
-def test_cases_refuse_a_plan_that_cannot_work(kwargs, message):
+def test_cases_refuse_a_tier_that_cannot_work(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        plan.cases("w", [1, 2], ids=ids, **{"budget_s": 10, **kwargs})
+        tiers.cases("w", [1, 2], ids=ids, **{"budget_s": 10, **kwargs})
 
 
 def test_rounds_come_from_noise_then_budget_then_tier():
     def rounds(requested=7, **kw):
-        return plan.rounds_for(requested, **{"recommended": None, "full": False, "test_budget_s": None,
+        return tiers.rounds_for(requested, **{"recommended": None, "full": False, "test_budget_s": None,
                                              "round_set_ms": None, **kw}).rounds
 
     assert rounds() == 7
@@ -80,19 +80,19 @@ def test_rounds_come_from_noise_then_budget_then_tier():
 def test_the_quick_tier_times_torch_compile_graph_in_the_mlp_headline_cases_only():
     names = ["torch_eager", "torch_graph", "torch_compile_graph"]
     quick = dict(full=False, on_gpu=True)
-    assert plan.references(names, **quick, test="test_resnet_train[cifar10-tf32-graph8-resident-b128]") == \
+    assert tiers.references(names, **quick, test="test_resnet_train[cifar10-tf32-graph8-resident-b128]") == \
         ["torch_graph"]
-    assert plan.references(names, **quick, test="test_mlp_train[tf32-graph8-resident-bpe1]") == \
+    assert tiers.references(names, **quick, test="test_mlp_train[tf32-graph8-resident-bpe1]") == \
         ["torch_graph", "torch_compile_graph"]
-    assert plan.references(names, **quick, test="test_mlp_train[tf32-graph8-resident-bpe12]") == ["torch_graph"]
+    assert tiers.references(names, **quick, test="test_mlp_train[tf32-graph8-resident-bpe12]") == ["torch_graph"]
     for tier in (dict(full=True, on_gpu=True), dict(full=False, on_gpu=False)):   # nightly; the CPU tier's smoke
-        assert plan.references(names, **tier, test="test_resnet_train[x]") == names
+        assert tiers.references(names, **tier, test="test_resnet_train[x]") == names
 
 
 def test_the_quick_compile_graph_tests_are_spelled_as_the_mlp_module_names_its_cases():
     pytest.importorskip("torch", reason="the MLP perf module needs torch")
     from perf_tests import test_mlp
-    assert plan.QUICK_COMPILE_GRAPH_TESTS == {f"test_mlp_train[{test_mlp.train_id(('tf32', 8, True, 1))}]",
+    assert tiers.QUICK_COMPILE_GRAPH_TESTS == {f"test_mlp_train[{test_mlp.train_id(('tf32', 8, True, 1))}]",
                                               "test_mlp_infer[tf32-resident-b8000]"}
 
 
@@ -333,14 +333,14 @@ def test_targets_not_met_are_listed_fail_only_with_claims_and_the_run_is_still_a
 TIMED_TESTS = textwrap.dedent("""
     import time
     import pytest
-    from gpuengine.gate import plan
+    from gpuengine.gate import tiers
     from correctness_tests.gate.test_harness_smoke import engine_and_references
 
     @pytest.fixture(scope="module")
     def slow_build():
         time.sleep(0.4)   # what building and compiling costs a workload before its first timed round
 
-    @pytest.mark.parametrize("case", plan.cases("w", [1, 2], quick=[1, 2], ids=lambda c: f"c{c}", budget_s=5))
+    @pytest.mark.parametrize("case", tiers.cases("w", [1, 2], quick=[1, 2], ids=lambda c: f"c{c}", budget_s=5))
     def test_w(case, slow_build, benchmark, compare):
         compare(benchmark, *engine_and_references(), rounds=3, precision="fp32")
 """)

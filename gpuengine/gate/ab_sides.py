@@ -1,7 +1,7 @@
 """The two engines of an A/B session: base and head, each in a worker process, driven from the test.
 
 A perf module that can run A/B names, per test, the cases and the function
-that builds its engine runner from a case alone (`ENGINES`, gpuengine/gate/plan.py's
+that builds its engine runner from a case alone (`ENGINES`, gpuengine/gate/tiers.py's
 `recipes`). In an A/B session (`--against`) the test's `engine_for(case)`
 fixture returns an `EnginePair`: the same recipe built by the base's checkout
 in one worker and by the head's (the working tree) in another

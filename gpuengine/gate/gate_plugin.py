@@ -22,10 +22,10 @@
   nothing regressed and every claim held, and the misses stay in the run.
 - A target not met yet (thresholds.json's `kind`) is listed under `gpuengine
   targets not met`, one line per miss, and fails its test only with `--claims`
-  or in the nightly tier (plan.targets_fail); a reference a test left out as
+  or in the nightly tier (tiers.targets_fail); a reference a test left out as
   unavailable here, with why, under `gpuengine references unavailable`.
 - `--full` runs the nightly tier; the quick tier deselects `nightly` cases
-  (gpuengine/gate/plan.py). Rounds per test come from noise.json and the budget.
+  (gpuengine/gate/tiers.py). Rounds per test come from noise.json and the budget.
 - A broken thresholds.json or noise.json stops the session with one error
   naming the file and the position; so does an injected slowdown
   (gpuengine/bench/injected_delay.py) outside a gatepower study session, and any
@@ -51,7 +51,7 @@ from gpuengine.bench.stored_runs import (StoredRun, UnreadableRun, history_folde
                                         read_run, runners_of, scan)
 from gpuengine.bench.thresholds import load_rules
 
-from . import plan, run_storage
+from . import tiers, run_storage
 from .harness import Targets, TargetsMissed
 
 NO_BASELINE = "no baseline"
@@ -136,7 +136,7 @@ def _usage_error(exc: Exception):
 def configure(config: pytest.Config, tier: Tier):
     """Validate the files the gate reads, settle saving and the study; called by the root conftest."""
     option = config.option
-    for marker in plan.MARKERS:
+    for marker in tiers.MARKERS:
         config.addinivalue_line("markers", marker)
     try:
         load_rules()
@@ -158,7 +158,7 @@ def configure(config: pytest.Config, tier: Tier):
     state = GateState(tier, _storage_folder(option), config.getoption("full"),
                       bool(getattr(option, "benchmark_compare", None)), noise, study,
                       stack=stack_of({"stack_lock": current_record()}))
-    state.targets.fail = plan.targets_fail(full=state.full, claims=config.getoption("claims"))
+    state.targets.fail = tiers.targets_fail(full=state.full, claims=config.getoption("claims"))
     if study is not None:
         state.notices.append(f"gatepower study session: injected slowdowns, trials written to {study.out_dir}")
     elif saving and state.storage is not None:
@@ -238,9 +238,9 @@ def pytest_collection_modifyitems(config, items):
     state = config.stash.get(GATE, None)
     if state is None or state.full:
         return
-    nightly = [item for item in items if item.get_closest_marker(plan.NIGHTLY)]
+    nightly = [item for item in items if item.get_closest_marker(tiers.NIGHTLY)]
     if nightly:
-        items[:] = [item for item in items if not item.get_closest_marker(plan.NIGHTLY)]
+        items[:] = [item for item in items if not item.get_closest_marker(tiers.NIGHTLY)]
         config.hook.pytest_deselected(items=nightly)
 
 
@@ -302,17 +302,17 @@ class GateTest:
     def __init__(self, state: GateState, node):
         self.state, self.fullname = state, node.nodeid
         self.study = state.study                    # set in gatepower study sessions only
-        self._workload = node.get_closest_marker(plan.WORKLOAD)
+        self._workload = node.get_closest_marker(tiers.WORKLOAD)
         self.workload = self._workload.args[0] if self._workload else node.originalname
 
-    def rounds(self, requested: int, round_set_ms: float | None, paired_rounds: bool = False) -> plan.RoundsChoice:
+    def rounds(self, requested: int, round_set_ms: float | None, paired_rounds: bool = False) -> tiers.RoundsChoice:
         entry = self.state.noise.tests.get(self.fullname)
         budget = None
         if self._workload is not None and self.state.tier.on_gpu:
             budget = self._workload.kwargs["budget_s"] / self._workload.kwargs["quick_cases"]
         forced = self.state.study.rounds if self.state.study else None
         ab = paired_rounds and self.state.tier.on_gpu
-        return plan.rounds_for(requested, recommended=entry.recommended_rounds if entry else None,
+        return tiers.rounds_for(requested, recommended=entry.recommended_rounds if entry else None,
                                full=self.state.full, test_budget_s=budget, round_set_ms=round_set_ms, forced=forced,
                                min_rounds=paired.MIN_ROUNDS if ab else None,
                                preferred=paired.preferred_rounds(round_set_ms) if ab else None)

@@ -75,7 +75,7 @@ HELD_BACK = ("--save-baseline", "--benchmark-autosave")
 PROGRESS_POLL_S = 2.0   # how often the per-GPU sessions' progress files are looked at while they run
 HOST_BANDWIDTH_MODULES = ("perf_tests/test_loader.py",)   # the loader alone, and training streamed against it
 STREAMED_CASE = re.compile(r"\[(?:[^\]]*-)?streamed(?:-[^\]]*)?\]$")   # a case id naming streamed data
-# Tests that time, in the nightly tier only (plan.NIGHTLY_REFERENCES), a reference fed from host arrays:
+# Tests that time, in the nightly tier only (tiers.NIGHTLY_REFERENCES), a reference fed from host arrays:
 # gpuengine_oneshot uploads each inference batch and reads its outputs back; Keras' fit streams its batches.
 NIGHTLY_HOST_BANDWIDTH = ("perf_tests/test_mlp.py::test_mlp_infer[", "perf_tests/test_cnn.py::test_cnn_train_vs_keras[")
 

@@ -1,10 +1,10 @@
 """How long the tier took: each perf test's wall time, per workload and in all, against the 10-minute target.
 
 The quick tier (`./gate perf`) is meant to stay within 10 minutes on one
-H100 as the suite grows; plan.py's `budget_s` only bounds the timed rounds,
+H100 as the suite grows; tiers.py's `budget_s` only bounds the timed rounds,
 while set-up (building the engine, torch.compile, capture, warm-up) comes on
 top. So the gate measures the whole: every test's set-up, call and teardown,
-summed per workload (plan.py's `perf_workload` marker), with the session's
+summed per workload (tiers.py's `perf_workload` marker), with the session's
 wall time. The run's stored JSON carries them (`extra_info["test_seconds"]`
 per benchmark, `gpuengine_tier_time` for the run) and the terminal summary
 says whether the quick tier kept its target; on the CPU tier the figures are
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from . import plan
+from . import tiers
 from .gate_plugin import GATE
 
 QUICK_TIER_TARGET_S = 600.0   # the whole quick tier within 10 minutes on one H100: short enough for every merge
@@ -64,7 +64,7 @@ def pytest_runtest_protocol(item, nextitem):
     if clock is None:
         return
     clock.seconds[item.nodeid] += time.monotonic() - started
-    marker = item.get_closest_marker(plan.WORKLOAD)
+    marker = item.get_closest_marker(tiers.WORKLOAD)
     if marker is not None:
         clock.workload_of[item.nodeid] = marker.args[0]
         clock.budget_of[marker.args[0]] = marker.kwargs["budget_s"]

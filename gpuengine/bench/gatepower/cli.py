@@ -45,7 +45,7 @@ from .trials import parse_levels, read_trials
 
 FORMAT = 1
 STUDY_MARKER = "gatepower and not slow"
-CALIBRATE_MARKER = "perf_workload and not slow"   # every case planned by gpuengine/gate/plan.py
+CALIBRATE_MARKER = "perf_workload and not slow"   # every case planned by gpuengine/gate/tiers.py
 DEFAULT_SESSIONS = {"study": 2, "calibrate": 3}
 DEFAULT_TRIALS = {"study": 10, "calibrate": 4}
 MAX_TRIALS = 10   # docs/gate.md's maximum: past it another session teaches more than more trials in one

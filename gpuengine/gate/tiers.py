@@ -7,7 +7,7 @@ the gate's power target, within its workload's time budget. `./gate perf
 --full` is the nightly tier: every case, twice the rounds. A perf module hands
 its full case list to `cases()` once,
 
-    CASES = plan.cases("cnn_train", ALL_CASES, quick=lambda c: ..., ids=case_id, budget_s=90)
+    CASES = tiers.cases("cnn_train", ALL_CASES, quick=lambda c: ..., ids=case_id, budget_s=90)
 
     @pytest.mark.parametrize("case", CASES)
     def test_cnn_train(case, benchmark, compare, ...): ...
@@ -107,7 +107,7 @@ def recipes(**tests) -> dict[str, tuple[list, Callable]]:
     for test, entry in tests.items():
         if not (isinstance(entry, tuple) and len(entry) == 2 and callable(entry[1])
                 and all(hasattr(param, "id") for param in entry[0])):
-            raise ValueError(f"{test}: a recipe is (cases from plan.cases, build(case) -> runner)")
+            raise ValueError(f"{test}: a recipe is (cases from tiers.cases, build(case) -> runner)")
     return dict(tests)
 
 
