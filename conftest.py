@@ -12,7 +12,7 @@
   at its end; on the CPU tier `--benchmark-compare-fail` is dropped, because
   CPU timings are smoke only. Which stored run each test compares with, and
   whether this run is saved as a baseline or as history, is
-  gpuengine/gate/gate_plugin.py's (registered below).
+  gpuengine/gate/plugin.py's (registered below).
 - When the stored run compared against was measured on another GPU stack
   (driver, CUDA, cuDNN, library versions, toggles, the lock), the header says which
   facts changed, instead of pytest-benchmark's dump of every machine fact
@@ -35,11 +35,11 @@ from gpuengine.bench.stored_runs import run_files
 from gpuengine.config import ConfigError, EngineConfig
 from gpuengine.runtime.backend import get_backend, gpu_visible, resolve_device
 
-# pytester: the harness tests run small pytest sessions of their own; gate_plugin: per-test baselines,
-# saving by outcome, tiers, the stored-run check; gate_summary: its end-of-session summary; tier_time: how
+# pytester: the harness tests run small pytest sessions of their own; plugin: per-test baselines,
+# saving by outcome, tiers, the stored-run check; summary: its end-of-session summary; tier_time: how
 # long each test and workload took; kept_plans: the cuDNN plan choices stored with the baselines; progress:
 # the engine's autotuning progress on the terminal while a test waits for it (before ab_session, which uses it).
-pytest_plugins = ("pytester", "gpuengine.gate.gate_plugin", "gpuengine.gate.gate_summary", "gpuengine.gate.tier_time",
+pytest_plugins = ("pytester", "gpuengine.gate.plugin", "gpuengine.gate.summary", "gpuengine.gate.tier_time",
                   "gpuengine.gate.kept_plans", "gpuengine.gate.progress", "gpuengine.gate.ab_session")
 
 BASELINES_DIR = "baselines_store"
@@ -125,8 +125,8 @@ def pytest_configure(config: pytest.Config):
         raise pytest.UsageError(f"gpuengine: {exc}") from exc
     tier = current_tier(on_gpu)
     storage, notices = _route_benchmark_storage(config, engine_config, tier)
-    from gpuengine.gate import gate_plugin   # registered through pytest_plugins above (imported there first)
-    gate_plugin.configure(config, tier)
+    from gpuengine.gate import plugin   # registered through pytest_plugins above (imported there first)
+    plugin.configure(config, tier)
     _name_autosave_after_gate_commit(config)
     chosen = frozenset(t for t, value in overrides.items()
                        if value is not None or os.environ.get(f"GPUENGINE_{t.upper()}", "") != "")

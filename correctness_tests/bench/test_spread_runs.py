@@ -92,7 +92,7 @@ def test_run_numbers_follow_the_stored_ones(tmp_path):
 
 
 def gate_outcome(on_targets=(), otherwise=()) -> dict:
-    """A worker run's gpuengine_gate record (gpuengine/gate/gate_plugin.py): which tests failed, and why."""
+    """A worker run's gpuengine_gate record (gpuengine/gate/plugin.py): which tests failed, and why."""
     return {"targets_fail": True, "targets_not_met": len(on_targets), "failed_on_targets_only": list(on_targets),
             "failed_otherwise": list(otherwise)}
 

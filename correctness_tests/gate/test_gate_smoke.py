@@ -27,7 +27,7 @@ from gpuengine.bench.stack_lock import NO_LOCK, StackId, stack_of
 from gpuengine.bench.stored_runs import StoredRun
 
 from gpuengine.gate import tiers
-from gpuengine.gate.gate_plugin import GateState, GateTest
+from gpuengine.gate.plugin import GateState, GateTest
 from gpuengine.gate.harness import record_and_gate
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,12 +16,12 @@ import statistics
 from pathlib import Path
 
 RUN_NUMBER = re.compile(r"^(\d{4})_")
-GATE_OUTCOME = "gpuengine_gate"   # gpuengine/gate/gate_plugin.py's verdict in a run: which tests failed on targets only
+GATE_OUTCOME = "gpuengine_gate"   # gpuengine/gate/plugin.py's verdict in a run: which tests failed on targets only
 
 
 def failed_on_targets_only(exit_status: int, run: dict) -> bool:
     """A worker that failed (pytest's exit status 1) only because tests missed targets (--claims): its run
-    passed the gate's own verdict, as a single run's would (gpuengine/gate/gate_plugin.py)."""
+    passed the gate's own verdict, as a single run's would (gpuengine/gate/plugin.py)."""
     outcome = run.get(GATE_OUTCOME) if isinstance(run.get(GATE_OUTCOME), dict) else {}
     return exit_status == 1 and bool(outcome.get("failed_on_targets_only")) and not outcome.get("failed_otherwise")
 

@@ -31,7 +31,7 @@ from gpuengine.bench.stored_runs import scan
 from . import ab_base, ab_stack
 from .ab_sides import BASE, EnginePair, Interpreter, SideError, Sides
 from .ab_worker import close_runner
-from .gate_plugin import GATE
+from .plugin import GATE
 from .progress import terminal_writer
 
 STORED_MODE = "stored-run mode"

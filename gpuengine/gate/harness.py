@@ -14,7 +14,7 @@ round, so the same alternation runs without it and ratios are still measured
 and gated. Timing gates only on a GPU tier: a ratio below a claim that has
 held, or a regression against the base (A/B, gpuengine/bench/paired.py) or the
 test's stored baseline run (gpuengine/bench/regression.py), through
-gpuengine/gate/gate_plugin.py.
+gpuengine/gate/plugin.py.
 A ratio below a target not met yet is recorded and listed in the summary, and
 fails the test only where the session says so (`--claims`, the nightly tier).
 A reference that cannot run here (`ReferenceUnavailable`: no CUDA, no
@@ -73,7 +73,7 @@ class MissedTarget:
 @dataclass
 class Targets:
     """A session's policy on targets not met yet, and the ones it met: the gate plugin keeps one per session
-    (gpuengine/gate/gate_plugin.py, the `gate_targets` fixture) and lists them in the terminal summary."""
+    (gpuengine/gate/plugin.py, the `gate_targets` fixture) and lists them in the terminal summary."""
 
     fail: bool = False   # --claims (or the nightly tier): a missed target fails its test like a missed claim
     missed: list[MissedTarget] = field(default_factory=list)
@@ -175,7 +175,7 @@ def record_and_gate(benchmark, comparison: Comparison, test_name: str, precision
                     rules: list[ThresholdRule] | None = None, gate_test=None, defer_to: list | None = None,
                     targets: Targets | None = None) -> list[RatioCheck]:
     """Store the comparison with the run; on a GPU tier, fail the test on a missed claim or, with `gate_test`
-    (gpuengine/gate/gate_plugin.py), on a regression against its stored baseline run. A missed target is noted in
+    (gpuengine/gate/plugin.py), on a regression against its stored baseline run. A missed target is noted in
     `targets` (the session's, for its summary) and fails the test only where `targets.fail` (--claims).
     With `defer_to` the failures are appended there instead, for the test to fail once its own checks (loss
     descent) have run (fail_with). Returns the thresholds missed, claims and targets."""

@@ -17,7 +17,7 @@ import pytest
 from gpuengine.bench import cudnn_plans
 from gpuengine.bench.json_files import JsonFileError
 
-from .gate_plugin import GATE
+from .plugin import GATE
 
 KEPT = pytest.StashKey[dict]()
 

@@ -5,7 +5,7 @@ killed process then leaves a truncated file among the baselines, which the
 next run reads as corrupt. `AtomicFileStorage` writes the same JSON to a
 temporary file beside it and renames it into place (gpuengine/bench/json_files.py),
 and a save that fails leaves nothing behind and says why in `failure`, for
-the gate's summary and exit status (gpuengine/gate/gate_plugin.py) instead of a
+the gate's summary and exit status (gpuengine/gate/plugin.py) instead of a
 traceback that hides the session's results. `unwritable` says, before the
 first test, why a store could not take the run at all.
 """

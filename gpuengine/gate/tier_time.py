@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from . import tiers
-from .gate_plugin import GATE
+from .plugin import GATE
 
 QUICK_TIER_TARGET_S = 600.0   # the whole quick tier within 10 minutes on one H100: short enough for every merge
 

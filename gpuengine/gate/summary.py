@@ -1,6 +1,6 @@
 """The gate's end-of-session summary: targets not met, references unavailable, the regression check, A/B power.
 
-Sections of pytest's terminal summary, from what gpuengine/gate/gate_plugin.py
+Sections of pytest's terminal summary, from what gpuengine/gate/plugin.py
 gathered during the session (its GateState); root conftest.py registers it.
 A perf test that fails is also named, with the last line of why, as it
 fails: a session stopped before its summary (a GPU lease running out) still
@@ -13,7 +13,7 @@ import pytest
 from gpuengine.bench import paired
 from gpuengine.bench.regression import REGRESSED
 
-from .gate_plugin import GATE, NOT_COMPARABLE
+from .plugin import GATE, NOT_COMPARABLE
 
 
 @pytest.hookimpl(wrapper=True)

@@ -30,7 +30,7 @@
   naming the file and the position; so does an injected slowdown
   (gpuengine/bench/injected_delay.py) outside a gatepower study session, and any
   saving inside one.
-The end-of-session summary is gpuengine/gate/gate_summary.py's. Root conftest.py registers this plugin and
+The end-of-session summary is gpuengine/gate/summary.py's. Root conftest.py registers this plugin and
 calls `configure` with the tier.
 """
 from __future__ import annotations
