@@ -43,8 +43,8 @@ def test_runs_are_compared_choice_by_choice_per_case_and_kind():
 
 
 def test_the_cudnn_set_up_cost_is_summed_over_a_cases_graphs():
-    graphs = [SimpleNamespace(candidates=30, plans=[0, 2, 3], timings={0: 1, 2: 1}, build_s=1.25, tune_s=0.5),
-              SimpleNamespace(candidates=1, plans=[0], timings={}, build_s=0.5, tune_s=0.0)]
+    graphs = [SimpleNamespace(offered=dict.fromkeys(range(30)), plans=[0, 2, 3], timings={0: 1, 2: 1}, build_s=1.25, tune_s=0.5),
+              SimpleNamespace(offered={0: "eng0"}, plans=[0], timings={}, build_s=0.5, tune_s=0.0)]
     assert plan_stability.cudnn_cost(graphs) == {"graphs": 2, "candidates": 31, "built": 4, "timed": 2,
                                                  "build_s": 1.8, "tune_s": 0.5}
 

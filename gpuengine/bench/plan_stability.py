@@ -71,10 +71,16 @@ def compare(runs: list[dict]) -> dict:
             "stability": total["same"] / total["choices"] if total["choices"] else None}
 
 
+def recorded(ways: list) -> dict:
+    """A choice's recorded timings, [[way, ms, spread], ...], as autotune.Timing by way."""
+    from ..ops.autotune import Timing
+    return {name: Timing(ms, spread, 1) for name, ms, spread in ways}
+
+
 def replay(runs: list[dict], min_margin: float) -> dict:
     """The rule (autotune.choose) replayed on every run's recorded timings at `min_margin`: how many choices
     every run would make alike, and the chosen ways' total time over the fastest ways' (summed over runs)."""
-    from ..ops.autotune import Timing, choose
+    from ..ops.autotune import choose
     same = choices = 0
     chosen_ms = fastest_ms = 0.0
     for case in runs[0]["cases"]:
@@ -84,7 +90,7 @@ def replay(runs: list[dict], min_margin: float) -> dict:
         for key in set.intersection(*(set(t) for t in timed)):
             picks = set()
             for ways in (t[key] for t in timed):
-                timings = {name: Timing(ms, spread, 1) for name, ms, spread in ways}
+                timings = recorded(ways)
                 pick = choose([name for name, _, _ in ways], timings, min_margin=min_margin)
                 picks.add(pick)
                 chosen_ms += timings[pick].ms
@@ -99,7 +105,7 @@ def replay(runs: list[dict], min_margin: float) -> dict:
 def capped(runs: list[dict], cap: int, min_margin: float | None = None) -> dict:
     """The first run's cuDNN choices replayed as if only the heuristics' first `cap` candidates were built:
     the build seconds that would save, and how much slower the choices would run than with every candidate."""
-    from ..ops.autotune import MIN_MARGIN, Timing, choose
+    from ..ops.autotune import MIN_MARGIN, choose
     margin = MIN_MARGIN if min_margin is None else min_margin
     saved_s = all_s = capped_ms = full_ms = 0.0
     changed = graphs = 0
@@ -111,7 +117,7 @@ def capped(runs: list[dict], cap: int, min_margin: float | None = None) -> dict:
             if not ways:
                 continue
             position = {name: i for i, name in enumerate(graph["offered"])}
-            timings = {name: Timing(ms, spread, 1) for name, ms, spread in ways}
+            timings = recorded(ways)
             order = [name for name, _, _ in ways]
             kept = [name for name in order if position.get(name, cap) < cap]
             if not kept:
@@ -138,7 +144,7 @@ def cudnn_graphs(graphs) -> dict:
 def cudnn_cost(graphs) -> dict:
     """What building and autotuning `graphs` (ops/cudnn.py's CudnnGraph) cost: counts and seconds."""
     graphs = list(graphs)
-    return {"graphs": len(graphs), "candidates": sum(g.candidates for g in graphs),
+    return {"graphs": len(graphs), "candidates": sum(len(g.offered) for g in graphs),
             "built": sum(len(g.plans) for g in graphs), "timed": sum(len(g.timings) for g in graphs),
             "build_s": round(sum(g.build_s for g in graphs), 1), "tune_s": round(sum(g.tune_s for g in graphs), 1)}
 

@@ -142,7 +142,6 @@ class CudnnGraph:
         self.plan: int | None = None   # chosen by the first eager execution
         self.timings: dict = {}        # plan index -> autotune.Timing
         self.offered = names   # plan index -> name: the heuristics' offer in their order (after deselection)
-        self.candidates = len(names)
         self.runtime_compiled = compiled   # the offer's plan indices that cuDNN compiles at run time
         self.build_s = time.perf_counter() - started   # set-up cost: building is the slow part
         self.tune_s = 0.0
@@ -222,6 +221,7 @@ class CudnnRuntime:
         cudnn.set_stream(handle=self.handle, stream=self.stream.ptr)
         self.workspace = backend.xp.empty((256,), np.uint8)
         self._retired = []   # earlier workspaces, kept alive for steps captured with them
+        self._last_tuned = float("-inf")   # when this runtime last timed plans (the clocks are warm after)
 
     def graph(self, key: tuple, io_dtype, precision: str, define) -> CudnnGraph:
         if not self.deterministic:   # other candidate engines: a graph, and a kept choice, of its own
@@ -280,7 +280,7 @@ class CudnnRuntime:
 
     def _warm_clocks(self, graph: CudnnGraph, pointers: dict, plan: int):
         """Run the graph for CLOCK_WARMUP_S of device time if nothing was timed for IDLE_S seconds."""
-        if time.perf_counter() - getattr(self, "_last_tuned", float("-inf")) < IDLE_S:
+        if time.perf_counter() - self._last_tuned < IDLE_S:
             return
         start = time.perf_counter()
         while time.perf_counter() - start < CLOCK_WARMUP_S:
