@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from gpuengine.bench import cudnn_plans
 from gpuengine.bench.machine_info import run_tag
 from gpuengine.bench.spread_runs import benchmark_seconds, merge_runs, next_run_path, split_tests
 from gpuengine.bench.stored_runs import read_run
 from gpuengine.bench.timing_cores import TimingCore
-from gpuengine.gate.spread import (HELD_BACK, HOST_BANDWIDTH_MODULES, NIGHTLY_HOST_BANDWIDTH, Worker, merged_run_naming,
-                               plan_workers, save_merged, shares_host_bandwidth, visible_devices)
+from gpuengine.gate.spread import (HELD_BACK, HOST_BANDWIDTH_MODULES, NIGHTLY_HOST_BANDWIDTH, Worker, keep_plans,
+                                   merged_run_naming, plan_workers, save_merged, shares_host_bandwidth,
+                                   visible_devices)
 
 
 def fake_run(gpu: str, tests: dict[str, float], when: str = "2026-11-23T10:00:00+00:00") -> dict:
@@ -270,3 +272,29 @@ def test_the_merged_run_says_which_core_timed_each_test_and_why_it_was_chosen(tm
     assert run["machine_info"]["spread"]["timing_cores_chosen"] == {
         "gpu0": {"cpu": 47, "why": cores["0"].why}, "gpu1": {"cpu": 63, "why": cores["1"].why}}
     assert "timing_cpu" not in run["machine_info"]   # one worker's core would read as every test's
+
+
+def test_every_gpus_new_plan_choices_are_kept_by_the_spread_alone(tmp_path):
+    # Two sessions writing one cudnn_plans.json would each save what it loaded plus its own: the later drops the
+    # earlier's. Each worker hands its choices over (GATE_PLANS_OUT) and the spread merges them all.
+    stack = {"cudnn": "91900", "cudnn_frontend": "1.22.1", "gpu": "NVIDIA H100 80GB HBM3"}
+    store = tmp_path / "nvidia-h100-80gb-hbm3" / cudnn_plans.PLAN_FILE
+    cudnn_plans.load(store, stack).save({"old": {"plan": "eng0", "ms": 1.0}})
+    workers = plan_workers(["perf_tests/test_mlp.py::a", "perf_tests/test_cnn.py::b",
+                            "perf_tests/test_data_parallel.py::c"], 2, {}, tmp_path)
+    assert len({w.environment({})[cudnn_plans.HAND_OFF_ENV] for w in workers}) == 3
+    for i, worker in enumerate(workers[:2]):   # the all-GPU worker ended without a finish: nothing handed
+        handed_to = worker.environment({})[cudnn_plans.HAND_OFF_ENV]
+        assert cudnn_plans.hand_off(handed_to, cudnn_plans.load(store, stack), {f"g{i}": {"plan": "eng3", "ms": 0.5}}) == 1
+    shown = []
+    assert keep_plans(workers, show=lambda line, **_: shown.append(line)) == 2
+    assert sorted(json.loads(store.read_text())["plans"]) == ["g0", "g1", "old"]
+    assert len(shown) == 2 and all("1 new cuDNN plan choices kept" in line for line in shown)
+
+
+def test_a_hand_off_that_is_not_one_is_reported_and_keeps_nothing(tmp_path):
+    worker = Worker("gpu0", "0", [], tmp_path / "gpu0.json")
+    worker.plans_path.write_text(json.dumps({"format": 1, "plans": "eng0"}))
+    shown = []
+    assert keep_plans([worker], show=lambda line, **_: shown.append(line)) == 0
+    assert "gpu0's cuDNN plan choices not kept" in shown[0] and "not a hand-off" in shown[0]

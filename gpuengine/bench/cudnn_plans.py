@@ -29,6 +29,7 @@ from .json_files import JsonFileError, load_json, write_json
 PLAN_FILE = "cudnn_plans.json"
 FORMAT = 1
 LOCK_KEY = "stack_lock"
+HAND_OFF_ENV = "GATE_PLANS_OUT"   # a spread run's per-GPU session: where its new choices go instead of the file
 
 
 def current_stack() -> dict[str, str]:
@@ -58,6 +59,24 @@ class PlanFile:
         self.plans = {**self.plans, **tuned}
         write_json(self.path, {"format": FORMAT, "stack": self.stack, "plans": dict(sorted(self.plans.items()))})
         return len(tuned)
+
+
+def hand_off(path: Path, kept: PlanFile, tuned: dict[str, dict]) -> int:
+    """Write a session's new choices to `path` for another process to keep (a spread run's per-GPU sessions:
+    two writers of one file would drop each other's); returns how many."""
+    write_json(Path(path), {"format": FORMAT, "file": str(kept.path), "stack": kept.stack, "plans": tuned})
+    return len(tuned)
+
+
+def keep_handed(path: Path) -> tuple[Path, int]:
+    """Merge the choices hand_off wrote to `path` into the file they belong to; returns it and how many were new."""
+    handed = load_json(Path(path))
+    if not (isinstance(handed, dict) and handed.get("format") == FORMAT and isinstance(handed.get("file"), str)
+            and isinstance(handed.get("stack"), dict) and isinstance(handed.get("plans"), dict)):
+        raise JsonFileError(f"{path}: not a hand-off of cuDNN plan choices of format {FORMAT} "
+                            "(an object with format, file, stack, plans)")
+    kept = load(Path(handed["file"]), handed["stack"])
+    return kept.path, kept.save(handed["plans"])
 
 
 def load(path: Path, stack: dict[str, str]) -> PlanFile:

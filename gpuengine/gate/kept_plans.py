@@ -7,10 +7,14 @@ usual, and a saved run (`./gate perf` autosaves) adds those choices to the
 file whether it passed or not: a stored choice changes only when it no longer
 builds or with `--retune-cudnn` (every graph autotuned afresh, the file's
 choices replaced by the new ones), so a run that fails still pins its plans
-for the next. A gatepower study
-or calibration session never writes the file.
+for the next. In a spread run (several GPUs, gpuengine/gate/spread.py) each
+GPU's session hands its choices to the spread through GATE_PLANS_OUT and the
+spread alone writes the file. A gatepower study or calibration session never
+writes the file.
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -46,7 +50,7 @@ def pytest_configure(config):
         raise pytest.UsageError(f"gpuengine: {exc} (delete it, or run with --retune-cudnn after fixing it)") from exc
     retune = config.getoption("retune_cudnn")
     choices = autotune.use_plan_choices({} if retune else stored.presets())
-    config.stash[KEPT] = {"file": stored, "choices": choices, "saved": None}
+    config.stash[KEPT] = {"file": stored, "choices": choices, "saved": None, "handed": None}
     if stored.set_aside:
         state.notices.append(f"cuDNN plans in {path.name} {stored.set_aside}")
     elif retune:
@@ -62,7 +66,10 @@ def pytest_sessionfinish(session, exitstatus):
     if kept is None or state is None or state.study is not None:
         return
     option = session.config.option
-    if getattr(option, "benchmark_save", None) or getattr(option, "benchmark_autosave", None):
+    handoff = os.environ.get(cudnn_plans.HAND_OFF_ENV)
+    if handoff:
+        kept["handed"] = cudnn_plans.hand_off(handoff, kept["file"], kept["choices"].tuned)
+    elif getattr(option, "benchmark_save", None) or getattr(option, "benchmark_autosave", None):
         kept["saved"] = kept["file"].save(kept["choices"].tuned)
 
 
@@ -73,6 +80,8 @@ def pytest_terminal_summary(terminalreporter):
     tuned = len(kept["choices"].tuned)
     if kept["saved"]:
         terminalreporter.write_line(f"cuDNN plans: {kept['saved']} new choices saved to {kept['file'].path}")
+    elif kept["handed"]:
+        terminalreporter.write_line(f"cuDNN plans: {kept['handed']} new choices handed to the spread run to keep")
     elif tuned:
         terminalreporter.write_line(f"cuDNN plans: {tuned} graphs autotuned afresh, not kept (this run was not "
                                     "saved: ./gate perf saves)")

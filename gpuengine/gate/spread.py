@@ -14,6 +14,9 @@
    a baseline if every process passed, or failed only on targets not met
    (--claims), or with --save-baseline; else under history/. The exit status
    is the worst of the processes'.
+5. Keep every worker's new cuDNN plan choices in the tier's cudnn_plans.json,
+   as a single run's autosave does (gpuengine/gate/kept_plans.py): the
+   workers hand them over (GATE_PLANS_OUT) and the spread is the one writer.
 Workers do not save on their own (no --benchmark-autosave, --save-baseline
 held back): only the merged run is stored. A per-GPU pytest's output is
 shown when it ends, but its engine's autotuning progress as it comes
@@ -59,6 +62,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuengine.bench import cudnn_plans
+from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.machine_info import checkout_commit, named_commit_info, run_tag
 from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_only, merge_runs, next_run_path,
                                          split_tests)
@@ -96,9 +101,14 @@ class Worker:
     def progress_path(self) -> Path:
         return self.json_path.with_suffix(".progress")
 
+    @property
+    def plans_path(self) -> Path:
+        return self.json_path.with_suffix(".plans.json")
+
     def environment(self, environ=None) -> dict[str, str]:
         """The pytest's environment: its GPU, its timing core and its progress file over the caller's."""
         env = dict(os.environ if environ is None else environ)
+        env[cudnn_plans.HAND_OFF_ENV] = str(self.plans_path)
         if self.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.devices
             env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")   # nvidia-smi's numbering, the one counted here
@@ -243,6 +253,23 @@ def save_merged(workers: list[Worker], status: dict[str, int], store: Path, mach
     return saved
 
 
+def keep_plans(workers: list[Worker], show=print) -> int:
+    """Each worker's new cuDNN plan choices into the kept-plans file they belong to; returns how many were kept."""
+    total = 0
+    for worker in workers:
+        if not worker.plans_path.is_file():
+            continue   # no GPU tier, or a session that ended before its finish
+        try:
+            path, saved = cudnn_plans.keep_handed(worker.plans_path)
+        except JsonFileError as exc:
+            show(f"gpuengine.gate.spread: {worker.name}'s cuDNN plan choices not kept: {exc}", flush=True)
+            continue
+        total += saved
+        if saved:
+            show(f"gpuengine.gate.spread: {worker.name}'s {saved} new cuDNN plan choices kept in {path}", flush=True)
+    return total
+
+
 def merged_run_naming() -> tuple[str, dict | None]:
     """The merged run's tag and the commit_info fields that name its commit, as a single run's autosave gets them
     (conftest.py): GATE_COMMIT_ID where set (a lent machine's copy of the tree has no .git), else git's answer."""
@@ -273,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), tag, save_baseline,
                             commit_info):
         print(f"gpuengine.gate.spread: saved the merged run as {path.relative_to(ROOT)}", flush=True)
+    keep_plans(workers)
     return max(status.values(), default=0)
 
 
