@@ -110,7 +110,8 @@ def test_each_gpus_pytest_gets_its_core_and_its_gpu_in_its_environment(tmp_path)
     assert (env["CUDA_VISIBLE_DEVICES"], env[TIMING_CPU_ENV], env["CUDA_DEVICE_ORDER"]) == ("1", "63", "PCI_BUS_ID")
     assert gpu0.environment({})[TIMING_CPU_ENV] == "47"
     assert env["GATE_PROGRESS_FILE"] == str(tmp_path / "gpu1.progress")   # shown live; its other output at its end
-    assert whole.timing is None and whole.environment({"PATH": "/bin"}) == {"PATH": "/bin"}
+    assert whole.timing is None and whole.environment({"PATH": "/bin"}) == {   # every GPU, no core, plans handed on
+        "PATH": "/bin", "GATE_PLANS_OUT": str(tmp_path / "all-gpus.plans.json")}
     assert Worker("x", "0", [], tmp_path).environment({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})["CUDA_DEVICE_ORDER"] \
         == "FASTEST_FIRST"   # the caller's order stands
 
