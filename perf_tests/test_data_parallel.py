@@ -10,6 +10,8 @@ ResNet-50 128), so N GPUs do N times the work of one in a step:
 `scaling_vs_1gpu` is the engine's N-GPU throughput over its 1-GPU throughput
 in the same run (the ratio against `gpuengine_1gpu`), stored in extra_info
 beside the ratios against `torch_ddp`. Every side's loss must descend.
+The ranks start from the gate's kept plan choices (the single-GPU tests'
+graphs of the same per-GPU batch among them) and hand back what they timed.
 It needs >= 2 GPUs and skips saying so on one; without a GPU, a smoke case
 runs 2 ranks on the NumPy backend over the store all-reduce, DDP over gloo.
 """
@@ -63,21 +65,24 @@ def spec_for(workload: str, precision: str) -> dict:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_data_parallel_train(case, benchmark, compare, run_target):
+def test_data_parallel_train(case, benchmark, compare, run_target, kept_plan_choices):
     if ON_GPU and GPUS < 2:
         pytest.skip(f"data-parallel training needs >= 2 GPUs; {GPUS} visible (CUDA_VISIBLE_DEVICES="
                     "a list of several, or a machine with several)")
     workload, precision = case
     skip_unless_selected(run_target, precision=precision, cuda_graph=8 if ON_GPU else 0, resident_data=True)
     env = {"GPUENGINE_DEVICE": "cuda" if ON_GPU else "cpu"}
+    plans = kept_plan_choices.in_force() if kept_plan_choices is not None else {}
     with WorkerGroup(WORLD, env) as group:
-        runners = group.build(spec_for(workload, precision))
+        runners = group.build({**spec_for(workload, precision), "plans": plans})
         engine, alone, ddp = runners["gpuengine"], runners["gpuengine_1gpu"], runners["torch_ddp"]
         for runner in runners.values():
             runner.prepare()
         first = {r.name: r.epoch_loss() for r in runners.values()}
         comparison = compare(benchmark, engine, [alone, ddp], rounds=ROUNDS, precision=precision)
         last = {r.name: r.epoch_loss() for r in runners.values()}
+        if kept_plan_choices is not None:
+            kept_plan_choices.adopt(group.tuned_plans())
     benchmark.extra_info.update({
         "world_size": WORLD, "per_gpu_batch": SIZES[workload][0],
         "scaling_vs_1gpu": round(comparison.ratios[alone.name].median, 4),

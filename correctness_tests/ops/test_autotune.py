@@ -90,6 +90,14 @@ def test_faster_of_takes_a_preset_without_timing(monkeypatch):
     assert chooser.chosen == "cudnn" and chooser.timings == {} and device.replays == {}
 
 
+def test_choices_in_force_are_the_presets_and_what_was_timed_and_adopted_ones_count_as_timed():
+    choices = autotune.PlanChoices({"a": "eng0", "b": "eng1"})
+    choices.record(("c",), "eng2", 0.5)
+    assert choices.in_force() == {"a": "eng0", "b": "eng1", autotune.key_text(("c",)): "eng2"}
+    choices.adopt({"a": {"plan": "eng0", "ms": 1.0}, "d": {"plan": "eng4", "ms": 2.0}})   # 'a' as preset: nothing new
+    assert choices.tuned == {autotune.key_text(("c",)): {"plan": "eng2", "ms": 0.5}, "d": {"plan": "eng4", "ms": 2.0}}
+
+
 def test_a_single_way_needs_no_choice_and_no_way_is_an_error():
     device = StandInDevice({"cudnn": 1.0})
     backend = SimpleNamespace(xp=device.xp, stream=device.stream)

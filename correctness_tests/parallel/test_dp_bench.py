@@ -50,6 +50,15 @@ def test_two_ranks_train_like_one_rank_at_the_global_batch():
         assert two[name][-1] < two[name][0], f"{name} did not train: {two[name]}"
 
 
+def test_ranks_start_from_the_kept_choices_and_hand_back_only_what_they_timed():
+    kept = {"('gemm', 'fp32', (8, 8))": "algo3"}
+    with WorkerGroup(2, CPU) as group:
+        group.build({**spec(8), "plans": kept})
+        replies = group.call(range(2), {"op": "plans"})
+        assert [replies[r]["preset"] for r in range(2)] == [1, 1]
+        assert group.tuned_plans() == {}   # the NumPy backend times nothing
+
+
 def test_a_rank_that_raises_is_named():
     with WorkerGroup(2, CPU) as group:
         # Both ranks raise the same error; the group names whichever reply it reads first (a race under load).

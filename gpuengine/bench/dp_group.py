@@ -127,6 +127,10 @@ class WorkerGroup:
             runners[name] = RemoteRunner(self, name, info["samples_per_round"], info["ranks"], info.get("notes", {}))
         return runners
 
+    def tuned_plans(self) -> dict[str, dict]:
+        """The choices rank 0 timed itself (the ones its spec's `plans` lacked), as autotune records them."""
+        return self.call([0], {"op": "plans"})[0]["tuned"]
+
     def close(self):
         """Ask every live rank to exit; stop the ones that do not within the grace period."""
         live = [r for r, p in self._procs.items() if p.poll() is None]

@@ -12,9 +12,11 @@ epoch, engine toggles and which runners to build:
 - `torch_ddp`: PyTorch DDP (reference/torch_ddp.py) on every rank, from the
   engine's initial weights.
 
-Each rank builds the same data from the same seed. Commands: prepare, round
-(run, drain the device, reply), sync, loss (one more round; this rank's last
-epoch loss), exit. An exception is sent back as the reply, then the rank
+Each rank builds the same data from the same seed, and starts its engine
+from the spec's `plans` (autotuned choices by key text, the gate's kept ones)
+so that it does not time again what was timed before. Commands: prepare,
+round (run, drain the device, reply), sync, loss (one more round; this
+rank's last epoch loss), plans (the choices this rank timed itself), exit. An exception is sent back as the reply, then the rank
 exits with status 1.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ import sys
 import traceback
 
 from ..config import EngineConfig
+from ..ops import autotune
 from ..parallel.sync import data_parallel
 from ..workloads.registry import get_workload
 from .runners import EngineTrainRunner
@@ -67,6 +70,7 @@ def build_runners(spec: dict) -> tuple[dict, dict]:
     unknown = set(spec["runners"]) - set(RUNNERS)
     if unknown or "gpuengine" not in spec["runners"]:
         raise ValueError(f"runners must include 'gpuengine' and be among {RUNNERS}, got {spec['runners']}")
+    autotune.use_plan_choices(spec.get("plans") or {})
     config = EngineConfig(precision=spec["precision"], cuda_graph=spec["cuda_graph"], resident_data=True,
                           device=spec["device"])
     sync = data_parallel(config)   # first: the engine's stream must be made on this rank's GPU
@@ -105,6 +109,8 @@ def epoch_loss(runner) -> float:
 
 def answer(runners: dict, message: dict) -> dict:
     op = message["op"]
+    if op == "plans":
+        return {"preset": len(autotune.PLAN_CHOICES.preset), "tuned": dict(autotune.PLAN_CHOICES.tuned)}
     runner = runners.get(message.get("runner"))
     if op in ("prepare", "round", "sync", "loss") and runner is None:
         raise KeyError(f"this rank holds no runner {message.get('runner')!r} (it holds {sorted(runners)})")

@@ -60,6 +60,14 @@ def pytest_configure(config):
                              "(--retune-cudnn times them afresh)")
 
 
+@pytest.fixture
+def kept_plan_choices(request):
+    """The engine's plan choices this session keeps (autotune.PlanChoices; None where none are kept): a test whose
+    engine runs in processes of its own (data parallel) starts them from its `in_force()` and `adopt`s theirs."""
+    kept = request.config.stash.get(KEPT, None)
+    return kept["choices"] if kept is not None else None
+
+
 def pytest_sessionfinish(session, exitstatus):
     kept = session.config.stash.get(KEPT, None)
     state = session.config.stash.get(GATE, None)

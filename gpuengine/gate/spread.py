@@ -16,7 +16,8 @@
    is the worst of the processes'.
 5. Keep every worker's new cuDNN plan choices in the tier's cudnn_plans.json,
    as a single run's autosave does (gpuengine/gate/kept_plans.py): the
-   workers hand them over (GATE_PLANS_OUT) and the spread is the one writer.
+   workers hand them over (GATE_PLANS_OUT) and the spread is the one writer;
+   the per-GPU ones' before step 3, whose ranks then start from them.
 Workers do not save on their own (no --benchmark-autosave, --save-baseline
 held back): only the merged run is stored. A per-GPU pytest's output is
 shown when it ends, but its engine's autotuning progress as it comes
@@ -195,8 +196,8 @@ def relay_progress(workers: list[Worker], read: dict[str, int], show=print):
 
 
 def run_workers(workers: list[Worker], args: list[str], out: Path) -> dict[str, int]:
-    """Per-GPU workers at once, their progress shown as it comes and each one's log when it ends; then the all-GPU
-    one. Exit status by name."""
+    """Per-GPU workers at once, their progress shown as it comes and each one's log when it ends; their plan choices
+    kept; then the all-GPU one. Exit status by name."""
     status: dict[str, int] = {}
     single = [w for w in workers if w.devices is not None]
     procs, read = {}, {}
@@ -214,6 +215,7 @@ def run_workers(workers: list[Worker], args: list[str], out: Path) -> dict[str, 
                       f"{(out / f'{worker.name}.log').read_text(errors='replace')}", flush=True)
         if procs:
             time.sleep(PROGRESS_POLL_S)
+    keep_plans(single)   # before the all-GPU tests: their ranks start from what the GPUs' sessions timed
     for worker in workers:
         if worker.devices is None:
             print(f"===== perf worker {worker.name}: every GPU =====", flush=True)
@@ -300,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), tag, save_baseline,
                             commit_info):
         print(f"gpuengine.gate.spread: saved the merged run as {path.relative_to(ROOT)}", flush=True)
-    keep_plans(workers)
+    keep_plans([w for w in workers if w.devices is None])
     return max(status.values(), default=0)
 
 

@@ -67,6 +67,14 @@ class PlanChoices:
         tuned = self.tuned.get(text)
         return self.preset.get(text, tuned["plan"] if tuned else None)
 
+    def in_force(self) -> dict[str, str]:
+        """Every choice made so far by key text, preset or timed: what another process should start from."""
+        return {**self.preset, **{text: entry["plan"] for text, entry in self.tuned.items()}}
+
+    def adopt(self, tuned: dict[str, dict]):
+        """Choices another process timed ({key text: {"plan", "ms"}}), kept as if timed here."""
+        self.tuned.update({text: entry for text, entry in tuned.items() if self.preset.get(text) != entry["plan"]})
+
     def record(self, key: tuple, plan_name: str, ms: float, timings: list | None = None):
         """A choice made; `timings`: every way timed for it, [(name, Timing)] in the heuristic's order (what
         `python -m gpuengine plans` replays to see how the choice moves with the margin)."""
