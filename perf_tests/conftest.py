@@ -11,7 +11,7 @@ stored baseline fails the test, as does a missed claim; a missed target goes to
 the summary (and fails with --claims). In a gatepower study session the same
 test then runs the study's trials (gpuengine/bench/gatepower/trials.py).
 Every round is timed on the session's timing core (GATE_TIMING_CPU, else the
-last core of the process: gpuengine/gate/ab_worker.py's `timing_cpu`), which the
+last core of the process: gpuengine/gate/ab/worker.py's `timing_cpu`), which the
 stored run records in machine_info["timing_cpu"].
 """
 from __future__ import annotations
@@ -27,9 +27,9 @@ from gpuengine.bench.gatepower import trials as study_trials
 from gpuengine.bench.gpu_memory import is_out_of_memory
 from gpuengine.bench.regression import choose_reference
 
-from gpuengine.gate.ab_session import ab_record
-from gpuengine.gate.ab_sides import EnginePair
-from gpuengine.gate.ab_worker import TIMING_CPU_ENV, timing_cpu
+from gpuengine.gate.ab.session import ab_record
+from gpuengine.gate.ab.sides import EnginePair
+from gpuengine.gate.ab.worker import TIMING_CPU_ENV, timing_cpu
 from gpuengine.gate.gemm_peak import measure_gemm_peak_tflops
 from gpuengine.gate.harness import alternate_rounds, fail_with, record_and_gate, round_ms, unavailable_references, warm_up
 from gpuengine.gate import tiers

@@ -1,4 +1,4 @@
-"""The stack A/B's session side (gpuengine/gate/ab_stack.py, ab_sides.py): the base resolved from the head's lock and
+"""The stack A/B's session side (gpuengine/gate/ab/stack.py, sides.py): the base resolved from the head's lock and
 LOCK, what the header and extra_info["ab"] say of it, plans handed across only on one cuDNN, and spread.py's
 reading of the command line."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from gpuengine.bench import stack_lock
 from gpuengine.bench.stack_env import StackEnv
-from gpuengine.gate import ab_stack
-from gpuengine.gate.ab_sides import BASE, HEAD, Interpreter, Sides
+from gpuengine.gate.ab import stack as ab_stack
+from gpuengine.gate.ab.sides import BASE, HEAD, Interpreter, Sides
 
 HEAD_LOCK = "nvidia-cudnn-frontend==1.32.0\nnvidia-cudnn-cu13==9.19.0.56\nnumpy==2.4.6\napache-tvm-ffi==0.1.9\n"
 OLD_LOCK = "nvidia-cudnn-frontend==1.22.1\nnvidia-cudnn-cu13==9.19.0.56\nnumpy==2.4.6\n"

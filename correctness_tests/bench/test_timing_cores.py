@@ -11,8 +11,8 @@ import pytest
 
 from gpuengine.bench.timing_cores import (TimingCore, choose_timing_cores, cpu_text, gpu_bus_ids, local_cpus,
                                           parse_cpu_list, smt_siblings, sysfs_bus_id, timing_cores)
-from gpuengine.gate.ab_sides import Interpreter, SideError, Worker as SideWorker
-from gpuengine.gate.ab_worker import TIMING_CPU_ENV, cpu_list_text, on_cpu, timing_cpu
+from gpuengine.gate.ab.sides import Interpreter, SideError, Worker as SideWorker
+from gpuengine.gate.ab.worker import TIMING_CPU_ENV, cpu_list_text, on_cpu, timing_cpu
 from gpuengine.gate.harness import round_ms
 from gpuengine.gate.spread import Worker, plan_workers
 
@@ -161,7 +161,7 @@ def test_a_worker_times_on_the_sessions_core_and_refuses_a_bad_one(tmp_path):
 
 @pinning
 def test_a_worker_runs_the_python_and_environment_its_side_was_given(tmp_path):
-    """A stack A/B's base runs another lock's Python in an environment of its own (gpuengine/gate/ab_stack.py)."""
+    """A stack A/B's base runs another lock's Python in an environment of its own (gpuengine/gate/ab/stack.py)."""
     ran = tmp_path / "ran"
     python = tmp_path / "python"   # a stand-in interpreter: says it ran, then is this Python
     python.write_text(f'#!/bin/sh\necho "$@" > "{ran}"\nexec "{sys.executable}" "$@"\n')
@@ -171,7 +171,7 @@ def test_a_worker_runs_the_python_and_environment_its_side_was_given(tmp_path):
                                                                          {**os.environ, TIMING_CPU_ENV: str(cpu)}))
     try:
         worker.start()
-        assert worker.info["timing_cpu"] == cpu and ran.read_text().split()[0].endswith("ab_worker.py")
+        assert worker.info["timing_cpu"] == cpu and ran.read_text().split()[0].endswith("ab/worker.py")
     finally:
         worker.stop()
 

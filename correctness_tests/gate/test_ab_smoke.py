@@ -1,7 +1,7 @@
 """A/B mode end to end on the CPU tier: real perf tests, real workers, a real base checkout or another stack.
 
 Each test runs a pytest session of the repository's own perf modules in a
-subprocess (gpuengine/gate/ab_session.py needs a fresh session per base), with
+subprocess (gpuengine/gate/ab/session.py needs a fresh session per base), with
 the run stored into a temporary folder so nothing here touches
 baselines_store/. They check what a user relies on: both engines ran and the
 rounds were recorded, a base whose tests differ stops the session before
@@ -177,7 +177,7 @@ def test_the_power_study_runs_a_b_with_the_delay_on_the_head_only(tmp_path):
 
 def worker_processes() -> list[str]:
     listed = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in listed.splitlines() if "ab_worker.py" in line]
+    return [line for line in listed.splitlines() if "ab/worker.py" in line]
 
 
 @pytest.mark.parametrize("base", ["HEAD", "a folder"])

@@ -1,7 +1,7 @@
 """The engine's autotuning progress reaches the terminal while a test waits: from an A/B worker, and in a plain session.
 
 No GPU: a fake worker logs the progress records the engine will log (through
-ab_worker.py's own routing, so the format is the one the session reads) and
+worker.py's own routing, so the format is the one the session reads) and
 takes its time to reply; a fake test logs one in a session of its own.
 """
 from __future__ import annotations
@@ -15,18 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from gpuengine.gate import ab_sides, spread
-from gpuengine.gate.ab_sides import BASE, HEAD, Sides, Worker, progress_message
-from gpuengine.gate.ab_worker import PROGRESS_LOGGERS, route_progress
+from gpuengine.gate import spread
+from gpuengine.gate.ab import sides as ab_sides
+from gpuengine.gate.ab.sides import BASE, HEAD, Sides, Worker, progress_message
+from gpuengine.gate.ab.worker import PROGRESS_LOGGERS, route_progress
 from gpuengine.gate.progress import HANDLER
 
 REPO = Path(__file__).resolve().parents[2]
-GATE = REPO / "gpuengine" / "gate"   # where the real worker script lies
+AB = REPO / "gpuengine" / "gate" / "ab"   # where the real worker script lies
 
 FAKE_WORKER = """
 import logging, os, pickle, sys, time
-sys.path.insert(0, {gate!r})
-import ab_worker   # the real worker's routing of the progress loggers and its protocol number
+sys.path.insert(0, {ab!r})
+import worker as ab_worker   # the real worker's routing of the progress loggers and its protocol number
 
 replies = os.fdopen(os.dup(1), "wb")
 os.dup2(2, 1)
@@ -54,7 +55,7 @@ while True:
 @pytest.fixture
 def fake_worker_script(tmp_path, monkeypatch) -> Path:
     script = tmp_path / "fake_worker.py"
-    script.write_text(FAKE_WORKER.format(gate=str(GATE)))
+    script.write_text(FAKE_WORKER.format(ab=str(AB)))
     monkeypatch.setattr(ab_sides, "WORKER_SCRIPT", script)
     monkeypatch.setattr(ab_sides, "PROGRESS_POLL_S", 0.05)
     return script

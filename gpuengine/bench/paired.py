@@ -2,7 +2,7 @@
 
 `./gate perf --against REV` times the engine of the base commit and the
 engine of the working tree ("head") in one session, each in its own process,
-their rounds back to back (gpuengine/gate/ab_sides.py). Per round i the signal is
+their rounds back to back (gpuengine/gate/ab/sides.py). Per round i the signal is
 d_i = log(head time per sample / base time per sample): the machine, clocks,
 driver and thermal state are the same for both, only the code differs.
 

@@ -6,7 +6,7 @@ slow each other, by a steady amount, and an A/A run of two processes of the
 same code then reads as a regression (issue 36: +3.2% on two H100s, all four
 engine workers timing on the host's last core). So each GPU's session gets a
 core of its own, shared by its base and head workers and its references, which
-never time at once (gpuengine/gate/ab_worker.py's GATE_TIMING_CPU). The core is
+never time at once (gpuengine/gate/ab/worker.py's GATE_TIMING_CPU). The core is
 NUMA-local to the GPU where Linux says which cores are
 (/sys/bus/pci/devices/<bus id>/local_cpulist), the highest free one there;
 else, or when those are taken, a distinct core of the process's affinity set.

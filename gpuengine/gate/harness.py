@@ -6,8 +6,8 @@ runners alternate R1 R2 E R1 R2 E ... in one process (docs/architecture.md,
 "Measuring honestly") while pytest-benchmark stores and compares the engine's
 rounds. Both sides are timed by `benchmarking.time_round` (drain the device
 before each clock read); an A/B pair's engines time their rounds in their own
-workers the same way, the base's round in setup (gpuengine/gate/ab_sides.py). Every
-round, here or in a worker, runs on the session's timing core (gpuengine/gate/ab_worker.py's
+workers the same way, the base's round in setup (gpuengine/gate/ab/sides.py). Every
+round, here or in a worker, runs on the session's timing core (gpuengine/gate/ab/worker.py's
 `timing_cpu`), so base, head and references are timed alike. With
 benchmarks disabled (xdist, --benchmark-disable), pedantic would run a single
 round, so the same alternation runs without it and ratios are still measured
@@ -35,7 +35,7 @@ from gpuengine.bench.machine_info import Tier
 from gpuengine.bench.thresholds import CLAIM, TARGET, RatioCheck, ThresholdRule, evaluate_ratios
 from gpuengine.reference import ReferenceUnavailable
 
-from .ab_worker import on_cpu
+from .ab.worker import on_cpu
 
 UNAVAILABLE = "references_unavailable"   # extra_info: {reference: why it could not run here}
 
@@ -104,7 +104,7 @@ def unavailable_references(benchmark) -> dict[str, str]:
 
 def sides(engine) -> list:
     """The engine runners one test times: the engine, or the base's and the head's of an A/B pair
-    (gpuengine/gate/ab_sides.py), base first."""
+    (gpuengine/gate/ab/sides.py), base first."""
     return list(engine.sides) if hasattr(engine, "sides") else [engine]
 
 

@@ -1,6 +1,6 @@
 """The gate's pytest plugin: per-test baselines, where a run is saved, tiers, and the regression checks.
 
-- A test that ran A/B (gpuengine/gate/ab_session.py) is judged head against base
+- A test that ran A/B (gpuengine/gate/ab/session.py) is judged head against base
   by gpuengine/bench/paired.py, its bar from the stored A/A runs
   (`process_noise`, which the A/B plugin fills in).
 - Otherwise each test is compared with the newest stored baseline result *for

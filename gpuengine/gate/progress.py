@@ -11,9 +11,9 @@ pytest's own live logging does:
 - in this process (a plain session, or a test an A/B session runs here):
   `ProgressHandler` on those loggers, registered for the session;
 - from an A/B session's workers: each worker writes the records to its log
-  (gpuengine/gate/ab_worker.py) and the session relays the new lines while it
-  waits for that worker's reply (gpuengine/gate/ab_sides.py) to `terminal_writer`,
-  which gpuengine/gate/ab_session.py hands to the workers: "  [base] cuDNN
+  (gpuengine/gate/ab/worker.py) and the session relays the new lines while it
+  waits for that worker's reply (gpuengine/gate/ab/sides.py) to `terminal_writer`,
+  which gpuengine/gate/ab/session.py hands to the workers: "  [base] cuDNN
   autotune: ...".
 
 A spread run's per-GPU sessions write to logs shown when they end, so each
@@ -32,7 +32,7 @@ from typing import Callable
 
 import pytest
 
-from .ab_worker import PROGRESS_LOGGERS
+from .ab.worker import PROGRESS_LOGGERS
 
 INDENT = "  "   # under the test's line, apart from pytest's own output
 PROGRESS_FILE_ENV = "GATE_PROGRESS_FILE"   # where a session also appends its progress lines (spread.py's)

@@ -36,12 +36,12 @@ and no schedule can beat that bound: H runs serially and T / N is each
 GPU's share. (H100, run 0033: H 108 s of T 232 s, so two GPUs still split
 evenly.) The all-GPU tests stay last and alone.
 
-A stack A/B (`--against-stack LOCK`, gpuengine/gate/ab_stack.py) builds the
+A stack A/B (`--against-stack LOCK`, gpuengine/gate/ab/stack.py) builds the
 base's environment here, once, before the sessions start; each session then
 finds it stamped and reuses it.
 
 Timing cores. Each GPU's session (its engine workers and its references)
-times its rounds on a core of its own (GATE_TIMING_CPU, gpuengine/gate/ab_worker.py):
+times its rounds on a core of its own (GATE_TIMING_CPU, gpuengine/gate/ab/worker.py):
 NUMA-local to its GPU where Linux says which cores are, else a distinct core
 of the affinity set (gpuengine/bench/timing_cores.py); core 0 and a
 hyper-thread sibling of another GPU's core only when nothing else is left.
@@ -70,8 +70,8 @@ from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_on
                                          split_tests)
 from gpuengine.bench.stored_runs import history_folder, newest_per_test, scan
 from gpuengine.bench.timing_cores import TimingCore, timing_cores
-from gpuengine.gate.ab_stack import StackBaseError, prepare_from_args
-from gpuengine.gate.ab_worker import TIMING_CPU_ENV
+from gpuengine.gate.ab.stack import StackBaseError, prepare_from_args
+from gpuengine.gate.ab.worker import TIMING_CPU_ENV
 from gpuengine.gate.progress import PROGRESS_FILE_ENV, new_lines
 
 ROOT = Path(__file__).resolve().parents[2]   # the checkout

@@ -103,7 +103,7 @@ def recipes(**tests) -> dict[str, tuple[list, Callable]]:
     """A module's `ENGINES`: test name -> (its cases as `cases()` made them, build(case) -> engine runner).
 
     `build` makes the engine side of a case from the case alone, so that an A/B session
-    (gpuengine/gate/ab_session.py) can build it in the base's checkout and in the head's alike."""
+    (gpuengine/gate/ab/session.py) can build it in the base's checkout and in the head's alike."""
     for test, entry in tests.items():
         if not (isinstance(entry, tuple) and len(entry) == 2 and callable(entry[1])
                 and all(hasattr(param, "id") for param in entry[0])):

@@ -5,14 +5,14 @@ that builds its engine runner from a case alone (`ENGINES`, gpuengine/gate/tiers
 `recipes`). In an A/B session (`--against`) the test's `engine_for(case)`
 fixture returns an `EnginePair`: the same recipe built by the base's checkout
 in one worker and by the head's (the working tree) in another
-(gpuengine/gate/ab_worker.py). The test hands the pair to `compare` as it would
+(gpuengine/gate/ab/worker.py). The test hands the pair to `compare` as it would
 its engine; each round times the base, the references and then the head, the
 base and the references swapping places every other round, so the head follows
 the base half the time and a reference the other half. Each worker times its
 own rounds (no pipe inside the clock), with the head's timing code on both
 sides. The references stay in the pytest process. Each side's worker runs
 an `Interpreter`, a Python and its environment: this process's for both in a
-code A/B; in a stack A/B (`--against-stack`, gpuengine/gate/ab_stack.py) both
+code A/B; in a stack A/B (`--against-stack`, gpuengine/gate/ab/stack.py) both
 import the working tree and the base runs another lock's environment.
 
 Workers live for the whole session; a test builds its engine in both and
@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from .ab_worker import PROGRESS_LOGGERS, PROTOCOL
-from .progress import new_lines
+from .worker import PROGRESS_LOGGERS, PROTOCOL
+from ..progress import new_lines
 
-WORKER_SCRIPT = Path(__file__).with_name("ab_worker.py")
+WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 REPLY_TIMEOUT_S = 1800   # a ResNet-50 build with autotuning takes minutes; a hung GPU takes forever
 PROGRESS_POLL_S = 2.0    # how often a wait for a reply looks in the worker's log for new progress lines
 HEAD, BASE = "head", "base"   # the workers; the runners keep the recipe's name, the base's with "_base"
@@ -48,7 +48,7 @@ READS = frozenset({"state_dict", "buffers_dict", "parameter_count", "outputs", "
 
 
 def progress_message(line: str) -> str | None:
-    """The message of a progress line in a worker's log (ab_worker.PROGRESS_FORMAT: a progress logger's name, or
+    """The message of a progress line in a worker's log (worker.PROGRESS_FORMAT: a progress logger's name, or
     one of its children's, then ': '), None for any other line."""
     name, colon, message = line.partition(": ")
     if colon and any(name == logger or name.startswith(logger + ".") for logger in PROGRESS_LOGGERS):

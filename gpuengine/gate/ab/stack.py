@@ -2,7 +2,7 @@
 
 Judging a lock refresh is an A/B run like judging a commit: two workers,
 rounds alternating with the references, the rule of gpuengine/bench/paired.py.
-Here both workers import the working tree (gpuengine/gate/ab_worker.py puts it
+Here both workers import the working tree (gpuengine/gate/ab/worker.py puts it
 first on sys.path); the head runs in the gate's Python, whose lock is the
 tier's `locks/<tier>.txt`, and the base in an environment holding LOCK's
 packages (gpuengine/bench/stack_env.py: a venv where a registry is; with
@@ -19,7 +19,7 @@ A/A-noise estimate never takes a stack change for process noise
 (gpuengine/bench/aa_noise.py). The run is stored as any A/B run, under the
 head's lock. Where the locks pin different cuDNN or cuDNN frontend versions
 the sides share no plans: each autotunes its own (docs/gate.md, "The locked
-stack"). gpuengine/gate/ab_session.py calls `resolve` from its configure hook;
+stack"). gpuengine/gate/ab/session.py calls `resolve` from its configure hook;
 gpuengine/gate/spread.py calls `prepare_from_args` once before its per-GPU
 sessions, which then reuse the environment.
 """

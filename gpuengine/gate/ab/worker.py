@@ -1,8 +1,8 @@
 """One side of `./gate perf --against`: the engine of one checkout, in a process of its own.
 
-gpuengine/gate/ab_sides.py starts this script twice per session, as
+gpuengine/gate/ab/sides.py starts this script twice per session, as
 
-    python gpuengine/gate/ab_worker.py ROOT
+    python gpuengine/gate/ab/worker.py ROOT
 
 once with the base's checkout as ROOT and once with the head's (the working
 tree). ROOT goes first on sys.path, so `gpuengine` and the perf test modules
@@ -36,10 +36,10 @@ import time
 import traceback
 from contextlib import contextmanager
 
-PROTOCOL = 1   # ab_sides.py refuses a worker that speaks another
+PROTOCOL = 1   # sides.py refuses a worker that speaks another
 TIMING_CPU_ENV = "GATE_TIMING_CPU"   # the session's timing core, set per GPU by gpuengine/gate/spread.py
 PROGRESS_LOGGERS = ("gpuengine.autotune",)   # the engine's progress through long set-ups, at INFO
-PROGRESS_FORMAT = "%(name)s: %(message)s"    # how a progress record reads in the log: ab_sides.py picks it out
+PROGRESS_FORMAT = "%(name)s: %(message)s"    # how a progress record reads in the log: sides.py picks it out
 
 
 def route_progress(stream) -> logging.Handler:
@@ -238,7 +238,7 @@ def serve(side: Side, requests, replies):
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or not os.path.isdir(argv[1]):
-        print(f"usage: ab_worker.py ROOT (a checkout folder); got {argv[1:]}", file=sys.stderr)
+        print(f"usage: gpuengine/gate/ab/worker.py ROOT (a checkout folder); got {argv[1:]}", file=sys.stderr)
         return 2
     root = os.path.realpath(argv[1])
     replies = os.fdopen(os.dup(1), "wb")

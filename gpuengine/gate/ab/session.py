@@ -1,9 +1,9 @@
 """The A/B mode of the gate: `--against`, the base it names, and the `engine_for` fixture.
 
-With `--against REV|DIR|auto` (gpuengine/gate/ab_base.py) the session checks out
+With `--against REV|DIR|auto` (gpuengine/gate/ab/checkout.py) the session checks out
 the base, asks the base's perf modules, before the first test, which engine
 recipes and cases they have, and then builds each covered test's engine in
-both checkouts (gpuengine/gate/ab_sides.py). A test is covered when its module
+both checkouts (gpuengine/gate/ab/sides.py). A test is covered when its module
 names its recipe in `ENGINES` and the base has the same test and case. With
 an explicit base, a test the base lacks stops the session with one error
 naming the base and the tests, before anything runs or is saved; with `auto`
@@ -12,7 +12,7 @@ instead, said per test. A base that cannot be checked out or imported is one
 error too. The worktree and the workers go when the session ends, Ctrl-C
 included. Root conftest.py registers this plugin after the gate plugin.
 
-With `--against-stack LOCK` (gpuengine/gate/ab_stack.py, excluding `--against`)
+With `--against-stack LOCK` (gpuengine/gate/ab/stack.py, excluding `--against`)
 the base is the working tree itself, run in the environment of another
 lock, and everything else is as above.
 """
@@ -28,11 +28,11 @@ from gpuengine.bench import aa_noise
 from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.stored_runs import scan
 
-from . import ab_base, ab_stack
-from .ab_sides import BASE, EnginePair, Interpreter, SideError, Sides
-from .ab_worker import close_runner
-from .plugin import GATE
-from .progress import terminal_writer
+from . import checkout, stack as stack_ab
+from .sides import BASE, EnginePair, Interpreter, SideError, Sides
+from .worker import close_runner
+from ..plugin import GATE
+from ..progress import terminal_writer
 
 STORED_MODE = "stored-run mode"
 LOG_DIR = Path("build") / "ab"   # the workers' logs, git-ignored
@@ -40,12 +40,12 @@ LOG_DIR = Path("build") / "ab"   # the workers' logs, git-ignored
 
 @dataclass
 class AbState:
-    base: ab_base.Base
+    base: checkout.Base
     explicit: bool                      # named by the user, not chosen by auto
     base_code: str = ""                 # aa_noise.code_hash of each side: equal on an A/A run
     head_code: str = ""
     sides: Sides | None = None
-    stack: ab_stack.StackBase | None = None   # --against-stack: the base is another lock's stack, the code the same
+    stack: stack_ab.StackBase | None = None   # --against-stack: the base is another lock's stack, the code the same
     covered: set[str] = field(default_factory=set)           # node ids run A/B
     uncovered: dict[str, str] = field(default_factory=dict)  # node id -> why it compares with its stored run
 
@@ -67,13 +67,13 @@ def pytest_addoption(parser):
              "auto: the merge base with main in a branch, the newest stored baseline's commit on main "
              "(./gate perf's default); none: compare with stored runs only (the default)")
     group.addoption(
-        ab_stack.AGAINST_STACK, metavar="LOCK", default=None,
+        stack_ab.AGAINST_STACK, metavar="LOCK", default=None,
         help="A/B mode across stacks: the working tree's engine in the environment of another lock (LOCK: a file, "
              "or REV:PATH such as HEAD~3:locks/cuda13.txt) as the base, and in this Python as the head; the "
              "base's venv is built in build/stacks/ (with GATE_NO_INSTALL=1: the packages this Python does not "
              "meet, from --stack-wheels); excludes --against")
     group.addoption(
-        ab_stack.STACK_WHEELS, metavar="DIR", default=None,
+        stack_ab.STACK_WHEELS, metavar="DIR", default=None,
         help="with GATE_NO_INSTALL=1 and --against-stack: the folder of wheels the base's packages are installed "
              "from (./gate wheels DIR --have FREEZE --lock LOCK fetches them; default: $GATE_STACK_WHEELS)")
 
@@ -93,11 +93,11 @@ def _newest_baseline_commit(storage: Path | None) -> str | None:
 def pytest_configure(config):
     against, stack = config.getoption("against", None), config.getoption("against_stack", None)
     if stack is not None and against is not None:
-        raise pytest.UsageError(f"gpuengine: --against {against} and {ab_stack.AGAINST_STACK} {stack}: one base at "
+        raise pytest.UsageError(f"gpuengine: --against {against} and {stack_ab.AGAINST_STACK} {stack}: one base at "
                                 "a time (--against: another commit's code; --against-stack: another lock's stack, "
                                 "the same code)")
     if config.getoption("stack_wheels", None) is not None and stack is None:
-        raise pytest.UsageError(f"gpuengine: {ab_stack.STACK_WHEELS} goes with {ab_stack.AGAINST_STACK} LOCK (the "
+        raise pytest.UsageError(f"gpuengine: {stack_ab.STACK_WHEELS} goes with {stack_ab.AGAINST_STACK} LOCK (the "
                                 "wheels of the base's stack)")
     state = config.stash.get(GATE, None)
     if state is None:
@@ -105,17 +105,17 @@ def pytest_configure(config):
     if stack is not None:
         _configure_stack(config, state, stack)
         return
-    against = against or ab_base.NONE
-    if against == ab_base.NONE:
+    against = against or checkout.NONE
+    if against == checkout.NONE:
         return
     try:
-        base, why = ab_base.resolve(against, config.rootpath, _newest_baseline_commit(state.storage))
-    except ab_base.BaseError as exc:
+        base, why = checkout.resolve(against, config.rootpath, _newest_baseline_commit(state.storage))
+    except checkout.BaseError as exc:
         raise pytest.UsageError(f"gpuengine: {exc}") from None
     if base is None:
         state.notices.append(f"{STORED_MODE}: no A/B base ({why}); each test compares with its stored baseline")
         return
-    ab = AbState(base, explicit=against != ab_base.AUTO, base_code=aa_noise.code_hash(base.root),
+    ab = AbState(base, explicit=against != checkout.AUTO, base_code=aa_noise.code_hash(base.root),
                  head_code=aa_noise.code_hash(config.rootpath))
     _learn_process_noise(state)
     config.stash[AB] = ab
@@ -136,12 +136,12 @@ def _learn_process_noise(state):
 def _configure_stack(config, state, spec: str):
     """--against-stack: the base is the working tree in another lock's environment, built (or reused) now."""
     try:
-        stack = ab_stack.resolve(spec, config.rootpath, no_install=ab_stack.no_install(),
-                                 wheels=ab_stack.wheels_setting(config.getoption("stack_wheels", None)))
-    except ab_stack.StackBaseError as exc:
+        stack = stack_ab.resolve(spec, config.rootpath, no_install=stack_ab.no_install(),
+                                 wheels=stack_ab.wheels_setting(config.getoption("stack_wheels", None)))
+    except stack_ab.StackBaseError as exc:
         raise pytest.UsageError(f"gpuengine: {exc}") from None
     code = aa_noise.code_hash(config.rootpath)
-    base = ab_base.Base(config.rootpath, None, stack.label, f"{ab_stack.AGAINST_STACK} {spec}")
+    base = checkout.Base(config.rootpath, None, stack.label, f"{stack_ab.AGAINST_STACK} {spec}")
     ab = AbState(base, explicit=True, base_code=code, head_code=code, stack=stack)
     _learn_process_noise(state)
     config.stash[AB] = ab
@@ -152,7 +152,7 @@ def _configure_stack(config, state, spec: str):
 
 def _plan_presets(config) -> dict | None:
     """The cuDNN plans the session starts from (gpuengine/gate/kept_plans.py), for both workers: None off a GPU."""
-    from .kept_plans import KEPT
+    from ..kept_plans import KEPT
     kept = config.stash.get(KEPT, None)
     if kept is None:
         return None
@@ -218,7 +218,7 @@ def pytest_sessionfinish(session):
     if ab is None or ab.sides is None:
         return
     ab.sides.close()
-    from .kept_plans import KEPT
+    from ..kept_plans import KEPT
     kept = session.config.stash.get(KEPT, None)
     tuned = ab.sides.tuned
     if kept is not None and ab.stack is not None and not ab.stack.shares_plans:
@@ -264,7 +264,7 @@ def engine_for(request):
 
 def ab_record(config, pair: EnginePair, times: dict[str, list[float]]) -> dict:
     """What the stored run keeps of the A/B rounds: both sides' round times and where each side came from (in a
-    stack A/B also both locks and the change between them, gpuengine/gate/ab_stack.py)."""
+    stack A/B also both locks and the change between them, gpuengine/gate/ab/stack.py)."""
     ab = config.stash[AB]
     return {"base": ab.base.label, "base_commit": ab.base.commit, "base_why": ab.base.why,
             "base_code": ab.base_code, "head_code": ab.head_code,
