@@ -67,6 +67,12 @@ def test_the_code_hash_sees_a_changed_source_and_nothing_else(tmp_path):
     (tmp_path / "README.md").write_text("words")
     (tmp_path / "gpuengine" / "__pycache__").mkdir()
     (tmp_path / "gpuengine" / "__pycache__" / "a.py").write_text("stale")
+    for untimed in ("gate", "bench/report"):   # the gate and its report: no round runs them
+        (tmp_path / "gpuengine" / untimed).mkdir(parents=True)
+        (tmp_path / "gpuengine" / untimed / "b.py").write_text("y = 1\n")
     assert code_hash(tmp_path) == before
+    (tmp_path / "gpuengine" / "bench" / "runners.py").write_text("z = 1\n")   # an instrument is timed code
+    assert code_hash(tmp_path) != before
+    (tmp_path / "gpuengine" / "bench" / "runners.py").unlink()
     (tmp_path / "gpuengine" / "a.py").write_text("x = 2\n")
     assert code_hash(tmp_path) != before

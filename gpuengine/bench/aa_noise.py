@@ -1,7 +1,8 @@
 """The A/B rule's process noise, learned from the A/A runs among a GPU's stored runs.
 
 An A/A run is an A/B run whose two sides ran the same code: the head's
-and the base's `gpuengine/` and `perf_tests/` hash alike (`code_hash`, kept
+and the base's `gpuengine/` and `perf_tests/`, less the gate and its
+report (no round runs them), hash alike (`code_hash`, kept
 in each test's `extra_info["ab"]`), whatever commits they were, on the same
 stack (a stack A/B, `--against-stack`, runs one code on two locks: an A/A
 run only where both locks pin the same). Every such
@@ -34,15 +35,19 @@ from .significance import MEDIAN_VARIANCE_FACTOR, robust_sd
 from .stored_runs import history_folder, run_files
 
 CODE_FOLDERS = ("gpuengine", "perf_tests")
+# No timed round runs these (the worker script both sides run is the head's): a base that differs only there is A/A.
+NOT_TIMED = ("gpuengine/gate", "gpuengine/bench/report")
 
 
 def code_hash(root: Path) -> str:
-    """sha256 of the Python sources under the checkout's gpuengine/ and perf_tests/ (paths and contents)."""
+    """sha256 of the Python sources under the checkout's gpuengine/ and perf_tests/ but NOT_TIMED (paths and
+    contents)."""
     digest = hashlib.sha256()
     root = Path(root)
     for folder in CODE_FOLDERS:
         for path in sorted((root / folder).rglob("*.py")):
-            if "__pycache__" in path.parts:
+            if "__pycache__" in path.parts or path.relative_to(root).as_posix().startswith(
+                    tuple(f"{folder}/" for folder in NOT_TIMED)):
                 continue
             digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
