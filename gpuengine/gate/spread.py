@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuengine.bench import cudnn_plans
-from gpuengine.bench.json_files import JsonFileError
+from gpuengine.bench.json_files import JsonFileError, write_text
 from gpuengine.bench.machine_info import checkout_commit, named_commit_info, run_tag
 from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_only, merge_runs, next_run_path,
                                          split_tests)
@@ -250,7 +250,7 @@ def save_merged(workers: list[Worker], status: dict[str, int], store: Path, mach
         folder = (tier if passed or save_baseline else history_folder(tier)) / machine_id
         folder.mkdir(parents=True, exist_ok=True)
         path = next_run_path(folder, tag)
-        path.write_text(json.dumps(merged, indent=4))
+        write_text(path, json.dumps(merged, indent=4))   # aside, then renamed: never a half-written baseline
         saved.append(path)
     return saved
 
