@@ -326,7 +326,7 @@ def test_bad_runs_are_skipped_with_their_reasons_and_the_report_builds(messy, ca
     root, code = messy
     assert code == 0
     page = (root / "out" / "index.html").read_text()
-    assert "0002_broken.json: does not parse as JSON (line 1, column" in page
+    assert "0002_broken.json: not valid JSON at line 1, column" in page
     assert "0003_foreign.json: no benchmark carries extra_info" in page
     assert "one stored run (0001 d225a9f), no history yet" in page
     assert "test_mlp_infer[fp32-resident-b64]" in page   # the good run is reported

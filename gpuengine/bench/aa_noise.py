@@ -28,11 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .json_files import JsonFileError, load_json
 from .noise import PRIOR_RUNS
 from .paired import DEFAULT_PROCESS_SD
 from .significance import MEDIAN_VARIANCE_FACTOR, robust_sd
-from .stored_runs import history_folder, run_files
+from .stored_runs import history_folder, scan
 
 CODE_FOLDERS = ("gpuengine", "perf_tests")
 # No timed round runs these (the worker script both sides run is the head's): a base that differs only there is A/A.
@@ -103,14 +102,10 @@ def stored_aa_runs(tier_folder: Path) -> dict[str, list[AaRun]]:
     """Per test name (with its case id), the A/A runs among every stored run of the tier, history included.
     An unreadable file is left out here: the gate names it where it reads baselines."""
     found: dict[str, list[AaRun]] = {}
-    for path in run_files(tier_folder) + run_files(history_folder(tier_folder)):
-        try:
-            content = load_json(path)
-        except JsonFileError:
-            continue
-        for bench in content.get("benchmarks", []) if isinstance(content, dict) else []:
-            ab = (bench.get("extra_info") or {}).get("ab") if isinstance(bench, dict) else None
+    for stored in scan(tier_folder)[0] + scan(history_folder(tier_folder))[0]:
+        for fullname, bench in stored.benchmarks.items():
+            ab = (bench.get("extra_info") or {}).get("ab")
             run = AaRun.from_record(ab) if isinstance(ab, dict) else None
             if run is not None:
-                found.setdefault(bench.get("fullname", bench.get("name")), []).append(run)
+                found.setdefault(fullname, []).append(run)
     return found

@@ -17,19 +17,21 @@ class JsonFileError(ValueError):
     """A JSON file of the suite is missing, unreadable or malformed; the message names the file and place."""
 
 
-def load_json(path: Path | str):
-    """The parsed content of `path`, or JsonFileError naming the file and the line/column of the fault."""
+def load_json(path: Path | str, name: str | None = None):
+    """The parsed content of `path`, or JsonFileError naming the file (as `name` where given) and the line/column
+    of the fault."""
     path = Path(path)
+    name = name or str(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise JsonFileError(f"{path}: no such file") from None
+        raise JsonFileError(f"{name}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise JsonFileError(f"{path}: cannot be read ({exc})") from None
+        raise JsonFileError(f"{name}: cannot be read ({exc})") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise JsonFileError(f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+        raise JsonFileError(f"{name}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
 
 
 def write_text(path: Path | str, text: str) -> Path:

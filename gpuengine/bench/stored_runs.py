@@ -1,10 +1,14 @@
-"""Stored pytest-benchmark runs of one tier folder, and the newest stored result of each test.
+"""The one reader of stored pytest-benchmark runs: their layout, their content, the newest result of each test.
 
 Layout (pytest-benchmark's own file format and names, so every stored run
 stays readable by its tools):
 
     <folder>/<machine id>/NNNN_<name>.json      baselines: runs that passed the gate, or saved on purpose
     <folder>/history/<machine id>/NNNN_*.json   every other saved run (failed, interrupted): kept, never compared
+    <tier>/<series>/...                         a series (`slow`, `config-<toggles>`): runs with a history of their own
+
+The gate (plugin.py), the A/A noise (aa_noise.py), the spread and the report
+(report/store.py) all read runs through `parse_run`.
 
 A test is compared with the newest baseline run that contains it, in any
 machine-id folder (the machine id names the Python version, which does not
@@ -14,6 +18,7 @@ so the caller can name it instead of silently skipping it.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,16 +31,20 @@ GATEPOWER = "gatepower"   # python -m gpuengine gatepower's studies
 # Folders inside a tier folder that hold something other than its baselines.
 RESERVED = (HISTORY, "slow", GATEPOWER, "maxbatch", PROFILES)
 RUN_GLOB = "[0-9][0-9][0-9][0-9]_*.json"
+MACHINE_ID = re.compile(r"^[A-Za-z]+-[A-Za-z]+-\d+\.\d+-\d+bit$")  # pytest-benchmark's folder per OS/Python
 
 
 @dataclass(frozen=True)
 class StoredRun:
     path: Path
     label: str                    # machine id / file name: how messages name the run
-    saved_at: datetime
+    saved_at: datetime            # UTC, naive
     benchmarks: dict[str, dict]   # fullname (pytest node id) -> the stored benchmark
     machine_info: dict
     commit: str | None = None     # the commit the run measured (pytest-benchmark's commit_info), where it says
+    dirty: bool = False           # commit_info's dirty: the tree had changes the commit lacks
+    tier_time: dict | None = None   # the gate's gpuengine_tier_time: how long the run took, per workload
+    left_out: tuple[str, ...] = ()  # benchmarks a lenient read could not take, each with why
 
 
 @dataclass(frozen=True)
@@ -65,27 +74,47 @@ def _label(path: Path, folder: Path) -> str:
     return str(path.relative_to(folder))
 
 
-def read_run(path: Path, folder: Path) -> StoredRun:
-    """One stored run, or JsonFileError naming the file and what is wrong with it."""
-    content = load_json(path)
+def parse_run(content, path: Path, label: str, name: str | None = None, strict: bool = True) -> StoredRun:
+    """A run from its file's parsed `content`, or JsonFileError naming it (as `name`, else its path) and what is
+    wrong. `strict`: a benchmark that cannot be read makes the run unreadable (the gate compares every test it
+    holds); else it is left out, saying why in `left_out` (the report shows the rest)."""
+    name = name or str(path)
     if not isinstance(content, dict) or not isinstance(content.get("benchmarks"), list):
-        raise JsonFileError(f"{path}: not a pytest-benchmark run (no \"benchmarks\" list)")
+        raise JsonFileError(f"{name}: not a pytest-benchmark run (no \"benchmarks\" list)")
     try:
         saved_at = datetime.fromisoformat(str(content.get("datetime")))
     except ValueError:
-        raise JsonFileError(f"{path}: \"datetime\" is {content.get('datetime')!r}, not an ISO date") from None
-    benchmarks = {}
+        raise JsonFileError(f"{name}: \"datetime\" is {content.get('datetime')!r}, not an ISO date") from None
+    benchmarks, left_out = {}, []
     for i, bench in enumerate(content["benchmarks"]):
         if not isinstance(bench, dict) or not isinstance(bench.get("fullname"), str) \
                 or not isinstance(bench.get("stats"), dict) or not isinstance(bench.get("extra_info", {}), dict):
-            raise JsonFileError(f"{path}: benchmarks[{i}] lacks a fullname, its stats or a valid extra_info")
+            problem = f"{name}: benchmarks[{i}] lacks a fullname, its stats or a valid extra_info"
+            if strict:
+                raise JsonFileError(problem)
+            left_out.append(problem)
+            continue
         benchmarks[bench["fullname"]] = bench
     if saved_at.tzinfo is not None:   # pytest-benchmark writes UTC with an offset; older files may be naive UTC
         saved_at = saved_at.astimezone(timezone.utc).replace(tzinfo=None)
-    commit_info = content.get("commit_info")
-    commit = commit_info.get("id") if isinstance(commit_info, dict) else None
-    return StoredRun(path, _label(path, folder), saved_at, benchmarks,
-                     content.get("machine_info") or {}, commit if isinstance(commit, str) and commit else None)
+    commit_info = content.get("commit_info") if isinstance(content.get("commit_info"), dict) else {}
+    commit = commit_info.get("id")
+    tier_time = content.get("gpuengine_tier_time")
+    return StoredRun(path, label, saved_at, benchmarks, content.get("machine_info") or {},
+                     commit if isinstance(commit, str) and commit else None, bool(commit_info.get("dirty")),
+                     tier_time if isinstance(tier_time, dict) else None, tuple(left_out))
+
+
+def read_run(path: Path, folder: Path) -> StoredRun:
+    """One stored run, or JsonFileError naming the file and what is wrong with it."""
+    return parse_run(load_json(path), path, _label(path, folder))
+
+
+def placement(parts: tuple[str, ...]) -> tuple[str, bool]:
+    """(series, passed) of a run from the folders between its tier folder and its file: the series those
+    folders name less the machine-id folder and history/ ("" for the speed runs), and whether it is a baseline."""
+    series = "/".join(part for part in parts if not MACHINE_ID.match(part) and part != HISTORY)
+    return series, HISTORY not in parts
 
 
 def scan(folder: Path | str) -> tuple[list[StoredRun], list[UnreadableRun]]:

@@ -3,7 +3,7 @@
 The layout is baselines_store/README.md's: `<store>/<tier>/[<series>/]<machine id>/NNNN_<name>.json`,
 where a series (`slow`, `config-<toggles>`) is a folder of runs with a history of its own, and
 `<store>/<tier>/[<series>/]history/<machine id>/NNNN_<name>.json` holds the runs that failed the gate
-(`gpuengine.bench.stored_runs`). Both are read: a table shows the newest measurement of each test,
+(`gpuengine.bench.stored_runs`, the one reader of a run's file, through which this module reads). Both are read: a table shows the newest measurement of each test,
 whichever run it came from, and a measurement of a failed run (`Run.passed` false) says so next to the
 baseline in force, the newest passing run of that test (`TierRuns.baseline_of`). A run is
 pytest-benchmark's JSON file (`machine_info`, `commit_info`, `datetime`, and per benchmark `stats` and
@@ -14,25 +14,22 @@ these, does not parse, or carries no `extra_info` is skipped with its reason; on
 """
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from ..machine_info import CPU_TIER
 from ..cudnn_plans import PLAN_FILE
-from ..json_files import JsonFileError
+from ..json_files import JsonFileError, load_json
 from ..noise import NOISE_FILE
 from ..plan_stability import STORE_FOLDER as PLAN_STABILITY
 from ..profile.record import PROFILES, StoredProfile, read_profile
-from ..stored_runs import GATEPOWER, HISTORY
+from ..stored_runs import GATEPOWER, HISTORY, StoredRun, parse_run, placement
 from ..thresholds import ThresholdRule, load_rules, wildcard_match
 from ..toggle_cost import STORE_FOLDER as TOGGLE_COST
 
 ENGINE = "gpuengine"
 THRESHOLDS_FILE = "thresholds.json"
-MACHINE_ID = re.compile(r"^[A-Za-z]+-[A-Za-z]+-\d+\.\d+-\d+bit$")  # pytest-benchmark's folder per OS/Python
 MAXBATCH_KEYS = {"workload", "mode", "engine", "reference", "ratio", "engine_search", "reference_search"}
 HARNESS_SELF_TEST = "perf_tests/test_harness_smoke.py::"   # stand-in runners, stored by older runs: no workload
 GATE_FOLDERS = {GATEPOWER, PLAN_STABILITY, TOGGLE_COST}   # the gate's own studies: no results
@@ -218,17 +215,12 @@ class Store:
         return sum(len(tier.failed_runs) for tier in self.tiers)
 
 
-def _series_of(parts: tuple[str, ...]) -> str:
-    """The folders between the tier and the file, less pytest-benchmark's machine-id folder and history/."""
-    return "/".join(part for part in parts if not MACHINE_ID.match(part) and part != HISTORY)
-
-
 def _benchmarks(entries, where: str, skipped: list[str]) -> dict[str, Benchmark]:
     benchmarks = {}
-    for i, entry in enumerate(entries):
-        name = entry.get("name") if isinstance(entry, dict) else None
+    for entry in entries:
+        name = entry.get("name")
         if not isinstance(name, str):
-            skipped.append(f"{where}: benchmark {i} has no 'name'; left out")
+            skipped.append(f"{where}: {entry['fullname']} has no 'name'; left out")
             continue
         if str(entry.get("fullname", "")).startswith(HARNESS_SELF_TEST):
             skipped.append(f"{where}: {name} is the harness's self-test with stand-in runners, not a workload; "
@@ -243,25 +235,17 @@ def _benchmarks(entries, where: str, skipped: list[str]) -> dict[str, Benchmark]
     return benchmarks
 
 
-def _run(data: dict, rel: Path, tier: str, skipped: list[str]) -> Run | None:
+def _run(stored: StoredRun, rel: Path, tier: str, skipped: list[str]) -> Run | None:
+    """The report's view of a run read by stored_runs.parse_run."""
     where = str(rel)
-    if not isinstance(data.get("benchmarks"), list):
-        skipped.append(f"{where}: not a pytest-benchmark run (no 'benchmarks' list); skipped")
-        return None
-    try:
-        when = datetime.fromisoformat(data["datetime"])
-    except (KeyError, TypeError, ValueError):
-        skipped.append(f"{where}: no valid 'datetime' (pytest-benchmark writes one); skipped")
-        return None
-    benchmarks = _benchmarks(data["benchmarks"], where, skipped)
+    skipped.extend(f"{problem}; left out" for problem in stored.left_out)
+    benchmarks = _benchmarks(stored.benchmarks.values(), where, skipped)
     if not benchmarks:
         skipped.append(f"{where}: no benchmark carries extra_info (another tool's pytest-benchmark file?); skipped")
         return None
-    commit = data.get("commit_info") or {}
-    return Run(rel, tier, _series_of(rel.parts[1:-1]), rel.name.split("_", 1)[0], str(commit.get("id") or ""),
-               bool(commit.get("dirty")), when, data.get("machine_info") or {}, benchmarks,
-               data.get("gpuengine_tier_time") if isinstance(data.get("gpuengine_tier_time"), dict) else None,
-               passed=HISTORY not in rel.parts[1:-1])
+    series, passed = placement(rel.parts[1:-1])
+    return Run(rel, tier, series, rel.name.split("_", 1)[0], stored.commit or "", stored.dirty, stored.saved_at,
+               stored.machine_info, benchmarks, stored.tier_time, passed=passed)
 
 
 def _read_tier(store: Path, folder: Path, skipped: list[str]) -> TierRuns:
@@ -271,11 +255,9 @@ def _read_tier(store: Path, folder: Path, skipped: list[str]) -> TierRuns:
         if rel.name in (NOISE_FILE, PLAN_FILE) or GATE_FOLDERS & set(rel.parts):
             continue   # the gate's own files: noise, cuDNN plans, power studies: no results
         try:
-            data = json.loads(file.read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            where = f"line {exc.lineno}, column {exc.colno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError) \
-                else str(exc)
-            skipped.append(f"{rel}: does not parse as JSON ({where}); skipped")
+            data = load_json(file, str(rel))
+        except JsonFileError as exc:
+            skipped.append(f"{exc}; skipped")
             continue
         if PROFILES in rel.parts[1:-1]:
             try:
@@ -286,7 +268,11 @@ def _read_tier(store: Path, folder: Path, skipped: list[str]) -> TierRuns:
         if isinstance(data, list) and data and all(isinstance(r, dict) and MAXBATCH_KEYS <= set(r) for r in data):
             tier.maxbatch_tables.append(MaxBatchTable(rel, data))
         elif isinstance(data, dict):
-            run = _run(data, rel, tier.name, skipped)
+            try:
+                run = _run(parse_run(data, file, str(rel), str(rel), strict=False), rel, tier.name, skipped)
+            except JsonFileError as exc:
+                skipped.append(f"{exc}; skipped")
+                continue
             if run is not None:
                 tier.runs.append(run)
         else:
