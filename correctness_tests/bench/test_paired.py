@@ -8,9 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from gpuengine.bench.paired import (ALPHA, DEFAULT_PROCESS_SD, IMPROVED, MIN_ROUNDS, NOT_SIGNIFICANT, PREFERRED_ROUNDS,
-                                    RANK_ALPHA, REGRESSED, decide_paired, detectable_slowdown, median_interval,
-                                    power_summary, preferred_rounds, signed_rank_p_greater)
+from gpuengine.bench.paired import (ALPHA, DEFAULT_PROCESS_SD, MIN_ROUNDS, PREFERRED_ROUNDS, RANK_ALPHA, decide_paired,
+                                    detectable_slowdown, median_interval, power_summary, preferred_rounds,
+                                    signed_rank_p_greater)
+from gpuengine.bench.verdicts import IMPROVED, NOT_SIGNIFICANT, REGRESSED
 
 
 def brute_force_p(d):

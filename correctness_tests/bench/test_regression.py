@@ -12,8 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from gpuengine.bench.regression import (IMPROVED, MIN_ROUNDS, NOT_COMPARABLE, NOT_SIGNIFICANT, REGRESSED,
-    TARGET_SLOWDOWN, NoiseLevels, RunSamples, choose_reference, decide, detectable_slowdown, recommend_rounds)
+from gpuengine.bench.regression import (MIN_ROUNDS, TARGET_SLOWDOWN, NoiseLevels, RunSamples, choose_reference, decide,
+                                        detectable_slowdown, recommend_rounds)
+from gpuengine.bench.verdicts import IMPROVED, NOT_COMPARABLE, NOT_SIGNIFICANT, REGRESSED
 
 
 def synthetic_run(rng, slowdown=0.0, between=0.004, round_sd=0.002, rounds=7, reference_speedup=0.0,
@@ -79,7 +80,7 @@ def test_the_failure_reads_like_pytest_benchmark():
     rng = np.random.default_rng(7)
     decision = decide(synthetic_run(rng, slowdown=0.10), synthetic_run(rng), noise())
     assert decision.verdict == REGRESSED
-    line = decision.describe("perf_tests/test_x.py::test_x[a]", "Linux-CPython-3.12-64bit/0004_abc.json")
+    line = decision.line("perf_tests/test_x.py::test_x[a]", "Linux-CPython-3.12-64bit/0004_abc.json")
     assert line.startswith("perf_tests/test_x.py::test_x[a] (Linux-CPython-3.12-64bit/0004_abc.json) - "
                            "Field 'engine time / torch_graph time' has failed RankTest+MinEffect: +")
     assert "95% CI" in line and "Mann-Whitney U, 7 vs 7 rounds" in line and "test noise 0.4%" in line

@@ -22,9 +22,10 @@ import pytest
 from gpuengine.bench.benchmarking import Comparison
 from gpuengine.bench.machine_info import Tier
 from gpuengine.bench.noise import NoiseTable
-from gpuengine.bench.regression import MIN_ROUNDS, REGRESSED
+from gpuengine.bench.regression import MIN_ROUNDS
 from gpuengine.bench.stack_lock import NO_LOCK, StackId, stack_of
 from gpuengine.bench.stored_runs import StoredRun
+from gpuengine.bench.verdicts import REGRESSED
 
 from gpuengine.gate import tiers
 from gpuengine.gate.plugin import GateState, GateTest

@@ -34,17 +34,16 @@ from typing import Sequence
 import numpy as np
 
 from .significance import MEDIAN_VARIANCE_FACTOR, normal_quantile, robust_sd
+from .verdicts import IMPROVED, MIN_EFFECT, NOT_SIGNIFICANT, REGRESSED
 
 ALPHA = 0.001           # per test: ~40 tests stay green together >= 95% of the time
 RANK_ALPHA = 0.05       # the signed-rank test's level: with 7 rounds, one small stray round may disagree
-MIN_EFFECT = 0.02       # below 2% a slowdown is not worth a red build, however certain
 DEFAULT_PROCESS_SD = 0.005   # prior per-process offset before any A/A run: half the stored-run prior
 MIN_ROUNDS = 7          # fewest paired rounds: the median of fewer is loose, and the rank test could allow no stray
 PREFERRED_ROUNDS = (11, 21)   # with 11 one stray round of the largest rank still leaves p < 0.05, with 21 three
 PREFERRED_ROUNDS_MS = 2000    # rounds beyond 11 only while a test's paired rounds stay within this time
 INTERVAL = 0.95
 
-REGRESSED, IMPROVED, NOT_SIGNIFICANT = "regressed", "improved", "not significant"
 
 
 def preferred_rounds(round_set_ms: float | None) -> int:
@@ -125,6 +124,9 @@ class PairedDecision:
                 "interval": [round(x, 5) for x in self.interval], "p_slower": float(f"{self.p_slower:.3g}"),
                 "p_faster": float(f"{self.p_faster:.3g}"), "bar": round(self.bar, 5), "rounds": self.rounds,
                 "noise": self.noise_source, "catches_95pct": round(self.catches, 5)}
+
+    def line(self, fullname: str, against: str) -> str:
+        return f"{fullname} ({against}) - {self.describe()}"
 
     def describe(self) -> str:
         low, high = self.interval

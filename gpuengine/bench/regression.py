@@ -29,17 +29,15 @@ import numpy as np
 
 from .significance import (MEDIAN_VARIANCE_FACTOR, bootstrap_median_shift, mann_whitney_less, normal_quantile,
     rank_test_detectable_shift, rank_test_power, robust_sd)
+from .verdicts import IMPROVED, MIN_EFFECT, NOT_COMPARABLE, NOT_SIGNIFICANT, REGRESSED
 
 ALPHA = 0.01                  # one-sided, per test: at most 1% false alarms with the engine unchanged
-MIN_EFFECT = 0.02             # below 2% a slowdown is not worth a red build, however certain
 TARGET_SLOWDOWN = 0.05        # the gate's power target (docs/gate.md): a 5% slowdown ...
 TARGET_POWER = 0.95           # ... detected 95% of the time
 DEFAULT_BETWEEN_RUN_SD = 0.01  # uncalibrated prior: H200 graph-captured tests sat at 0.2-1.7% across runs
 PREFERRED_REFERENCE = "torch_graph"
 MIN_ROUNDS = 5                # the fewest a side where a one-sided rank test can reach p < 0.01 (1/252 exact)
 MAX_ROUNDS = 40
-
-REGRESSED, IMPROVED, NOT_SIGNIFICANT, NOT_COMPARABLE = "regressed", "improved", "not significant", "not comparable"
 
 
 @dataclass(frozen=True)
@@ -147,9 +145,9 @@ class Decision:
                 "primary": self.primary.as_dict() if self.primary else None,
                 "confirmation": self.confirmation.as_dict() if self.confirmation else None}
 
-    def describe(self, fullname: str, run_label: str) -> str:
+    def line(self, fullname: str, against: str) -> str:
         """One line in pytest-benchmark's failure style: `name (stored run) - what failed`."""
-        return f"{fullname} ({run_label}) - {self.reason}"
+        return f"{fullname} ({against}) - {self.reason}"
 
 
 def decide(current: RunSamples, baseline: RunSamples, noise: NoiseLevels, alpha: float = ALPHA,

@@ -45,7 +45,8 @@ from gpuengine.bench.gatepower import trials as study_trials
 from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.machine_info import Tier
 from gpuengine.bench.noise import NOISE_FILE, NoiseTable
-from gpuengine.bench.regression import REGRESSED, Decision, RunSamples, decide
+from gpuengine.bench.regression import RunSamples, decide
+from gpuengine.bench.verdicts import NO_BASELINE, NOT_COMPARABLE, REGRESSED, Decision
 from gpuengine.bench.stack_lock import NO_LOCK, StackId, current_record, stack_of
 from gpuengine.bench.stored_runs import (StoredRun, UnreadableRun, history_folder, newest_per_test, newest_with_runners,
                                         read_run, runners_of, scan)
@@ -54,8 +55,6 @@ from gpuengine.bench.thresholds import load_rules
 from . import tiers, run_storage
 from .harness import Targets, TargetsMissed
 
-NO_BASELINE = "no baseline"
-NOT_COMPARABLE = "not comparable"
 
 
 @dataclass
@@ -335,11 +334,14 @@ class GateTest:
             return CheckOutcome({"verdict": NO_BASELINE, "reason": reason}, None)
         current = RunSamples.from_extra_info(extra_info)
         baseline = RunSamples.from_extra_info(run.benchmarks[self.fullname].get("extra_info", {}), current.reference)
-        decision: Decision = decide(current, baseline, self.state.noise.levels(self.fullname))
-        line = decision.describe(self.fullname, run.label)
+        return self.outcome(decide(current, baseline, self.state.noise.levels(self.fullname)), run.label,
+                            {"baseline_run": run.label})
+
+    def outcome(self, decision: Decision, against: str, record: dict) -> CheckOutcome:
+        """Either rule's decision recorded, listed for the summary, and failing the test where it regressed."""
+        line = decision.line(self.fullname, against)
         self.state.checked.append((self.fullname, decision.verdict, f"{decision.verdict:16}{line}"))
-        record = {"baseline_run": run.label, **decision.as_dict()}
-        return CheckOutcome(record, line if decision.verdict == REGRESSED else None)
+        return CheckOutcome({**record, **decision.as_dict()}, line if decision.verdict == REGRESSED else None)
 
     def not_comparable(self, stored: StoredRun) -> CheckOutcome:
         """A test whose stored runs of the same runners all ran on another stack: said so, never a regression."""
@@ -365,11 +367,8 @@ class GateTest:
                                         base_samples=ab["base_samples_per_round"],
                                         process_sd=learned.sd if learned else None,
                                         source=learned.source() if learned else None)
-        line = f"{self.fullname} (A/B against {ab['base']}) - {decision.describe()}"
-        self.state.checked.append((self.fullname, decision.verdict, f"{decision.verdict:16}{line}"))
         self.state.ab_catches[self.fullname] = decision.catches
-        record = {"mode": "A/B", "base": ab["base"], **decision.as_dict()}
-        return CheckOutcome(record, line if decision.verdict == paired.REGRESSED else None)
+        return self.outcome(decision, f"A/B against {ab['base']}", {"mode": "A/B", "base": ab["base"]})
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from gpuengine.bench import paired
-from gpuengine.bench.regression import REGRESSED
+from gpuengine.bench.verdicts import NOT_COMPARABLE, REGRESSED
 
-from .plugin import GATE, NOT_COMPARABLE
+from .plugin import GATE
 
 
 @pytest.hookimpl(wrapper=True)

@@ -21,7 +21,8 @@ import numpy as np
 from .. import paired
 from ..aa_noise import ProcessNoise
 from ..noise import NoiseTable, signal_noise
-from ..regression import ALPHA, REGRESSED, TARGET_POWER, TARGET_SLOWDOWN, decide, detectable_slowdown
+from ..regression import ALPHA, TARGET_POWER, TARGET_SLOWDOWN, decide, detectable_slowdown
+from ..verdicts import REGRESSED
 from .trials import Trial, TrialSet
 
 ACROSS, WITHIN = "across sessions", "within one session (understates run-to-run noise)"
@@ -68,7 +69,7 @@ def analyse_paired_test(test: TrialSet, process: ProcessNoise | None) -> dict:
                                           base_samples=t.ab["base_samples_per_round"],
                                           process_sd=process.sd if process else None,
                                           source=process.source() if process else None) for t in test.at(level)]
-        rate = sum(d.verdict == paired.REGRESSED for d in decisions) / len(decisions)
+        rate = sum(d.verdict == REGRESSED for d in decisions) / len(decisions)
         entry.setdefault("pairs", {})[level_key(level)] = len(decisions)
         entry.setdefault("median_slowdown", {})[level_key(level)] = round(statistics.median(
             d.slowdown for d in decisions), 4)

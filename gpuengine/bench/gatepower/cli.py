@@ -37,8 +37,9 @@ from ..cli_args import UsageError, checked, number, output_folder, whole
 from ..json_files import write_json
 from ..machine_info import checkout_commit
 from ..noise import NOISE_FILE, NoiseTable
-from ..regression import ALPHA, MIN_EFFECT, TARGET_POWER, TARGET_SLOWDOWN
+from ..regression import ALPHA, TARGET_POWER, TARGET_SLOWDOWN
 from ..stored_runs import GATEPOWER, scan
+from ..verdicts import MIN_EFFECT
 from . import analysis, calibration
 from .sessions import REPO, SessionPlan, kept_sessions, run_sessions
 from .trials import parse_levels, read_trials
@@ -193,7 +194,7 @@ def main(args) -> int:
         "seconds": None if kept else round(time.monotonic() - started, 1),
         "against": args.against,
         "rule": stored_rule if args.against == "none" else {
-            "mode": "A/B", "alpha": paired.ALPHA, "rank_alpha": paired.RANK_ALPHA, "min_effect": paired.MIN_EFFECT,
+            "mode": "A/B", "alpha": paired.ALPHA, "rank_alpha": paired.RANK_ALPHA, "min_effect": MIN_EFFECT,
             "process_noise": f"learned from the stored A/A runs of {len(process)} test(s), else the prior"},
         "targets": {"false_alarm_rate_max": ALPHA if args.against == "none" else paired.ALPHA,
                     f"detection_rate_{analysis.level_key(TARGET_SLOWDOWN)}_min": TARGET_POWER},
