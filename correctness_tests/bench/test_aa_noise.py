@@ -28,6 +28,13 @@ def test_many_aa_runs_recover_the_process_offset_and_few_lean_on_the_prior():
     assert "2 run(s)" in learn(steady).source()
 
 
+def test_a_run_of_noisy_rounds_does_not_cancel_the_offsets_of_quiet_ones():
+    rng = np.random.default_rng(7)
+    quiet = [AaRun.from_record(record(rng, 0.03)) for _ in range(12)]
+    noisy = AaRun(0.0, 0.5, 9)   # no offset seen, rounds 50% apart: its excess alone is hugely negative
+    assert learn(quiet + [noisy]).sd > 0.8 * learn(quiet).sd
+
+
 def test_only_runs_of_the_same_code_on_both_sides_count():
     rng = np.random.default_rng(6)
     assert AaRun.from_record(record(rng, 0.01, same_code=False)) is None
