@@ -51,11 +51,12 @@ def test_two_ranks_train_like_one_rank_at_the_global_batch():
 
 
 def test_ranks_start_from_the_kept_choices_and_hand_back_only_what_they_timed():
-    kept = {"('gemm', 'fp32', (8, 8))": "algo3"}
+    # As many choices as a kept file holds and more: the spec's line is far longer than a pipe's buffer.
+    kept = {f"('conv_fprop', 'tf32', {i}, {'x' * 150})": f"eng{i % 7}" for i in range(4000)}
     with WorkerGroup(2, CPU) as group:
         group.build({**spec(8), "plans": kept})
         replies = group.call(range(2), {"op": "plans"})
-        assert [replies[r]["preset"] for r in range(2)] == [1, 1]
+        assert [replies[r]["preset"] for r in range(2)] == [4000, 4000]
         assert group.tuned_plans() == {}   # the NumPy backend times nothing
 
 

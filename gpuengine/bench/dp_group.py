@@ -80,7 +80,9 @@ class WorkerGroup:
         line = (json.dumps(message) + "\n").encode()
         for rank in ranks:
             try:
-                os.write(self._to[rank], line)
+                left = memoryview(line)
+                while left:   # a build spec with the kept plan choices runs to hundreds of kB: maybe several writes
+                    left = left[os.write(self._to[rank], left):]
             except BrokenPipeError:
                 self._fail(f"rank {rank} is gone (exit status {self._procs[rank].poll()}) before {message['op']}",
                            rank)
