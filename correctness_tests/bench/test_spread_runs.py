@@ -285,7 +285,8 @@ def test_every_gpus_new_plan_choices_are_kept_by_the_spread_alone(tmp_path):
     assert len({w.environment({})[cudnn_plans.HAND_OFF_ENV] for w in workers}) == 3
     for i, worker in enumerate(workers[:2]):   # the all-GPU worker ended without a finish: nothing handed
         handed_to = worker.environment({})[cudnn_plans.HAND_OFF_ENV]
-        assert cudnn_plans.hand_off(handed_to, cudnn_plans.load(store, stack), {f"g{i}": {"plan": "eng3", "ms": 0.5}}) == 1
+        choice = {f"g{i}": {"plan": "eng3", "ms": 0.5}}
+        assert cudnn_plans.hand_off(handed_to, cudnn_plans.load(store, stack), choice) == 1
     shown = []
     assert keep_plans(workers, show=lambda line, **_: shown.append(line)) == 2
     assert sorted(json.loads(store.read_text())["plans"]) == ["g0", "g1", "old"]

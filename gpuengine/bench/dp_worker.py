@@ -16,8 +16,8 @@ Each rank builds the same data from the same seed, and starts its engine
 from the spec's `plans` (autotuned choices by key text, the gate's kept ones)
 so that it does not time again what was timed before. Commands: prepare,
 round (run, drain the device, reply), sync, loss (one more round; this
-rank's last epoch loss), plans (the choices this rank timed itself), exit. An exception is sent back as the reply, then the rank
-exits with status 1.
+rank's last epoch loss), plans (the choices this rank timed itself), exit.
+An exception is sent back as the reply, then the rank exits with status 1.
 """
 from __future__ import annotations
 

@@ -107,7 +107,8 @@ class Worker:
         return self.json_path.with_suffix(".plans.json")
 
     def environment(self, environ=None) -> dict[str, str]:
-        """The pytest's environment: its GPU, its timing core and its progress file over the caller's."""
+        """The pytest's environment: its GPU, its timing core, its progress file and where it hands its plan choices,
+        over the caller's."""
         env = dict(os.environ if environ is None else environ)
         env[cudnn_plans.HAND_OFF_ENV] = str(self.plans_path)
         if self.devices is not None:

@@ -37,7 +37,7 @@ class SessionPlan:
     full: bool                  # the nightly tier's cases and rounds
     noise_file: Path
     timeout_s: float | None
-    against: str = "none"       # A/B: the base each session checks out (gpuengine/gate/ab/checkout.py); none: stored-run
+    against: str = "none"       # A/B: the base each session checks out (gate/ab/checkout.py); none: stored-run
 
     def command(self) -> list[str]:
         args = [sys.executable, "-m", "pytest", "perf_tests", "-p", "no:cacheprovider", "-q", "-rfEs",

@@ -3,8 +3,9 @@
 The layout is baselines_store/README.md's: `<store>/<tier>/[<series>/]<machine id>/NNNN_<name>.json`,
 where a series (`slow`, `config-<toggles>`) is a folder of runs with a history of its own, and
 `<store>/<tier>/[<series>/]history/<machine id>/NNNN_<name>.json` holds the runs that failed the gate
-(`gpuengine.bench.stored_runs`, the one reader of a run's file, through which this module reads). Both are read: a table shows the newest measurement of each test,
-whichever run it came from, and a measurement of a failed run (`Run.passed` false) says so next to the
+(`gpuengine.bench.stored_runs`, the one reader of a run's file, which this module reads through).
+Both are read: a table shows the newest measurement of each test, whichever run it came from, and a
+measurement of a failed run (`Run.passed` false) says so next to the
 baseline in force, the newest passing run of that test (`TierRuns.baseline_of`). A run is
 pytest-benchmark's JSON file (`machine_info`, `commit_info`, `datetime`, and per benchmark `stats` and
 the suite's `extra_info`: `gpuengine.bench.benchmarking.Comparison.extra_info` plus what a test adds).
