@@ -61,7 +61,7 @@ TOGGLE_HELP = {
 
 
 @dataclass(frozen=True)
-class RunTarget:
+class RunSettings:
     """What this pytest run measures: the engine's settings and the tier of the machine running them."""
 
     config: EngineConfig
@@ -71,7 +71,7 @@ class RunTarget:
     chosen: frozenset = frozenset()   # toggles set by --gpuengine-* or GPUENGINE_*: perf cases outside them skip
 
 
-RUN_TARGET = pytest.StashKey[RunTarget]()
+RUN_SETTINGS = pytest.StashKey[RunSettings]()
 
 
 def pytest_addoption(parser):
@@ -130,7 +130,7 @@ def pytest_configure(config: pytest.Config):
     _name_autosave_after_gate_commit(config)
     chosen = frozenset(t for t, value in overrides.items()
                        if value is not None or os.environ.get(f"GPUENGINE_{t.upper()}", "") != "")
-    config.stash[RUN_TARGET] = RunTarget(engine_config, tier, storage, notices, chosen)
+    config.stash[RUN_SETTINGS] = RunSettings(engine_config, tier, storage, notices, chosen)
     # pytest-benchmark's own check warns with every machine fact whenever clocks move; ours names what matters.
     warnings.filterwarnings("ignore", message="Benchmark machine_info is different")
 
@@ -144,7 +144,7 @@ def _name_autosave_after_gate_commit(config: pytest.Config):
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    target = config.stash[RUN_TARGET]
+    target = config.stash[RUN_SETTINGS]
     tier = target.tier
     if tier.on_gpu:
         what = f"GPU {tier.gpu_name}: same-run ratios and stored-run regressions gate"
@@ -158,7 +158,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-benchmark hook: absent when the plugin is disabled
 def pytest_benchmark_update_machine_info(config, machine_info):
-    target = config.stash[RUN_TARGET]
+    target = config.stash[RUN_SETTINGS]
     machine_info.update(collect_machine_info(target.tier, target.config))
 
 
@@ -177,7 +177,7 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
     changed = [f"{fact} {_fact(stored, fact)} -> {_fact(machine_info, fact)}" for fact in STACK_FACTS
                if _fact(stored, fact) != _fact(machine_info, fact)]
     if changed:
-        config.stash[RUN_TARGET].notices.append(f"the stored run compared against differs: {'; '.join(changed)}")
+        config.stash[RUN_SETTINGS].notices.append(f"the stored run compared against differs: {'; '.join(changed)}")
 
 
 def _fact(machine_info: dict, fact: str):
@@ -199,20 +199,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def run_target(pytestconfig) -> RunTarget:
-    return pytestconfig.stash[RUN_TARGET]
+def run_settings(pytestconfig) -> RunSettings:
+    return pytestconfig.stash[RUN_SETTINGS]
 
 
 @pytest.fixture(scope="session")
-def engine_config(run_target) -> EngineConfig:
+def engine_config(run_settings) -> EngineConfig:
     """The toggles of this run: command line, then GPUENGINE_* environment, then defaults."""
-    return run_target.config
+    return run_settings.config
 
 
 @pytest.fixture(scope="session")
-def on_gpu(run_target) -> bool:
+def on_gpu(run_settings) -> bool:
     """True when the engine runs on a CUDA GPU (not the NumPy CPU tier)."""
-    return run_target.tier.on_gpu
+    return run_settings.tier.on_gpu
 
 
 @pytest.fixture(scope="session")

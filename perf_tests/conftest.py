@@ -96,15 +96,16 @@ def pytest_runtest_call(item):
 
 
 @pytest.fixture
-def references(request, run_target):
+def references(request, run_settings):
     """references(names) -> the names this test times (gpuengine/gate/tiers.py: the GPU quick tier leaves some
     to the nightly tier)."""
     full = bool(request.config.getoption("full", False))
-    return lambda names: tiers.references(names, full=full, on_gpu=run_target.tier.on_gpu, test=request.node.name)
+    on_gpu = run_settings.tier.on_gpu
+    return lambda names: tiers.references(names, full=full, on_gpu=on_gpu, test=request.node.name)
 
 
 @pytest.fixture
-def compare(request, run_target, gemm_peak_tflops, gate_test, gate_targets):
+def compare(request, run_settings, gemm_peak_tflops, gate_test, gate_targets):
     """compare(benchmark, engine, references, *, rounds, precision=None, flops_per_sample=None, warmup_rounds=1).
 
     `rounds` is the test's default: the gate plugin may choose others (noise.json, budget, --full, A/B).
@@ -115,7 +116,7 @@ def compare(request, run_target, gemm_peak_tflops, gate_test, gate_targets):
 
     def run(benchmark, engine, references, *, rounds: int, precision: str | None = None,
             flops_per_sample: float | None = None, warmup_rounds: int = 1) -> Comparison:
-        precision = precision or run_target.config.precision
+        precision = precision or run_settings.config.precision
         cpu = request.config.stash.get(TIMING_CPU, None)
         round_set_ms = warm_up(engine, references, warmup_rounds, cpu)
         paired = isinstance(engine, EnginePair)
@@ -133,7 +134,7 @@ def compare(request, run_target, gemm_peak_tflops, gate_test, gate_targets):
             gate_test.state.unavailable += [f"{gate_test.fullname}: {name}: {why}" for name, why in unavailable.items()]
         comparison = Comparison.from_times(engine.name, times, samples, flops_per_sample, peak, unavailable)
         benchmark.extra_info["rounds_choice"] = choice.as_dict()
-        record_and_gate(benchmark, comparison, request.node.name, precision, run_target.tier, gate_test=gate_test,
+        record_and_gate(benchmark, comparison, request.node.name, precision, run_settings.tier, gate_test=gate_test,
                         defer_to=request.node.stash.setdefault(GATE_FAILURES, []), targets=gate_targets)
         if gate_test and gate_test.study:
             read = choose_reference({name: summary.median for name, summary in comparison.ratios.items()})

@@ -84,9 +84,9 @@ def compare_and_check_descent(benchmark, compare, engine, refs, precision):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_cnn_train(case, benchmark, compare, run_target, engine_for, references):
+def test_cnn_train(case, benchmark, compare, run_settings, engine_for, references):
     precision, graph, resident, batch = case
-    skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
+    skip_unless_selected(run_settings, precision=precision, cuda_graph=graph, resident_data=resident)
     engine = engine_for(case)
     x, t = cnn.cnn_data(SAMPLES, SHAPE)
     weights = engine.state_dict()   # the initial weights: the engine's warm-up trains an epoch
@@ -105,13 +105,13 @@ ENGINES = tiers.recipes(test_cnn_train=(CASES, engine_runner), test_cnn_train_vs
 
 @pytest.mark.tf
 @pytest.mark.parametrize("case", KERAS_CASES)
-def test_cnn_train_vs_keras(case, benchmark, compare, run_target, engine_for):
+def test_cnn_train_vs_keras(case, benchmark, compare, run_settings, engine_for):
     reason = tf_common.tensorflow_unavailable()
     if reason:
         pytest.skip(reason)
     from gpuengine.reference import tf_cnn
     precision, graph, resident, batch = case
-    skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
+    skip_unless_selected(run_settings, precision=precision, cuda_graph=graph, resident_data=resident)
     engine = engine_for(case)
     x, t = cnn.cnn_data(SAMPLES, SHAPE)
     keras = tf_cnn.cnn_fit_runner(x, t, batch, precision, lr=cnn.LEARNING_RATE, shape=SHAPE,

@@ -65,12 +65,12 @@ def spec_for(workload: str, precision: str) -> dict:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_data_parallel_train(case, benchmark, compare, run_target, kept_plan_choices):
+def test_data_parallel_train(case, benchmark, compare, run_settings, kept_plan_choices):
     if ON_GPU and GPUS < 2:
         pytest.skip(f"data-parallel training needs >= 2 GPUs; {GPUS} visible (CUDA_VISIBLE_DEVICES="
                     "a list of several, or a machine with several)")
     workload, precision = case
-    skip_unless_selected(run_target, precision=precision, cuda_graph=8 if ON_GPU else 0, resident_data=True)
+    skip_unless_selected(run_settings, precision=precision, cuda_graph=8 if ON_GPU else 0, resident_data=True)
     env = {"GPUENGINE_DEVICE": "cuda" if ON_GPU else "cpu"}
     plans = kept_plan_choices.in_force() if kept_plan_choices is not None else {}
     with WorkerGroup(WORLD, env) as group:

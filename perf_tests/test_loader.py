@@ -78,9 +78,9 @@ def loader_runner(case) -> LoaderRunner:
 
 
 @pytest.mark.parametrize("case", LOADER_CASES)
-def test_loader_bandwidth(case, benchmark, compare, run_target, engine_for):
+def test_loader_bandwidth(case, benchmark, compare, run_settings, engine_for):
     precision, features, batch, pool = case
-    skip_unless_selected(run_target, precision=precision, batch_pool=pool)
+    skip_unless_selected(run_settings, precision=precision, batch_pool=pool)
     x, t = loader_data(case)
     loader = engine_for(case)
     backend = get_backend(streamed_config(precision, 1, pool))
@@ -117,9 +117,9 @@ def mlp_engine(case) -> EngineTrainRunner:
 
 
 @pytest.mark.parametrize("case", MLP_CASES)
-def test_mlp_streamed(case, benchmark, compare, run_target, engine_for, references):
+def test_mlp_streamed(case, benchmark, compare, run_settings, engine_for, references):
     precision, graph, pool = case
-    skip_unless_selected(run_target, precision=precision, cuda_graph=graph, batch_pool=pool)
+    skip_unless_selected(run_settings, precision=precision, cuda_graph=graph, batch_pool=pool)
     net = mlp.build_mlp(MLP_SHAPE)
     x, t = mlp.mlp_data(MLP_BATCH * MLP_BATCHES_PER_EPOCH, MLP_SHAPE)
     engine = engine_for(case)
@@ -177,9 +177,9 @@ ENGINES = tiers.recipes(test_loader_bandwidth=(LOADER_CASES, loader_runner), tes
 
 
 @pytest.mark.parametrize("case", CNN_CASES)
-def test_cnn_streamed(case, benchmark, compare, run_target, engine_for, references):
+def test_cnn_streamed(case, benchmark, compare, run_settings, engine_for, references):
     precision, graph, pool, batch = case
-    skip_unless_selected(run_target, precision=precision, cuda_graph=graph, batch_pool=pool)
+    skip_unless_selected(run_settings, precision=precision, cuda_graph=graph, batch_pool=pool)
     engine = engine_for(case)
     refs = []
     if references(["gpuengine_resident"]):   # same seed, so the same initial weights as the streamed engine

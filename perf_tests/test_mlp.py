@@ -73,9 +73,9 @@ def train_engine(case) -> EngineTrainRunner:
 
 
 @pytest.mark.parametrize("case", TRAIN_CASES)
-def test_mlp_train(case, benchmark, compare, run_target, engine_for, references):
+def test_mlp_train(case, benchmark, compare, run_settings, engine_for, references):
     precision, graph, resident, bpe = case
-    skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
+    skip_unless_selected(run_settings, precision=precision, cuda_graph=graph, resident_data=resident)
     engine = engine_for(case)
     x, t = mlp.mlp_data(TRAIN_BATCH * bpe, SHAPE)
     weights = engine.state_dict()   # the initial weights: the engine's warm-up trains an epoch
@@ -126,9 +126,9 @@ ENGINES = tiers.recipes(test_mlp_train=(TRAIN_CASES, train_engine), test_mlp_inf
 
 
 @pytest.mark.parametrize("case", INFER_CASES)
-def test_mlp_infer(case, benchmark, compare, run_target, engine_for, references):
+def test_mlp_infer(case, benchmark, compare, run_settings, engine_for, references):
     precision, batch = case
-    skip_unless_selected(run_target, precision=precision)
+    skip_unless_selected(run_settings, precision=precision)
     engine = engine_for(case)
     weights = engine.state_dict()
     inputs, per_round = infer_inputs(batch), batches_per_round(batch)

@@ -32,9 +32,9 @@ REFERENCES = ("torch_graph",)   # what the claim reads; three windows of two sid
 
 
 @pytest.mark.parametrize("precision", [PRECISION])
-def test_mlp_train_energy(precision, power_probe, benchmark, request, run_target,
+def test_mlp_train_energy(precision, power_probe, benchmark, request, run_settings,
                            gate_targets):  # noqa: F811
-    skip_unless_selected(run_target, precision=precision, cuda_graph=GRAPH_STEPS, resident_data=True)
+    skip_unless_selected(run_settings, precision=precision, cuda_graph=GRAPH_STEPS, resident_data=True)
     idle = measure_idle(power_probe, IDLE_S)   # first, before anything here has run on the device
     net = mlp.build_mlp()
     x, t = mlp.mlp_data(BATCH * BATCHES_PER_EPOCH)
@@ -45,5 +45,5 @@ def test_mlp_train_energy(precision, power_probe, benchmark, request, run_target
                                        weights=weights) for mode in REFERENCES]
     comparison, figures = compare_energy(benchmark, power_probe, idle, engine, refs)
     benchmark.extra_info["energy"] = {"batch": BATCH, "batches_per_epoch": BATCHES_PER_EPOCH} | figures
-    record_and_gate(benchmark, comparison, request.node.name, precision, run_target.tier,
+    record_and_gate(benchmark, comparison, request.node.name, precision, run_settings.tier,
                     targets=gate_targets)

@@ -60,11 +60,11 @@ def summary(result: SearchResult) -> dict:
             "trials": len(result.trials)}
 
 
-def gate(benchmark, request, run_target, targets, engine: str, ratios: dict[str, float]):
+def gate(benchmark, request, run_settings, targets, engine: str, ratios: dict[str, float]):
     """Record the ratios and check them against thresholds.json (a missed claim fails on a GPU tier, a missed
     target with --claims)."""
     comparison = Comparison(engine, {}, {}, {ref: RatioSummary(ref, r, r, r, [r]) for ref, r in ratios.items()})
-    record_and_gate(benchmark, comparison, request.node.name, PRECISION, run_target.tier, targets=targets)
+    record_and_gate(benchmark, comparison, request.node.name, PRECISION, run_settings.tier, targets=targets)
 
 
 def confirm_fit(spec: TrialSpec, batch: int) -> dict:
@@ -78,7 +78,7 @@ CASES = [(mode, reference) for mode in ("train", "infer") for reference in REFER
 
 
 @pytest.mark.parametrize("mode,reference", CASES, ids=[f"{PRECISION}-cap{CAP_GIB:g}-{m}-{r}" for m, r in CASES])
-def test_mlp_max_batch(mode, reference, benchmark, request, run_target, gate_targets):
+def test_mlp_max_batch(mode, reference, benchmark, request, run_settings, gate_targets):
     ours_spec = engine_spec(mode)
     ours = searched(ours_spec)
     theirs = searched(replace(ours_spec, engine=reference))
@@ -93,10 +93,11 @@ def test_mlp_max_batch(mode, reference, benchmark, request, run_target, gate_tar
     # The engine's own report must account for its footprint to 5%, at the batch that matters, or it cannot tell
     # a user what fits.
     assert pool == pytest.approx(plan, rel=PLAN_TOLERANCE), f"pool {pool} bytes vs planned {details['plan']}"
-    gate(benchmark, request, run_target, gate_targets, ours_spec.label, {reference: ours.max_batch / theirs.max_batch})
+    gate(benchmark, request, run_settings, gate_targets, ours_spec.label,
+         {reference: ours.max_batch / theirs.max_batch})
 
 
-def test_mlp_max_batch_pool_cost(benchmark, request, run_target, gate_targets):
+def test_mlp_max_batch_pool_cost(benchmark, request, run_settings, gate_targets):
     """What the streamed loader's staged batch costs: max training batch at batch_pool 1 and 2."""
     one, two = engine_spec("train", "streamed", 1), engine_spec("train", "streamed", 2)
     at_one, at_two, resident = searched(one), searched(two), searched(engine_spec("train"))
@@ -109,5 +110,5 @@ def test_mlp_max_batch_pool_cost(benchmark, request, run_target, gate_targets):
     })
     # Pool 1 holds one device copy of the batch, pool 2 two (the batch buffers and the stage).
     assert at_one.max_batch > at_two.max_batch, (at_one.max_batch, at_two.max_batch)
-    gate(benchmark, request, run_target, gate_targets, one.label,
+    gate(benchmark, request, run_settings, gate_targets, one.label,
          {two.label: at_one.max_batch / at_two.max_batch})

@@ -92,9 +92,9 @@ ENGINES = tiers.recipes(test_resnet_train=(CASES, engine_runner))
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_resnet_train(case, benchmark, compare, run_target, engine_for, references):
+def test_resnet_train(case, benchmark, compare, run_settings, engine_for, references):
     dataset, precision, graph, resident = case
-    skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=resident)
+    skip_unless_selected(run_settings, precision=precision, cuda_graph=graph, resident_data=resident)
     shape = SHAPES[dataset]
     engine = engine_for(case)
     x, t = resnet.resnet_data(SAMPLES, shape)

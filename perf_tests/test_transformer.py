@@ -80,9 +80,9 @@ ENGINES = tiers.recipes(test_transformer_train=(CASES, engine_runner))
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_transformer_train(case, benchmark, compare, run_target, engine_for, references):
+def test_transformer_train(case, benchmark, compare, run_settings, engine_for, references):
     length, precision, graph = case
-    skip_unless_selected(run_target, precision=precision, cuda_graph=graph, resident_data=True)
+    skip_unless_selected(run_settings, precision=precision, cuda_graph=graph, resident_data=True)
     shape = BASE_SHAPE.with_length(length)
     engine = engine_for(case)
     x, t = transformer.transformer_data(SAMPLES, shape)

@@ -31,9 +31,9 @@ REFERENCES = ("torch_graph",)   # what the claim reads; three windows of two sid
 
 
 @pytest.mark.parametrize("precision", ["tf32"])
-def test_transformer_train_energy(precision, power_probe, benchmark, request, run_target,
+def test_transformer_train_energy(precision, power_probe, benchmark, request, run_settings,
                                   gate_targets):  # noqa: F811
-    skip_unless_selected(run_target, precision=precision, cuda_graph=GRAPH_STEPS, resident_data=True)
+    skip_unless_selected(run_settings, precision=precision, cuda_graph=GRAPH_STEPS, resident_data=True)
     idle = measure_idle(power_probe, IDLE_S)   # first, before anything here has run on the device
     shape = transformer.SEED_SHAPE.with_length(transformer.ENERGY_LENGTH)
     x, t = transformer.transformer_data(transformer.SAMPLES, shape)
@@ -46,5 +46,5 @@ def test_transformer_train_energy(precision, power_probe, benchmark, request, ru
                                                        weights=weights) for mode in REFERENCES]
     comparison, figures = compare_energy(benchmark, power_probe, idle, engine, refs)
     benchmark.extra_info["energy"] = {"batch": transformer.TRAIN_BATCH, "sequence_length": shape.length} | figures
-    record_and_gate(benchmark, comparison, request.node.name, precision, run_target.tier,
+    record_and_gate(benchmark, comparison, request.node.name, precision, run_settings.tier,
                     targets=gate_targets)

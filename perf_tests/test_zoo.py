@@ -116,9 +116,9 @@ ENGINES = tiers.recipes(test_zoo_train=(CASES, engine_runner))
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_zoo_train(case, benchmark, compare, run_target, engine_for, references):
+def test_zoo_train(case, benchmark, compare, run_settings, engine_for, references):
     name, precision, resident = case
-    skip_unless_selected(run_target, precision=precision, cuda_graph=GRAPH, resident_data=resident)
+    skip_unless_selected(run_settings, precision=precision, cuda_graph=GRAPH, resident_data=resident)
     if ON_GPU and torch_zoo.torchvision_unavailable():
         pytest.skip(torch_zoo.torchvision_unavailable())
     entry = zoo.zoo_net(name)

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from gpuengine.bench.regression import (MIN_ROUNDS, TARGET_SLOWDOWN, NoiseLevels, RunSamples, choose_reference, decide,
+from gpuengine.bench.regression import (MIN_ROUNDS, GOAL_SLOWDOWN, NoiseLevels, RunSamples, choose_reference, decide,
                                         detectable_slowdown, recommend_rounds)
 from gpuengine.bench.verdicts import IMPROVED, NOT_COMPARABLE, NOT_SIGNIFICANT, REGRESSED
 
@@ -118,8 +118,8 @@ def test_samples_come_from_a_stored_extra_info():
 def test_rounds_follow_the_noise():
     steady, _ = recommend_rounds(0.002, 0.001, 0.001, MIN_ROUNDS, 40)
     noisy, caught = recommend_rounds(0.002, 0.02, 0.02, MIN_ROUNDS, 40)
-    assert steady == MIN_ROUNDS and noisy > steady and caught <= TARGET_SLOWDOWN
+    assert steady == MIN_ROUNDS and noisy > steady and caught <= GOAL_SLOWDOWN
     hopeless, best = recommend_rounds(0.05, 0.001, None, MIN_ROUNDS, 40)
-    assert hopeless == 40 and best > TARGET_SLOWDOWN   # run-to-run noise does not shrink with rounds
+    assert hopeless == 40 and best > GOAL_SLOWDOWN   # run-to-run noise does not shrink with rounds
     with pytest.raises(ValueError, match="min_rounds"):
         recommend_rounds(0.01, 0.01, None, 0, 40)

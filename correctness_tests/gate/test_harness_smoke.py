@@ -20,8 +20,8 @@ from gpuengine.bench.benchmarking import Comparison
 from gpuengine.bench.machine_info import CPU_TIER, NO_GPU, Tier
 from gpuengine.reference import ReferenceUnavailable
 
-from gpuengine.gate.harness import (UNAVAILABLE, Targets, TargetShortfall, TargetsMissed, alternate_rounds, ready_references,
-    record_and_gate)
+from gpuengine.gate.harness import (UNAVAILABLE, Targets, TargetShortfall, TargetsMissed, alternate_rounds,
+                                    ready_references, record_and_gate)
 
 REPO = Path(__file__).resolve().parents[2]
 ROUNDS = 5
@@ -68,7 +68,7 @@ def write_rules(path: Path, rules: list[dict]) -> Path:
     return path
 
 
-def test_compare_stores_the_engine_rounds_and_records_ratios(benchmark, compare, run_target, tmp_path, monkeypatch):
+def test_compare_stores_the_engine_rounds_and_records_ratios(benchmark, compare, run_settings, tmp_path, monkeypatch):
     cpu_only_miss = {"gpu": "none (CPU tier*", "test": "test_compare_*", "reference": "torch_eager",
                      "min_ratio": 1e6, "kind": "claim", "why": "unreachable: recorded, never gating on the CPU tier"}
     torch_best = {"gpu": "*", "test": "test_compare_*", "reference": "torch_best", "min_ratio": 1.0, "kind": "claim",
@@ -82,13 +82,13 @@ def test_compare_stores_the_engine_rounds_and_records_ratios(benchmark, compare,
     assert {name: len(ms) for name, ms in result.times_ms.items()} == dict.fromkeys(result.times_ms, ROUNDS)
     assert result.ratios["torch_eager"].median > 1 and result.ratios["torch_graph"].median > 1
     info = benchmark.extra_info
-    assert info["tier"] == run_target.tier.name and info["precision"] == "fp32"
-    assert info["timing_gated"] is run_target.tier.on_gpu
+    assert info["tier"] == run_settings.tier.name and info["precision"] == "fp32"
+    assert info["timing_gated"] is run_settings.tier.on_gpu
     assert set(info["ratios"]) == {"torch_eager", "torch_graph"}
     assert info["achieved_tflops"]["gpuengine"] > 0
     checks = {check["reference"]: check for check in info["ratio_checks"]}
     assert checks["torch_best"]["compared_with"] == "torch_graph" and checks["torch_best"]["passed"]
-    if not run_target.tier.on_gpu:
+    if not run_settings.tier.on_gpu:
         assert checks["torch_eager"]["passed"] is False
     if not benchmark.disabled:
         # pytest-benchmark timed the same engine rounds from outside: each of its rounds contains ours.

@@ -32,8 +32,8 @@ from .significance import (MEDIAN_VARIANCE_FACTOR, bootstrap_median_shift, mann_
 from .verdicts import IMPROVED, MIN_EFFECT, NOT_COMPARABLE, NOT_SIGNIFICANT, REGRESSED
 
 ALPHA = 0.01                  # one-sided, per test: at most 1% false alarms with the engine unchanged
-TARGET_SLOWDOWN = 0.05        # the gate's power target (docs/gate.md): a 5% slowdown ...
-TARGET_POWER = 0.95           # ... detected 95% of the time
+GOAL_SLOWDOWN = 0.05        # the gate's power goal (docs/gate.md): a 5% slowdown ...
+GOAL_POWER = 0.95           # ... detected 95% of the time
 DEFAULT_BETWEEN_RUN_SD = 0.01  # uncalibrated prior: H200 graph-captured tests sat at 0.2-1.7% across runs
 PREFERRED_REFERENCE = "torch_graph"
 MIN_ROUNDS = 5                # the fewest a side where a one-sided rank test can reach p < 0.01 (1/252 exact)
@@ -186,7 +186,7 @@ def decide(current: RunSamples, baseline: RunSamples, noise: NoiseLevels, alpha:
 
 
 def detectable_slowdown(between_sd: float, round_sd: float, rounds: int, time_round_sd: float | None = None,
-                        alpha: float = ALPHA, floor: float = MIN_EFFECT, power: float = TARGET_POWER) -> float:
+                        alpha: float = ALPHA, floor: float = MIN_EFFECT, power: float = GOAL_POWER) -> float:
     """Smallest slowdown (fraction) this rule catches with probability >= `power` at `rounds` rounds a side.
 
     Each criterion (the effect beyond the minimum, the rank test, the engine-time confirmation) must
@@ -202,8 +202,8 @@ def detectable_slowdown(between_sd: float, round_sd: float, rounds: int, time_ro
 
 
 def recommend_rounds(between_sd: float, round_sd: float, time_round_sd: float | None, min_rounds: int,
-                     max_rounds: int, target: float = TARGET_SLOWDOWN) -> tuple[int, float]:
-    """Fewest rounds in [min_rounds, max_rounds] that catch `target` at TARGET_POWER, and what they catch.
+                     max_rounds: int, goal: float = GOAL_SLOWDOWN) -> tuple[int, float]:
+    """Fewest rounds in [min_rounds, max_rounds] that catch `goal` at GOAL_POWER, and what they catch.
 
     When even `max_rounds` cannot (run-to-run noise does not shrink with rounds), `max_rounds` and
     its detectable slowdown.
@@ -211,8 +211,8 @@ def recommend_rounds(between_sd: float, round_sd: float, time_round_sd: float | 
     if not 1 <= min_rounds <= max_rounds:
         raise ValueError(f"need 1 <= min_rounds <= max_rounds, got {min_rounds}, {max_rounds}")
     criteria = 2 if time_round_sd is None else 3
-    each = 1 - (1 - TARGET_POWER) / criteria
-    shift = math.log1p(target)
+    each = 1 - (1 - GOAL_POWER) / criteria
+    shift = math.log1p(goal)
     for rounds in range(min_rounds, max_rounds + 1):
         diff_sd = math.sqrt(2 * (between_sd ** 2 + MEDIAN_VARIANCE_FACTOR * round_sd ** 2 / rounds))
         effect_ok = shift >= max(math.log1p(MIN_EFFECT), normal_quantile(1 - ALPHA) * diff_sd) \

@@ -213,18 +213,18 @@ def record_and_gate(benchmark, comparison: Comparison, test_name: str, precision
     return missed
 
 
-def skip_unless_selected(run_target, **case):
+def skip_unless_selected(run_settings, **case):
     """Skip a perf case that the run's chosen toggles exclude (tox matrix envs, --gpuengine-* options).
 
     Perf cases are sized for the visible hardware, so a run that forces the other device skips them too.
     """
     from gpuengine.runtime.backend import gpu_visible
-    if run_target.tier.on_gpu != gpu_visible():
+    if run_settings.tier.on_gpu != gpu_visible():
         pytest.skip("perf cases are sized for the visible hardware; this run forces "
-                    f"device={run_target.config.device}")
+                    f"device={run_settings.config.device}")
     for toggle, value in case.items():
-        chosen = getattr(run_target.config, toggle)
-        if toggle in run_target.chosen and chosen != value:
+        chosen = getattr(run_settings.config, toggle)
+        if toggle in run_settings.chosen and chosen != value:
             pytest.skip(f"this run fixes {toggle}={chosen}; the case measures {toggle}={value}")
 
 

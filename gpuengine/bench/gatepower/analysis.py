@@ -21,7 +21,7 @@ import numpy as np
 from .. import paired
 from ..aa_noise import ProcessNoise
 from ..noise import NoiseTable, signal_noise
-from ..regression import ALPHA, TARGET_POWER, TARGET_SLOWDOWN, decide, detectable_slowdown
+from ..regression import ALPHA, GOAL_POWER, GOAL_SLOWDOWN, decide, detectable_slowdown
 from ..verdicts import REGRESSED
 from .trials import Trial, TrialSet
 
@@ -78,17 +78,17 @@ def analyse_paired_test(test: TrialSet, process: ProcessNoise | None) -> dict:
         else:
             detection[level] = rate
             entry[f"detection_rate_{level_key(level)}"] = round(rate, 4)
-    caught = [level for level, rate in sorted(detection.items()) if rate >= TARGET_POWER]
+    caught = [level for level, rate in sorted(detection.items()) if rate >= GOAL_POWER]
     entry["smallest_detected_95pct"] = caught[0] if caught else None
     entry["smallest_detectable_95pct_model"] = None
-    entry["meets_targets"] = (None if TARGET_SLOWDOWN not in detection or "false_alarm_rate" not in entry
+    entry["meets_targets"] = (None if GOAL_SLOWDOWN not in detection or "false_alarm_rate" not in entry
                               else entry["false_alarm_rate"] <= paired.ALPHA
-                              and detection[TARGET_SLOWDOWN] >= TARGET_POWER)
-    achieved = entry["median_slowdown"].get(level_key(TARGET_SLOWDOWN))
-    if entry["meets_targets"] is False and achieved is not None and achieved < UNREACHED * TARGET_SLOWDOWN:
+                              and detection[GOAL_SLOWDOWN] >= GOAL_POWER)
+    achieved = entry["median_slowdown"].get(level_key(GOAL_SLOWDOWN))
+    if entry["meets_targets"] is False and achieved is not None and achieved < UNREACHED * GOAL_SLOWDOWN:
         entry["meets_targets"] = None   # the study could not make the engine that much slower: no verdict
         entry["not_reached"] = (f"the injected delay made the head {achieved:.1%} slower at the "
-                                f"{TARGET_SLOWDOWN:.0%} level: the step's compute hides behind what bounds the "
+                                f"{GOAL_SLOWDOWN:.0%} level: the step's compute hides behind what bounds the "
                                 "case (a copy), so this injection cannot test the gate's power here")
     return entry
 
@@ -120,15 +120,15 @@ def analyse_test(test: TrialSet, noise: NoiseTable, process: ProcessNoise | None
             entry[f"detection_rate_{level_key(level)}"] = round(rate, 4)
             entry.setdefault("achieved_slowdown", {})[level_key(level)] = _achieved(test, level)
         entry.setdefault("pairs", {})[level_key(level)] = len(pairs)
-    caught = [level for level, rate in sorted(detection.items()) if rate >= TARGET_POWER]
+    caught = [level for level, rate in sorted(detection.items()) if rate >= GOAL_POWER]
     entry["smallest_detected_95pct"] = caught[0] if caught else None
     sessions = sorted({t.session for t in baselines})
     measured = signal_noise([[_signal(t) for t in baselines if t.session == s] for s in sessions], test.rounds)
     entry["observed_run_to_run_sd"] = round(measured.observed_run_sd, 5)
     model = detectable_slowdown(measured.between_run_sd, measured.round_sd, test.rounds)
     entry["smallest_detectable_95pct_model"] = None if math.isinf(model) else round(model, 4)   # None: never
-    entry["meets_targets"] = (None if TARGET_SLOWDOWN not in detection   # None: the 5% level was not run
-                              else entry["false_alarm_rate"] <= ALPHA and detection[TARGET_SLOWDOWN] >= TARGET_POWER)
+    entry["meets_targets"] = (None if GOAL_SLOWDOWN not in detection   # None: the 5% level was not run
+                              else entry["false_alarm_rate"] <= ALPHA and detection[GOAL_SLOWDOWN] >= GOAL_POWER)
     return entry
 
 

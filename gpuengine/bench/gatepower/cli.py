@@ -37,7 +37,7 @@ from ..cli_args import UsageError, checked, number, output_folder, whole
 from ..json_files import write_json
 from ..machine_info import checkout_commit
 from ..noise import NOISE_FILE, NoiseTable
-from ..regression import ALPHA, TARGET_POWER, TARGET_SLOWDOWN
+from ..regression import ALPHA, GOAL_POWER, GOAL_SLOWDOWN
 from ..stored_runs import GATEPOWER, scan
 from ..verdicts import MIN_EFFECT
 from . import analysis, calibration
@@ -197,7 +197,7 @@ def main(args) -> int:
             "mode": "A/B", "alpha": paired.ALPHA, "rank_alpha": paired.RANK_ALPHA, "min_effect": MIN_EFFECT,
             "process_noise": f"learned from the stored A/A runs of {len(process)} test(s), else the prior"},
         "targets": {"false_alarm_rate_max": ALPHA if args.against == "none" else paired.ALPHA,
-                    f"detection_rate_{analysis.level_key(TARGET_SLOWDOWN)}_min": TARGET_POWER},
+                    f"detection_rate_{analysis.level_key(GOAL_SLOWDOWN)}_min": GOAL_POWER},
         "tests": figures, "families": analysis.summarise_families(figures),
     }
     path = write_json(store / GATEPOWER / f"{date:%Y%m%d_%H%M%S}_{commit[:10]}.json", record)
