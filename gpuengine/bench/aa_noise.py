@@ -43,12 +43,13 @@ def code_hash(root: Path) -> str:
     contents)."""
     digest = hashlib.sha256()
     root = Path(root)
+    untimed = tuple(f"{folder}/" for folder in NOT_TIMED)
     for folder in CODE_FOLDERS:
         for path in sorted((root / folder).rglob("*.py")):
-            if "__pycache__" in path.parts or path.relative_to(root).as_posix().startswith(
-                    tuple(f"{folder}/" for folder in NOT_TIMED)):
+            name = path.relative_to(root).as_posix()
+            if "__pycache__" in path.parts or name.startswith(untimed):
                 continue
-            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+            digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 
