@@ -53,6 +53,8 @@
 #                         PLAN_PRECISIONS (default: tf32 bf16): two fresh autotunings compared (plan_stability.json)
 #                determinism `python -m gpuengine toggle-cost deterministic=0` of TOGGLE_WORKLOADS (default: cnn resnet
 #                         transformer zoo:resnet50 zoo:mobilenet_v2), every precision (LOGDIR/toggle_cost.json)
+#                perf-cold `./gate perf --against none` with no kept plans (cudnn_plans.json removed): a new user's
+#                         first run on a fresh machine, each test against its stored baseline, autotuning included
 #                ab-cold  the step ab with no kept plans (cudnn_plans.json removed): a fresh machine's first run,
 #                         autotuning included (with build/base at the same commit: the cold A/A run)
 #
@@ -138,6 +140,8 @@ step_plans() { python3 -m gpuengine plans ${PLANS:-resnet transformer cnn mlp zo
     --precision ${PLAN_PRECISIONS:-tf32 bf16} --out "$logdir/plan_stability.json"; }
 step_determinism() { python3 -m gpuengine toggle-cost deterministic=0 \
     ${TOGGLE_WORKLOADS:-cnn resnet transformer zoo:resnet50 zoo:mobilenet_v2} --out "$logdir/toggle_cost.json"; }
+step_perf-cold() { rm -f baselines_store/*/cudnn_plans.json
+    ./gate perf -p no:cacheprovider --durations=0 -rA --against none; }
 step_ab-cold() { rm -f baselines_store/*/cudnn_plans.json; step_ab; }
 step_calibrate() { python3 -m gpuengine gatepower calibrate -m gatepower --keep-trials "$logdir/trials-calibrate"; }
 step_study() { python3 -m gpuengine gatepower --keep-trials "$logdir/trials-study"; }
