@@ -22,7 +22,9 @@ Workers do not save on their own (no --benchmark-autosave, --save-baseline
 held back): only the merged run is stored. Nor do they write the markdown
 summary (--gate-summary held back): the spread writes it once, for the
 merged run, with the whole spread's wall time as the tier's time
-(gpuengine/gate/pr_summary.py). A per-GPU pytest's output is
+(gpuengine/gate/pr_summary.py). Nor do they profile their regressed A/B
+tests (--profile-regressions 0): the spread profiles the merged run's, once
+the GPUs are free (gpuengine/gate/regression_profiles.py). A per-GPU pytest's output is
 shown when it ends, but its engine's autotuning progress as it comes
 ("[gpu0] [base] cuDNN autotune: ...", gpuengine/gate/progress.py).
 
@@ -78,12 +80,14 @@ from gpuengine.gate.ab.worker import TIMING_CPU_ENV
 from gpuengine.gate.progress import PROGRESS_FILE_ENV, new_lines
 from gpuengine.gate.pr_summary import RunFacts, render
 from gpuengine.gate.pr_summary import write as write_markdown
+from gpuengine.gate.regression_profiles import DEFAULT_LIMIT, explain_spread_run, summary_section
 
 ROOT = Path(__file__).resolve().parents[2]   # the checkout
 WHOLE_MACHINE = ("perf_tests/test_data_parallel.py",)   # tests that spread themselves over every GPU
 SELECTION = ["perf_tests", "-m", "not slow"]   # as ./gate perf
 HELD_BACK = ("--save-baseline", "--benchmark-autosave")
 SUMMARY_OPTION = "--gate-summary"   # the markdown summary: written here, once, for the merged run
+PROFILE_OPTION = "--profile-regressions"   # regressed A/B tests profiled here, once the sessions are done
 PROGRESS_POLL_S = 2.0   # how often the per-GPU sessions' progress files are looked at while they run
 HOST_BANDWIDTH_MODULES = ("perf_tests/test_loader.py",)   # the loader alone, and training streamed against it
 STREAMED_CASE = re.compile(r"\[(?:[^\]]*-)?streamed(?:-[^\]]*)?\]$")   # a case id naming streamed data
@@ -314,6 +318,23 @@ def write_summary(path: Path, saved: list[Path], status: dict[str, int], workers
                                            extra) for where, name in zip(saved, shown)), path)
 
 
+def explain_and_summarise(saved: list[Path], status: dict[str, int], workers: list[Worker], out: Path,
+                          against: str | None, profile_limit: int, summary: str | None):
+    """After the sessions: the merged run's regressed A/B tests profiled at base and head (up to `profile_limit`),
+    then its markdown summary written to `summary` where given, those profiles in it."""
+    sections = []
+    for path in saved:
+        lines = explain_spread_run(json.loads(path.read_text()), against, ROOT, profile_limit)
+        if lines:
+            print("\n".join(["gpuengine.gate.spread: why it regressed (the engine profiled at the base and at the "
+                              "head):", *lines]), flush=True)
+            sections.append(summary_section(lines))
+    if summary is not None:
+        written = write_summary(Path(summary), saved, status, workers, out, sections)
+        print(f"gpuengine.gate.spread: the run's summary for a pull request: {', '.join(map(str, written))}",
+              flush=True)
+
+
 def merged_run_naming() -> tuple[str, dict | None]:
     """The merged run's tag and the commit_info fields that name its commit, as a single run's autosave gets them
     (conftest.py): GATE_COMMIT_ID where set (a lent machine's copy of the tree has no .git), else git's answer."""
@@ -325,6 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     save_baseline = "--save-baseline" in argv
     summary, argv = take_option(argv, SUMMARY_OPTION)
+    profiles, argv = take_option(argv, PROFILE_OPTION)
+    try:
+        profile_limit = DEFAULT_LIMIT if profiles is None else int(profiles)
+    except ValueError:
+        raise SystemExit(f"gpuengine.gate.spread: {PROFILE_OPTION} {profiles!r}: use a whole number >= 0") from None
     args = [a for a in argv if a not in HELD_BACK]
     devices = visible_devices()
     if len(devices) < 2:
@@ -341,17 +367,14 @@ def main(argv: list[str] | None = None) -> int:
     workers = plan_workers(collect(args), devices, stored_seconds(ROOT / "baselines_store"), out, full,
                            timing_cores(devices))
     print(f"gpuengine.gate.spread: GPUs {','.join(devices)}; " + "; ".join(describe(w, full) for w in workers), flush=True)
-    status = run_workers(workers, args, out)
+    status = run_workers(workers, [*args, PROFILE_OPTION, "0"], out)
     tag, commit_info = merged_run_naming()
     saved = save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), tag, save_baseline, commit_info,
                         time.monotonic() - started)
     for path in saved:
         print(f"gpuengine.gate.spread: saved the merged run as {path.relative_to(ROOT)}", flush=True)
     keep_plans([w for w in workers if w.devices is None])
-    if summary is not None:
-        written = write_summary(Path(summary), saved, status, workers, out)
-        print(f"gpuengine.gate.spread: the run's summary for a pull request: {', '.join(map(str, written))}",
-              flush=True)
+    explain_and_summarise(saved, status, workers, out, take_option(args, "--against")[0], profile_limit, summary)
     return max(status.values(), default=0)
 
 
