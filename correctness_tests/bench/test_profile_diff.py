@@ -182,11 +182,12 @@ def test_profile_against_a_checkout_folder_prints_the_diff(tmp_path, monkeypatch
     monkeypatch.setattr(machine_info, "current_tier", lambda on_gpu: H100)
     seen: dict = {}
     monkeypatch.setattr(against, "run_logged", fake_side(seen, {"head": planted(json.loads(MLP.read_text()))}))
-    assert cli_main(["profile", "mlp", "--precision", "tf32", "--against", str(folder)]) == 0
+    assert cli_main(["profile", "mlp", "--precision", "tf32", "--against", "base"]) == 0   # relative to here
     out = capsys.readouterr().out
     assert "gpuengine: base 2b8c5b2+dirty" in out and "  spin" in out and "+50.0 µs (new)" in out
     assert seen["base"]["cwd"] == folder and seen["base"]["env"]["GATE_COMMIT_ID"] == "0123456789abcdef"
-    assert "python -m gpuengine profile-diff build/profile-against/base/nvidia-h100-80gb-hbm3/profiles/" in out
+    assert seen["base"]["store"] == tmp_path / "build/profile-against/base"   # absolute: the side works elsewhere
+    assert f"python -m gpuengine profile-diff {tmp_path}/build/profile-against/base/nvidia-h100-80gb-hbm3/" in out
     assert read_profile(json.loads((tmp_path / "build/profile-against/head/nvidia-h100-80gb-hbm3/profiles/"
                                     "mlp-tf32-b8000-graph1.json").read_text()), "head").commit == "fedcba9876543210"
     assert refused(capsys, "profile", "mlp", "--against", str(tmp_path / "nowhere")).startswith(

@@ -94,7 +94,7 @@ def profile_side(name: str, checkout: Checkout, case: ProfileCase, replays: int,
     """One side's profile (record.StoredProfile), made by `checkout`'s profile command in a store of its own;
     `run(command, cwd, env, log, timeout_s) -> status` runs it (run_logged; a CPU test's stand-in)."""
     run = run or run_logged
-    store = Path(scratch) / name
+    store = Path(scratch).resolve() / name   # absolute: the side's process works in its own checkout
     shutil.rmtree(store, ignore_errors=True)
     (store / tier_name).mkdir(parents=True)
     if plans is not None and plans.is_file():
