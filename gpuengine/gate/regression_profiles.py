@@ -200,12 +200,14 @@ def pytest_addoption(parser):
              f"and print the kernels that moved most (default {DEFAULT_LIMIT}; 0: none)")
 
 
-def pytest_sessionfinish(session):
-    """After the A/B workers are gone (ab/session.py, tryfirst), before the markdown summary (summary.py, trylast)."""
+def pytest_sessionfinish(session, exitstatus):
+    """After the A/B workers are gone (ab/session.py, tryfirst), before the markdown summary (summary.py, trylast);
+    not after Ctrl-C: whoever stopped the session does not want minutes of profiling."""
     config = session.config
     state, ab = config.stash.get(GATE, None), ab_state(config)
     limit = config.getoption("profile_regressions", 0)
-    if state is None or ab is None or state.study is not None or state.run is None or limit <= 0:
+    if (state is None or ab is None or state.study is not None or state.run is None or limit <= 0
+            or exitstatus == pytest.ExitCode.INTERRUPTED):
         return
     regressed = regressed_ab_tests(state.run)
     if not regressed:
