@@ -38,9 +38,11 @@ from gpuengine.runtime.backend import get_backend, gpu_visible, resolve_device
 # pytester: the harness tests run small pytest sessions of their own; plugin: per-test baselines,
 # saving by outcome, tiers, the stored-run check; summary: its end-of-session summary; tier_time: how
 # long each test and workload took; kept_plans: the cuDNN plan choices stored with the baselines; progress:
-# the engine's autotuning progress on the terminal while a test waits for it (before ab.session, which uses it).
+# the engine's autotuning progress on the terminal while a test waits for it (before ab.session, which uses it);
+# regression_profiles: an A/B test that regressed on a GPU, profiled at base and head (after ab.session and summary).
 pytest_plugins = ("pytester", "gpuengine.gate.plugin", "gpuengine.gate.summary", "gpuengine.gate.tier_time",
-                  "gpuengine.gate.kept_plans", "gpuengine.gate.progress", "gpuengine.gate.ab.session")
+                  "gpuengine.gate.kept_plans", "gpuengine.gate.progress", "gpuengine.gate.ab.session",
+                  "gpuengine.gate.regression_profiles")
 
 BASELINES_DIR = "baselines_store"
 GPU_SKIP_REASON = "no CUDA GPU visible (CuPy missing or no device): GPU-only test"

@@ -15,7 +15,10 @@
         each perf test's run-to-run noise for noise.json (gpuengine/bench/gatepower/cli.py)
     python -m gpuengine profile WORKLOAD [--precision bf16] [--batch N] [--cuda-graph N] [--references ...]
         one training step of the engine and of the PyTorch references per kernel, by op family, in
-        microseconds, saved under baselines_store/<gpu>/profiles/ (a GPU only; gpuengine/bench/profile/cli.py)
+        microseconds, saved under baselines_store/<gpu>/profiles/ (a GPU only; gpuengine/bench/profile/cli.py);
+        with --against REV|DIR the engine at REV and at the working tree, and which kernels moved between them
+    python -m gpuengine profile-diff BASE.json HEAD.json [--side gpuengine] [--top 10]
+        two stored profiles compared: the op families and kernels whose time per step moved most
     python -m gpuengine plans [WORKLOAD ...] [--precision tf32 bf16] [--runs 2] [--out FILE]
         whether fresh autotunings in new processes keep the same plan choices, per case and kind (a GPU
         only; gpuengine/bench/plan_stability.py)
@@ -40,6 +43,7 @@ from .bench.maxbatch import cli as maxbatch_cli
 from .bench.profile import cli as profile_cli
 from .bench.report import cli as report_cli
 from .config import ConfigError, EngineConfig
+from .gate.ab import checkout
 
 ENGINE_COMMANDS = ("maxbatch", "info", "gatepower", "profile", "plans", "toggle-cost")   # these read the GPUENGINE_* toggles
 
@@ -53,6 +57,14 @@ def _info(args) -> int:
     return 0
 
 
+def _profile_base(against: str, root):
+    """`profile --against`'s base: REV in a temporary worktree, or DIR (gpuengine/gate/ab/checkout.py)."""
+    try:
+        return checkout.for_command(against, root)
+    except checkout.BaseError as exc:
+        raise UsageError(f"argument --against: {exc}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m gpuengine", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -61,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(run=_info, parser=info)
     report_cli.add_parser(commands)
     gatepower_cli.add_parser(commands)
-    profile_cli.add_parser(commands)
+    profile_cli.add_parser(commands, check_out=_profile_base)
+    profile_cli.add_diff_parser(commands)
     plan_stability.add_parser(commands)
     toggle_cost.add_parser(commands)
     return parser

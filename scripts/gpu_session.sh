@@ -43,6 +43,11 @@
 #                         the nightly tier in shares, for a machine held too briefly for all of it
 #                profile  `python -m gpuengine profile` of mlp, cnn, resnet (tf32, bf16), transformer and zoo:alexnet,
 #                         or of PROFILES when set ("zoo:alexnet --precision tf32;resnet", ';' between profiles)
+#                why      issue 40 once: `profile mlp --against build/base` with the head's steps delayed 50 us (the
+#                         power study's injected delay, head only), then an A/B session of the MLP's headline case
+#                         against build/base with a 30 us spin planted at the end of the head's steps (in the
+#                         session's copy, put back after), which the gate profiles at base and head; its markdown
+#                         summary in LOGDIR/summary.md, its run in LOGDIR/why_run.json (nothing stored)
 #                study-ab the power study in A/B mode against build/base (A/A at level 0): MLP training and
 #                         inference, CNN, Transformer, 3 sessions of 20 s of trials per test
 #                study-new the same for ResNet-50, the zoo, the loader and the streamed MLP and CNN
@@ -111,6 +116,22 @@ step_compile-perf() { ./gate perf -p no:cacheprovider --durations=0 -rA --full -
 step_profile() { local w s=0 IFS=';'; for w in ${PROFILES:-mlp --precision tf32;cnn --precision tf32;resnet \
     --precision tf32;resnet --precision bf16;transformer --precision tf32;zoo:alexnet --precision tf32}; do
     echo "== profile $w"; IFS=' ' eval "python3 -m gpuengine profile $w" || s=1; done; return $s; }
+step_why() { local s=0 f=gpuengine/bench/injected_delay.py
+    echo "== profile mlp --against build/base, the head's steps delayed 50 us (the power study's injected delay)"
+    GATEPOWER_STUDY="$logdir/why-study" GATEPOWER_INJECT_DELAY_US=50 python3 -m gpuengine profile mlp \
+        --precision tf32 --cuda-graph 8 --against build/base || s=1
+    echo "== A/B against build/base, a 30 us spin planted at the end of the head's steps: the gate profiles both"
+    cp "$f" "$logdir/injected_delay.py.orig"
+    python3 -c "import sys; p = sys.argv[1]; t = open(p).read(); old = '    delay = for_backend(get_backend(config))\n'
+assert old in t
+open(p, 'w').write(t.replace(old, '    delay = StepDelay(get_backend(config), 30.0) if get_backend(config).is_gpu else '
+                                  'for_backend(get_backend(config))\n'))" "$f" || return 1
+    GITHUB_STEP_SUMMARY="$logdir/step_summary.md" python3 -m pytest perf_tests -m "not slow" -p no:cacheprovider -rA \
+        --benchmark-compare --benchmark-json="$logdir/why_run.json" --gate-summary "$logdir/summary.md" \
+        --against build/base -k "test_mlp.py and test_mlp_train[tf32-graph8-resident-bpe1]"
+    [ $? -le 1 ] || s=1   # 1: the planted regression failed the test, as it should
+    cp "$logdir/injected_delay.py.orig" "$f"
+    return $s; }
 step_perf() { ./gate perf -p no:cacheprovider --durations=0; }
 step_perf-core() { ./gate perf -p no:cacheprovider --durations=0 -k "test_mlp_train or test_mlp_infer or test_cnn_train"; }
 step_perf-new() { ./gate perf -p no:cacheprovider --durations=0 -k "zoo or loader or streamed or test_resnet_train"; }

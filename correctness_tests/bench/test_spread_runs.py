@@ -14,8 +14,8 @@ from gpuengine.bench.spread_runs import benchmark_seconds, merge_runs, next_run_
 from gpuengine.bench.stored_runs import read_run
 from gpuengine.bench.timing_cores import TimingCore
 from gpuengine.gate.spread import (HELD_BACK, HOST_BANDWIDTH_MODULES, NIGHTLY_HOST_BANDWIDTH, Worker, keep_plans,
-                                   merged_run_naming, plan_workers, save_merged, shares_host_bandwidth,
-                                   visible_devices)
+                                   merged_run_naming, plan_workers, save_merged, shares_host_bandwidth, take_option,
+                                   visible_devices, write_summary)
 
 
 def fake_run(gpu: str, tests: dict[str, float], when: str = "2026-11-23T10:00:00+00:00") -> dict:
@@ -96,7 +96,7 @@ def test_run_numbers_follow_the_stored_ones(tmp_path):
 def gate_outcome(on_targets=(), otherwise=()) -> dict:
     """A worker run's gpuengine_gate record (gpuengine/gate/plugin.py): which tests failed, and why."""
     return {"targets_fail": True, "targets_not_met": len(on_targets), "failed_on_targets_only": list(on_targets),
-            "failed_otherwise": list(otherwise)}
+            "failed_otherwise": list(otherwise), "failures": {t: f"why {t}" for t in (*on_targets, *otherwise)}}
 
 
 ON_TARGETS = {"gpu1": gate_outcome(["perf_tests/t.py::t1"])}    # --claims: gpu1's test missed a target only
@@ -129,7 +129,7 @@ def test_the_merged_run_keeps_every_workers_gate_verdict():
             dict(fake_run("NVIDIA H200", {"b": 1.0}), gpuengine_gate=gate_outcome([], ["b"]))]
     (merged,) = merge_runs(runs, ["gpu0", "gpu1"]).values()
     assert merged["gpuengine_gate"] == {"targets_fail": True, "targets_not_met": 1, "failed_on_targets_only": ["a"],
-                                        "failed_otherwise": ["b"]}
+                                        "failed_otherwise": ["b"], "failures": {"a": "why a", "b": "why b"}}
 
 
 def test_run_tags_read_like_pytest_benchmarks_autosave():
@@ -299,3 +299,49 @@ def test_a_hand_off_that_is_not_one_is_reported_and_keeps_nothing(tmp_path):
     shown = []
     assert keep_plans([worker], show=lambda line, **_: shown.append(line)) == 0
     assert "gpu0's cuDNN plan choices not kept" in shown[0] and "not a hand-off" in shown[0]
+
+
+def tier_time(seconds: float, **workloads: tuple[int, float]) -> dict:
+    """A worker run's gpuengine_tier_time (gpuengine/gate/tier_time.py): workload -> (tests, seconds)."""
+    return {"tier": "quick", "on_gpu": True, "session_seconds": seconds, "quick_tier_target_s": 600.0,
+            "per_workload": {name: {"tests": tests, "seconds": s, "timed_rounds_budget_s": 60}
+                             for name, (tests, s) in workloads.items()}}
+
+
+def test_the_merged_run_takes_every_workers_time_and_the_spreads_own_length(tmp_path):
+    runs = [dict(fake_run("NVIDIA H100", {"a": 1.0}),
+                 gpuengine_tier_time=tier_time(180.0, mlp=(2, 30.0), cnn=(1, 9.0))),
+            dict(fake_run("NVIDIA H100", {"b": 1.0}), gpuengine_tier_time=tier_time(200.0, mlp=(1, 20.0)))]
+    (merged,) = merge_runs(runs, ["gpu0", "gpu1"]).values()
+    record = merged["gpuengine_tier_time"]   # the first worker's alone, before
+    assert record["per_workload"] == {"cnn": {"tests": 1, "seconds": 9.0, "timed_rounds_budget_s": 60},
+                                      "mlp": {"tests": 3, "seconds": 50.0, "timed_rounds_budget_s": 60}}
+    assert record["sessions_seconds"] == {"gpu0": 180.0, "gpu1": 200.0} and record["session_seconds"] == 200.0
+    workers = [Worker(f"gpu{i}", str(i), [], tmp_path / f"gpu{i}.json") for i in range(2)]
+    for worker, run in zip(workers, runs):
+        worker.json_path.write_text(json.dumps(run))
+    (path,) = save_merged(workers, {"gpu0": 0, "gpu1": 0}, tmp_path / "store", "m", "tag", False, wall_seconds=251.04)
+    assert json.loads(path.read_text())["gpuengine_tier_time"]["session_seconds"] == 251.0
+
+
+def test_the_spread_writes_one_markdown_summary_of_the_merged_run(tmp_path, monkeypatch):
+    assert take_option(["-k", "x", "--gate-summary", "a.md", "--gate-summary=b.md", "--full"], "--gate-summary") == \
+        ("b.md", ["-k", "x", "--full"])
+    with pytest.raises(SystemExit, match="--gate-summary needs a value"):
+        take_option(["--gate-summary"], "--gate-summary")
+    workers = [Worker(f"gpu{i}", str(i), [], tmp_path / f"gpu{i}.json") for i in range(3)]
+    for i, worker in enumerate(workers[:2]):   # gpu2's session died before it wrote its run
+        run = fake_run("NVIDIA H100", {f"perf_tests/t.py::t{i}": 1.0})
+        run["benchmarks"][0]["extra_info"]["stored_run_check"] = {"verdict": "not significant", "primary": {}}
+        run["gpuengine_tier_time"] = tier_time(100.0 + i, w=(1, 50.0))
+        worker.json_path.write_text(json.dumps(run))
+    status = {"gpu0": 0, "gpu1": 0, "gpu2": 3}
+    saved = save_merged(workers, status, tmp_path / "store", "m", "tag", False, wall_seconds=420.0)
+    step = tmp_path / "step.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
+    assert write_summary(tmp_path / "summary.md", saved, status, workers, tmp_path) == [tmp_path / "summary.md", step]
+    markdown = (tmp_path / "summary.md").read_text()
+    assert markdown.count("## gpuengine perf gate: FAILED (exit status 3)") == 1 and step.read_text() == markdown
+    assert "2 tests measured: 2 not significant" in markdown and "Tier time: 7.0 min" in markdown
+    assert "- worker gpu2 wrote no run (exit status 3): its tests are missing here" in markdown
+    assert f"- saved: `{saved[0]}`" in markdown and "| w | 2 | 100.0 | 60 |" in markdown

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -175,6 +176,34 @@ def test_partial_failing_and_corrupt_runs_do_not_spoil_the_baselines(session, py
     session("-k", "test_c").stdout.fnmatch_lines([f"not significant*test_gate.py::test_c ({machine}/0004_*"])
 
 
+def test_the_run_is_summarised_in_markdown_for_a_pull_request_and_the_ci_step(session, pytester, monkeypatch):
+    step = pytester.path / "step_summary.md"
+    step.write_text("## the step before\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
+    summary = pytester.path / "build" / "summary.md"
+    session("--gate-summary", "build/summary.md").stdout.fnmatch_lines(
+        [f"gpuengine: the run's summary for a pull request: {summary}, {step}"])
+    first = summary.read_text()
+    assert first.startswith("## gpuengine perf gate: passed\n")
+    assert "3 tests measured: 3 compared with nothing" in first   # no stored run yet: this one is the first
+    assert "saved as a baseline: `baselines_store/cpu-tier/" in first
+
+    monkeypatch.setenv("FAIL_C", "1")
+    session("--gate-summary", "build/summary.md").assert_outcomes(passed=2, failed=1)
+    second = summary.read_text()
+    assert second.startswith("## gpuengine perf gate: FAILED (exit status 1)\n")
+    assert "3 tests not significant" in second and "saved under history/, not as a baseline" in second
+    assert "**`test_gate.py::test_c`**: AssertionError: test_c fails on request\n" in second   # no assert rewriting
+    (command,) = [line for line in second.splitlines() if line.startswith("./gate perf")]
+    assert command == "./gate perf --against none -k 'test_gate.py and test_c'"
+    chosen = pytester.runpytest_subprocess("--collect-only", "-q", "-p", "no:cacheprovider", *shlex.split(command)[2:])
+    assert [line for line in chosen.stdout.lines if "::" in line] == ["test_gate.py::test_c"]   # that test alone
+    assert step.read_text() == "## the step before\n\n" + first + "\n" + second   # appended, never overwritten
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY")
+    session("-k", "test_a")   # without --gate-summary (a plain pytest session) nothing is written
+    assert summary.read_text() == second
+
+
 def test_a_newer_stored_result_without_timings_does_not_hide_an_older_one_with_them(session, pytester):
     from pytest_benchmark.utils import get_machine_id
     folder = pytester.path / "baselines_store" / "cpu-tier" / get_machine_id()
@@ -306,7 +335,7 @@ def test_targets_not_met_are_listed_fail_only_with_claims_and_the_run_is_still_a
     checks = {b["name"]: b["extra_info"]["ratio_checks"] for b in stored["benchmarks"]}
     assert [(c["kind"], c["passed"]) for c in checks["test_misses_a_target"]] == [("target", False), ("claim", True)]
     assert stored["gpuengine_gate"] == {"targets_fail": False, "targets_not_met": 1, "failed_on_targets_only": [],
-                                        "failed_otherwise": []}
+                                        "failed_otherwise": [], "failures": {}}
 
     claims, folder, stored = run([GOAL, HELD], "--claims")
     claims.assert_outcomes(passed=1, failed=1)
@@ -320,6 +349,9 @@ def test_targets_not_met_are_listed_fail_only_with_claims_and_the_run_is_still_a
         "FAILED test_targets.py::test_misses_a_target - TargetsMissed: *"])
     assert folder == get_machine_id() and claims.ret == pytest.ExitCode.TESTS_FAILED
     assert stored["gpuengine_gate"]["failed_on_targets_only"] == ["test_targets.py::test_misses_a_target"]
+    assert stored["gpuengine_gate"]["failures"]["test_targets.py::test_misses_a_target"].startswith(
+        "TargetsMissed: test_misses_a_target on FAKE GPU (pytester): targets not met yet, which fail with --claims: "
+        "torch_eager: target 10000x, measured ")
 
     nightly, folder, _ = run([GOAL, HELD, LOST], "--full")   # the nightly tier fails targets too; a lost claim
     nightly.assert_outcomes(failed=2)

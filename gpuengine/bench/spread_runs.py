@@ -17,6 +17,7 @@ from pathlib import Path
 
 RUN_NUMBER = re.compile(r"^(\d{4})_")
 GATE_OUTCOME = "gpuengine_gate"   # gpuengine/gate/plugin.py's verdict in a run: which tests failed on targets only
+TIER_TIME = "gpuengine_tier_time"   # gpuengine/gate/tier_time.py's record of how long a run took, per workload
 
 
 def failed_on_targets_only(exit_status: int, run: dict) -> bool:
@@ -30,7 +31,24 @@ def _merged_outcome(outcomes: list[dict]) -> dict:
     return {"targets_fail": any(o.get("targets_fail") for o in outcomes),
             "targets_not_met": sum(o.get("targets_not_met", 0) for o in outcomes),
             "failed_on_targets_only": sorted({t for o in outcomes for t in o.get("failed_on_targets_only", [])}),
-            "failed_otherwise": sorted({t for o in outcomes for t in o.get("failed_otherwise", [])})}
+            "failed_otherwise": sorted({t for o in outcomes for t in o.get("failed_otherwise", [])}),
+            "failures": dict(sorted((t, why) for o in outcomes for t, why in (o.get("failures") or {}).items()))}
+
+
+def _merged_tier_time(records: dict[str, dict]) -> dict:
+    """The workers' tier times as one (worker name -> its record): each workload's tests and seconds summed, each
+    session's own length kept; the whole takes the longest session's, a lower bound that the spread, which timed
+    the whole, replaces (gpuengine/gate/spread.py)."""
+    per_workload: dict[str, dict] = {}
+    for record in records.values():
+        for workload, entry in (record.get("per_workload") or {}).items():
+            into = per_workload.setdefault(workload, {**entry, "tests": 0, "seconds": 0.0})
+            into["tests"] += entry.get("tests", 0)
+            into["seconds"] = round(into["seconds"] + entry.get("seconds", 0.0), 1)
+    sessions = {worker: record.get("session_seconds") for worker, record in records.items()}
+    return {**next(iter(records.values())), "per_workload": dict(sorted(per_workload.items())),
+            "session_seconds": max((s for s in sessions.values() if isinstance(s, (int, float))), default=None),
+            "sessions_seconds": sessions}
 
 
 def split_tests(test_ids: list[str], workers: int, seconds: dict[str, float] | None = None,
@@ -110,6 +128,9 @@ def merge_runs(runs: list[dict], workers: list[str]) -> dict[str, dict]:
         outcomes = [run[GATE_OUTCOME] for run, _ in members if isinstance(run.get(GATE_OUTCOME), dict)]
         if outcomes:
             merged[kind][GATE_OUTCOME] = _merged_outcome(outcomes)
+        times = {worker: run[TIER_TIME] for run, worker in members if isinstance(run.get(TIER_TIME), dict)}
+        if times:
+            merged[kind][TIER_TIME] = _merged_tier_time(times)
     return merged
 
 

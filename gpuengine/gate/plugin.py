@@ -30,8 +30,9 @@
   naming the file and the position; so does an injected slowdown
   (gpuengine/bench/injected_delay.py) outside a gatepower study session, and any
   saving inside one.
-The end-of-session summary is gpuengine/gate/summary.py's. Root conftest.py registers this plugin and
-calls `configure` with the tier.
+The end-of-session summaries, on the terminal and in markdown (--gate-summary), are gpuengine/gate/summary.py's;
+the run's JSON keeps why each failed test failed (`gpuengine_gate`'s "failures"), for the markdown summary of a
+spread run. Root conftest.py registers this plugin and calls `configure` with the tier.
 """
 from __future__ import annotations
 
@@ -79,6 +80,8 @@ class GateState:
     process_noise: dict = field(default_factory=dict)   # test -> aa_noise.ProcessNoise (A/B sessions fill it)
     save_failed: str | None = None   # why this run could not be stored (nothing half-written was left)
     ab_catches: dict[str, float] = field(default_factory=dict)   # test -> slowdown its A/B check catches 95%
+    failure_reasons: dict[str, str] = field(default_factory=dict)   # failed test -> why, in one line (failure_line)
+    run: dict | None = None   # the run's JSON as pytest-benchmark made it (saved, or --benchmark-json): the summary's
 
     @property
     def comparable_runs(self) -> list[StoredRun]:
@@ -100,7 +103,8 @@ class GateState:
         """What the stored run keeps of the gate's verdict (`gpuengine_gate`): gpuengine/gate/spread.py reads it."""
         return {"targets_fail": self.targets.fail, "targets_not_met": len(self.targets.missed),
                 "failed_on_targets_only": sorted(self.failed_on_targets - self.failed_otherwise),
-                "failed_otherwise": sorted(self.failed_otherwise)}
+                "failed_otherwise": sorted(self.failed_otherwise),
+                "failures": dict(sorted(self.failure_reasons.items()))}
 
 
 GATE = pytest.StashKey[GateState]()
@@ -245,10 +249,11 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Sort failed tests: those that failed on targets not met only (--claims), and the rest."""
+    """Sort failed tests: those that failed on targets not met only (--claims), and the rest; keep why each failed."""
     report = yield
     state = item.config.stash.get(GATE, None)
     if state is not None and report.failed:
+        state.failure_reasons.setdefault(item.nodeid, failure_line(report))
         if report.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(TargetsMissed):
             state.failed_on_targets.add(item.nodeid)
         else:
@@ -281,12 +286,28 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def failure_line(report, limit: int = 400) -> str:
+    """Why a test failed, in one line: pytest's crash message (else the whole report), its first line with the
+    indented lines that continue it (the gate's own failures go on so; an assertion's explanation does not)."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    first, *rest = (crash.message if crash is not None else str(report.longrepr)).strip().splitlines() or ["?"]
+    kept = [first]
+    for line in rest:
+        if not line[:1].isspace():
+            break
+        kept.append(line)
+    text = " ".join(" ".join(kept).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 @pytest.hookimpl(optionalhook=True)   # a pytest-benchmark hook: absent when that plugin is disabled
 def pytest_benchmark_update_json(config, benchmarks, output_json):
-    """The gate's verdict into the stored run (and a spread worker's JSON): which tests failed on targets only."""
+    """The gate's verdict into the stored run (and a spread worker's JSON): which tests failed on targets only, and
+    why each failed. The run is kept for the summaries (the other plugins' keys join the same object)."""
     state = config.stash.get(GATE, None)
     if state is not None:
         output_json["gpuengine_gate"] = state.outcome()
+        state.run = output_json
 
 
 @dataclass(frozen=True)

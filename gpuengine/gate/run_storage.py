@@ -22,6 +22,7 @@ from gpuengine.bench.json_files import write_text
 
 class AtomicFileStorage(FileStorage):
     failure: str | None = None   # why the run was not kept, when saving failed
+    saved: Path | None = None    # where the run was kept, once it was
     on_failure = None            # called with `failure` as it happens (the summary is printed right after)
 
     def save(self, output_json, save):
@@ -34,6 +35,7 @@ class AtomicFileStorage(FileStorage):
             if self.on_failure is not None:
                 self.on_failure(self.failure)
             return
+        self.saved = Path(path)
         self.logger.info(f"Saved benchmark data in: {path}")
 
 

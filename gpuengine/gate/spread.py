@@ -19,7 +19,12 @@
    workers hand them over (GATE_PLANS_OUT) and the spread is the one writer;
    the per-GPU ones' before step 3, whose ranks then start from them.
 Workers do not save on their own (no --benchmark-autosave, --save-baseline
-held back): only the merged run is stored. A per-GPU pytest's output is
+held back): only the merged run is stored. Nor do they write the markdown
+summary (--gate-summary held back): the spread writes it once, for the
+merged run, with the whole spread's wall time as the tier's time
+(gpuengine/gate/pr_summary.py). Nor do they profile their regressed A/B
+tests (--profile-regressions 0): the spread profiles the merged run's, once
+the GPUs are free (gpuengine/gate/regression_profiles.py). A per-GPU pytest's output is
 shown when it ends, but its engine's autotuning progress as it comes
 ("[gpu0] [base] cuDNN autotune: ...", gpuengine/gate/progress.py).
 
@@ -73,11 +78,16 @@ from gpuengine.bench.timing_cores import TimingCore, timing_cores
 from gpuengine.gate.ab.stack import StackBaseError, prepare_from_args
 from gpuengine.gate.ab.worker import TIMING_CPU_ENV
 from gpuengine.gate.progress import PROGRESS_FILE_ENV, new_lines
+from gpuengine.gate.pr_summary import RunFacts, render
+from gpuengine.gate.pr_summary import write as write_markdown
+from gpuengine.gate.regression_profiles import DEFAULT_LIMIT, explain_spread_run, summary_section
 
 ROOT = Path(__file__).resolve().parents[2]   # the checkout
 WHOLE_MACHINE = ("perf_tests/test_data_parallel.py",)   # tests that spread themselves over every GPU
 SELECTION = ["perf_tests", "-m", "not slow"]   # as ./gate perf
 HELD_BACK = ("--save-baseline", "--benchmark-autosave")
+SUMMARY_OPTION = "--gate-summary"   # the markdown summary: written here, once, for the merged run
+PROFILE_OPTION = "--profile-regressions"   # regressed A/B tests profiled here, once the sessions are done
 PROGRESS_POLL_S = 2.0   # how often the per-GPU sessions' progress files are looked at while they run
 HOST_BANDWIDTH_MODULES = ("perf_tests/test_loader.py",)   # the loader alone, and training streamed against it
 STREAMED_CASE = re.compile(r"\[(?:[^\]]*-)?streamed(?:-[^\]]*)?\]$")   # a case id naming streamed data
@@ -224,10 +234,27 @@ def run_workers(workers: list[Worker], args: list[str], out: Path) -> dict[str, 
     return status
 
 
+def take_option(args: list[str], name: str) -> tuple[str | None, list[str]]:
+    """The value of option `name` (`name VALUE` or `name=VALUE`; the last one given) and `args` without it."""
+    value, rest, i = None, [], 0
+    while i < len(args):
+        if args[i] == name:
+            if i + 1 == len(args):
+                raise SystemExit(f"gpuengine.gate.spread: {name} needs a value")
+            value, i = args[i + 1], i + 2
+        elif args[i].startswith(name + "="):
+            value, i = args[i][len(name) + 1:], i + 1
+        else:
+            rest.append(args[i])
+            i += 1
+    return value, rest
+
+
 def save_merged(workers: list[Worker], status: dict[str, int], store: Path, machine_id: str, tag: str,
-                save_baseline: bool, commit_info: dict | None = None) -> list[Path]:
+                save_baseline: bool, commit_info: dict | None = None, wall_seconds: float | None = None) -> list[Path]:
     """Merge the workers' JSON runs, one per GPU kind, into store/<tier>/[history/]<machine id>/NNNN_<tag>.json.
-    `commit_info`: fields that name the commit over what the workers' runs say (GATE_COMMIT_ID's)."""
+    `commit_info`: fields that name the commit over what the workers' runs say (GATE_COMMIT_ID's); `wall_seconds`:
+    the spread's own length, the merged run's tier time (its sessions ran at once)."""
     runs, names = [], []
     for worker in workers:
         if worker.json_path.is_file():
@@ -247,6 +274,8 @@ def save_merged(workers: list[Worker], status: dict[str, int], store: Path, mach
         spread = merged["machine_info"]["spread"]
         spread["timing_cores_chosen"] = {w.name: w.timing.as_dict() for w in workers
                                          if w.timing is not None and w.name in spread["workers"]}
+        if wall_seconds is not None and isinstance(merged.get("gpuengine_tier_time"), dict):
+            merged["gpuengine_tier_time"]["session_seconds"] = round(wall_seconds, 1)
         tier = store / merged["machine_info"]["tier"]
         folder = (tier if passed or save_baseline else history_folder(tier)) / machine_id
         folder.mkdir(parents=True, exist_ok=True)
@@ -273,6 +302,39 @@ def keep_plans(workers: list[Worker], show=print) -> int:
     return total
 
 
+def write_summary(path: Path, saved: list[Path], status: dict[str, int], workers: list[Worker], out: Path,
+                  extra=()) -> list[Path]:
+    """The markdown summary of the merged run(s) (one per GPU kind, normally one), with where each was saved and
+    which workers wrote no run; the files written (pr_summary.write)."""
+    notes = [f"spread over {len(workers)} pytest sessions ({', '.join(w.name for w in workers)}); their logs in "
+             f"`{out}`"]
+    notes += [f"worker {w.name} wrote no run (exit status {status.get(w.name)}): its tests are missing here, its "
+              "log says why" for w in workers if not w.json_path.is_file()]
+    worst = max(status.values(), default=0)
+    if not saved:
+        return write_markdown(render(RunFacts({}, worst, notes + ["nothing was saved"]), extra), path)
+    shown = [where.relative_to(ROOT) if where.is_relative_to(ROOT) else where for where in saved]
+    return write_markdown("\n".join(render(RunFacts(json.loads(where.read_text()), worst, [*notes, f"saved: `{name}`"]),
+                                           extra) for where, name in zip(saved, shown)), path)
+
+
+def explain_and_summarise(saved: list[Path], status: dict[str, int], workers: list[Worker], out: Path,
+                          against: str | None, profile_limit: int, summary: str | None):
+    """After the sessions: the merged run's regressed A/B tests profiled at base and head (up to `profile_limit`),
+    then its markdown summary written to `summary` where given, those profiles in it."""
+    sections = []
+    for path in saved:
+        lines = explain_spread_run(json.loads(path.read_text()), against, ROOT, profile_limit)
+        if lines:
+            print("\n".join(["gpuengine.gate.spread: why it regressed (the engine profiled at the base and at the "
+                              "head):", *lines]), flush=True)
+            sections.append(summary_section(lines))
+    if summary is not None:
+        written = write_summary(Path(summary), saved, status, workers, out, sections)
+        print(f"gpuengine.gate.spread: the run's summary for a pull request: {', '.join(map(str, written))}",
+              flush=True)
+
+
 def merged_run_naming() -> tuple[str, dict | None]:
     """The merged run's tag and the commit_info fields that name its commit, as a single run's autosave gets them
     (conftest.py): GATE_COMMIT_ID where set (a lent machine's copy of the tree has no .git), else git's answer."""
@@ -283,6 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     from pytest_benchmark.utils import get_machine_id
     argv = list(sys.argv[1:] if argv is None else argv)
     save_baseline = "--save-baseline" in argv
+    summary, argv = take_option(argv, SUMMARY_OPTION)
+    profiles, argv = take_option(argv, PROFILE_OPTION)
+    try:
+        profile_limit = DEFAULT_LIMIT if profiles is None else int(profiles)
+    except ValueError:
+        raise SystemExit(f"gpuengine.gate.spread: {PROFILE_OPTION} {profiles!r}: use a whole number >= 0") from None
     args = [a for a in argv if a not in HELD_BACK]
     devices = visible_devices()
     if len(devices) < 2:
@@ -293,17 +361,20 @@ def main(argv: list[str] | None = None) -> int:
         prepare_from_args(args, ROOT)
     except StackBaseError as exc:
         raise SystemExit(f"gpuengine.gate.spread: {exc}") from None
+    started = time.monotonic()
     out = Path(tempfile.mkdtemp(prefix="gpuengine-spread-"))
     full = "--full" in args
     workers = plan_workers(collect(args), devices, stored_seconds(ROOT / "baselines_store"), out, full,
                            timing_cores(devices))
     print(f"gpuengine.gate.spread: GPUs {','.join(devices)}; " + "; ".join(describe(w, full) for w in workers), flush=True)
-    status = run_workers(workers, args, out)
+    status = run_workers(workers, [*args, PROFILE_OPTION, "0"], out)
     tag, commit_info = merged_run_naming()
-    for path in save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), tag, save_baseline,
-                            commit_info):
+    saved = save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), tag, save_baseline, commit_info,
+                        time.monotonic() - started)
+    for path in saved:
         print(f"gpuengine.gate.spread: saved the merged run as {path.relative_to(ROOT)}", flush=True)
     keep_plans([w for w in workers if w.devices is None])
+    explain_and_summarise(saved, status, workers, out, take_option(args, "--against")[0], profile_limit, summary)
     return max(status.values(), default=0)
 
 

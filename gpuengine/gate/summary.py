@@ -1,19 +1,47 @@
-"""The gate's end-of-session summary: targets not met, references unavailable, the regression check, A/B power.
+"""The gate's end-of-session summaries: on the terminal, and in markdown for a pull request.
 
-Sections of pytest's terminal summary, from what gpuengine/gate/plugin.py
-gathered during the session (its GateState); root conftest.py registers it.
-A perf test that fails is also named, with the last line of why, as it
-fails: a session stopped before its summary (a GPU lease running out) still
-says which tests failed.
+Sections of pytest's terminal summary (targets not met, references
+unavailable, the regression check, A/B power), from what
+gpuengine/gate/plugin.py gathered during the session (its GateState); root
+conftest.py registers it. A perf test that fails is also named, with why, as
+it fails: a session stopped before its summary (a GPU lease running out)
+still says which tests failed.
+
+With `--gate-summary PATH` (./gate perf passes build/summary.md) the run is
+also written there in markdown (gpuengine/gate/pr_summary.py), and appended
+to $GITHUB_STEP_SUMMARY where set, after the run was saved; other plugins add
+sections of their own with `add_section`. A spread run's per-GPU sessions
+are not given the option: the spread writes one summary of the merged run.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from gpuengine.bench import paired
+from gpuengine.bench.machine_info import checkout_commit
+from gpuengine.bench.stack_lock import current_record
 from gpuengine.bench.verdicts import NOT_COMPARABLE, REGRESSED
 
-from .plugin import GATE
+from . import pr_summary
+from .plugin import GATE, GateState, failure_line
+
+EXTRA_SECTIONS = pytest.StashKey[list]()   # pr_summary.Section's other plugins add to the markdown summary
+WRITTEN = pytest.StashKey[str]()           # what became of the markdown summary, for the terminal
+
+
+def pytest_addoption(parser):
+    parser.getgroup("gpuengine gate").addoption(
+        "--gate-summary", metavar="PATH", default=None,
+        help="write the run's summary in markdown for a pull request to PATH (./gate perf: build/summary.md), "
+             f"and append it to ${pr_summary.STEP_SUMMARY_ENV} where that is set")
+
+
+def add_section(config, section: pr_summary.Section):
+    """A section of the markdown summary from another plugin (added before the summary is written, at the end of
+    pytest_sessionfinish)."""
+    config.stash.setdefault(EXTRA_SECTIONS, []).append(section)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -21,17 +49,66 @@ def pytest_runtest_makereport(item, call):
     report = yield
     if report.failed and report.when == "call" and "compare" in getattr(item, "fixturenames", ()):
         reporter = item.config.pluginmanager.get_plugin("terminalreporter")
-        crash = getattr(report.longrepr, "reprcrash", None)
-        why = (crash.message if crash is not None else str(report.longrepr)).strip().splitlines() or ["?"]
         if reporter is not None:
-            reporter.write_line(f"\nFAILED {item.nodeid}: {why[0][:300]}", red=True)
+            reporter.write_line(f"\nFAILED {item.nodeid}: {failure_line(report, 300)}", red=True)
     return report
+
+
+def session_run(config, state: GateState) -> dict:
+    """The run as pytest-benchmark stored it, or, where it made none (nothing was benchmarked, or nothing saved),
+    what the session knows in the same shape."""
+    if state.run is not None:
+        return state.run
+    from .tier_time import tier_record   # a plugin registered after this one: imported by pytest first
+    commit, dirty = checkout_commit()
+    return {"machine_info": {"tier": state.tier.name, "gpu": state.tier.gpu_label, "stack_lock": current_record()},
+            "commit_info": {"id": commit, "dirty": dirty}, "benchmarks": [], "gpuengine_gate": state.outcome(),
+            "gpuengine_tier_time": tier_record(config) or {}}
+
+
+def saving_notes(session, state: GateState) -> list[str]:
+    """Where the run went: a baseline, history/, or nowhere and why."""
+    if state.save_failed:
+        return [f"this run was NOT saved: {state.save_failed}"]
+    storage = getattr(getattr(session.config, "_benchmarksession", None), "storage", None)
+    saved = getattr(storage, "saved", None)
+    if saved is None:
+        return []
+    where = saved.relative_to(session.config.rootpath) if saved.is_relative_to(session.config.rootpath) else saved
+    if state.saved_to_history:
+        return [f"saved under history/, not as a baseline: `{where}`"]
+    return [f"saved as a baseline: `{where}`" + (" (it failed on targets not met only)"
+                                                 if state.saved_despite_targets else "")]
+
+
+@pytest.hookimpl(trylast=True)   # after pytest-benchmark saved the run and the other plugins added their sections
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    state = config.stash.get(GATE, None)
+    path = config.getoption("gate_summary", None)
+    if state is None or path is None or state.study is not None:
+        return
+    status = int(exitstatus) or (int(pytest.ExitCode.TESTS_FAILED) if state.save_failed else 0)
+    facts = pr_summary.RunFacts(session_run(config, state), status, saving_notes(session, state))
+    markdown = pr_summary.render(facts, config.stash.get(EXTRA_SECTIONS, []))
+    try:
+        written = pr_summary.write(markdown, config.invocation_params.dir / path)
+        config.stash[WRITTEN] = "the run's summary for a pull request: " + ", ".join(map(str, written))
+    except OSError as exc:
+        config.stash[WRITTEN] = f"the run's summary for a pull request was NOT written: {exc}"
 
 
 def pytest_terminal_summary(terminalreporter):
     state = terminalreporter.config.stash.get(GATE, None)
     if state is None:
         return
+    _regression_check(terminalreporter, state)
+    written = terminalreporter.config.stash.get(WRITTEN, None)
+    if written:
+        terminalreporter.write_line(f"gpuengine: {written}")
+
+
+def _regression_check(terminalreporter, state: GateState):
     if state.targets.missed:
         terminalreporter.section("gpuengine targets not met")
         for missed in state.targets.missed:

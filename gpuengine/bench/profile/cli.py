@@ -2,6 +2,8 @@
 
     python -m gpuengine profile resnet --precision bf16 [--batch 128] [--cuda-graph 1] [--replays 5]
                                 [--references torch_graph torch_compile_graph] [--store baselines_store]
+    python -m gpuengine profile resnet --against REV|DIR [...]     the base's engine and the head's, diffed
+    python -m gpuengine profile-diff BASE.json HEAD.json [--side gpuengine] [--top 10]
 
 WORKLOAD is mlp, cnn, resnet, transformer or zoo:NAME (zoo:alexnet, ...). The
 engine and each reference (torch_graph, and torch_compile_graph where
@@ -20,6 +22,15 @@ profiled and written; 1 the profile failed (the profiler saw no kernels,
 replays were lost), could not be written, or a reference failed (its side
 says why; the others are written); 2 a usage error, a machine without a CUDA
 GPU included: CUPTI has nothing to see on the CPU tier's NumPy backend.
+
+With `--against REV|DIR` the engine alone is profiled twice, at the base
+(REV checked out in a temporary worktree, or DIR, a checkout on disk: the
+gate's A/B checkout, which __main__ hands in as `check_out`) and at the
+working tree, each by its own checkout's command in a process of its own
+(against.py), and the diff of the two is printed (diff.py); the profiles stay
+under build/profile-against/, the stored ones are not touched. Status 1 when
+a side failed. `profile-diff` prints the diff of two profile files; a file
+that is not a readable profile with that side is a usage error naming it.
 """
 from __future__ import annotations
 
@@ -31,6 +42,10 @@ from pathlib import Path
 
 from ...config import CUDA_GRAPH_RANGE, PRECISIONS, EngineConfig
 from ..cli_args import UsageError, output_folder, whole
+from ..json_files import JsonFileError
+from . import diff as profile_diff
+from .diff import DEFAULT_TOP, diff_profiles, format_diff, load_profile
+from .record import ENGINE
 from .workloads import ACCEPTED, REFERENCE_CANDIDATES, get_workload, offered_references
 
 PROG = "python -m gpuengine profile"
@@ -38,7 +53,9 @@ DEFAULT_REPLAYS = 5
 MAX_REPLAYS = 50   # each replay is one profiler cycle: more only makes the JSON and the wait longer
 
 
-def add_parser(commands) -> None:
+def add_parser(commands, check_out=None) -> None:
+    """The profile command; `check_out(rev, root)`, where given, turns --against's REV|DIR into a checkout on disk
+    (root, commit, label, cleanup()) or raises UsageError."""
     parser = commands.add_parser("profile", help="one training step's kernels by op family, engine vs PyTorch (GPU)",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("workload", help=f"one of {ACCEPTED}")
@@ -55,7 +72,36 @@ def add_parser(commands) -> None:
                              "with no name profiles the engine alone)")
     parser.add_argument("--store", type=output_folder, default=Path("baselines_store"),
                         help="the store whose <gpu>/profiles/ folder receives the JSON (default: baselines_store)")
-    parser.set_defaults(run=run, check=check, parser=parser)
+    if check_out is not None:
+        parser.add_argument("--against", metavar="REV|DIR",
+                            help="profile the engine at REV (a commit, in a temporary worktree) or DIR (a checkout) "
+                                 "and at the working tree, each in its own process, and print the diff")
+    parser.set_defaults(run=run, check=check, parser=parser, check_out=check_out, against=None)
+
+
+def add_diff_parser(commands) -> None:
+    parser = commands.add_parser("profile-diff", help="two kernel profiles compared: the families and kernels "
+                                 "whose time per step moved most", description=profile_diff.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("base", type=Path, help="the base's profile (JSON, as `profile` writes it)")
+    parser.add_argument("head", type=Path, help="the head's profile")
+    parser.add_argument("--side", default=ENGINE, help=f"the side compared (default {ENGINE}; or torch_graph, ...)")
+    parser.add_argument("--top", type=whole(1), default=DEFAULT_TOP,
+                        help=f"kernels shown, those that moved most (default {DEFAULT_TOP})")
+    parser.set_defaults(run=run_diff, check=check_diff, parser=parser)
+
+
+def check_diff(args) -> None:
+    """Both files read as profiles holding the side; the diff made (args.diff)."""
+    try:
+        args.diff = diff_profiles(load_profile(args.base), load_profile(args.head), args.side)
+    except (JsonFileError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def run_diff(args) -> int:
+    print(format_diff(args.diff, args.top))
+    return 0
 
 
 def no_cuda_reason() -> str | None:
@@ -80,6 +126,9 @@ def check(args) -> None:
     if importlib.util.find_spec("torch") is None:
         raise UsageError(f"{PROG} profiles with torch.profiler and compares with PyTorch, and PyTorch is not "
                          "installed (the torch extra; ./gate installs it)")
+    if args.against is not None and args.references:
+        raise UsageError(f"argument --references: --against profiles the engine alone (base and head); "
+                         f"{' '.join(args.references)} goes without it")
     offered = offered_references()
     if args.references is None:
         args.references = list(offered)
@@ -95,6 +144,10 @@ def check(args) -> None:
     config = EngineConfig.from_env(precision=args.precision, cuda_graph=args.cuda_graph)
     args.case = ProfileCase(args.workload_entry.name, config.precision,
                             args.batch or args.workload_entry.default_batch(), config.cuda_graph)
+    if args.against is not None:   # last: a checkout is made only once everything else is known to be right
+        from ..machine_info import REPO
+        args.references = []
+        args.base = args.check_out(args.against, REPO)
 
 
 def command_line(args) -> list[str]:
@@ -114,7 +167,29 @@ def _log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def run_against(args) -> int:
+    """The engine at the base and at the working tree, each profiled in its own process; their diff printed."""
+    from ..cudnn_plans import PLAN_FILE
+    from ..machine_info import REPO, current_tier
+    from .against import SCRATCH, Checkout, SideFailed, head_checkout, profile_base_and_head
+    base, tier = args.base, current_tier(on_gpu=True)
+    try:
+        diff = profile_base_and_head(args.case, Checkout(Path(base.root), base.commit, f"base {base.label}"),
+                                     head_checkout(REPO), args.replays, tier.name, args.store / tier.name / PLAN_FILE,
+                                     log=_log)
+    except (SideFailed, JsonFileError, ValueError) as exc:
+        return _error(f"{args.case.describe()} against {base.label}: {exc}", 1)
+    finally:
+        base.cleanup()
+    print(format_diff(diff))
+    print(f"profile: both profiles are kept under {SCRATCH}/: python -m gpuengine profile-diff {diff.base.path} "
+          f"{diff.head.path}")
+    return 0
+
+
 def run(args) -> int:
+    if args.against is not None:
+        return run_against(args)
     from ..machine_info import checkout_commit, collect_machine_info, current_tier
     from .capture import ProfileError
     from .record import FAILED, format_text_table, make_record, profile_path, write_profile

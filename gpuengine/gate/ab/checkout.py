@@ -122,6 +122,15 @@ def from_folder(folder: Path) -> Base:
     return Base(folder, commit, commit[:7] if commit else str(folder), f"the checkout at {folder}")
 
 
+def for_command(against: str, root: Path) -> Base:
+    """REV or DIR as a base for a command outside a perf session (`python -m gpuengine profile --against`), checked
+    out; auto and none choose no base there, so they are refused, as is what resolve refuses."""
+    if against in (AUTO, NONE):
+        raise BaseError(f"--against {against}: name a commit (REV) or a checkout on disk (DIR) to compare with")
+    base, _ = resolve(against, root)
+    return base
+
+
 def resolve(against: str, root: Path, newest_baseline_commit: str | None = None) -> tuple[Base | None, str]:
     """The base of `--against`, checked out; None in stored-run mode, with the reason either way."""
     root = Path(root)
