@@ -13,7 +13,8 @@ the engine time, where both runs have it, confirms (slower, p < ALPHA).
 
 The minimum effect is asv's "factor" made per test: max(MIN_EFFECT, z(1-ALPHA)
 x the sd of the difference of two run medians), each run's sd being the
-learned run-to-run noise (noise.json, `between_run_sd`) plus its own rounds'
+run-to-run noise (noise.json's `between_run_sd`, else stored_noise.py's from
+the stored runs of the same code) plus its own rounds'
 spread as the median's variance (pi/2 sd^2 / n). Rounds of one process agree
 far better than runs of two (stored H200 runs of the graph-captured tests:
 0.05-0.4% within a run, 0.2-1.7% between runs), so the rank test alone would

@@ -46,7 +46,8 @@ from gpuengine.bench.gatepower import trials as study_trials
 from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.machine_info import Tier
 from gpuengine.bench.noise import NOISE_FILE, NoiseTable
-from gpuengine.bench.regression import RunSamples, decide
+from gpuengine.bench.regression import NoiseLevels, RunSamples, decide
+from gpuengine.bench.stored_noise import StoredNoise
 from gpuengine.bench.verdicts import NO_BASELINE, NOT_COMPARABLE, REGRESSED, Decision
 from gpuengine.bench.stack_lock import NO_LOCK, StackId, current_record, stack_of
 from gpuengine.bench.stored_runs import (StoredRun, UnreadableRun, history_folder, newest_per_test, newest_with_runners,
@@ -82,6 +83,7 @@ class GateState:
     ab_catches: dict[str, float] = field(default_factory=dict)   # test -> slowdown its A/B check catches 95%
     failure_reasons: dict[str, str] = field(default_factory=dict)   # failed test -> why, in one line (failure_line)
     run: dict | None = None   # the run's JSON as pytest-benchmark made it (saved, or --benchmark-json): the summary's
+    stored_noise: StoredNoise | None = None   # run-to-run noise of the stored runs of the same code (no noise.json)
 
     @property
     def comparable_runs(self) -> list[StoredRun]:
@@ -187,6 +189,8 @@ def pytest_sessionstart(session):
     else:
         runs, state.unreadable = scan(state.storage)
     state.runs = runs
+    history = scan(history_folder(state.storage))[0]
+    state.stored_noise = StoredNoise([run for run in runs + history if stack_of(run.machine_info) == state.stack])
     baselines = state.baselines
     lacking = [name for name, run in newest_per_test(state.comparable_runs).items() if baselines.get(name) is not run]
     if lacking:
@@ -225,7 +229,10 @@ def pytest_report_header(config) -> list[str]:
     if state is None:
         return []
     tier = "nightly tier (--full): every case" if state.full else "quick tier: nightly cases deselected (--full)"
-    lines = [f"gpuengine gate: {tier}; noise: {state.noise.path.name if state.noise.tests else 'not calibrated'}",
+    learned = state.stored_noise.runs if state.stored_noise else 0
+    noise = (state.noise.path.name if state.noise.tests
+             else f"learned from {learned} stored runs of the same code" if learned else "not calibrated")
+    lines = [f"gpuengine gate: {tier}; noise: {noise}",
              f"gpuengine gate: missed claims and regressions fail; targets not met yet {targets_policy(state)}"]
     baselines = state.baselines if state.compare else {}
     if state.compare:
@@ -355,8 +362,15 @@ class GateTest:
             return CheckOutcome({"verdict": NO_BASELINE, "reason": reason}, None)
         current = RunSamples.from_extra_info(extra_info)
         baseline = RunSamples.from_extra_info(run.benchmarks[self.fullname].get("extra_info", {}), current.reference)
-        return self.outcome(decide(current, baseline, self.state.noise.levels(self.fullname)), run.label,
+        return self.outcome(decide(current, baseline, self.noise_levels(current.reference)), run.label,
                             {"baseline_run": run.label})
+
+    def noise_levels(self, reference: str | None) -> NoiseLevels:
+        """The stored-run rule's run-to-run noise: noise.json's calibration, else what the stored runs of the same
+        code show, else the prior."""
+        if self.fullname in self.state.noise.tests or self.state.stored_noise is None:
+            return self.state.noise.levels(self.fullname)
+        return self.state.stored_noise.levels(self.fullname, reference)
 
     def outcome(self, decision: Decision, against: str, record: dict) -> CheckOutcome:
         """Either rule's decision recorded, listed for the summary, and failing the test where it regressed."""
