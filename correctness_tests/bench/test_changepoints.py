@@ -50,6 +50,13 @@ def test_a_faster_step_is_negative_and_the_result_is_deterministic():
     assert index == 10 and -0.06 < size < -0.04 and p < changepoints.ALPHA
 
 
+def test_a_step_two_runs_from_the_start_is_placed_there_not_at_the_shortest_segment_allowed():
+    series = noisy(5, 14)
+    series[:2] *= 10   # two runs before a 10x speed-up (the H100's streamed cases, runs 0004-0005)
+    (index, size, _), = changepoints.detect(series)
+    assert index == 2 and -0.92 < size < -0.88
+
+
 def test_short_flat_and_bad_series():
     assert changepoints.detect([1.0, 1.1, 1.0, 1.1, 1.0]) == []        # fewer than 2 x MIN_SEGMENT runs
     assert changepoints.detect([2.0] * 12) == []                        # no noise, no step

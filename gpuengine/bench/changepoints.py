@@ -14,7 +14,8 @@ Both are "larger = engine slower". The detector (`detect`) works on the log of a
 change-point search with a linear kernel (a change in mean, found by PELT) proposes the splits, at a
 penalty of PENALTY x log(n) in units of the series' noise (robust sd of successive differences, so a step
 does not inflate it); then, as Apache Otava confirms its E-divisive candidates, each split must pass a
-Welch t-test of the segments either side at ALPHA, the weakest dropped until all do. A change point names
+Welch t-test of the segments either side at ALPHA (each segment clipped to its median +- CLIP_SD noise sds),
+the weakest dropped until all do. A change point names
 the last run before and the first run after it and its size, the relative change of the medians of the
 segments either side. Measured on synthetic series (correctness_tests/bench/test_changepoints.py,
 docs/gate.md "Change points"): a 3% step in 1% noise, 8 runs a side, found in 92% of 200 seeds; pure
@@ -43,6 +44,7 @@ from .stronger_reference import STRONGER
 MIN_SEGMENT = 3    # runs a side at the least: one stray run is an outlier, not a new level
 PENALTY = 3.0      # x log(n) per split, in units of the noise variance (BIC's log n, made stricter)
 ALPHA = 0.001      # Welch's t-test of the segments either side: with the penalty, <= 5% of noise series flagged
+CLIP_SD = 4.0      # a run further than this many noise sds from its segment's median counts as that far, no further
 RECENT_RUNS = 5    # ./gate perf's summary lists change points whose first run after is one of the newest 5
 TIME = "time per sample"
 LIBRARY = "ruptures"
@@ -89,7 +91,7 @@ class ChangePoint:
     before: RunPoint              # the last run of the level before
     after: RunPoint               # the first run of the level after
     size: float                   # median after / median before - 1: > 0, the engine got slower
-    p: float                      # Welch's t-test of the two segments
+    p: float                      # Welch's t-test that confirmed it (at the split before _refined placed it)
 
     @property
     def commits(self) -> str:
@@ -136,8 +138,12 @@ def noise_scale(log_values: np.ndarray) -> float:
     return scale if scale > 0 else float(np.std(diffs)) / math.sqrt(2)
 
 
-def _welch_p(before: np.ndarray, after: np.ndarray) -> float:
+def _welch_p(before: np.ndarray, after: np.ndarray, scale: float) -> float:
+    """Welch's t-test of two segments of a log series, each clipped to its median +- CLIP_SD x `scale`: two
+    stray runs (a machine 10x off) must not hide a step beside them by inflating a segment's variance."""
     from scipy.stats import ttest_ind   # ruptures' own dependency: there wherever ruptures is
+    before, after = (np.clip(part, np.median(part) - CLIP_SD * scale, np.median(part) + CLIP_SD * scale)
+                     for part in (before, after))
     if np.ptp(before) == 0 and np.ptp(after) == 0:
         return 0.0 if before[0] != after[0] else 1.0
     with warnings.catch_warnings():
@@ -146,17 +152,29 @@ def _welch_p(before: np.ndarray, after: np.ndarray) -> float:
     return 1.0 if math.isnan(p) else p
 
 
-def _confirmed(logs: np.ndarray, splits: list[int]) -> list[tuple[int, float]]:
+def _confirmed(logs: np.ndarray, splits: list[int], scale: float) -> list[tuple[int, float]]:
     """(split, p) of the splits whose segments either side differ at ALPHA, the weakest dropped one at a time."""
     splits = list(splits)
     while splits:
         edges = [0, *splits, len(logs)]
-        ps = [_welch_p(logs[edges[i]:edges[i + 1]], logs[edges[i + 1]:edges[i + 2]]) for i in range(len(splits))]
+        ps = [_welch_p(logs[edges[i]:edges[i + 1]], logs[edges[i + 1]:edges[i + 2]], scale)
+              for i in range(len(splits))]
         weakest = int(np.argmax(ps))
         if ps[weakest] < ALPHA:
             return list(zip(splits, ps))
         del splits[weakest]
     return []
+
+
+def _refined(logs: np.ndarray, splits: list[int]) -> list[int]:
+    """Each split moved to the best single split between its neighbours, segments of one run allowed: MIN_SEGMENT
+    keeps stray runs from making a change point, not a step two runs from the start from being placed there."""
+    splits = list(splits)
+    for i in range(len(splits)):
+        low, high = ([0, *splits][i], [*splits, len(logs)][i + 1])
+        cost = [np.var(logs[low:at]) * (at - low) + np.var(logs[at:high]) * (high - at) for at in range(low + 1, high)]
+        splits[i] = low + 1 + int(np.argmin(cost))
+    return splits
 
 
 def detect(values: Sequence[float]) -> list[tuple[int, float, float]]:
@@ -174,10 +192,11 @@ def detect(values: Sequence[float]) -> list[tuple[int, float, float]]:
         return []
     z = ((logs - np.median(logs)) / scale).reshape(-1, 1)
     splits = ruptures.KernelCPD(kernel="linear", min_size=MIN_SEGMENT).fit(z).predict(pen=PENALTY * math.log(n))
-    confirmed = _confirmed(logs, splits[:-1])   # predict's last split is the series' end
-    edges = [0, *(split for split, _ in confirmed), n]
+    confirmed = _confirmed(logs, splits[:-1], scale)   # predict's last split is the series' end
+    splits = _refined(logs, [split for split, _ in confirmed])
+    edges = [0, *splits, n]
     return [(split, float(np.median(values[split:edges[i + 2]]) / np.median(values[edges[i]:split]) - 1), p)
-            for i, (split, p) in enumerate(confirmed)]
+            for i, (split, (_, p)) in enumerate(zip(splits, confirmed))]
 
 
 def _engine(info: dict) -> str | None:
