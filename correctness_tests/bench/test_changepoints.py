@@ -74,7 +74,8 @@ def bench(name: str, engine_ms: float, reference_ms: float) -> dict:
     return {"fullname": f"perf_tests/test_x.py::{name}", "name": name, "stats": {"median": engine_ms / 1e3},
             "extra_info": {"samples_per_s": {"gpuengine": 1e6 / engine_ms, "torch_graph": 1e6 / reference_ms},
                            "median_round_ms": {"gpuengine": engine_ms, "torch_graph": reference_ms},
-                           "ratios": {"torch_graph": {"median": reference_ms / engine_ms}}}}
+                           "ratios": {"torch_graph": {"median": reference_ms / engine_ms, "low": 0.99 * reference_ms
+                                                      / engine_ms, "high": 1.01 * reference_ms / engine_ms}}}}
 
 
 def write_run(folder: Path, number: int, commit: str, when: datetime, lock: dict, benches: list[dict]) -> None:
@@ -84,11 +85,11 @@ def write_run(folder: Path, number: int, commit: str, when: datetime, lock: dict
     (folder / f"{number:04d}_{commit * 40}_{when:%Y%m%d_%H%M%S}.json").write_text(json.dumps(run))
 
 
-@pytest.fixture
-def store(tmp_path) -> Path:
+def make_store(root: Path) -> Path:
     """16 baselines on one lock: STEPPED's engine 5% slower from run 0009 on (torch_graph unchanged), STEADY
-    unchanged; a failed run (history/) and 8 runs of another lock, all 20% faster, which must not join them."""
-    tier = tmp_path / "nvidia-h100"
+    unchanged; a failed run (history/) and 8 runs of another lock, all 20% faster, which must not join them.
+    Returns the tier's folder."""
+    tier = root / "nvidia-h100"
     rng = np.random.default_rng(3)
     start = datetime(2026, 11, 20)
     for i in range(16):
@@ -102,6 +103,11 @@ def store(tmp_path) -> Path:
         write_run(tier / "Linux-CPython-3.12-64bit", 17 + i, "e", start + timedelta(days=1, hours=i), OTHER_LOCK,
                   [bench(STEADY, 4.0 * rng.lognormal(0, 0.005), 6.0 * rng.lognormal(0, 0.005))])
     return tier
+
+
+@pytest.fixture
+def store(tmp_path) -> Path:
+    return make_store(tmp_path)
 
 
 def test_a_store_of_runs_gives_the_step_between_the_runs_that_bound_it(store):

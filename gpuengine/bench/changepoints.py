@@ -167,13 +167,15 @@ def _confirmed(logs: np.ndarray, splits: list[int], scale: float) -> list[tuple[
 
 
 def _refined(logs: np.ndarray, splits: list[int]) -> list[int]:
-    """Each split moved to the best single split between its neighbours, segments of one run allowed: MIN_SEGMENT
-    keeps stray runs from making a change point, not a step two runs from the start from being placed there."""
+    """Each split moved to the best single split between its neighbours within MIN_SEGMENT - 1 runs of where it
+    was, segments of one run allowed: MIN_SEGMENT keeps stray runs from making a change point, not a step two runs
+    from the start from being placed there."""
     splits = list(splits)
-    for i in range(len(splits)):
-        low, high = ([0, *splits][i], [*splits, len(logs)][i + 1])
-        cost = [np.var(logs[low:at]) * (at - low) + np.var(logs[at:high]) * (high - at) for at in range(low + 1, high)]
-        splits[i] = low + 1 + int(np.argmin(cost))
+    for i, split in enumerate(splits):
+        low, high = [0, *splits][i], [*splits, len(logs)][i + 1]
+        candidates = range(max(low + 1, split - MIN_SEGMENT + 1), min(high, split + MIN_SEGMENT))
+        cost = [np.var(logs[low:at]) * (at - low) + np.var(logs[at:high]) * (high - at) for at in candidates]
+        splits[i] = candidates[int(np.argmin(cost))]
     return splits
 
 
