@@ -85,21 +85,21 @@ def write_run(folder: Path, number: int, commit: str, when: datetime, lock: dict
     (folder / f"{number:04d}_{commit * 40}_{when:%Y%m%d_%H%M%S}.json").write_text(json.dumps(run))
 
 
-def make_store(root: Path) -> Path:
-    """16 baselines on one lock: STEPPED's engine 5% slower from run 0009 on (torch_graph unchanged), STEADY
-    unchanged; a failed run (history/) and 8 runs of another lock, all 20% faster, which must not join them.
-    Returns the tier's folder."""
-    tier = root / "nvidia-h100"
+def make_store(root: Path, tier: str = "nvidia-h100", step_at: int = 8, other_lock: bool = True) -> Path:
+    """16 baselines on one lock: STEPPED's engine 5% slower from run `step_at` + 1 on (torch_graph unchanged),
+    STEADY unchanged; a failed run (history/) and (`other_lock`) 8 runs of another lock, all 20% faster, which
+    must not join them. Returns the tier's folder."""
+    tier = root / tier
     rng = np.random.default_rng(3)
     start = datetime(2026, 11, 20)
     for i in range(16):
-        step = 1.05 if i >= 8 else 1.0
+        step = 1.05 if i >= step_at else 1.0
         write_run(tier / "Linux-CPython-3.12-64bit", i + 1, "0123456789abcdef"[i], start + timedelta(hours=i), LOCK,
                   [bench(STEPPED, 2.0 * step * rng.lognormal(0, 0.005), 3.0 * rng.lognormal(0, 0.005)),
                    bench(STEADY, 5.0 * rng.lognormal(0, 0.005), 6.0 * rng.lognormal(0, 0.005))])
     write_run(tier / "history" / "Linux-CPython-3.12-64bit", 1, "f", start + timedelta(hours=3, minutes=30), LOCK,
               [bench(STEADY, 9.0, 6.0)])
-    for i in range(8):
+    for i in range(8 if other_lock else 0):
         write_run(tier / "Linux-CPython-3.12-64bit", 17 + i, "e", start + timedelta(days=1, hours=i), OTHER_LOCK,
                   [bench(STEADY, 4.0 * rng.lognormal(0, 0.005), 6.0 * rng.lognormal(0, 0.005))])
     return tier
@@ -140,3 +140,19 @@ def test_without_the_library_nothing_is_computed_and_it_says_why(store, monkeypa
     assert "not computed" in analysis.unavailable and changepoints.LIBRARY in analysis.unavailable
     with pytest.raises(ImportError, match="not computed"):
         changepoints.detect([1.0] * 8)
+
+
+def test_the_summary_lines_name_the_recent_change_points_and_count_the_rest(tmp_path):
+    tier = make_store(tmp_path, step_at=20)   # no step: STEPPED steady too
+    assert changepoints.recent_lines(tier, tier.name) == [
+        "no change points started in the newest 5 of the 24 baselines of nvidia-h100; 0 in the whole history (6 "
+        "series, 0 shorter than 6 runs)"]
+    tier = make_store(tmp_path / "late", step_at=12)   # the step's first run after, 0013, is the 12th newest
+    lines = changepoints.recent_lines(tier, tier.name, last=12)
+    assert len(lines) == 3 and all("between runs 0012 bbbbbbb and 0013 ccccccc" in line for line in lines[:2])
+    assert lines[-1] == ("2 change points started in the newest 12 of the 24 baselines of nvidia-h100; 2 in the "
+                         "whole history (6 series, 0 shorter than 6 runs): ./gate report marks them in the history "
+                         "figures")
+    assert changepoints.recent_lines(tier, tier.name)[0].startswith("no change points started in the newest 5")
+    run_file = next((tier / "history").rglob("*.json"))
+    assert changepoints.folder_of(run_file) == tier == changepoints.folder_of(next(tier.rglob("0001_*.json")))

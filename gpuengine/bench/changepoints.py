@@ -38,7 +38,7 @@ import numpy as np
 from .regression import choose_reference
 from .significance import robust_sd
 from .stack_lock import stack_of
-from .stored_runs import HISTORY, StoredRun
+from .stored_runs import HISTORY, MACHINE_ID, StoredRun, scan
 from .stronger_reference import STRONGER
 
 MIN_SEGMENT = 3    # runs a side at the least: one stray run is an outlier, not a new level
@@ -266,3 +266,25 @@ def analyse(runs: Sequence[RunPoint], tier: str) -> Analysis:
             analysis.change_points.append(ChangePoint(series, series.points[index - 1][0], series.points[index][0],
                                                       size, p))
     return analysis
+
+
+def folder_of(run_file: Path) -> Path:
+    """The folder of baselines a stored run file belongs to (its tier's, or a series' such as config-...)."""
+    folder = run_file.parent
+    folder = folder.parent if MACHINE_ID.match(folder.name) else folder
+    return folder.parent if folder.name == HISTORY else folder
+
+
+def recent_lines(folder: Path, tier: str, last: int = RECENT_RUNS) -> list[str]:
+    """./gate perf's summary: the change points among the newest `last` baselines of `folder`, and how many in all;
+    or why none was computed."""
+    points = [point_of(run) for run in scan(folder)[0]]
+    analysis = analyse(points, tier)
+    if analysis.unavailable:
+        return [analysis.unavailable]
+    recent, total = analysis.recent(points, last), len(analysis.change_points)
+    return [cp.describe() for cp in recent] + [
+        f"{len(recent) or 'no'} change point{'' if len(recent) == 1 else 's'} started in the newest "
+        f"{min(last, len(points))} of the {len(points)} baselines of {folder.name}; {total} in the whole history "
+        f"({len(analysis.series)} series, {analysis.too_short} shorter than {2 * MIN_SEGMENT} runs)"
+        + (": ./gate report marks them in the history figures" if total else "")]

@@ -63,7 +63,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuengine.bench import cudnn_plans
+from gpuengine.bench import changepoints, cudnn_plans
 from gpuengine.bench.json_files import JsonFileError, write_text
 from gpuengine.bench.machine_info import checkout_commit, named_commit_info, run_tag
 from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_only, merge_runs, next_run_path,
@@ -303,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     for path in save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), tag, save_baseline,
                             commit_info):
         print(f"gpuengine.gate.spread: saved the merged run as {path.relative_to(ROOT)}", flush=True)
+        tier = path.relative_to(ROOT / "baselines_store").parts[0]
+        for line in changepoints.recent_lines(changepoints.folder_of(path), tier):
+            print(f"gpuengine.gate.spread: change points: {line}", flush=True)
     keep_plans([w for w in workers if w.devices is None])
     return max(status.values(), default=0)
 

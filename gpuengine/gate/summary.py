@@ -1,4 +1,5 @@
-"""The gate's end-of-session summary: targets not met, references unavailable, the regression check, A/B power.
+"""The gate's end-of-session summary: targets not met, references unavailable, the regression check, A/B power,
+and the change points of the stored history that the newest runs started (a session that saved its run).
 
 Sections of pytest's terminal summary, from what gpuengine/gate/plugin.py
 gathered during the session (its GateState); root conftest.py registers it.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuengine.bench import paired
+from gpuengine.bench import changepoints, paired
 from gpuengine.bench.verdicts import NOT_COMPARABLE, REGRESSED
 
 from .plugin import GATE
@@ -52,8 +53,15 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("gpuengine: this run was NOT saved", red=True)
         terminalreporter.write_line(f"{state.save_failed}; nothing half-written was left, the results above are "
                                     "all there is of this run (the session fails for it)")
-    if not (state.checked or state.saved_to_history or state.saved_despite_targets):
-        return
+    if state.checked or state.saved_to_history or state.saved_despite_targets:
+        _regression_check(terminalreporter, state)
+    if state.saving and state.storage is not None:   # after pytest-benchmark saved: this run is in the store
+        terminalreporter.section(f"gpuengine change points (newest {changepoints.RECENT_RUNS} stored runs)")
+        for line in changepoints.recent_lines(state.storage, state.tier.name):
+            terminalreporter.write_line(line)
+
+
+def _regression_check(terminalreporter, state) -> None:
     terminalreporter.section("gpuengine regression check (A/B against a base, or the stored run)")
     for _, _, line in sorted(state.checked):
         terminalreporter.write_line(line)
