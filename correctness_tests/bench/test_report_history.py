@@ -63,3 +63,11 @@ def test_without_the_library_the_history_says_change_points_are_not_computed(sto
     page = build_report(store, tmp_path / "report").index.read_text(encoding="utf-8")
     assert "Change points not computed: the ruptures package is not installed here" in page
     assert "Change points in the stored history" not in page
+
+
+def test_a_history_without_a_step_says_how_many_series_it_looked_at(tmp_path):
+    make_store(tmp_path / "store", step_at=20)
+    page = build_report(tmp_path / "store", tmp_path / "report").index.read_text(encoding="utf-8")
+    assert "No change point in 6 series of its baselines (0 too short to tell)." in page
+    assert "1 of them failed the gate (kept under history/, red crosses)." in page
+    assert "Change points in the stored history" not in page

@@ -60,7 +60,7 @@ def _history_parts(store: Store, tier: TierRuns, draw: _Drawer, notices: list[st
         failed = sum(not run.passed for run in runs)
         part = Part(f"{tier.name}-history-{_slug(name)}", f"History: {name}",
                     f"{len(runs)} stored runs of {tier.name}/{series}, oldest first; one point per run"
-                    + (f"; {failed} of them failed the gate (kept under history/, shaded)." if failed else "."))
+                    + (f"; {failed} of them failed the gate (kept under history/, red crosses)." if failed else "."))
         if len(runs) < 2:
             notices.append(f"{tier.name}/{series}: one stored run ({runs[0].label}), no history yet")
             part.intro = f"One stored run ({runs[0].label}, {runs[0].date}): no history yet."
@@ -76,7 +76,7 @@ def _history_parts(store: Store, tier: TierRuns, draw: _Drawer, notices: list[st
             part.intro += f" {why[0].upper()}{why[1:]}."
         elif found.analysis.change_points:
             part.tables.append(history.change_point_table(found))
-        else:
+        elif found.analysis.series:
             part.intro += (f" No change point in {len(found.analysis.series)} series of its baselines "
                            f"({found.analysis.too_short} too short to tell).")
         if functions:
