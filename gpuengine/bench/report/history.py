@@ -11,6 +11,7 @@ faster. A dotted grey line marks where the runs' stack (lock) changed: series do
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,10 +118,11 @@ def _run_ticks(axis, runs: list[Run]) -> None:
 
 
 def _panel_reference(benches: list[Benchmark]) -> str | None:
-    """torch_graph where the case measured it, else the first reference its newest run did (the loader's)."""
+    """torch_graph where the case measured it, else the reference most of its runs did (the loader's)."""
     if any(b.ratio(HISTORY_REFERENCE) for b in benches):
         return HISTORY_REFERENCE
-    return next((name for name in benches[-1].ratios if name != STRONGER), None)
+    counts = Counter(name for b in benches for name in b.ratios if name != STRONGER)
+    return max(counts, key=counts.get) if counts else None
 
 
 def cases(function: str, runs: list[Run]) -> tuple[list[str], list[str]]:
@@ -152,6 +154,8 @@ def _speedup_panel(axis, points: list[tuple[int, Benchmark, bool]], colour: str)
     best = any(line.get_label() == STRONGER for line in axis.lines)
     axis.set_title((f"speed-up over {main} (×)" + (f"; dashed: over {STRONGER}" if best else "")) if main
                    else "no reference timed beside the engine", fontsize=8, loc="left")
+    if not main:
+        axis.set_yticks([])
     return main
 
 
