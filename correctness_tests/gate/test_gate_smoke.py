@@ -204,6 +204,21 @@ def test_the_run_is_summarised_in_markdown_for_a_pull_request_and_the_ci_step(se
     assert summary.read_text() == second
 
 
+def test_the_summary_lists_the_change_points_the_newest_runs_started(session, pytester):
+    from gpuengine.bench import changepoints
+    from correctness_tests.bench.test_changepoints import make_store
+    pytest.importorskip(changepoints.LIBRARY, reason=changepoints.MISSING)
+    make_store(pytester.path / "baselines_store", tier="cpu-tier", step_at=12, other_lock=False)   # 0013 on: 5%
+    result = session("-k", "test_a", "--gate-summary", "build/summary.md")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*gpuengine change points (newest 5 stored runs)*",
+        "test_mlp_train[[]tf32-b1[]]: time per sample +5.*% (slower) between runs 0012 bbbbbbb and 0013 ccccccc *",
+        "2 change points started in the newest 5 of the 17 baselines of cpu-tier; 2 in the whole history *"])
+    markdown = (pytester.path / "build" / "summary.md").read_text()   # the pull request's summary says the same
+    assert "### Change points (newest 5 stored runs)\n\n- test_mlp_train[tf32-b1]: time per sample +5." in markdown
+
+
 def test_a_newer_stored_result_without_timings_does_not_hide_an_older_one_with_them(session, pytester):
     from pytest_benchmark.utils import get_machine_id
     folder = pytester.path / "baselines_store" / "cpu-tier" / get_machine_id()

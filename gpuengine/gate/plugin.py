@@ -80,6 +80,7 @@ class GateState:
     saved_despite_targets: bool = False   # failed on targets only (--claims), saved as a baseline all the same
     process_noise: dict = field(default_factory=dict)   # test -> aa_noise.ProcessNoise (A/B sessions fill it)
     save_failed: str | None = None   # why this run could not be stored (nothing half-written was left)
+    saving: bool = False   # this session stores its run (a spread's workers do not: the merged run is stored)
     ab_catches: dict[str, float] = field(default_factory=dict)   # test -> slowdown its A/B check catches 95%
     failure_reasons: dict[str, str] = field(default_factory=dict)   # failed test -> why, in one line (failure_line)
     run: dict | None = None   # the run's JSON as pytest-benchmark made it (saved, or --benchmark-json): the summary's
@@ -278,6 +279,8 @@ def pytest_sessionfinish(session, exitstatus):
     saving = (state is not None and bench_session is not None and state.storage is not None
               and (bench_session.save or bench_session.autosave) and bench_session.benchmarks)
     if saving:
+        state.saving = True
+
         def failed(why: str):
             state.save_failed = why
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuengine.bench import paired
+from gpuengine.bench.changepoints import RECENT_RUNS
 from gpuengine.bench.json_files import write_text
 from gpuengine.bench.machine_info import CPU_TIER
 from gpuengine.bench.stack_lock import stack_of
@@ -273,6 +274,11 @@ def tier_time(facts: RunFacts) -> list[str]:
 
 
 SECTIONS = (headline, failures, other_verdicts, claims_and_targets, not_significant, power, stack, tier_time)
+
+
+def change_points(lines: list[str]) -> Section:
+    """The change points the newest stored runs started (gpuengine/bench/changepoints.py's lines)."""
+    return Section(f"Change points (newest {RECENT_RUNS} stored runs)", [f"- {line}" for line in lines])
 
 
 def render(facts: RunFacts, extra: list[Section] = ()) -> str:

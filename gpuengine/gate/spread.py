@@ -68,7 +68,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuengine.bench import cudnn_plans
+from gpuengine.bench import changepoints, cudnn_plans
 from gpuengine.bench.json_files import JsonFileError, write_text
 from gpuengine.bench.machine_info import checkout_commit, named_commit_info, run_tag
 from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_only, merge_runs, next_run_path,
@@ -78,7 +78,7 @@ from gpuengine.bench.timing_cores import TimingCore, timing_cores
 from gpuengine.gate.ab.stack import StackBaseError, prepare_from_args
 from gpuengine.gate.ab.worker import TIMING_CPU_ENV
 from gpuengine.gate.progress import PROGRESS_FILE_ENV, new_lines
-from gpuengine.gate.pr_summary import RunFacts, render
+from gpuengine.gate.pr_summary import RunFacts, change_points, render
 from gpuengine.gate.pr_summary import write as write_markdown
 from gpuengine.gate.regression_profiles import DEFAULT_LIMIT, explain_spread_run, summary_section
 
@@ -319,10 +319,10 @@ def write_summary(path: Path, saved: list[Path], status: dict[str, int], workers
 
 
 def explain_and_summarise(saved: list[Path], status: dict[str, int], workers: list[Worker], out: Path,
-                          against: str | None, profile_limit: int, summary: str | None):
+                          against: str | None, profile_limit: int, summary: str | None, sections: list):
     """After the sessions: the merged run's regressed A/B tests profiled at base and head (up to `profile_limit`),
-    then its markdown summary written to `summary` where given, those profiles in it."""
-    sections = []
+    then its markdown summary written to `summary` where given, those profiles and `sections` in it."""
+    sections = list(sections)
     for path in saved:
         lines = explain_spread_run(json.loads(path.read_text()), against, ROOT, profile_limit)
         if lines:
@@ -366,15 +366,22 @@ def main(argv: list[str] | None = None) -> int:
     full = "--full" in args
     workers = plan_workers(collect(args), devices, stored_seconds(ROOT / "baselines_store"), out, full,
                            timing_cores(devices))
-    print(f"gpuengine.gate.spread: GPUs {','.join(devices)}; " + "; ".join(describe(w, full) for w in workers), flush=True)
+    print(f"gpuengine.gate.spread: GPUs {','.join(devices)}; " + "; ".join(describe(w, full) for w in workers),
+          flush=True)
     status = run_workers(workers, [*args, PROFILE_OPTION, "0"], out)
     tag, commit_info = merged_run_naming()
     saved = save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), tag, save_baseline, commit_info,
                         time.monotonic() - started)
+    sections = []
     for path in saved:
         print(f"gpuengine.gate.spread: saved the merged run as {path.relative_to(ROOT)}", flush=True)
+        tier = path.relative_to(ROOT / "baselines_store").parts[0]
+        lines = changepoints.recent_lines(changepoints.folder_of(path), tier)
+        print("\n".join(f"gpuengine.gate.spread: change points: {line}" for line in lines), flush=True)
+        sections.append(change_points(lines))
     keep_plans([w for w in workers if w.devices is None])
-    explain_and_summarise(saved, status, workers, out, take_option(args, "--against")[0], profile_limit, summary)
+    explain_and_summarise(saved, status, workers, out, take_option(args, "--against")[0], profile_limit, summary,
+                          sections)
     return max(status.values(), default=0)
 
 

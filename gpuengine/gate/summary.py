@@ -1,5 +1,8 @@
 """The gate's end-of-session summaries: on the terminal, and in markdown for a pull request.
 
+On the terminal, after a session that saved its run, also the change points of the stored history that the
+newest runs started (gpuengine/bench/changepoints.py).
+
 Sections of pytest's terminal summary (targets not met, references
 unavailable, the regression check, A/B power), from what
 gpuengine/gate/plugin.py gathered during the session (its GateState); root
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuengine.bench import paired
+from gpuengine.bench import changepoints, paired
 from gpuengine.bench.machine_info import checkout_commit
 from gpuengine.bench.stack_lock import current_record
 from gpuengine.bench.verdicts import NOT_COMPARABLE, REGRESSED
@@ -29,6 +32,7 @@ from .plugin import GATE, GateState, failure_line
 
 EXTRA_SECTIONS = pytest.StashKey[list]()   # pr_summary.Section's other plugins add to the markdown summary
 WRITTEN = pytest.StashKey[str]()           # what became of the markdown summary, for the terminal
+CHANGE_POINTS = pytest.StashKey[list]()    # the lines on the change points the newest stored runs started
 
 
 def pytest_addoption(parser):
@@ -85,12 +89,19 @@ def saving_notes(session, state: GateState) -> list[str]:
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
     state = config.stash.get(GATE, None)
+    if state is None:
+        return
+    if state.saving and state.storage is not None:   # pytest-benchmark saved the run: it is in the store
+        config.stash[CHANGE_POINTS] = changepoints.recent_lines(state.storage, state.tier.name)
     path = config.getoption("gate_summary", None)
-    if state is None or path is None or state.study is not None:
+    if path is None or state.study is not None:
         return
     status = int(exitstatus) or (int(pytest.ExitCode.TESTS_FAILED) if state.save_failed else 0)
     facts = pr_summary.RunFacts(session_run(config, state), status, saving_notes(session, state))
-    markdown = pr_summary.render(facts, config.stash.get(EXTRA_SECTIONS, []))
+    sections = list(config.stash.get(EXTRA_SECTIONS, []))
+    if CHANGE_POINTS in config.stash:
+        sections.append(pr_summary.change_points(config.stash[CHANGE_POINTS]))
+    markdown = pr_summary.render(facts, sections)
     try:
         written = pr_summary.write(markdown, config.invocation_params.dir / path)
         config.stash[WRITTEN] = "the run's summary for a pull request: " + ", ".join(map(str, written))
@@ -102,13 +113,18 @@ def pytest_terminal_summary(terminalreporter):
     state = terminalreporter.config.stash.get(GATE, None)
     if state is None:
         return
-    _regression_check(terminalreporter, state)
+    _verdicts(terminalreporter, state)
+    if CHANGE_POINTS in terminalreporter.config.stash:
+        terminalreporter.section(f"gpuengine change points (newest {changepoints.RECENT_RUNS} stored runs)")
+        for line in terminalreporter.config.stash[CHANGE_POINTS]:
+            terminalreporter.write_line(line)
     written = terminalreporter.config.stash.get(WRITTEN, None)
     if written:
         terminalreporter.write_line(f"gpuengine: {written}")
 
 
-def _regression_check(terminalreporter, state: GateState):
+def _verdicts(terminalreporter, state: GateState):
+    """Targets not met, references unavailable, a run not saved, and the regression check."""
     if state.targets.missed:
         terminalreporter.section("gpuengine targets not met")
         for missed in state.targets.missed:

@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import figures, html, sections
+from . import figures, history, html, sections
 from .headline import headline_table
 from .parts import FigureRef, Part, TierSection
 from .publish import FIGURES, INDEX, check_replaceable, swap_in
@@ -60,16 +60,25 @@ def _history_parts(store: Store, tier: TierRuns, draw: _Drawer, notices: list[st
         failed = sum(not run.passed for run in runs)
         part = Part(f"{tier.name}-history-{_slug(name)}", f"History: {name}",
                     f"{len(runs)} stored runs of {tier.name}/{series}, oldest first; one point per run"
-                    + (f"; {failed} of them failed the gate (kept under history/, shaded)." if failed else "."))
+                    + (f"; {failed} of them failed the gate (kept under history/, red crosses)." if failed else "."))
         if len(runs) < 2:
             notices.append(f"{tier.name}/{series}: one stored run ({runs[0].label}), no history yet")
             part.intro = f"One stored run ({runs[0].label}, {runs[0].date}): no history yet."
             parts.append(part)
             continue
         functions = dict.fromkeys(b.function for run in runs for b in run.benchmarks.values() if b.samples_per_s)
+        found = history.History.of(tier, runs)
         for function in functions:
-            draw(part, f"history-{name}-{function}", f"history of {function} in {name}", figures.history_figure,
-                 function, runs, store, tier.gpu)
+            draw(part, f"history-{name}-{function}", f"history of {function} in {name}", history.history_figure,
+                 function, found, store)
+        if found.analysis.unavailable:
+            why = found.analysis.unavailable
+            part.intro += f" {why[0].upper()}{why[1:]}."
+        elif found.analysis.change_points:
+            part.tables.append(history.change_point_table(found))
+        elif found.analysis.series:
+            part.intro += (f" No change point in {len(found.analysis.series)} series of its baselines "
+                           f"({found.analysis.too_short} too short to tell).")
         if functions:
             part.tables.append(sections.history_table(runs, store, tier.gpu))
         if any(b.info.get("max_batch") for run in runs for b in run.benchmarks.values()):

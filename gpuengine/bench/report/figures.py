@@ -2,18 +2,15 @@
 
 Speed-ups are same-run medians of per-round ratios with the lowest and highest round as error bars
 (`gpuengine.bench.benchmarking.RatioSummary`), on a log axis so that 2x faster and 2x slower look
-alike; history plots one point per stored run, labelled by run number, commit and date, with the
-thresholds of `baselines_store/thresholds.json` dashed. Every figure shows the newest measurement of
-each test; one from a run that failed the gate is labelled "[failed run]" (history shades that run's
-column). matplotlib is the `report` extra.
+alike (the history's figures are history.py's). Every figure shows the newest measurement of each test;
+one from a run that failed the gate is labelled "[failed run]". matplotlib is the `report` extra.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from .sections import HISTORY_REFERENCE, PYTORCH_REFERENCES, Record, history_rule, references, summary_rows, \
-    workload_name
-from .store import Benchmark, Run, Store, TierRuns
+from .sections import PYTORCH_REFERENCES, Record, references, summary_rows, workload_name
+from .store import Benchmark, Run, TierRuns
 from .tables import FAILED_RUN
 from ..stronger_reference import STRONGER
 
@@ -166,67 +163,6 @@ def peak_figure(tier: TierRuns, path: Path) -> Path | None:
     axes[0][0].set_xlabel("% of the GEMM peak measured in the same session, at the case's precision")
     axes[0][0].set_title(f"How close to the limit of {tier.title}", fontsize=10)
     axes[0][0].legend(loc="lower right", fontsize=8)
-    return _save(figure, path)
-
-
-def _run_ticks(axis, runs: list[Run]):
-    axis.set_xticks(range(len(runs)), [f"{r.label}\n{r.date}" + ("" if r.passed else f"\n{FAILED_RUN}")
-                                       for r in runs], fontsize=7)
-    for tick, run in zip(axis.get_xticklabels(), runs):
-        if not run.passed:
-            tick.set_color("#b31d28")
-
-
-def _shade_failed(axes, runs: list[Run]):
-    """A pale red band behind each run that failed the gate."""
-    for x, run in enumerate(runs):
-        if not run.passed:
-            for axis in axes:
-                axis.axvspan(x - 0.45, x + 0.45, color="#ffd7d5", alpha=0.6, linewidth=0, zorder=0)
-
-
-def history_figure(function: str, runs: list[Run], store: Store, gpu: str, path: Path) -> Path | None:
-    """Engine median and speed-up over torch_graph, one point per run, thresholds dashed."""
-    names = list(dict.fromkeys(n for run in runs for n, b in run.benchmarks.items() if b.function == function))
-    if not names:
-        return None
-    figure, axes = _figure(8.0, rows=2, sharex=True)
-    top, bottom = axes[0][0], axes[1][0]
-    thresholds: dict[float, str] = {}
-    over: set[str] = set()   # the references the thresholds read
-    for i, name in enumerate(names):
-        col = CASE_COLOURS[i % len(CASE_COLOURS)]
-        benches = [(x, run.benchmarks.get(name)) for x, run in enumerate(runs)]
-        medians = [(x, 1e3 * b.median_s) for x, b in benches if b is not None and b.median_s]
-        ratios = [(x, b.ratio(HISTORY_REFERENCE)) for x, b in benches if b is not None and b.ratio(HISTORY_REFERENCE)]
-        if medians:
-            top.plot(*zip(*medians), marker="o", color=col, label=name[len(function):].strip("[]") or name,
-                     linewidth=1)
-        if ratios:
-            xs, rs = zip(*ratios)
-            bottom.errorbar(xs, [r["median"] for r in rs], color=col, marker="o", linewidth=1, capsize=2,
-                            yerr=[[r["median"] - r["low"] for r in rs], [r["high"] - r["median"] for r in rs]])
-        rule, reference = history_rule(gpu, name, store.rules)
-        if rule is not None and rule.min_ratio is not None:
-            thresholds.setdefault(rule.min_ratio, rule.test)
-            over.add(reference)
-    for value, pattern in thresholds.items():
-        bottom.axhline(value, color="#444444", linestyle="--", linewidth=1)
-        bottom.annotate(f"threshold {value:g}×: {pattern}", (len(runs) - 0.5, value), xytext=(-2, 2),
-                        textcoords="offset points", ha="right", fontsize=7, color="#444444")
-    _log_axis(top, " ms", "y")
-    top.set_ylabel("engine median round (log)")
-    top.set_title(f"{workload_name(function)}: history of the stored runs", fontsize=10)
-    _log_axis(bottom, "×", "y")
-    bottom.set_ylabel(f"speed-up over {HISTORY_REFERENCE} (log)")
-    if over - {HISTORY_REFERENCE}:
-        bottom.set_title(f"dashed: thresholds today, over {', '.join(sorted(over))}", fontsize=8)
-    for axis in (top, bottom):
-        axis.grid(alpha=0.3)
-    _shade_failed((top, bottom), runs)
-    _run_ticks(bottom, runs)
-    bottom.set_xlim(-0.5, len(runs) - 0.5)
-    figure.legend(loc="outside right upper", fontsize=7, title="case", title_fontsize=8)
     return _save(figure, path)
 
 
