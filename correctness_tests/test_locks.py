@@ -20,15 +20,15 @@ from gpuengine.bench.stack_lock_cli import read_have
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = ROOT / "locks" / "constraints" / "h100-image.txt"
-# What every tier installs: the engine's needs, torch, the gate's plugins, the report's plots and change points.
-EVERY_TIER = {"numpy", "ml-dtypes", "torch", "pytest", "pytest-benchmark", "pytest-xdist", "nvidia-ml-py", "matplotlib",
-              "ruptures"}
+# What every tier installs: the engine's needs, torch, the gate's plugins and the report's plots.
+EVERY_TIER = {"numpy", "ml-dtypes", "torch", "pytest", "pytest-benchmark", "pytest-xdist", "nvidia-ml-py", "matplotlib"}
 ON_GPU = {"nvidia-cudnn-frontend", "nvmath-python"}
-TIER_PACKAGES = {"cpu": EVERY_TIER | {"tensorflow-cpu", "nvidia-cuda-nvrtc"},
+# ruptures (change points) is the CPU lock's only until the GPU locks' next refresh (pyproject.toml says why).
+TIER_PACKAGES = {"cpu": EVERY_TIER | {"tensorflow-cpu", "nvidia-cuda-nvrtc", "ruptures"},
                  "cuda13": EVERY_TIER | ON_GPU | {"cupy-cuda13x"},
                  "cuda12": EVERY_TIER | ON_GPU | {"cupy-cuda12x"}}
 # The image's registry-less gap: what a GPU session brings as wheels.
-BROUGHT_TO_THE_IMAGE = {"nvidia-cudnn-frontend": "1.22.1", "nvmath-python": "1.0.0", "ruptures": "1.1.10"}
+BROUGHT_TO_THE_IMAGE = {"nvidia-cudnn-frontend": "1.22.1", "nvmath-python": "1.0.0"}
 
 
 def lock(tier: str) -> stack_lock.Lock:
