@@ -110,6 +110,8 @@ SESSION_TESTS = textwrap.dedent("""
     def test_c(benchmark, compare):
         compare(benchmark, *engine_and_references(), rounds=3, precision="fp32")
         assert os.environ.get("FAIL_C") != "1", "test_c fails on request"
+        if os.environ.get("INTERRUPT_C") == "1":
+            raise KeyboardInterrupt   # what Ctrl-C raises in the test running at the time
 """)
 
 
@@ -173,6 +175,19 @@ def test_partial_failing_and_corrupt_runs_do_not_spoil_the_baselines(session, py
     assert [p.name[:4] for p in sorted((tier / machine).glob("*.json"))] == ["0001", "0002", "0003", "0004"]
     monkeypatch.delenv("FAIL_C")
     session("-k", "test_c").stdout.fnmatch_lines([f"not significant*test_gate.py::test_c ({machine}/0004_*"])
+
+
+def test_an_interrupted_run_is_no_verdict_and_nothing_of_it_is_saved(session, pytester, monkeypatch):
+    store = pytester.path / "baselines_store" / "cpu-tier"
+    monkeypatch.setenv("INTERRUPT_C", "1")   # test_a and test_b ran and were timed, then Ctrl-C in test_c
+    for args in ((), ("--save-baseline",)):
+        result = session(*args)
+        assert result.ret == pytest.ExitCode.INTERRUPTED
+        result.stdout.fnmatch_lines(["*gpuengine: this run was interrupted*",
+                                     "interrupted before its tests ended: no verdict, so nothing was saved (neither "
+                                     "as a baseline nor under history/)*"])
+        assert "saved under" not in result.stdout.str()
+    assert sorted(store.rglob("[0-9][0-9][0-9][0-9]_*.json")) == []
 
 
 def test_a_newer_stored_result_without_timings_does_not_hide_an_older_one_with_them(session, pytester):

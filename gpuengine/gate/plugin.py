@@ -17,7 +17,9 @@
   symbolic link) stops the session before the first test.
 - A saved run (`--benchmark-autosave`, `--benchmark-save`) becomes a baseline
   only when the session passed, or with `--save-baseline`; otherwise it is
-  kept apart under `<storage>/history/`, never compared against. A session
+  kept apart under `<storage>/history/`, never compared against. An
+  interrupted session (Ctrl-C: pytest's INTERRUPTED) is no verdict and is not
+  saved at all, `--save-baseline` or not. A session
   whose only failures are targets not met (`--claims`) counts as passed here:
   nothing regressed and every claim held, and the misses stay in the run.
 - A target not met yet (thresholds.json's `kind`) is listed under `gpuengine
@@ -79,6 +81,7 @@ class GateState:
     process_noise: dict = field(default_factory=dict)   # test -> aa_noise.ProcessNoise (A/B sessions fill it)
     save_failed: str | None = None   # why this run could not be stored (nothing half-written was left)
     ab_catches: dict[str, float] = field(default_factory=dict)   # test -> slowdown its A/B check catches 95%
+    interrupted: bool = False   # the session stopped before its tests ended (Ctrl-C): no verdict, nothing saved
 
     @property
     def comparable_runs(self) -> list[StoredRun]:
@@ -100,7 +103,7 @@ class GateState:
         """What the stored run keeps of the gate's verdict (`gpuengine_gate`): gpuengine/gate/spread.py reads it."""
         return {"targets_fail": self.targets.fail, "targets_not_met": len(self.targets.missed),
                 "failed_on_targets_only": sorted(self.failed_on_targets - self.failed_otherwise),
-                "failed_otherwise": sorted(self.failed_otherwise)}
+                "failed_otherwise": sorted(self.failed_otherwise), "interrupted": self.interrupted}
 
 
 GATE = pytest.StashKey[GateState]()
@@ -260,9 +263,15 @@ def pytest_runtest_makereport(item, call):
 def pytest_sessionfinish(session, exitstatus):
     """Before pytest-benchmark saves (in its own sessionfinish): a run that did not pass goes to history; one that
     failed on targets not met only (--claims) passed the gate's own verdict and is a baseline. Either is written
-    aside and renamed (run_storage.py); a save that failed fails the session, its summary printed all the same."""
+    aside and renamed (run_storage.py); a save that failed fails the session, its summary printed all the same.
+    An interrupted session is neither: pytest-benchmark is told not to save it (a spread worker's JSON, which
+    the spread never stores then, says it was interrupted)."""
     state = session.config.stash.get(GATE, None)
     bench_session = getattr(session.config, "_benchmarksession", None)
+    if state is not None and exitstatus == pytest.ExitCode.INTERRUPTED:
+        state.interrupted = True
+        if bench_session is not None:
+            bench_session.save = bench_session.autosave = None
     saving = (state is not None and bench_session is not None and state.storage is not None
               and (bench_session.save or bench_session.autosave) and bench_session.benchmarks)
     if saving:

@@ -12,8 +12,9 @@
 4. Merge the runs into one per GPU kind and store it like `--benchmark-autosave`
    does, named after the commit as a single run is (GATE_COMMIT_ID where set):
    a baseline if every process passed, or failed only on targets not met
-   (--claims), or with --save-baseline; else under history/. The exit status
-   is the worst of the processes'.
+   (--claims), or with --save-baseline; else under history/; nothing at all
+   when a process was interrupted (Ctrl-C: no verdict). The exit status is
+   the worst of the processes'.
 5. Keep every worker's new cuDNN plan choices in the tier's cudnn_plans.json,
    as a single run's autosave does (gpuengine/gate/kept_plans.py): the
    workers hand them over (GATE_PLANS_OUT) and the spread is the one writer;
@@ -66,8 +67,8 @@ from pathlib import Path
 from gpuengine.bench import cudnn_plans
 from gpuengine.bench.json_files import JsonFileError, write_text
 from gpuengine.bench.machine_info import checkout_commit, named_commit_info, run_tag
-from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_only, merge_runs, next_run_path,
-                                         split_tests)
+from gpuengine.bench.spread_runs import (INTERRUPTED, benchmark_seconds, failed_on_targets_only, interrupted,
+                                         merge_runs, next_run_path, split_tests)
 from gpuengine.bench.stored_runs import history_folder, newest_per_test, scan
 from gpuengine.bench.timing_cores import TimingCore, timing_cores
 from gpuengine.gate.ab.stack import StackBaseError, prepare_from_args
@@ -236,6 +237,12 @@ def save_merged(workers: list[Worker], status: dict[str, int], store: Path, mach
         else:
             print(f"gpuengine.gate.spread: worker {worker.name} wrote no run (exit status {status.get(worker.name)})",
                   file=sys.stderr)
+    run_of = dict(zip(names, runs))
+    stopped = [w.name for w in workers if interrupted(status.get(w.name), run_of.get(w.name))]
+    if stopped:
+        print(f"gpuengine.gate.spread: interrupted ({', '.join(stopped)}): no verdict, nothing was saved",
+              file=sys.stderr)
+        return []
     if not runs:
         return []
     passed = len(runs) == len(workers) and all(status.get(name) == 0 or failed_on_targets_only(status.get(name), run)
@@ -298,7 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     workers = plan_workers(collect(args), devices, stored_seconds(ROOT / "baselines_store"), out, full,
                            timing_cores(devices))
     print(f"gpuengine.gate.spread: GPUs {','.join(devices)}; " + "; ".join(describe(w, full) for w in workers), flush=True)
-    status = run_workers(workers, args, out)
+    try:
+        status = run_workers(workers, args, out)
+    except KeyboardInterrupt:   # Ctrl-C: the sessions had it too, and none of them is a verdict
+        print("gpuengine.gate.spread: interrupted: no verdict, nothing was saved", file=sys.stderr, flush=True)
+        return INTERRUPTED
     tag, commit_info = merged_run_naming()
     for path in save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), tag, save_baseline,
                             commit_info):
