@@ -13,6 +13,7 @@ from gpuengine.bench.machine_info import run_tag
 from gpuengine.bench.spread_runs import benchmark_seconds, merge_runs, next_run_path, split_tests
 from gpuengine.bench.stored_runs import read_run
 from gpuengine.bench.timing_cores import TimingCore
+from gpuengine.gate import spread
 from gpuengine.gate.spread import (HELD_BACK, HOST_BANDWIDTH_MODULES, NIGHTLY_HOST_BANDWIDTH, Worker, keep_plans,
                                    merged_run_naming, plan_workers, save_merged, shares_host_bandwidth,
                                    visible_devices)
@@ -135,6 +136,19 @@ def test_an_interrupted_worker_leaves_the_merged_run_unsaved(tmp_path, codes, ou
     assert save_merged(workers, codes, tmp_path / "store", "Linux-CPython-3.12-64bit", "tag", save_baseline) == []
     assert not (tmp_path / "store").exists()
     assert "interrupted (gpu1): no verdict, nothing was saved" in capsys.readouterr().err
+
+
+def test_a_spread_that_runs_nothing_exits_as_pytest_does_so_the_gate_builds_no_report(monkeypatch, capsys):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(SystemExit) as stopped:
+        spread.main([])
+    assert stopped.value.code == pytest.ExitCode.USAGE_ERROR and "1 GPU(s) visible" in capsys.readouterr().err
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setattr(spread, "collect", lambda args: [])
+    with pytest.raises(SystemExit) as stopped:
+        spread.main(["-k", "no_such_test"])
+    assert stopped.value.code == pytest.ExitCode.NO_TESTS_COLLECTED
+    assert "no perf test selected" in capsys.readouterr().err
 
 
 def test_the_merged_run_keeps_every_workers_gate_verdict():
