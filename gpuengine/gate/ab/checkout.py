@@ -8,12 +8,18 @@
     --against none   (the plugin's default, as `pytest perf_tests --benchmark-compare`): stored-run mode
 A base that cannot be checked out is one error naming REV and git's words.
 The worktree is removed when the session ends (Ctrl-C included: pytest's
-cleanup, and atexit behind it); a stale one from a killed session is pruned by
-the next.
+cleanup, and atexit behind it). A session killed outright (SIGKILL, a lease
+running out) cannot remove it, and `git worktree prune` drops only entries
+whose folder is gone, so each worktree lives in a folder beside a lock file
+its session holds (flock: the kernel lets go when the session dies), and
+`remove_stale_worktrees`, which every A/B session calls first, removes the
+gate's worktrees whose lock nobody holds; a live session's is kept.
 """
 from __future__ import annotations
 
 import atexit
+import fcntl
+import os
 import shutil
 import subprocess
 import tempfile
@@ -23,7 +29,9 @@ from typing import Callable
 
 AUTO, NONE = "auto", "none"
 MAIN = "main"
-WORKTREE_PREFIX = "gpuengine-base-"
+WORKTREE_PREFIX = "gpuengine-base-"   # the temporary folder holding a session's worktree and its owner lock
+OWNER_LOCK = "owner.lock"             # held by the session that checked the base out, for as long as it lives
+TREE = "tree"                         # the worktree inside that folder
 
 
 class BaseError(Exception):
@@ -79,13 +87,61 @@ def auto_commit(root: Path, newest_baseline_commit: str | None) -> tuple[str | N
     return commit, f"the commit of the newest stored baseline on this GPU ({newest_baseline_commit[:7]})"
 
 
-def checkout(root: Path, commit: str, why: str, label: str) -> Base:
-    """`commit` checked out in a temporary worktree outside the tree; removed by Base.cleanup."""
-    git(root, "worktree", "prune")   # a killed session's worktree
-    folder = Path(tempfile.mkdtemp(prefix=WORKTREE_PREFIX))
+def _owner_alive(folder: Path) -> bool:
+    """Whether the session that made `folder` (a WORKTREE_PREFIX folder) still holds its owner lock. A folder
+    without one (a worktree of a gate before the lock, made as the folder itself) has no owner left."""
     try:
-        git(root, "worktree", "add", "--detach", "--force", str(folder), commit)
+        fd = os.open(folder / OWNER_LOCK, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)   # closing lets go of the lock just taken
+    return False
+
+
+def _gate_folder(worktree: Path) -> Path | None:
+    """The WORKTREE_PREFIX folder a worktree lives in (or is, in the older layout); None for anyone else's."""
+    for folder in (worktree.parent, worktree):
+        if folder.name.startswith(WORKTREE_PREFIX):
+            return folder
+    return None
+
+
+def remove_stale_worktrees(root: Path) -> list[Path]:
+    """Remove the gate's worktrees of `root` whose session is gone (its owner lock free), folder and git entry
+    alike, then prune entries whose folder vanished; returns the worktrees removed (none outside a git checkout)."""
+    if not in_git_checkout(root):
+        return []
+    listed = git(root, "worktree", "list", "--porcelain").splitlines()
+    removed = []
+    for worktree in (Path(line.removeprefix("worktree ")) for line in listed if line.startswith("worktree ")):
+        folder = _gate_folder(worktree)
+        if folder is None or _owner_alive(folder):
+            continue
+        try:
+            git(root, "worktree", "remove", "--force", str(worktree))
+        except BaseError:
+            pass   # a folder already gone: the prune below drops its entry
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(worktree)
+    git(root, "worktree", "prune")
+    return removed
+
+
+def checkout(root: Path, commit: str, why: str, label: str) -> Base:
+    """`commit` checked out in a temporary worktree outside the tree, beside the lock this process holds while it
+    lives; removed by Base.cleanup."""
+    folder = Path(tempfile.mkdtemp(prefix=WORKTREE_PREFIX))
+    lock = os.open(folder / OWNER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)   # before git knows the worktree: another session never sees it unowned
+    try:
+        git(root, "worktree", "add", "--detach", "--force", str(folder / TREE), commit)
     except BaseError as exc:
+        os.close(lock)
         shutil.rmtree(folder, ignore_errors=True)
         raise BaseError(f"cannot check out {label}: {exc}") from None
     removed = []
@@ -95,17 +151,18 @@ def checkout(root: Path, commit: str, why: str, label: str) -> Base:
             return
         removed.append(True)
         try:
-            git(root, "worktree", "remove", "--force", str(folder))
+            git(root, "worktree", "remove", "--force", str(folder / TREE))
         except (BaseError, OSError):
             pass
         shutil.rmtree(folder, ignore_errors=True)
+        os.close(lock)
         try:
             git(root, "worktree", "prune")
         except (BaseError, OSError):
             pass
 
     atexit.register(cleanup)
-    return Base(folder, commit, label, why, cleanup)
+    return Base(folder / TREE, commit, label, why, cleanup)
 
 
 def from_folder(folder: Path) -> Base:

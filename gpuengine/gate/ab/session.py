@@ -109,6 +109,14 @@ def pytest_configure(config):
     if against == checkout.NONE:
         return
     try:
+        stale = checkout.remove_stale_worktrees(config.rootpath)
+    except checkout.BaseError as exc:
+        state.notices.append(f"base worktrees of killed sessions not looked for: {exc}")
+    else:
+        if stale:
+            state.notices.append(f"removed {len(stale)} base worktree(s) left by killed sessions: "
+                                 + ", ".join(map(str, stale)))
+    try:
         base, why = checkout.resolve(against, config.rootpath, _newest_baseline_commit(state.storage))
     except checkout.BaseError as exc:
         raise pytest.UsageError(f"gpuengine: {exc}") from None
