@@ -76,6 +76,37 @@ def test_a_base_without_the_tests_stops_the_session_before_anything_runs(tmp_pat
     assert saved_runs(tmp_path) == []
 
 
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(),
+                    reason="needs git and a git checkout of the repository")
+def test_an_auto_base_without_recipes_is_stored_run_mode_and_said_so_before_the_tests(tmp_path):
+    """`./gate perf`'s default base (auto: the merge base with main) whose perf module has no recipes: every
+    test runs in stored-run mode, and what is printed before the first test says so, never "A/B against"."""
+    from correctness_tests.gate.test_gate_smoke import git_env, working_tree_copy
+    repo = working_tree_copy(tmp_path / "repo")
+    module = repo / "perf_tests" / "test_mlp.py"
+    source = module.read_text()
+    git = ["git", "-c", "user.name=ab smoke", "-c", "user.email=ab-smoke@localhost", "-c", "commit.gpgsign=false"]
+    module.write_text(source.replace("ENGINES = tiers.recipes(", "OLD_ENGINES = tiers.recipes("))
+    for args in (["branch", "-M", "main"], ["commit", "-qam", "a base without recipes"], ["checkout", "-qb", "work"]):
+        subprocess.run(git + args, cwd=repo, check=True, env=git_env())
+    module.write_text(source)
+    subprocess.run(git + ["commit", "-qam", "the recipes back"], cwd=repo, check=True, env=git_env())
+    base = subprocess.run(["git", "rev-parse", "--short=7", "main"], cwd=repo, capture_output=True, text=True,
+                          check=True, env=git_env()).stdout.strip()
+    result = subprocess.run([sys.executable, "-m", "pytest", CASE, "-p", "no:cacheprovider", "--against=auto",
+                             f"--benchmark-storage=file://{tmp_path / 'store'}", "--benchmark-autosave"],
+                            cwd=repo, capture_output=True, text=True, timeout=600,
+                            env=dict(git_env(), GPUENGINE_DEVICE="cpu"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    before_tests = result.stdout.split(CASE.split("::")[0] + " ")[0]
+    assert f"gpuengine gate: A/B base {base}: the merge base of work with main" in before_tests
+    assert (f"gpuengine gate: stored-run mode for 1 test(s) the base {base} cannot build (1: the base's "
+            "perf_tests.test_mlp defines no ENGINES recipes): each compares with its stored baseline") in before_tests
+    assert "A/B against" not in result.stdout
+    (run,) = saved_runs(tmp_path)
+    assert "ab" not in run["benchmarks"][0]["extra_info"]   # no base rounds: it did not run A/B
+
+
 def test_a_folder_that_is_no_checkout_and_a_commit_that_is_none_are_one_error(tmp_path):
     result = gate_session(tmp_path, f"--against={tmp_path}")
     assert result.returncode == pytest.ExitCode.USAGE_ERROR and "not a gpuengine checkout" in result.stderr

@@ -8,8 +8,10 @@ names its recipe in `ENGINES` and the base has the same test and case. With
 an explicit base, a test the base lacks stops the session with one error
 naming the base and the tests, before anything runs or is saved; with `auto`
 (what `./gate perf` passes) such a test is compared with its stored baseline
-instead, said per test. A base that cannot be checked out or imported is one
-error too. The worktree and the workers go when the session ends, Ctrl-C
+instead. Which tests really run A/B, and why the others do not, is said right
+after collection (`pytest_report_collectionfinish`), once the base has listed
+its recipes; the header only names the base. A base that cannot be checked
+out or imported is one error too. The worktree and the workers go when the session ends, Ctrl-C
 included. Root conftest.py registers this plugin after the gate plugin.
 
 With `--against-stack LOCK` (gpuengine/gate/ab/stack.py, excluding `--against`)
@@ -19,6 +21,7 @@ lock, and everything else is as above.
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +51,10 @@ class AbState:
     stack: stack_ab.StackBase | None = None   # --against-stack: the base is another lock's stack, the code the same
     covered: set[str] = field(default_factory=set)           # node ids run A/B
     uncovered: dict[str, str] = field(default_factory=dict)  # node id -> why it compares with its stored run
+
+    @property
+    def same_code(self) -> str:
+        return " (the same code: an A/A run)" if self.base_code == self.head_code else ""
 
     def close(self):
         if self.sides is not None:
@@ -128,10 +135,8 @@ def pytest_configure(config):
     _learn_process_noise(state)
     config.stash[AB] = ab
     config.add_cleanup(ab.close)
-    same = " (the same code: an A/A run)" if ab.base_code == ab.head_code else ""
-    state.notices.append(f"A/B against {base.label}{same}: {why}; base and head engines alternate round by round "
-                         f"with the references, each in its own process (checkout {base.root}); process noise "
-                         f"learned from stored A/A runs for {len(state.process_noise)} test(s)")
+    state.notices.append(f"A/B base {base.label}{ab.same_code}: {why} (checkout {base.root}); which tests run A/B "
+                         "is said once it has listed its recipes, after collection")
 
 
 def _learn_process_noise(state):
@@ -154,8 +159,7 @@ def _configure_stack(config, state, spec: str):
     _learn_process_noise(state)
     config.stash[AB] = ab
     config.add_cleanup(ab.close)
-    state.notices.append(f"{stack.notice()}; process noise learned from stored A/A runs for "
-                         f"{len(state.process_noise)} test(s)")
+    state.notices.append(stack.notice())   # the mode each test runs in follows after collection
 
 
 def _plan_presets(config) -> dict | None:
@@ -167,6 +171,7 @@ def _plan_presets(config) -> dict | None:
     return dict(kept["choices"].preset)
 
 
+@pytest.hookimpl(tryfirst=True)   # before the terminal reporter's, which prints what this found (the mode lines)
 def pytest_collection_finish(session):
     """Ask the base which of the selected tests it can build; stop before anything runs if it cannot."""
     ab = session.config.stash.get(AB, None)
@@ -199,25 +204,39 @@ def pytest_collection_finish(session):
         for item in items:
             case_id = item.callspec.id
             if not isinstance(tests, dict):
-                ab.uncovered[item.nodeid] = f"the base's {module}: {tests or 'missing'}"
+                ab.uncovered[item.nodeid] = f"the base's {module} {tests or 'is missing'}"
             elif case_id not in tests.get(item.originalname, []):
-                ab.uncovered[item.nodeid] = f"the base has no {item.originalname}[{case_id}]"
+                ab.uncovered[item.nodeid] = f"the base's {module} has no such test or case"
             else:
                 ab.covered.add(item.nodeid)
     if ab.uncovered and ab.explicit:
         lines = "\n  ".join(f"{node}: {why}" for node, why in sorted(ab.uncovered.items()))
         pytest.exit(f"gpuengine: the base {ab.base.label}'s tests differ from this tree's, nothing was run or saved "
                     f"(deselect them with -k, or --against another base):\n  {lines}", pytest.ExitCode.USAGE_ERROR)
-    state = session.config.stash[GATE]
-    if ab.uncovered:
-        state.notices.append(f"A/B: {len(ab.uncovered)} test(s) the base lacks compare with their stored baseline")
 
 
-def pytest_report_collectionfinish(config):
+def pytest_report_collectionfinish(config, items):
+    """The mode each selected test really runs in, now that the base has listed its recipes: A/B, or stored-run
+    mode with why (the base lacks the test, or the test has no engine recipe)."""
     ab = config.stash.get(AB, None)
-    if ab is None or ab.sides is None:
+    if ab is None:
         return []
-    return [f"gpuengine A/B: {len(ab.covered)} test(s) against {ab.base.label}, worker logs in {ab.sides.log_dir}"]
+    lines = []
+    if ab.covered:
+        lines.append(f"gpuengine gate: A/B against {ab.base.label}{ab.same_code}: {len(ab.covered)} test(s), base "
+                     "and head engines alternating round by round with the references, each in its own process; "
+                     f"process noise learned from stored A/A runs for {len(config.stash[GATE].process_noise)} "
+                     f"test(s); worker logs in {ab.sides.log_dir}")
+    if ab.uncovered:
+        reasons = Counter(ab.uncovered.values())
+        lines.append(f"gpuengine gate: {STORED_MODE} for {len(ab.uncovered)} test(s) the base {ab.base.label} cannot "
+                     f"build ({'; '.join(f'{n}: {why}' for why, n in sorted(reasons.items()))}): each compares "
+                     "with its stored baseline")
+    recipeless = len(items) - len(ab.covered) - len(ab.uncovered)
+    if recipeless:
+        lines.append(f"gpuengine gate: {STORED_MODE} for {recipeless} test(s) without an engine recipe (ENGINES) "
+                     "to build in a base: each compares with its stored baseline")
+    return lines
 
 
 @pytest.hookimpl(tryfirst=True)   # before kept_plans saves: the head worker's new plan choices go with the run
