@@ -40,6 +40,8 @@ def test_only_runs_of_the_same_code_on_both_sides_count():
     assert AaRun.from_record(record(rng, 0.01, same_code=False)) is None
     assert AaRun.from_record({**record(rng, 0.01), "head_code": ""}) is None
     assert AaRun.from_record(record(rng, 0.01)) is not None
+    assert AaRun.from_record({**record(rng, 0.01), "other_sessions": 0}) is not None
+    assert AaRun.from_record({**record(rng, 0.01), "other_sessions": 1}) is None   # rounds beside another session
 
 
 def test_a_stack_ab_is_an_aa_run_only_where_both_locks_pin_the_same():

@@ -209,7 +209,7 @@ def test_a_run_that_cannot_be_written_leaves_nothing_behind_and_fails_with_its_s
     pytester.makeconftest((REPO / "conftest.py").read_text()
                           + "\nfrom perf_tests.conftest import compare, gemm_peak_tflops  # noqa\n"
                           + "import gpuengine.gate.run_storage as _storage\n"
-                          + "def _disk_full(path, text):\n    raise OSError(28, 'No space left on device')\n"
+                          + "def _disk_full(path, text, new=False):\n    raise OSError(28, 'No space left on device')\n"
                           + "_storage.write_text = _disk_full\n")
     result = session("-k", "test_a")
     assert result.ret == pytest.ExitCode.TESTS_FAILED

@@ -8,7 +8,8 @@ stack (a stack A/B, `--against-stack`, runs one code on two locks: an A/A
 run only where both locks pin the same). Every such
 run, passed or failed (history/ included: leaving out the failed ones
 would hide exactly the alarms), but never one whose session stopped before
-its tests ended (Ctrl-C: `StoredRun.stopped_early`), gives per test one median d = median of
+its tests ended (Ctrl-C: `StoredRun.stopped_early`) or that ran beside
+another A/B session of the clone, gives per test one median d = median of
 log(head/base) per sample whose true value is 0, so
 
     E[d^2] = 2 sd_process^2 + pi/2 sd_round^2 / n
@@ -64,8 +65,9 @@ class AaRun:
 
     @classmethod
     def from_record(cls, ab: dict) -> "AaRun | None":
-        """From a test's extra_info["ab"]; None unless both sides ran the same code on the same stack."""
-        if not ab.get("head_code") or ab.get("head_code") != ab.get("base_code"):
+        """From a test's extra_info["ab"]; None unless both sides ran the same code on the same stack, with no
+        other A/B session of the clone running beside them (its rounds would be in this run's offset)."""
+        if not ab.get("head_code") or ab.get("head_code") != ab.get("base_code") or ab.get("other_sessions"):
             return None
         if _lock_id(ab.get("head_lock")) != _lock_id(ab.get("base_lock")):   # a stack A/B: the stack changed
             return None

@@ -11,14 +11,13 @@ The worktree is removed when the session ends (Ctrl-C included: pytest's
 cleanup, and atexit behind it). A session killed outright (SIGKILL, a lease
 running out) cannot remove it, and `git worktree prune` drops only entries
 whose folder is gone, so each worktree lives in a folder beside a lock file
-its session holds (flock: the kernel lets go when the session dies), and
+its session holds (owner.py: the kernel lets go when the session dies), and
 `remove_stale_worktrees`, which every A/B session calls first, removes the
 gate's worktrees whose lock nobody holds; a live session's is kept.
 """
 from __future__ import annotations
 
 import atexit
-import fcntl
 import os
 import shutil
 import subprocess
@@ -27,10 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from . import owner
+
 AUTO, NONE = "auto", "none"
 MAIN = "main"
 WORKTREE_PREFIX = "gpuengine-base-"   # the temporary folder holding a session's worktree and its owner lock
-OWNER_LOCK = "owner.lock"             # held by the session that checked the base out, for as long as it lives
 TREE = "tree"                         # the worktree inside that folder
 
 
@@ -87,22 +87,6 @@ def auto_commit(root: Path, newest_baseline_commit: str | None) -> tuple[str | N
     return commit, f"the commit of the newest stored baseline on this GPU ({newest_baseline_commit[:7]})"
 
 
-def _owner_alive(folder: Path) -> bool:
-    """Whether the session that made `folder` (a WORKTREE_PREFIX folder) still holds its owner lock. A folder
-    without one (a worktree of a gate before the lock, made as the folder itself) has no owner left."""
-    try:
-        fd = os.open(folder / OWNER_LOCK, os.O_RDWR)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)   # closing lets go of the lock just taken
-    return False
-
-
 def _gate_folder(worktree: Path) -> Path | None:
     """The WORKTREE_PREFIX folder a worktree lives in (or is, in the older layout); None for anyone else's."""
     for folder in (worktree.parent, worktree):
@@ -120,7 +104,7 @@ def remove_stale_worktrees(root: Path) -> list[Path]:
     removed = []
     for worktree in (Path(line.removeprefix("worktree ")) for line in listed if line.startswith("worktree ")):
         folder = _gate_folder(worktree)
-        if folder is None or _owner_alive(folder):
+        if folder is None or owner.alive(folder):
             continue
         try:
             git(root, "worktree", "remove", "--force", str(worktree))
@@ -136,8 +120,7 @@ def checkout(root: Path, commit: str, why: str, label: str) -> Base:
     """`commit` checked out in a temporary worktree outside the tree, beside the lock this process holds while it
     lives; removed by Base.cleanup."""
     folder = Path(tempfile.mkdtemp(prefix=WORKTREE_PREFIX))
-    lock = os.open(folder / OWNER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(lock, fcntl.LOCK_EX)   # before git knows the worktree: another session never sees it unowned
+    lock = owner.hold(folder)   # before git knows the worktree: another session never sees it unowned
     try:
         git(root, "worktree", "add", "--detach", "--force", str(folder / TREE), commit)
     except BaseError as exc:

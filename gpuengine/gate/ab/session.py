@@ -20,7 +20,7 @@ lock, and everything else is as above.
 """
 from __future__ import annotations
 
-import shutil
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,14 +31,14 @@ from gpuengine.bench import aa_noise
 from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.stored_runs import scan
 
-from . import checkout, stack as stack_ab
+from . import checkout, owner, stack as stack_ab
 from .sides import BASE, EnginePair, Interpreter, SideError, Sides
 from .worker import close_runner
 from ..plugin import GATE
 from ..progress import terminal_writer
 
 STORED_MODE = "stored-run mode"
-LOG_DIR = Path("build") / "ab"   # the workers' logs, git-ignored
+LOG_DIR = Path("build") / "ab"   # a folder per session for its workers' logs (owner.py), git-ignored
 
 
 @dataclass
@@ -51,6 +51,8 @@ class AbState:
     stack: stack_ab.StackBase | None = None   # --against-stack: the base is another lock's stack, the code the same
     covered: set[str] = field(default_factory=set)           # node ids run A/B
     uncovered: dict[str, str] = field(default_factory=dict)  # node id -> why it compares with its stored run
+    log_dir: Path | None = None   # this session's own folder under LOG_DIR, held while it lives
+    log_lock: int | None = None
 
     @property
     def same_code(self) -> str:
@@ -60,6 +62,9 @@ class AbState:
         if self.sides is not None:
             self.sides.close()
         self.base.cleanup()
+        if self.log_lock is not None:
+            os.close(self.log_lock)   # the logs stay until the next session in this clone starts
+            self.log_lock = None
 
 
 AB = pytest.StashKey[AbState]()
@@ -132,11 +137,17 @@ def pytest_configure(config):
         return
     ab = AbState(base, explicit=against != checkout.AUTO, base_code=aa_noise.code_hash(base.root),
                  head_code=aa_noise.code_hash(config.rootpath))
+    _start(config, state, ab)
+    state.notices.append(f"A/B base {base.label}{ab.same_code}: {why} (checkout {base.root}); which tests run A/B "
+                         "is said once it has listed its recipes, after collection")
+
+
+def _start(config, state, ab: AbState):
+    """The session is A/B: its bar learned, its state kept and closed at the end, its own log folder held."""
     _learn_process_noise(state)
     config.stash[AB] = ab
     config.add_cleanup(ab.close)
-    state.notices.append(f"A/B base {base.label}{ab.same_code}: {why} (checkout {base.root}); which tests run A/B "
-                         "is said once it has listed its recipes, after collection")
+    ab.log_dir, ab.log_lock = owner.session_folder(config.rootpath / LOG_DIR)
 
 
 def _learn_process_noise(state):
@@ -156,9 +167,7 @@ def _configure_stack(config, state, spec: str):
     code = aa_noise.code_hash(config.rootpath)
     base = checkout.Base(config.rootpath, None, stack.label, f"{stack_ab.AGAINST_STACK} {spec}")
     ab = AbState(base, explicit=True, base_code=code, head_code=code, stack=stack)
-    _learn_process_noise(state)
-    config.stash[AB] = ab
-    config.add_cleanup(ab.close)
+    _start(config, state, ab)
     state.notices.append(stack.notice())   # the mode each test runs in follows after collection
 
 
@@ -184,15 +193,13 @@ def pytest_collection_finish(session):
             wanted.setdefault(item.module.__name__, []).append(item)
     if not wanted:
         return
-    log_dir = session.config.rootpath / LOG_DIR
-    shutil.rmtree(log_dir, ignore_errors=True)   # the last session's logs: one session's at a time
     presets, interpreters, share_plans = _plan_presets(session.config), None, True
     if ab.stack is not None:
         interpreters = {BASE: Interpreter(ab.stack.env.python, ab.stack.env.environ)}
         share_plans = ab.stack.shares_plans
         if not share_plans and presets is not None:   # another cuDNN: each side autotunes every graph afresh
             presets = {}
-    ab.sides = Sides(session.config.rootpath, ab.base.root, log_dir, presets,
+    ab.sides = Sides(session.config.rootpath, ab.base.root, ab.log_dir, presets,
                      progress=terminal_writer(session.config),   # the workers' autotuning progress, live
                      interpreters=interpreters, share_plans=share_plans)
     try:
@@ -291,7 +298,8 @@ def engine_for(request):
 
 def ab_record(config, pair: EnginePair, times: dict[str, list[float]]) -> dict:
     """What the stored run keeps of the A/B rounds: both sides' round times and where each side came from (in a
-    stack A/B also both locks and the change between them, gpuengine/gate/ab/stack.py)."""
+    stack A/B also both locks and the change between them, gpuengine/gate/ab/stack.py), and how many other A/B
+    sessions of this clone were running as the rounds ended (their rounds shared the machine)."""
     ab = config.stash[AB]
     return {"base": ab.base.label, "base_commit": ab.base.commit, "base_why": ab.base.why,
             "base_code": ab.base_code, "head_code": ab.head_code,
@@ -301,4 +309,5 @@ def ab_record(config, pair: EnginePair, times: dict[str, list[float]]) -> dict:
             "head_samples_per_round": pair.head.samples_per_round,
             "timing_cpu": {side.worker.side: side.worker.info.get("timing_cpu") for side in pair.sides},
             "python": {side.worker.side: side.worker.info.get("python") for side in pair.sides},
+            "other_sessions": owner.others_alive(config.rootpath / LOG_DIR, ab.log_dir),
             **(ab.stack.record() if ab.stack is not None else {})}
