@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from correctness_tests.inner_sessions import outside_xdist
+
 REPO = Path(__file__).resolve().parents[2]
 CASE = "perf_tests/test_mlp.py::test_mlp_train[fp32-graph1-resident-bpe1]"
 
@@ -30,7 +32,8 @@ def gate_session(tmp_path: Path, *args: str, env: dict | None = None) -> subproc
     storage = tmp_path / "store"
     return subprocess.run([sys.executable, "-m", "pytest", CASE, "-p", "no:cacheprovider", "-rA",
                            f"--benchmark-storage=file://{storage}", "--benchmark-autosave", *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=outside_xdist({**os.environ, **(env or {})}))
 
 
 def saved_runs(tmp_path: Path) -> list[dict]:
@@ -44,7 +47,9 @@ def copy_of(tmp_path: Path, name: str) -> Path:
     return folder
 
 
-def test_a_base_folder_runs_beside_the_head_and_both_rounds_are_kept(tmp_path):
+def test_a_base_folder_runs_beside_the_head_and_both_rounds_are_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")   # as under `pytest -n 2`: the inner session must not inherit it
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
     base = copy_of(tmp_path, "base")
     (base / "COMMIT").write_text("0123456789abcdef\n")
     core = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
@@ -195,7 +200,8 @@ def test_the_power_study_runs_a_b_with_the_delay_on_the_head_only(tmp_path):
     store.mkdir()
     result = subprocess.run([sys.executable, "-m", "gpuengine", "gatepower", f"--against={base}", "--sessions", "2",
                              "--trials", "2", "--levels", "0,10", "-k", "test_mlp_train", "--store", str(store),
-                             "--keep-trials", str(kept)], cwd=REPO, capture_output=True, text=True, timeout=900)
+                             "--keep-trials", str(kept)], cwd=REPO, capture_output=True, text=True, timeout=900,
+                            env=outside_xdist())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (study,) = [json.loads(p.read_text()) for p in (store / "gatepower").glob("*.json")]
     assert study["rule"]["mode"] == "A/B" and study["against"] == str(base)
@@ -221,7 +227,7 @@ def test_ctrl_c_leaves_no_worker_and_no_worktree_behind(tmp_path, base):
     earlier = set(logs.glob("*/head.log"))
     session = subprocess.Popen([sys.executable, "-m", "pytest", "perf_tests/test_zoo.py", "-p", "no:cacheprovider",
                                 "--benchmark-disable", f"--against={against}"], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True,
+                               stderr=subprocess.STDOUT, text=True, env=outside_xdist(),
                                # a background job's shell ignores SIGINT, and the child would inherit that
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120

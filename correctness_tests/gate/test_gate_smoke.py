@@ -27,6 +27,7 @@ from gpuengine.bench.stack_lock import NO_LOCK, StackId, stack_of
 from gpuengine.bench.stored_runs import StoredRun
 from gpuengine.bench.verdicts import REGRESSED
 
+from correctness_tests.inner_sessions import leave_xdist
 from gpuengine.gate import tiers
 from gpuengine.gate.plugin import GateState, GateTest
 from gpuengine.gate.harness import record_and_gate
@@ -122,7 +123,7 @@ def session(pytester, monkeypatch):
     for name in [k for k in os.environ if k.startswith(("GPUENGINE_", "GATEPOWER_"))]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("GPUENGINE_DEVICE", "cpu")
-    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    leave_xdist(monkeypatch)
     pytester.makeconftest((REPO / "conftest.py").read_text()
                           + "\nfrom perf_tests.conftest import compare, gemm_peak_tflops  # noqa: F401\n")
     pytester.makepyfile(test_gate=SESSION_TESTS)
@@ -349,7 +350,8 @@ def test_targets_not_met_are_listed_fail_only_with_claims_and_the_run_is_still_a
 TIMED_TESTS = textwrap.dedent("""
     import time
     import pytest
-    from gpuengine.gate import tiers
+    from correctness_tests.inner_sessions import leave_xdist
+from gpuengine.gate import tiers
     from correctness_tests.gate.test_harness_smoke import engine_and_references
 
     @pytest.fixture(scope="module")
