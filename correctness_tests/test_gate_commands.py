@@ -6,6 +6,7 @@ keeps it so even if it did not).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -72,6 +73,29 @@ def test_perf_builds_the_report_after_a_verdict(tmp_path, status):
     assert done.returncode == status and "the report of this run and every stored one" in done.stdout
     assert [line for line in log.read_text().splitlines() if "gpuengine report" in line] == [
         "-m gpuengine report --out build/report"]
+
+
+def test_a_venv_that_is_a_file_is_named_and_not_given_to_python_m_venv(tmp_path):
+    """tox 4 can leave a file named .venv where the gate keeps its environment: say what it is and what to do."""
+    (tmp_path / "machine").mkdir()
+    env, log = logging_machine(tmp_path / "machine")
+    env = {k: v for k, v in env.items() if k not in ("GATE_VENV", "GATE_NO_INSTALL")}
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    shutil.copy2(ROOT / "gate", clone / "gate")
+    (clone / ".venv").write_text("a tox redirect\n")
+    done = subprocess.run([str(clone / "gate"), "test"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr == ("gate: .venv is a file, not a virtual environment (a tool such as tox 4 leaves one there); "
+                           "remove it (rm .venv), or set GATE_VENV=DIR to keep the gate's environment in another "
+                           "folder\n")
+    assert not [line for line in log.read_text().splitlines() if "venv" in line]
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs git and a checkout")
+def test_a_venv_file_is_ignored_by_git_like_the_folder():
+    ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "-q", ".venv"], timeout=60)
+    assert ignored.returncode == 0
 
 
 def test_wheels_fetches_another_lock_of_the_tier_where_named(tmp_path):
