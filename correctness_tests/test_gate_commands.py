@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,17 @@ def test_a_venv_that_is_a_file_is_named_and_not_given_to_python_m_venv(tmp_path)
 def test_a_venv_file_is_ignored_by_git_like_the_folder():
     ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "-q", ".venv"], timeout=60)
     assert ignored.returncode == 0
+
+
+def test_runs_lists_this_tiers_stored_runs_with_pytest_benchmarks_own_command():
+    """`pytest-benchmark list` in the root reads ./.benchmarks, which the gate never writes; `./gate runs` names
+    the tier's folder for it."""
+    env = dict(os.environ, GATE_NO_INSTALL="1", GPUENGINE_DEVICE="cpu",
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    done = subprocess.run([str(ROOT / "gate"), "runs"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    stored = {str(p) for p in (ROOT / "baselines_store" / "cpu-tier").glob("*/[0-9][0-9][0-9][0-9]_*.json")}
+    assert stored and set(done.stdout.split()) == stored
 
 
 def test_wheels_fetches_another_lock_of_the_tier_where_named(tmp_path):
