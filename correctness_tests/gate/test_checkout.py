@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,10 @@ def test_a_killed_sessions_worktree_is_removed_and_a_live_ones_kept(repo, tmp_pa
     stale = Path(killed.stdout.strip()).resolve()
     older = tmp_path / f"{checkout.WORKTREE_PREFIX}older"   # a gate before the owner lock: the folder is the tree
     git(repo, "worktree", "add", "-q", "--detach", str(older), "HEAD")
+    day_old = time.time() - checkout.UNLOCKED_STALE_S - 60
+    os.utime(older, (day_old, day_old))
+    recent = tmp_path / f"{checkout.WORKTREE_PREFIX}recent"  # as old a gate's, of a session that may still run
+    git(repo, "worktree", "add", "-q", "--detach", str(recent), "HEAD")
     mine = tmp_path / "mine"                                # the user's own worktree: never the gate's to remove
     git(repo, "worktree", "add", "-q", "--detach", str(mine), "HEAD")
     live = checkout.checkout(repo, "HEAD", "this session", "HEAD")
@@ -61,11 +66,11 @@ def test_a_killed_sessions_worktree_is_removed_and_a_live_ones_kept(repo, tmp_pa
         assert {stale, older.resolve(), live.root.resolve()} <= worktrees(repo) and stale.is_dir()
         removed = checkout.remove_stale_worktrees(repo)
         assert {Path(p).resolve() for p in removed} == {stale, older.resolve()}
-        assert worktrees(repo) == {repo.resolve(), mine.resolve(), live.root.resolve()}
+        assert worktrees(repo) == {repo.resolve(), mine.resolve(), recent.resolve(), live.root.resolve()}
         assert not stale.parent.exists() and not older.exists() and (live.root / "a.txt").is_file()
     finally:
         live.cleanup()
-    assert worktrees(repo) == {repo.resolve(), mine.resolve()} and not live.root.parent.exists()
+    assert worktrees(repo) == {repo.resolve(), mine.resolve(), recent.resolve()} and not live.root.parent.exists()
 
 
 def test_outside_a_git_checkout_there_is_nothing_to_remove(tmp_path):

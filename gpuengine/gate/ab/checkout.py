@@ -13,7 +13,8 @@ running out) cannot remove it, and `git worktree prune` drops only entries
 whose folder is gone, so each worktree lives in a folder beside a lock file
 its session holds (owner.py: the kernel lets go when the session dies), and
 `remove_stale_worktrees`, which every A/B session calls first, removes the
-gate's worktrees whose lock nobody holds; a live session's is kept.
+gate's worktrees whose lock nobody holds (one made before the lock, which has
+none, once a day old); a live session's is kept.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -32,6 +34,7 @@ AUTO, NONE = "auto", "none"
 MAIN = "main"
 WORKTREE_PREFIX = "gpuengine-base-"   # the temporary folder holding a session's worktree and its owner lock
 TREE = "tree"                         # the worktree inside that folder
+UNLOCKED_STALE_S = 24 * 3600          # an unlocked (older layout) worktree this old has outlived its session
 
 
 class BaseError(Exception):
@@ -95,6 +98,18 @@ def _gate_folder(worktree: Path) -> Path | None:
     return None
 
 
+def _stale(folder: Path, worktree: Path) -> bool:
+    """Whether the session that made a gate worktree is gone: its owner lock is free. A gate before the lock made
+    the folder itself the worktree, with no lock to ask (a session of that code may run in another worktree of
+    the repository): stale once older than any session."""
+    if worktree != folder:
+        return not owner.alive(folder)
+    try:
+        return time.time() - folder.stat().st_mtime > UNLOCKED_STALE_S
+    except OSError:
+        return True   # its folder is gone: only the prune is left to do
+
+
 def remove_stale_worktrees(root: Path) -> list[Path]:
     """Remove the gate's worktrees of `root` whose session is gone (its owner lock free), folder and git entry
     alike, then prune entries whose folder vanished; returns the worktrees removed (none outside a git checkout)."""
@@ -104,7 +119,7 @@ def remove_stale_worktrees(root: Path) -> list[Path]:
     removed = []
     for worktree in (Path(line.removeprefix("worktree ")) for line in listed if line.startswith("worktree ")):
         folder = _gate_folder(worktree)
-        if folder is None or owner.alive(folder):
+        if folder is None or not _stale(folder, worktree):
             continue
         try:
             git(root, "worktree", "remove", "--force", str(worktree))
