@@ -350,8 +350,7 @@ def test_targets_not_met_are_listed_fail_only_with_claims_and_the_run_is_still_a
 TIMED_TESTS = textwrap.dedent("""
     import time
     import pytest
-    from correctness_tests.inner_sessions import leave_xdist
-from gpuengine.gate import tiers
+    from gpuengine.gate import tiers
     from correctness_tests.gate.test_harness_smoke import engine_and_references
 
     @pytest.fixture(scope="module")

@@ -103,7 +103,8 @@ class GateState:
         """What the stored run keeps of the gate's verdict (`gpuengine_gate`): gpuengine/gate/spread.py reads it."""
         return {"targets_fail": self.targets.fail, "targets_not_met": len(self.targets.missed),
                 "failed_on_targets_only": sorted(self.failed_on_targets - self.failed_otherwise),
-                "failed_otherwise": sorted(self.failed_otherwise), "interrupted": self.interrupted}
+                "failed_otherwise": sorted(self.failed_otherwise),
+                **({"interrupted": True} if self.interrupted else {})}   # a spread worker's JSON only: never stored
 
 
 GATE = pytest.StashKey[GateState]()
