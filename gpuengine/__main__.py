@@ -3,8 +3,9 @@
     python -m gpuengine maxbatch mlp --cap-gib 6 [--precision tf32] [--engines ...] [--batch-pool 1 3]
         the largest batch of one training step and of one inference pass under a
         memory cap, for the engine and each PyTorch reference, as a table
-    python -m gpuengine info
-        the machine facts every stored benchmark run records
+    python -m gpuengine info [--tier]
+        the machine facts every stored benchmark run records; --tier: only the tier, the folder of
+        baselines_store/ this machine's runs go to (`./gate runs` hands it to pytest-benchmark)
     python -m gpuengine report [--store baselines_store] [--out build/report] [--markdown] [--readme README.md]
                                [--results docs/results.md]
         the report of every stored run: <out>/index.html and its figures (by default in build/report/,
@@ -52,8 +53,11 @@ def _info(args) -> int:
     from .bench.machine_info import collect_machine_info, current_tier
     from .runtime.backend import resolve_device
     config = EngineConfig.from_env()
-    info = collect_machine_info(current_tier(resolve_device(config) == "cuda"), config)
-    print(json.dumps(info, indent=2, default=str))
+    tier = current_tier(resolve_device(config) == "cuda")
+    if args.tier:
+        print(tier.name)
+        return 0
+    print(json.dumps(collect_machine_info(tier, config), indent=2, default=str))
     return 0
 
 
@@ -70,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     maxbatch_cli.add_parser(commands)
     info = commands.add_parser("info", help="GPU, driver, CUDA, cuDNN, clocks and power limit of this machine")
+    info.add_argument("--tier", action="store_true",
+                      help="print only the tier: the folder of baselines_store/ this machine's runs go to")
     info.set_defaults(run=_info, parser=info)
     report_cli.add_parser(commands)
     gatepower_cli.add_parser(commands)

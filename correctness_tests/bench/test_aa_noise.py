@@ -40,6 +40,8 @@ def test_only_runs_of_the_same_code_on_both_sides_count():
     assert AaRun.from_record(record(rng, 0.01, same_code=False)) is None
     assert AaRun.from_record({**record(rng, 0.01), "head_code": ""}) is None
     assert AaRun.from_record(record(rng, 0.01)) is not None
+    assert AaRun.from_record({**record(rng, 0.01), "other_sessions": 0}) is not None
+    assert AaRun.from_record({**record(rng, 0.01), "other_sessions": 1}) is None   # rounds beside another session
 
 
 def test_a_stack_ab_is_an_aa_run_only_where_both_locks_pin_the_same():
@@ -63,6 +65,26 @@ def test_stored_aa_runs_come_from_baselines_and_history_alike(tmp_path):
     write(tmp_path / "history" / "Linux", "0002_b_x.json", record(rng, 0.01))
     write(tmp_path / "Linux", "0003_c_x.json", record(rng, 0.01, same_code=False))   # a real A/B run
     (tmp_path / "Linux" / "0004_d_x.json").write_text("{not json")                   # unreadable: left out
+    assert len(stored_aa_runs(tmp_path)["perf_tests/x.py::t[a]"]) == 2
+
+
+def test_an_interrupted_run_never_teaches_the_noise(tmp_path):
+    """A run marked interrupted, or one under history/ whose session failed while none of its tests did (how an
+    interrupted run was stored before the gate stopped storing them), is left out; a failed run is not."""
+    rng = np.random.default_rng(9)
+
+    def write(folder, name, outcome):
+        folder.mkdir(parents=True, exist_ok=True)
+        bench = {"name": "t[a]", "fullname": "perf_tests/x.py::t[a]", "stats": {},
+                 "extra_info": {"ab": record(rng, 0.05)}}
+        (folder / name).write_text(json.dumps({"benchmarks": [bench], "datetime": "2026-11-24T10:00:00",
+                                               "gpuengine_gate": outcome}))
+
+    quiet = {"failed_on_targets_only": [], "failed_otherwise": []}
+    write(tmp_path / "Linux", "0001_a_x.json", quiet)                                        # passed: counts
+    write(tmp_path / "history" / "Linux", "0002_b_x.json", {**quiet, "failed_otherwise": ["t[a]"]})   # counts
+    write(tmp_path / "history" / "Linux", "0003_c_x.json", quiet)                            # stopped early
+    write(tmp_path / "Linux", "0004_d_x.json", {**quiet, "interrupted": True})               # marked
     assert len(stored_aa_runs(tmp_path)["perf_tests/x.py::t[a]"]) == 2
 
 

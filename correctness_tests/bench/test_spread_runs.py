@@ -13,6 +13,7 @@ from gpuengine.bench.machine_info import run_tag
 from gpuengine.bench.spread_runs import benchmark_seconds, merge_runs, next_run_path, split_tests
 from gpuengine.bench.stored_runs import read_run
 from gpuengine.bench.timing_cores import TimingCore
+from gpuengine.gate import spread
 from gpuengine.gate.spread import (HELD_BACK, HOST_BANDWIDTH_MODULES, NIGHTLY_HOST_BANDWIDTH, Worker, keep_plans,
                                    merged_run_naming, plan_workers, save_merged, shares_host_bandwidth, take_option,
                                    visible_devices, write_summary)
@@ -106,8 +107,7 @@ ON_TARGETS = {"gpu1": gate_outcome(["perf_tests/t.py::t1"])}    # --claims: gpu1
     ({"gpu0": 0, "gpu1": 0}, False, "baseline", {}), ({"gpu0": 0, "gpu1": 1}, False, "history", {}),
     ({"gpu0": 0, "gpu1": 1}, True, "baseline", {}),
     ({"gpu0": 0, "gpu1": 1}, False, "baseline", ON_TARGETS),
-    ({"gpu0": 0, "gpu1": 1}, False, "history", {"gpu1": gate_outcome(["perf_tests/t.py::t1"], ["x"])}),
-    ({"gpu0": 0, "gpu1": 2}, False, "history", ON_TARGETS)])   # interrupted: not a verdict of the tests
+    ({"gpu0": 0, "gpu1": 1}, False, "history", {"gpu1": gate_outcome(["perf_tests/t.py::t1"], ["x"])})])
 def test_the_merged_run_is_stored_where_a_single_run_would_be(tmp_path, codes, save_baseline, where, outcomes):
     workers = [Worker(name, str(i), [], tmp_path / f"{name}.json") for i, name in enumerate(codes)]
     for i, worker in enumerate(workers):
@@ -122,6 +122,33 @@ def test_the_merged_run_is_stored_where_a_single_run_would_be(tmp_path, codes, s
     assert sorted(run.benchmarks) == ["perf_tests/t.py::t0", "perf_tests/t.py::t1"]
     if outcomes:
         assert json.loads(paths[0].read_text())["gpuengine_gate"] == outcomes["gpu1"]   # kept in the stored run
+
+
+@pytest.mark.parametrize("codes,outcome", [({"gpu0": 0, "gpu1": 2}, gate_outcome()),
+                                           ({"gpu0": 0, "gpu1": 0}, {**gate_outcome(), "interrupted": True})])
+@pytest.mark.parametrize("save_baseline", [False, True])
+def test_an_interrupted_worker_leaves_the_merged_run_unsaved(tmp_path, codes, outcome, save_baseline, capsys):
+    """Ctrl-C in one GPU's session (its exit status 2, or its run marked so): no verdict, so nothing is stored."""
+    workers = [Worker(name, str(i), [], tmp_path / f"{name}.json") for i, name in enumerate(codes)]
+    for i, worker in enumerate(workers):
+        worker.json_path.write_text(json.dumps(dict(fake_run("NVIDIA H200", {f"perf_tests/t.py::t{i}": 1.0}),
+                                                    gpuengine_gate=outcome if i else gate_outcome())))
+    assert save_merged(workers, codes, tmp_path / "store", "Linux-CPython-3.12-64bit", "tag", save_baseline) == []
+    assert not (tmp_path / "store").exists()
+    assert "interrupted (gpu1): no verdict, nothing was saved" in capsys.readouterr().err
+
+
+def test_a_spread_that_runs_nothing_exits_as_pytest_does_so_the_gate_builds_no_report(monkeypatch, capsys):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(SystemExit) as stopped:
+        spread.main([])
+    assert stopped.value.code == pytest.ExitCode.USAGE_ERROR and "1 GPU(s) visible" in capsys.readouterr().err
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setattr(spread, "collect", lambda args: [])
+    with pytest.raises(SystemExit) as stopped:
+        spread.main(["-k", "no_such_test"])
+    assert stopped.value.code == pytest.ExitCode.NO_TESTS_COLLECTED
+    assert "no perf test selected" in capsys.readouterr().err
 
 
 def test_the_merged_run_keeps_every_workers_gate_verdict():

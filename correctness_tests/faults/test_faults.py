@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from correctness_tests.inner_sessions import outside_xdist
 from gpuengine.runtime.backend import gpu_visible
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +31,7 @@ INFER = "perf_tests/test_mlp.py::test_mlp_infer[fp32-resident-b8000]"
 def session(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider", "-rA",
                            "--benchmark-disable", "--against=none", "-p", "correctness_tests.faults.plugin"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+                          cwd=REPO, capture_output=True, text=True, timeout=600, env=outside_xdist())
 
 
 @pytest.mark.gpu   # root conftest.py skips it, saying why, where no GPU is visible

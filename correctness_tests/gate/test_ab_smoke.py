@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from correctness_tests.inner_sessions import outside_xdist
+
 REPO = Path(__file__).resolve().parents[2]
 CASE = "perf_tests/test_mlp.py::test_mlp_train[fp32-graph1-resident-bpe1]"
 
@@ -30,7 +32,8 @@ def gate_session(tmp_path: Path, *args: str, env: dict | None = None) -> subproc
     storage = tmp_path / "store"
     return subprocess.run([sys.executable, "-m", "pytest", CASE, "-p", "no:cacheprovider", "-rA",
                            f"--benchmark-storage=file://{storage}", "--benchmark-autosave", *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=outside_xdist({**os.environ, **(env or {})}))
 
 
 def saved_runs(tmp_path: Path) -> list[dict]:
@@ -44,7 +47,9 @@ def copy_of(tmp_path: Path, name: str) -> Path:
     return folder
 
 
-def test_a_base_folder_runs_beside_the_head_and_both_rounds_are_kept(tmp_path):
+def test_a_base_folder_runs_beside_the_head_and_both_rounds_are_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")   # as under `pytest -n 2`: the inner session must not inherit it
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
     base = copy_of(tmp_path, "base")
     (base / "COMMIT").write_text("0123456789abcdef\n")
     core = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
@@ -74,6 +79,37 @@ def test_a_base_without_the_tests_stops_the_session_before_anything_runs(tmp_pat
     assert "tests differ from this tree's, nothing was run or saved" in result.stdout + result.stderr
     assert "no ENGINES recipes" in result.stdout + result.stderr
     assert saved_runs(tmp_path) == []
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(),
+                    reason="needs git and a git checkout of the repository")
+def test_an_auto_base_without_recipes_is_stored_run_mode_and_said_so_before_the_tests(tmp_path):
+    """`./gate perf`'s default base (auto: the merge base with main) whose perf module has no recipes: every
+    test runs in stored-run mode, and what is printed before the first test says so, never "A/B against"."""
+    from correctness_tests.gate.test_gate_smoke import git_env, working_tree_copy
+    repo = working_tree_copy(tmp_path / "repo")
+    module = repo / "perf_tests" / "test_mlp.py"
+    source = module.read_text()
+    git = ["git", "-c", "user.name=ab smoke", "-c", "user.email=ab-smoke@localhost", "-c", "commit.gpgsign=false"]
+    module.write_text(source.replace("ENGINES = tiers.recipes(", "OLD_ENGINES = tiers.recipes("))
+    for args in (["branch", "-M", "main"], ["commit", "-qam", "a base without recipes"], ["checkout", "-qb", "work"]):
+        subprocess.run(git + args, cwd=repo, check=True, env=git_env())
+    module.write_text(source)
+    subprocess.run(git + ["commit", "-qam", "the recipes back"], cwd=repo, check=True, env=git_env())
+    base = subprocess.run(["git", "rev-parse", "--short=7", "main"], cwd=repo, capture_output=True, text=True,
+                          check=True, env=git_env()).stdout.strip()
+    result = subprocess.run([sys.executable, "-m", "pytest", CASE, "-p", "no:cacheprovider", "--against=auto",
+                             f"--benchmark-storage=file://{tmp_path / 'store'}", "--benchmark-autosave"],
+                            cwd=repo, capture_output=True, text=True, timeout=600,
+                            env=dict(git_env(), GPUENGINE_DEVICE="cpu"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    before_tests = result.stdout.split(CASE.split("::")[0] + " ")[0]
+    assert f"gpuengine gate: A/B base {base}: the merge base of work with main" in before_tests
+    assert (f"gpuengine gate: stored-run mode for 1 test(s) the base {base} cannot build (1: the base's "
+            "perf_tests.test_mlp defines no ENGINES recipes): each compares with its stored baseline") in before_tests
+    assert "A/B against" not in result.stdout
+    (run,) = saved_runs(tmp_path)
+    assert "ab" not in run["benchmarks"][0]["extra_info"]   # no base rounds: it did not run A/B
 
 
 def test_a_folder_that_is_no_checkout_and_a_commit_that_is_none_are_one_error(tmp_path):
@@ -147,6 +183,14 @@ def worktrees() -> set[str]:
     return {line.split(" ", 1)[1] for line in listed.splitlines() if line.startswith("worktree ")}
 
 
+def left_behind(before: set[str]) -> set[str]:
+    """Base worktrees that appeared since `before` and whose session is gone: what an ended session leaked (the
+    worktree list is the repository's, so other clones' live sessions may add theirs meanwhile)."""
+    from gpuengine.gate.ab import owner
+    return {tree for tree in worktrees() - before if not owner.alive(Path(tree).parent)
+            and Path(tree).parent.name.startswith("gpuengine-base-")}
+
+
 @pytest.mark.skipif(not (REPO / ".git").exists(), reason="no git history in this copy of the tree")
 def test_a_commit_is_checked_out_beside_the_tree_and_removed_after(tmp_path):
     before = worktrees()
@@ -155,7 +199,7 @@ def test_a_commit_is_checked_out_beside_the_tree_and_removed_after(tmp_path):
         pytest.skip("HEAD predates the A/B recipes (a commit of the change that adds them)")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "A/B against HEAD" in result.stdout
-    assert worktrees() == before
+    assert left_behind(before) == set()
 
 
 def test_the_power_study_runs_a_b_with_the_delay_on_the_head_only(tmp_path):
@@ -164,7 +208,8 @@ def test_the_power_study_runs_a_b_with_the_delay_on_the_head_only(tmp_path):
     store.mkdir()
     result = subprocess.run([sys.executable, "-m", "gpuengine", "gatepower", f"--against={base}", "--sessions", "2",
                              "--trials", "2", "--levels", "0,10", "-k", "test_mlp_train", "--store", str(store),
-                             "--keep-trials", str(kept)], cwd=REPO, capture_output=True, text=True, timeout=900)
+                             "--keep-trials", str(kept)], cwd=REPO, capture_output=True, text=True, timeout=900,
+                            env=outside_xdist())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (study,) = [json.loads(p.read_text()) for p in (store / "gatepower").glob("*.json")]
     assert study["rule"]["mode"] == "A/B" and study["against"] == str(base)
@@ -176,8 +221,10 @@ def test_the_power_study_runs_a_b_with_the_delay_on_the_head_only(tmp_path):
 
 
 def worker_processes() -> list[str]:
+    """A/B workers of this checkout's sessions (another clone's sessions may run beside them)."""
     listed = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in listed.splitlines() if "ab/worker.py" in line]
+    script = str(REPO / "gpuengine" / "gate" / "ab" / "worker.py")
+    return [line for line in listed.splitlines() if script in line]
 
 
 @pytest.mark.parametrize("base", ["HEAD", "a folder"])
@@ -185,16 +232,16 @@ def test_ctrl_c_leaves_no_worker_and_no_worktree_behind(tmp_path, base):
     if base == "HEAD" and not (REPO / ".git").exists():
         pytest.skip("no git history in this copy of the tree (a GPU machine's copy): the folder case runs")
     against = "HEAD" if base == "HEAD" else str(copy_of(tmp_path, "base"))
-    before, log = worktrees(), REPO / "build" / "ab" / "head.log"
+    before, logs = worktrees(), REPO / "build" / "ab"   # each session's worker logs in a folder of its own there
     assert worker_processes() == [], "A/B workers of another session are running"
-    log.unlink(missing_ok=True)
+    earlier = set(logs.glob("*/head.log"))
     session = subprocess.Popen([sys.executable, "-m", "pytest", "perf_tests/test_zoo.py", "-p", "no:cacheprovider",
                                 "--benchmark-disable", f"--against={against}"], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True,
+                               stderr=subprocess.STDOUT, text=True, env=outside_xdist(),
                                # a background job's shell ignores SIGINT, and the child would inherit that
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
-    while not log.exists() and session.poll() is None and time.monotonic() < deadline:
+    while not set(logs.glob("*/head.log")) - earlier and session.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert session.poll() is None, "the session ended before its workers started: " + session.stdout.read()[-2000:]
     time.sleep(1)   # the workers are building the first engine now
@@ -202,4 +249,4 @@ def test_ctrl_c_leaves_no_worker_and_no_worktree_behind(tmp_path, base):
     output, _ = session.communicate(timeout=120)
     assert "KeyboardInterrupt" in output
     assert worker_processes() == []
-    assert worktrees() == before
+    assert left_behind(before) == set()

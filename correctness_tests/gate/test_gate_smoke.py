@@ -28,6 +28,7 @@ from gpuengine.bench.stack_lock import NO_LOCK, StackId, stack_of
 from gpuengine.bench.stored_runs import StoredRun
 from gpuengine.bench.verdicts import REGRESSED
 
+from correctness_tests.inner_sessions import leave_xdist
 from gpuengine.gate import tiers
 from gpuengine.gate.plugin import GateState, GateTest
 from gpuengine.gate.harness import record_and_gate
@@ -111,6 +112,8 @@ SESSION_TESTS = textwrap.dedent("""
     def test_c(benchmark, compare):
         compare(benchmark, *engine_and_references(), rounds=3, precision="fp32")
         assert os.environ.get("FAIL_C") != "1", "test_c fails on request"
+        if os.environ.get("INTERRUPT_C") == "1":
+            raise KeyboardInterrupt   # what Ctrl-C raises in the test running at the time
 """)
 
 
@@ -121,7 +124,7 @@ def session(pytester, monkeypatch):
     for name in [k for k in os.environ if k.startswith(("GPUENGINE_", "GATEPOWER_"))]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("GPUENGINE_DEVICE", "cpu")
-    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    leave_xdist(monkeypatch)
     pytester.makeconftest((REPO / "conftest.py").read_text()
                           + "\nfrom perf_tests.conftest import compare, gemm_peak_tflops  # noqa: F401\n")
     pytester.makepyfile(test_gate=SESSION_TESTS)
@@ -219,6 +222,19 @@ def test_the_summary_lists_the_change_points_the_newest_runs_started(session, py
     assert "### Change points (newest 5 stored runs)\n\n- test_mlp_train[tf32-b1]: time per sample +5." in markdown
 
 
+def test_an_interrupted_run_is_no_verdict_and_nothing_of_it_is_saved(session, pytester, monkeypatch):
+    store = pytester.path / "baselines_store" / "cpu-tier"
+    monkeypatch.setenv("INTERRUPT_C", "1")   # test_a and test_b ran and were timed, then Ctrl-C in test_c
+    for args in ((), ("--save-baseline",)):
+        result = session(*args)
+        assert result.ret == pytest.ExitCode.INTERRUPTED
+        result.stdout.fnmatch_lines(["*gpuengine: this run was interrupted*",
+                                     "interrupted before its tests ended: no verdict, so nothing was saved (neither "
+                                     "as a baseline nor under history/)*"])
+        assert "saved under" not in result.stdout.str()
+    assert sorted(store.rglob("[0-9][0-9][0-9][0-9]_*.json")) == []
+
+
 def test_a_newer_stored_result_without_timings_does_not_hide_an_older_one_with_them(session, pytester):
     from pytest_benchmark.utils import get_machine_id
     folder = pytester.path / "baselines_store" / "cpu-tier" / get_machine_id()
@@ -238,7 +254,7 @@ def test_a_run_that_cannot_be_written_leaves_nothing_behind_and_fails_with_its_s
     pytester.makeconftest((REPO / "conftest.py").read_text()
                           + "\nfrom perf_tests.conftest import compare, gemm_peak_tflops  # noqa\n"
                           + "import gpuengine.gate.run_storage as _storage\n"
-                          + "def _disk_full(path, text):\n    raise OSError(28, 'No space left on device')\n"
+                          + "def _disk_full(path, text, new=False):\n    raise OSError(28, 'No space left on device')\n"
                           + "_storage.write_text = _disk_full\n")
     result = session("-k", "test_a")
     assert result.ret == pytest.ExitCode.TESTS_FAILED

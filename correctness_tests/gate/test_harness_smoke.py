@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from correctness_tests.inner_sessions import leave_xdist
 from gpuengine.bench import thresholds
 from gpuengine.bench.benchmarking import Comparison
 from gpuengine.bench.machine_info import CPU_TIER, NO_GPU, Tier
@@ -215,6 +216,7 @@ CLASSIFY_FAILURES = textwrap.dedent("""
 
 def test_deferred_gate_failures_fail_the_test_after_its_body_ran(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    leave_xdist(monkeypatch)
     pytester.makeconftest(CLASSIFY_FAILURES)
     pytester.makepyfile(test_deferred=DEFERRED_TEST)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", "-p", "no:benchmark")
@@ -246,7 +248,7 @@ def cpu_tier_session(pytester, monkeypatch):
     for name in [k for k in os.environ if k.startswith("GPUENGINE_")]:
         monkeypatch.delenv(name)   # a tox matrix env's toggles would move the storage folder
     monkeypatch.setenv("GPUENGINE_DEVICE", "cpu")
-    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # else pytest-benchmark in there disables itself
+    leave_xdist(monkeypatch)
     pytester.makeconftest((REPO / "conftest.py").read_text()
                           + "\nfrom perf_tests.conftest import compare, gemm_peak_tflops  # noqa: F401\n")
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from correctness_tests.inner_sessions import leave_xdist
 from gpuengine.gate import spread
 from gpuengine.gate.ab import sides as ab_sides
 from gpuengine.gate.ab.sides import BASE, HEAD, Sides, Worker, progress_message
@@ -118,6 +119,7 @@ def test_builds_an_engine():
 
 def test_a_plain_sessions_progress_goes_to_the_terminal_live(pytester, monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", str(REPO))
+    leave_xdist(monkeypatch)
     monkeypatch.setenv("GATE_PROGRESS_FILE", str(tmp_path / "gpu0.progress"))   # a spread run's per-GPU session
     pytester.makepyfile(test_engine=textwrap.dedent(PLAIN_TEST))
     result = pytester.runpytest_subprocess("-p", "gpuengine.gate.progress", "-p", "no:cacheprovider")

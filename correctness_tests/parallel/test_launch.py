@@ -17,7 +17,8 @@ import pytest
 pytest.importorskip("torch.distributed", reason="the rendezvous uses torch's TCPStore; torch is not installed")
 
 from gpuengine.config import EngineConfig  # noqa: E402
-from gpuengine.parallel.launch import child_env  # noqa: E402
+from gpuengine.parallel.launch import child_env, device_notice  # noqa: E402
+from gpuengine.runtime.backend import gpu_visible  # noqa: E402
 from gpuengine.workloads.data_parallel import build  # noqa: E402
 from gpuengine.trainer import Trainer  # noqa: E402
 
@@ -58,6 +59,7 @@ def test_n_ranks_at_global_batch_b_train_like_one_process_at_b(tmp_path, workloa
     result = launch(["--gpus", world, workload, "--out", tmp_path, "--bucket-bytes", 600,
                      *[f"--{k}={v}" for k, v in size.items()]], env)
     assert result.returncode == 0, result.stderr
+    assert f"GPUENGINE_DEVICE=cpu: the engine in each of the {world} rank(s) runs on the CPU" in result.stderr
     assert f"{workload}: {world} ranks, global batch {size['batch']}" in result.stdout
     ranks = assert_same_training(tmp_path, world, *single_process(workload, env, **size))
     assert int(ranks[0]["buckets"]) > 1, "the small bucket cap must split the gradients"
@@ -89,6 +91,34 @@ def test_a_rank_that_raises_or_dies_stops_the_others_and_is_named(tmp_path, fail
 def test_an_unknown_target_is_refused():
     result = launch(["--gpus", 2, "no_such_script.py"], CPU)
     assert result.returncode != 0 and "'no_such_script.py' is neither a script file nor a workload" in result.stderr
+
+
+@pytest.mark.parametrize("args,env,error", [
+    (["foo"], {}, "argument workload: invalid choice: 'foo'"),
+    (["mlp", "--epochs", "x"], {}, "argument --epochs: invalid int value: 'x'"),
+    (["mlp"], {"GPUENGINE_PRECISION": "fp64"}, "GPUENGINE_PRECISION='fp64' is not accepted")])
+def test_a_workloads_bad_argument_is_said_once_and_no_rank_starts(args, env, error):
+    result = launch(["--gpus", 2, *args], dict(CPU, **env), timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count(error) == 1 and result.stderr.count("usage: ") == 1, result.stderr
+    assert result.stderr.rstrip().endswith("gpuengine.parallel.launch: no rank started: "
+                                           "gpuengine.workloads.data_parallel refused the arguments (above)")
+    assert result.stdout == ""
+
+
+@pytest.mark.skipif(gpu_visible(), reason="a GPU is visible: the ranks' engine runs on it, nothing to say")
+def test_without_a_gpu_the_launcher_says_the_ranks_run_on_numpy(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text("")
+    unset = {k: v for k, v in os.environ.items() if not k.startswith("GPUENGINE_")}
+    result = subprocess.run([sys.executable, "-m", "gpuengine.parallel.launch", "--gpus", "2", str(script)], cwd=REPO,
+                            env=unset, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ("gpuengine.parallel.launch: no CUDA GPU is visible: the engine in each of the 2 rank(s) "
+                             "runs on the CPU (NumPy backend), all-reducing through the rendezvous store, not NCCL: "
+                             "a check of data parallel training, not a speed-up\n")
+    assert device_notice(4, {"GPUENGINE_DEVICE": "cpu"}).startswith(
+        "gpuengine.parallel.launch: GPUENGINE_DEVICE=cpu: the engine in each of the 4 rank(s) runs on the CPU")
 
 
 def test_children_get_the_launcher_variables_and_nvlink_multicast_off():

@@ -7,7 +7,9 @@ in each test's `extra_info["ab"]`), whatever commits they were, on the same
 stack (a stack A/B, `--against-stack`, runs one code on two locks: an A/A
 run only where both locks pin the same). Every such
 run, passed or failed (history/ included: leaving out the failed ones
-would hide exactly the alarms), gives per test one median d = median of
+would hide exactly the alarms), but never one whose session stopped before
+its tests ended (Ctrl-C: `StoredRun.stopped_early`) or that ran beside
+another A/B session of the clone, gives per test one median d = median of
 log(head/base) per sample whose true value is 0, so
 
     E[d^2] = 2 sd_process^2 + pi/2 sd_round^2 / n
@@ -63,8 +65,9 @@ class AaRun:
 
     @classmethod
     def from_record(cls, ab: dict) -> "AaRun | None":
-        """From a test's extra_info["ab"]; None unless both sides ran the same code on the same stack."""
-        if not ab.get("head_code") or ab.get("head_code") != ab.get("base_code"):
+        """From a test's extra_info["ab"]; None unless both sides ran the same code on the same stack, with no
+        other A/B session of the clone running beside them (its rounds would be in this run's offset)."""
+        if not ab.get("head_code") or ab.get("head_code") != ab.get("base_code") or ab.get("other_sessions"):
             return None
         if _lock_id(ab.get("head_lock")) != _lock_id(ab.get("base_lock")):   # a stack A/B: the stack changed
             return None
@@ -103,13 +106,17 @@ def learn(runs: list[AaRun], prior: float = DEFAULT_PROCESS_SD, prior_runs: int 
 
 
 def stored_aa_runs(tier_folder: Path) -> dict[str, list[AaRun]]:
-    """Per test name (with its case id), the A/A runs among every stored run of the tier, history included.
-    An unreadable file is left out here: the gate names it where it reads baselines."""
+    """Per test name (with its case id), the A/A runs among every stored run of the tier, history included, less
+    those whose session was interrupted. An unreadable file is left out here: the gate names it where it reads
+    baselines."""
     found: dict[str, list[AaRun]] = {}
-    for stored in scan(tier_folder)[0] + scan(history_folder(tier_folder))[0]:
-        for fullname, bench in stored.benchmarks.items():
-            ab = (bench.get("extra_info") or {}).get("ab")
-            run = AaRun.from_record(ab) if isinstance(ab, dict) else None
-            if run is not None:
-                found.setdefault(fullname, []).append(run)
+    for in_history, folder in ((False, tier_folder), (True, history_folder(tier_folder))):
+        for stored in scan(folder)[0]:
+            if stored.stopped_early(in_history):
+                continue
+            for fullname, bench in stored.benchmarks.items():
+                ab = (bench.get("extra_info") or {}).get("ab")
+                run = AaRun.from_record(ab) if isinstance(ab, dict) else None
+                if run is not None:
+                    found.setdefault(fullname, []).append(run)
     return found

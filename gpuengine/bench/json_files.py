@@ -34,9 +34,10 @@ def load_json(path: Path | str, name: str | None = None):
         raise JsonFileError(f"{name}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
 
 
-def write_text(path: Path | str, text: str) -> Path:
+def write_text(path: Path | str, text: str, new: bool = False) -> Path:
     """Write `text` to `path` atomically: a temporary file beside it, then a rename (nothing is left behind
-    when the write fails); parent folders are created."""
+    when the write fails); parent folders are created. `new`: FileExistsError where `path` exists, even if
+    another process made it a moment ago (a hard link in place of the rename), so nothing is overwritten."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, scratch = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
@@ -44,10 +45,12 @@ def write_text(path: Path | str, text: str) -> Path:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.chmod(scratch, 0o644)
-        os.replace(scratch, path)
-    except BaseException:
+        if new:
+            os.link(scratch, path)
+        else:
+            os.replace(scratch, path)
+    finally:
         Path(scratch).unlink(missing_ok=True)
-        raise
     return path
 
 

@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 
 RUN_NUMBER = re.compile(r"^(\d{4})_")
+INTERRUPTED = 2   # pytest's exit status of a session stopped by Ctrl-C
 GATE_OUTCOME = "gpuengine_gate"   # gpuengine/gate/plugin.py's verdict in a run: which tests failed on targets only
 TIER_TIME = "gpuengine_tier_time"   # gpuengine/gate/tier_time.py's record of how long a run took, per workload
 
@@ -25,6 +26,13 @@ def failed_on_targets_only(exit_status: int, run: dict) -> bool:
     passed the gate's own verdict, as a single run's would (gpuengine/gate/plugin.py)."""
     outcome = run.get(GATE_OUTCOME) if isinstance(run.get(GATE_OUTCOME), dict) else {}
     return exit_status == 1 and bool(outcome.get("failed_on_targets_only")) and not outcome.get("failed_otherwise")
+
+
+def interrupted(exit_status: int | None, run: dict | None) -> bool:
+    """A worker whose session was interrupted (pytest's exit status 2, or its run says so): no verdict, and the
+    merged run is not stored at all, as a single interrupted run is not (gpuengine/gate/plugin.py)."""
+    outcome = (run or {}).get(GATE_OUTCOME)
+    return exit_status == INTERRUPTED or (isinstance(outcome, dict) and bool(outcome.get("interrupted")))
 
 
 def _merged_outcome(outcomes: list[dict]) -> dict:

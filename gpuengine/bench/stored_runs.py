@@ -4,7 +4,7 @@ Layout (pytest-benchmark's own file format and names, so every stored run
 stays readable by its tools):
 
     <folder>/<machine id>/NNNN_<name>.json      baselines: runs that passed the gate, or saved on purpose
-    <folder>/history/<machine id>/NNNN_*.json   every other saved run (failed, interrupted): kept, never compared
+    <folder>/history/<machine id>/NNNN_*.json   every other saved run (failed): kept, never compared
     <tier>/<series>/...                         a series (`slow`, `config-<toggles>`): runs with a history of their own
 
 The gate (plugin.py), the A/A noise (aa_noise.py), the spread and the report
@@ -45,6 +45,17 @@ class StoredRun:
     dirty: bool = False           # commit_info's dirty: the tree had changes the commit lacks
     tier_time: dict | None = None   # the gate's gpuengine_tier_time: how long the run took, per workload
     left_out: tuple[str, ...] = ()  # benchmarks a lenient read could not take, each with why
+    gate_outcome: dict | None = None   # the gate's verdict in the run (plugin.py's `gpuengine_gate`), where it has one
+
+    def stopped_early(self, in_history: bool) -> bool:
+        """Whether the run's session stopped before its tests ended (Ctrl-C), so that it is no verdict: marked so,
+        or, under history/ (`in_history`), one that did not pass while none of its tests failed (the gate stored
+        interrupted runs there until it stopped storing them at all)."""
+        outcome = self.gate_outcome
+        if outcome is None:
+            return False
+        return bool(outcome.get("interrupted")) or (in_history and not outcome.get("failed_otherwise")
+                                                    and not outcome.get("failed_on_targets_only"))
 
 
 @dataclass(frozen=True)
@@ -99,10 +110,11 @@ def parse_run(content, path: Path, label: str, name: str | None = None, strict: 
         saved_at = saved_at.astimezone(timezone.utc).replace(tzinfo=None)
     commit_info = content.get("commit_info") if isinstance(content.get("commit_info"), dict) else {}
     commit = commit_info.get("id")
-    tier_time = content.get("gpuengine_tier_time")
+    tier_time, outcome = content.get("gpuengine_tier_time"), content.get("gpuengine_gate")
     return StoredRun(path, label, saved_at, benchmarks, content.get("machine_info") or {},
                      commit if isinstance(commit, str) and commit else None, bool(commit_info.get("dirty")),
-                     tier_time if isinstance(tier_time, dict) else None, tuple(left_out))
+                     tier_time if isinstance(tier_time, dict) else None, tuple(left_out),
+                     outcome if isinstance(outcome, dict) else None)
 
 
 def read_run(path: Path, folder: Path) -> StoredRun:

@@ -9,8 +9,8 @@ builds or with `--retune-cudnn` (every graph autotuned afresh, the file's
 choices replaced by the new ones), so a run that fails still pins its plans
 for the next. In a spread run (several GPUs, gpuengine/gate/spread.py) each
 GPU's session hands its choices to the spread through GATE_PLANS_OUT and the
-spread alone writes the file. A gatepower study or calibration session never
-writes the file.
+spread alone writes the file. A gatepower study or calibration session, or an
+interrupted one, never writes the file.
 """
 from __future__ import annotations
 
@@ -71,8 +71,8 @@ def kept_plan_choices(request):
 def pytest_sessionfinish(session, exitstatus):
     kept = session.config.stash.get(KEPT, None)
     state = session.config.stash.get(GATE, None)
-    if kept is None or state is None or state.study is not None:
-        return
+    if kept is None or state is None or state.study is not None or state.interrupted:
+        return   # an interrupted session stores nothing (plugin.py), its plan choices included
     option = session.config.option
     handoff = os.environ.get(cudnn_plans.HAND_OFF_ENV)
     if handoff:
@@ -91,5 +91,6 @@ def pytest_terminal_summary(terminalreporter):
     elif kept["handed"]:
         terminalreporter.write_line(f"cuDNN plans: {kept['handed']} new choices handed to the spread run to keep")
     elif tuned:
+        why = "it was interrupted" if terminalreporter.config.stash[GATE].interrupted else "./gate perf saves"
         terminalreporter.write_line(f"cuDNN plans: {tuned} graphs autotuned afresh, not kept (this run was not "
-                                    "saved: ./gate perf saves)")
+                                    f"saved: {why})")

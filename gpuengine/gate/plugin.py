@@ -17,7 +17,9 @@
   symbolic link) stops the session before the first test.
 - A saved run (`--benchmark-autosave`, `--benchmark-save`) becomes a baseline
   only when the session passed, or with `--save-baseline`; otherwise it is
-  kept apart under `<storage>/history/`, never compared against. A session
+  kept apart under `<storage>/history/`, never compared against. An
+  interrupted session (Ctrl-C: pytest's INTERRUPTED) is no verdict and is not
+  saved at all, `--save-baseline` or not. A session
   whose only failures are targets not met (`--claims`) counts as passed here:
   nothing regressed and every claim held, and the misses stay in the run.
 - A target not met yet (thresholds.json's `kind`) is listed under `gpuengine
@@ -85,6 +87,7 @@ class GateState:
     failure_reasons: dict[str, str] = field(default_factory=dict)   # failed test -> why, in one line (failure_line)
     run: dict | None = None   # the run's JSON as pytest-benchmark made it (saved, or --benchmark-json): the summary's
     stored_noise: StoredNoise | None = None   # run-to-run noise of the stored runs of the same code (no noise.json)
+    interrupted: bool = False   # the session stopped before its tests ended (Ctrl-C): no verdict, nothing saved
 
     @property
     def comparable_runs(self) -> list[StoredRun]:
@@ -107,7 +110,8 @@ class GateState:
         return {"targets_fail": self.targets.fail, "targets_not_met": len(self.targets.missed),
                 "failed_on_targets_only": sorted(self.failed_on_targets - self.failed_otherwise),
                 "failed_otherwise": sorted(self.failed_otherwise),
-                "failures": dict(sorted(self.failure_reasons.items()))}
+                "failures": dict(sorted(self.failure_reasons.items())),
+                **({"interrupted": True} if self.interrupted else {})}   # a spread worker's JSON only: never stored
 
 
 GATE = pytest.StashKey[GateState]()
@@ -273,9 +277,15 @@ def pytest_runtest_makereport(item, call):
 def pytest_sessionfinish(session, exitstatus):
     """Before pytest-benchmark saves (in its own sessionfinish): a run that did not pass goes to history; one that
     failed on targets not met only (--claims) passed the gate's own verdict and is a baseline. Either is written
-    aside and renamed (run_storage.py); a save that failed fails the session, its summary printed all the same."""
+    aside and renamed (run_storage.py); a save that failed fails the session, its summary printed all the same.
+    An interrupted session is neither: pytest-benchmark is told not to save it (a spread worker's JSON, which
+    the spread never stores then, says it was interrupted)."""
     state = session.config.stash.get(GATE, None)
     bench_session = getattr(session.config, "_benchmarksession", None)
+    if state is not None and exitstatus == pytest.ExitCode.INTERRUPTED:
+        state.interrupted = True
+        if bench_session is not None:
+            bench_session.save = bench_session.autosave = None
     saving = (state is not None and bench_session is not None and state.storage is not None
               and (bench_session.save or bench_session.autosave) and bench_session.benchmarks)
     if saving:

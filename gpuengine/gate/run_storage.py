@@ -4,8 +4,9 @@ pytest-benchmark writes a run straight into its final name; a full disk or a
 killed process then leaves a truncated file among the baselines, which the
 next run reads as corrupt. `AtomicFileStorage` writes the same JSON to a
 temporary file beside it and renames it into place (gpuengine/bench/json_files.py),
-and a save that fails leaves nothing behind and says why in `failure`, for
-the gate's summary and exit status (gpuengine/gate/plugin.py) instead of a
+never over a run another session stored under the same name meanwhile (it
+takes the next number then), and a save that fails leaves nothing behind and
+says why in `failure`, for the gate's summary and exit status (gpuengine/gate/plugin.py) instead of a
 traceback that hides the session's results. `unwritable` says, before the
 first test, why a store could not take the run at all.
 """
@@ -20,15 +21,26 @@ from pytest_benchmark.utils import safe_dumps
 from gpuengine.bench.json_files import write_text
 
 
+NAME_TRIES = 20   # run numbers tried before a save gives up
+
+
 class AtomicFileStorage(FileStorage):
     failure: str | None = None   # why the run was not kept, when saving failed
     saved: Path | None = None    # where the run was kept, once it was
     on_failure = None            # called with `failure` as it happens (the summary is printed right after)
 
     def save(self, output_json, save):
-        path = self.get(f"{self._next_num}_{save}.json")
+        text = safe_dumps(output_json, ensure_ascii=True, indent=4)
         try:
-            write_text(path, safe_dumps(output_json, ensure_ascii=True, indent=4))
+            for _ in range(NAME_TRIES):   # another session of the clone may take the same number and name
+                path = self.get(f"{self._next_num}_{save}.json")
+                try:
+                    write_text(path, text, new=True)
+                    break
+                except FileExistsError:
+                    continue
+            else:
+                raise OSError(f"{NAME_TRIES} numbers for it were taken meanwhile")
         except OSError as exc:
             self.failure = f"{path}: {exc.strerror or exc}"
             self.logger.warning(f"Benchmark data NOT saved: {self.failure}")

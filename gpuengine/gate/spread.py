@@ -12,8 +12,9 @@
 4. Merge the runs into one per GPU kind and store it like `--benchmark-autosave`
    does, named after the commit as a single run is (GATE_COMMIT_ID where set):
    a baseline if every process passed, or failed only on targets not met
-   (--claims), or with --save-baseline; else under history/. The exit status
-   is the worst of the processes'.
+   (--claims), or with --save-baseline; else under history/; nothing at all
+   when a process was interrupted (Ctrl-C: no verdict). The exit status is
+   the worst of the processes'.
 5. Keep every worker's new cuDNN plan choices in the tier's cudnn_plans.json,
    as a single run's autosave does (gpuengine/gate/kept_plans.py): the
    workers hand them over (GATE_PLANS_OUT) and the spread is the one writer;
@@ -68,11 +69,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest import ExitCode
+
 from gpuengine.bench import changepoints, cudnn_plans
 from gpuengine.bench.json_files import JsonFileError, write_text
 from gpuengine.bench.machine_info import checkout_commit, named_commit_info, run_tag
-from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_only, merge_runs, next_run_path,
-                                         split_tests)
+from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_only, interrupted,
+                                         merge_runs, next_run_path, split_tests)
 from gpuengine.bench.stored_runs import history_folder, newest_per_test, scan
 from gpuengine.bench.timing_cores import TimingCore, timing_cores
 from gpuengine.gate.ab.stack import StackBaseError, prepare_from_args
@@ -154,11 +157,17 @@ def visible_devices(environ=None, listed=None) -> list[str]:
     return [str(i) for i in range(gpu_count() if listed is None else listed)]
 
 
+def stop_before_running(message: str, status: int = ExitCode.USAGE_ERROR):
+    """Nothing ran: the message, and pytest's exit status for it, which ./gate reads as "no test ran"."""
+    print(f"gpuengine.gate.spread: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(int(status))
+
+
 def collect(args: list[str]) -> list[str]:
     result = subprocess.run([sys.executable, "-m", "pytest", *SELECTION, "--collect-only", "-q", *args], cwd=ROOT,
                             capture_output=True, text=True)
     if result.returncode not in (0, 5):
-        raise SystemExit(f"gpuengine.gate.spread: collecting the perf tests failed:\n{result.stdout}\n{result.stderr}")
+        stop_before_running(f"collecting the perf tests failed:\n{result.stdout}\n{result.stderr}", result.returncode)
     return [line.strip() for line in result.stdout.splitlines() if "::" in line and not line.startswith(" ")]
 
 
@@ -263,6 +272,12 @@ def save_merged(workers: list[Worker], status: dict[str, int], store: Path, mach
         else:
             print(f"gpuengine.gate.spread: worker {worker.name} wrote no run (exit status {status.get(worker.name)})",
                   file=sys.stderr)
+    run_of = dict(zip(names, runs))
+    stopped = [w.name for w in workers if interrupted(status.get(w.name), run_of.get(w.name))]
+    if stopped:
+        print(f"gpuengine.gate.spread: interrupted ({', '.join(stopped)}): no verdict, nothing was saved",
+              file=sys.stderr)
+        return []
     if not runs:
         return []
     passed = len(runs) == len(workers) and all(status.get(name) == 0 or failed_on_targets_only(status.get(name), run)
@@ -354,21 +369,27 @@ def main(argv: list[str] | None = None) -> int:
     args = [a for a in argv if a not in HELD_BACK]
     devices = visible_devices()
     if len(devices) < 2:
-        raise SystemExit(f"gpuengine.gate.spread: {len(devices)} GPU(s) visible (CUDA_VISIBLE_DEVICES="
-                         f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>: every GPU nvidia-smi lists')}); "
-                         "a spread run needs >= 2")
+        stop_before_running(f"{len(devices)} GPU(s) visible (CUDA_VISIBLE_DEVICES="
+                            f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>: every GPU nvidia-smi lists')}); "
+                            "a spread run needs >= 2")
     try:   # --against-stack: the base's environment built once here; every GPU's session reuses it
         prepare_from_args(args, ROOT)
     except StackBaseError as exc:
-        raise SystemExit(f"gpuengine.gate.spread: {exc}") from None
+        stop_before_running(str(exc))
     started = time.monotonic()
+    tests = collect(args)
+    if not tests:
+        stop_before_running("no perf test selected", ExitCode.NO_TESTS_COLLECTED)
     out = Path(tempfile.mkdtemp(prefix="gpuengine-spread-"))
     full = "--full" in args
-    workers = plan_workers(collect(args), devices, stored_seconds(ROOT / "baselines_store"), out, full,
-                           timing_cores(devices))
+    workers = plan_workers(tests, devices, stored_seconds(ROOT / "baselines_store"), out, full, timing_cores(devices))
     print(f"gpuengine.gate.spread: GPUs {','.join(devices)}; " + "; ".join(describe(w, full) for w in workers),
           flush=True)
-    status = run_workers(workers, [*args, PROFILE_OPTION, "0"], out)
+    try:
+        status = run_workers(workers, [*args, PROFILE_OPTION, "0"], out)
+    except KeyboardInterrupt:   # Ctrl-C: the sessions had it too, and none of them is a verdict
+        print("gpuengine.gate.spread: interrupted: no verdict, nothing was saved", file=sys.stderr, flush=True)
+        return ExitCode.INTERRUPTED
     tag, commit_info = merged_run_naming()
     saved = save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), tag, save_baseline, commit_info,
                         time.monotonic() - started)

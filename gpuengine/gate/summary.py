@@ -141,6 +141,10 @@ def _verdicts(terminalreporter, state: GateState):
         terminalreporter.section("gpuengine references unavailable")
         for line in state.unavailable + ["left out of their tests; kept in the run's references_unavailable"]:
             terminalreporter.write_line(line)
+    if state.interrupted:
+        terminalreporter.section("gpuengine: this run was interrupted", red=True)
+        terminalreporter.write_line("interrupted before its tests ended: no verdict, so nothing was saved (neither as "
+                                    "a baseline nor under history/) and no noise is learned from it")
     if state.save_failed:
         terminalreporter.section("gpuengine: this run was NOT saved", red=True)
         terminalreporter.write_line(f"{state.save_failed}; nothing half-written was left, the results above are "

@@ -5,7 +5,12 @@ LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: a free loopback port), plus
 NCCL_NVLS_ENABLE=0 (NVLink multicast can take the lent hosts' GPUs out of
 service), and imports the same gpuengine as the launcher. A target that is
 not a script (no `.py`, no `/`) names a seed workload, which each rank trains
-through `gpuengine.workloads.data_parallel` (that program knows the names). When a rank exits with an
+through `gpuengine.workloads.data_parallel` (that program knows the names): its
+arguments and the GPUENGINE_* settings are checked once (`--check`) before any
+rank starts, so a bad one is said once, not by every rank. Where the engine
+would run on the CPU (no CUDA GPU visible, or GPUENGINE_DEVICE=cpu) the
+launcher says so first: the ranks then train on NumPy and all-reduce through
+the rendezvous store, not NCCL. When a rank exits with an
 error or dies, the others are stopped and the launcher exits with an error
 naming that rank: no rank waits forever on a peer that is gone.
 """
@@ -19,6 +24,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from ..config import ConfigError, EngineConfig
+from ..runtime.backend import resolve_device
 
 WORKLOAD_PROGRAM = "gpuengine.workloads.data_parallel"   # by name only: the engine never imports workloads
 POLL_S = 0.05
@@ -45,6 +53,34 @@ def command_for(target: str, args: list[str]) -> list[str]:
     if target.endswith(".py") or "/" in target or not target.isidentifier():
         raise SystemExit(f"gpuengine.parallel.launch: {target!r} is neither a script file nor a workload name")
     return [sys.executable, "-m", WORKLOAD_PROGRAM, target, *args]
+
+
+def check_workload(command: list[str]):
+    """A workload's arguments and GPUENGINE_* checked once, in one process, before any rank starts: the program
+    says what is wrong (usage and error, once) and the launcher stops."""
+    if command[1:3] != ["-m", WORKLOAD_PROGRAM]:
+        return   # a script: its arguments are its own
+    checked = subprocess.run([*command[:3], "--check", *command[3:]], env=child_env(0, 1, 0))
+    if checked.returncode != 0:
+        print(f"gpuengine.parallel.launch: no rank started: {WORKLOAD_PROGRAM} refused the arguments (above)",
+              file=sys.stderr, flush=True)
+        raise SystemExit(checked.returncode)
+
+
+def device_notice(world: int, environ=None) -> str | None:
+    """What the launcher says where the engine in the ranks would run on the CPU (None on a GPU, or where the
+    GPUENGINE_* settings are bad: the check or the ranks say that)."""
+    try:
+        on_cpu = resolve_device(EngineConfig.from_env(environ=environ)) == "cpu"
+    except ConfigError:
+        return None
+    if not on_cpu:
+        return None
+    explicit = (os.environ if environ is None else environ).get("GPUENGINE_DEVICE", "").strip().lower() == "cpu"
+    why = "GPUENGINE_DEVICE=cpu" if explicit else "no CUDA GPU is visible"
+    return (f"gpuengine.parallel.launch: {why}: the engine in each of the {world} rank(s) runs on the CPU (NumPy "
+            "backend), all-reducing through the rendezvous store, not NCCL: a check of data parallel training, "
+            "not a speed-up")
 
 
 def stop(procs: dict[int, subprocess.Popen], grace_s: float) -> list[int]:
@@ -101,7 +137,14 @@ def main(argv=None) -> int:
     parser.add_argument("target", help="a Python script, or a seed workload's name (mlp, cnn, ...)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")
     args = parser.parse_args(argv)
-    return launch(args.gpus, command_for(args.target, args.args), args.grace, args.timeout)
+    if args.gpus < 1:
+        parser.error(f"--gpus must be >= 1, got {args.gpus}")
+    command = command_for(args.target, args.args)
+    check_workload(command)
+    notice = device_notice(args.gpus)
+    if notice:
+        print(notice, file=sys.stderr, flush=True)
+    return launch(args.gpus, command, args.grace, args.timeout)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ Every rank builds the same network and data, trains `--epochs` epochs at the
 global `--batch`, and rank 0 prints the epoch losses averaged over ranks.
 `--out DIR` has every rank write DIR/rank<r>.npz (its losses, the averaged
 losses and its final weights): the parity test compares them with one process.
+`--check` only checks the arguments and the GPUENGINE_* settings and exits:
+the launcher runs it once before any rank, so a bad one is said once.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import numpy as np
 
 import dataclasses
 
-from ..config import EngineConfig
+from ..config import ConfigError, EngineConfig
 from ..parallel.sync import data_parallel
 from ..trainer import Trainer
 from .registry import WORKLOADS, get_workload
@@ -40,8 +42,14 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bucket-bytes", type=int, default=None, help="gradient bucket size (DDP's 25 MiB)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--check", action="store_true", help="check the arguments and GPUENGINE_* and exit")
     args = parser.parse_args(argv)
-    config = EngineConfig.from_env()
+    try:
+        config = EngineConfig.from_env()
+    except ConfigError as exc:
+        parser.error(str(exc))
+    if args.check:
+        return 0
     extra = {} if args.bucket_bytes is None else {"bucket_bytes": args.bucket_bytes}
     sync = data_parallel(config, **extra)
     net, x, t = build(args.workload, args.samples, args.inputs, args.hidden)

@@ -8,22 +8,33 @@
     --against none   (the plugin's default, as `pytest perf_tests --benchmark-compare`): stored-run mode
 A base that cannot be checked out is one error naming REV and git's words.
 The worktree is removed when the session ends (Ctrl-C included: pytest's
-cleanup, and atexit behind it); a stale one from a killed session is pruned by
-the next.
+cleanup, and atexit behind it). A session killed outright (SIGKILL, a lease
+running out) cannot remove it, and `git worktree prune` drops only entries
+whose folder is gone, so each worktree lives in a folder beside a lock file
+its session holds (owner.py: the kernel lets go when the session dies), and
+`remove_stale_worktrees`, which every A/B session calls first, removes the
+gate's worktrees whose lock nobody holds (one made before the lock, which has
+none, once a day old); a live session's is kept.
 """
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from . import owner
+
 AUTO, NONE = "auto", "none"
 MAIN = "main"
-WORKTREE_PREFIX = "gpuengine-base-"
+WORKTREE_PREFIX = "gpuengine-base-"   # the temporary folder holding a session's worktree and its owner lock
+TREE = "tree"                         # the worktree inside that folder
+UNLOCKED_STALE_S = 24 * 3600          # an unlocked (older layout) worktree this old has outlived its session
 
 
 class BaseError(Exception):
@@ -79,13 +90,56 @@ def auto_commit(root: Path, newest_baseline_commit: str | None) -> tuple[str | N
     return commit, f"the commit of the newest stored baseline on this GPU ({newest_baseline_commit[:7]})"
 
 
-def checkout(root: Path, commit: str, why: str, label: str) -> Base:
-    """`commit` checked out in a temporary worktree outside the tree; removed by Base.cleanup."""
-    git(root, "worktree", "prune")   # a killed session's worktree
-    folder = Path(tempfile.mkdtemp(prefix=WORKTREE_PREFIX))
+def _gate_folder(worktree: Path) -> Path | None:
+    """The WORKTREE_PREFIX folder a worktree lives in (or is, in the older layout); None for anyone else's."""
+    for folder in (worktree.parent, worktree):
+        if folder.name.startswith(WORKTREE_PREFIX):
+            return folder
+    return None
+
+
+def _stale(folder: Path, worktree: Path) -> bool:
+    """Whether the session that made a gate worktree is gone: its owner lock is free. A gate before the lock made
+    the folder itself the worktree, with no lock to ask (a session of that code may run in another worktree of
+    the repository): stale once older than any session."""
+    if worktree != folder:
+        return not owner.alive(folder)
     try:
-        git(root, "worktree", "add", "--detach", "--force", str(folder), commit)
+        return time.time() - folder.stat().st_mtime > UNLOCKED_STALE_S
+    except OSError:
+        return True   # its folder is gone: only the prune is left to do
+
+
+def remove_stale_worktrees(root: Path) -> list[Path]:
+    """Remove the gate's worktrees of `root` whose session is gone (its owner lock free), folder and git entry
+    alike, then prune entries whose folder vanished; returns the worktrees removed (none outside a git checkout)."""
+    if not in_git_checkout(root):
+        return []
+    listed = git(root, "worktree", "list", "--porcelain").splitlines()
+    removed = []
+    for worktree in (Path(line.removeprefix("worktree ")) for line in listed if line.startswith("worktree ")):
+        folder = _gate_folder(worktree)
+        if folder is None or not _stale(folder, worktree):
+            continue
+        try:
+            git(root, "worktree", "remove", "--force", str(worktree))
+        except BaseError:
+            pass   # a folder already gone: the prune below drops its entry
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(worktree)
+    git(root, "worktree", "prune")
+    return removed
+
+
+def checkout(root: Path, commit: str, why: str, label: str) -> Base:
+    """`commit` checked out in a temporary worktree outside the tree, beside the lock this process holds while it
+    lives; removed by Base.cleanup."""
+    folder = Path(tempfile.mkdtemp(prefix=WORKTREE_PREFIX))
+    lock = owner.hold(folder)   # before git knows the worktree: another session never sees it unowned
+    try:
+        git(root, "worktree", "add", "--detach", "--force", str(folder / TREE), commit)
     except BaseError as exc:
+        os.close(lock)
         shutil.rmtree(folder, ignore_errors=True)
         raise BaseError(f"cannot check out {label}: {exc}") from None
     removed = []
@@ -95,17 +149,18 @@ def checkout(root: Path, commit: str, why: str, label: str) -> Base:
             return
         removed.append(True)
         try:
-            git(root, "worktree", "remove", "--force", str(folder))
+            git(root, "worktree", "remove", "--force", str(folder / TREE))
         except (BaseError, OSError):
             pass
         shutil.rmtree(folder, ignore_errors=True)
+        os.close(lock)
         try:
             git(root, "worktree", "prune")
         except (BaseError, OSError):
             pass
 
     atexit.register(cleanup)
-    return Base(folder, commit, label, why, cleanup)
+    return Base(folder / TREE, commit, label, why, cleanup)
 
 
 def from_folder(folder: Path) -> Base:

@@ -8,8 +8,10 @@ names its recipe in `ENGINES` and the base has the same test and case. With
 an explicit base, a test the base lacks stops the session with one error
 naming the base and the tests, before anything runs or is saved; with `auto`
 (what `./gate perf` passes) such a test is compared with its stored baseline
-instead, said per test. A base that cannot be checked out or imported is one
-error too. The worktree and the workers go when the session ends, Ctrl-C
+instead. Which tests really run A/B, and why the others do not, is said right
+after collection (`pytest_report_collectionfinish`), once the base has listed
+its recipes; the header only names the base. A base that cannot be checked
+out or imported is one error too. The worktree and the workers go when the session ends, Ctrl-C
 included. Root conftest.py registers this plugin after the gate plugin.
 
 With `--against-stack LOCK` (gpuengine/gate/ab/stack.py, excluding `--against`)
@@ -18,7 +20,8 @@ lock, and everything else is as above.
 """
 from __future__ import annotations
 
-import shutil
+import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,14 +31,14 @@ from gpuengine.bench import aa_noise
 from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.stored_runs import scan
 
-from . import checkout, stack as stack_ab
+from . import checkout, owner, stack as stack_ab
 from .sides import BASE, EnginePair, Interpreter, SideError, Sides
 from .worker import close_runner
 from ..plugin import GATE
 from ..progress import terminal_writer
 
 STORED_MODE = "stored-run mode"
-LOG_DIR = Path("build") / "ab"   # the workers' logs, git-ignored
+LOG_DIR = Path("build") / "ab"   # a folder per session for its workers' logs (owner.py), git-ignored
 
 
 @dataclass
@@ -48,11 +51,20 @@ class AbState:
     stack: stack_ab.StackBase | None = None   # --against-stack: the base is another lock's stack, the code the same
     covered: set[str] = field(default_factory=set)           # node ids run A/B
     uncovered: dict[str, str] = field(default_factory=dict)  # node id -> why it compares with its stored run
+    log_dir: Path | None = None   # this session's own folder under LOG_DIR, held while it lives
+    log_lock: int | None = None
+
+    @property
+    def same_code(self) -> str:
+        return " (the same code: an A/A run)" if self.base_code == self.head_code else ""
 
     def close(self):
         if self.sides is not None:
             self.sides.close()
         self.base.cleanup()
+        if self.log_lock is not None:
+            os.close(self.log_lock)   # the logs stay until the next session in this clone starts
+            self.log_lock = None
 
 
 AB = pytest.StashKey[AbState]()
@@ -109,6 +121,14 @@ def pytest_configure(config):
     if against == checkout.NONE:
         return
     try:
+        stale = checkout.remove_stale_worktrees(config.rootpath)
+    except checkout.BaseError as exc:
+        state.notices.append(f"base worktrees of killed sessions not looked for: {exc}")
+    else:
+        if stale:
+            state.notices.append(f"removed {len(stale)} base worktree(s) left by killed sessions: "
+                                 + ", ".join(map(str, stale)))
+    try:
         base, why = checkout.resolve(against, config.rootpath, _newest_baseline_commit(state.storage))
     except checkout.BaseError as exc:
         raise pytest.UsageError(f"gpuengine: {exc}") from None
@@ -117,13 +137,17 @@ def pytest_configure(config):
         return
     ab = AbState(base, explicit=against != checkout.AUTO, base_code=aa_noise.code_hash(base.root),
                  head_code=aa_noise.code_hash(config.rootpath))
+    _start(config, state, ab)
+    state.notices.append(f"A/B base {base.label}{ab.same_code}: {why} (checkout {base.root}); which tests run A/B "
+                         "is said once it has listed its recipes, after collection")
+
+
+def _start(config, state, ab: AbState):
+    """The session is A/B: its bar learned, its state kept and closed at the end, its own log folder held."""
     _learn_process_noise(state)
     config.stash[AB] = ab
     config.add_cleanup(ab.close)
-    same = " (the same code: an A/A run)" if ab.base_code == ab.head_code else ""
-    state.notices.append(f"A/B against {base.label}{same}: {why}; base and head engines alternate round by round "
-                         f"with the references, each in its own process (checkout {base.root}); process noise "
-                         f"learned from stored A/A runs for {len(state.process_noise)} test(s)")
+    ab.log_dir, ab.log_lock = owner.session_folder(config.rootpath / LOG_DIR)
 
 
 def _learn_process_noise(state):
@@ -143,11 +167,8 @@ def _configure_stack(config, state, spec: str):
     code = aa_noise.code_hash(config.rootpath)
     base = checkout.Base(config.rootpath, None, stack.label, f"{stack_ab.AGAINST_STACK} {spec}")
     ab = AbState(base, explicit=True, base_code=code, head_code=code, stack=stack)
-    _learn_process_noise(state)
-    config.stash[AB] = ab
-    config.add_cleanup(ab.close)
-    state.notices.append(f"{stack.notice()}; process noise learned from stored A/A runs for "
-                         f"{len(state.process_noise)} test(s)")
+    _start(config, state, ab)
+    state.notices.append(stack.notice())   # the mode each test runs in follows after collection
 
 
 def _plan_presets(config) -> dict | None:
@@ -159,6 +180,7 @@ def _plan_presets(config) -> dict | None:
     return dict(kept["choices"].preset)
 
 
+@pytest.hookimpl(tryfirst=True)   # before the terminal reporter's, which prints what this found (the mode lines)
 def pytest_collection_finish(session):
     """Ask the base which of the selected tests it can build; stop before anything runs if it cannot."""
     ab = session.config.stash.get(AB, None)
@@ -171,15 +193,13 @@ def pytest_collection_finish(session):
             wanted.setdefault(item.module.__name__, []).append(item)
     if not wanted:
         return
-    log_dir = session.config.rootpath / LOG_DIR
-    shutil.rmtree(log_dir, ignore_errors=True)   # the last session's logs: one session's at a time
     presets, interpreters, share_plans = _plan_presets(session.config), None, True
     if ab.stack is not None:
         interpreters = {BASE: Interpreter(ab.stack.env.python, ab.stack.env.environ)}
         share_plans = ab.stack.shares_plans
         if not share_plans and presets is not None:   # another cuDNN: each side autotunes every graph afresh
             presets = {}
-    ab.sides = Sides(session.config.rootpath, ab.base.root, log_dir, presets,
+    ab.sides = Sides(session.config.rootpath, ab.base.root, ab.log_dir, presets,
                      progress=terminal_writer(session.config),   # the workers' autotuning progress, live
                      interpreters=interpreters, share_plans=share_plans)
     try:
@@ -191,25 +211,39 @@ def pytest_collection_finish(session):
         for item in items:
             case_id = item.callspec.id
             if not isinstance(tests, dict):
-                ab.uncovered[item.nodeid] = f"the base's {module}: {tests or 'missing'}"
+                ab.uncovered[item.nodeid] = f"the base's {module} {tests or 'is missing'}"
             elif case_id not in tests.get(item.originalname, []):
-                ab.uncovered[item.nodeid] = f"the base has no {item.originalname}[{case_id}]"
+                ab.uncovered[item.nodeid] = f"the base's {module} has no such test or case"
             else:
                 ab.covered.add(item.nodeid)
     if ab.uncovered and ab.explicit:
         lines = "\n  ".join(f"{node}: {why}" for node, why in sorted(ab.uncovered.items()))
         pytest.exit(f"gpuengine: the base {ab.base.label}'s tests differ from this tree's, nothing was run or saved "
                     f"(deselect them with -k, or --against another base):\n  {lines}", pytest.ExitCode.USAGE_ERROR)
-    state = session.config.stash[GATE]
-    if ab.uncovered:
-        state.notices.append(f"A/B: {len(ab.uncovered)} test(s) the base lacks compare with their stored baseline")
 
 
-def pytest_report_collectionfinish(config):
+def pytest_report_collectionfinish(config, items):
+    """The mode each selected test really runs in, now that the base has listed its recipes: A/B, or stored-run
+    mode with why (the base lacks the test, or the test has no engine recipe)."""
     ab = config.stash.get(AB, None)
-    if ab is None or ab.sides is None:
+    if ab is None:
         return []
-    return [f"gpuengine A/B: {len(ab.covered)} test(s) against {ab.base.label}, worker logs in {ab.sides.log_dir}"]
+    lines = []
+    if ab.covered:
+        lines.append(f"gpuengine gate: A/B against {ab.base.label}{ab.same_code}: {len(ab.covered)} test(s), base "
+                     "and head engines alternating round by round with the references, each in its own process; "
+                     f"process noise learned from stored A/A runs for {len(config.stash[GATE].process_noise)} "
+                     f"test(s); worker logs in {ab.sides.log_dir}")
+    if ab.uncovered:
+        reasons = Counter(ab.uncovered.values())
+        lines.append(f"gpuengine gate: {STORED_MODE} for {len(ab.uncovered)} test(s) the base {ab.base.label} cannot "
+                     f"build ({'; '.join(f'{n}: {why}' for why, n in sorted(reasons.items()))}): each compares "
+                     "with its stored baseline")
+    recipeless = len(items) - len(ab.covered) - len(ab.uncovered)
+    if recipeless:
+        lines.append(f"gpuengine gate: {STORED_MODE} for {recipeless} test(s) without an engine recipe (ENGINES) "
+                     "to build in a base: each compares with its stored baseline")
+    return lines
 
 
 @pytest.hookimpl(tryfirst=True)   # before kept_plans saves: the head worker's new plan choices go with the run
@@ -264,7 +298,8 @@ def engine_for(request):
 
 def ab_record(config, pair: EnginePair, times: dict[str, list[float]]) -> dict:
     """What the stored run keeps of the A/B rounds: both sides' round times and where each side came from (in a
-    stack A/B also both locks and the change between them, gpuengine/gate/ab/stack.py)."""
+    stack A/B also both locks and the change between them, gpuengine/gate/ab/stack.py), and how many other A/B
+    sessions of this clone were running as the rounds ended (their rounds shared the machine)."""
     ab = config.stash[AB]
     return {"base": ab.base.label, "base_commit": ab.base.commit, "base_why": ab.base.why,
             "base_code": ab.base_code, "head_code": ab.head_code,
@@ -274,4 +309,5 @@ def ab_record(config, pair: EnginePair, times: dict[str, list[float]]) -> dict:
             "head_samples_per_round": pair.head.samples_per_round,
             "timing_cpu": {side.worker.side: side.worker.info.get("timing_cpu") for side in pair.sides},
             "python": {side.worker.side: side.worker.info.get("python") for side in pair.sides},
+            "other_sessions": owner.others_alive(config.rootpath / LOG_DIR, ab.log_dir),
             **(ab.stack.record() if ab.stack is not None else {})}

@@ -135,7 +135,7 @@ class Side:
                 continue
             recipes = getattr(module, "ENGINES", None)
             if not isinstance(recipes, dict):
-                found[name] = "no ENGINES recipes (older than A/B mode)"
+                found[name] = "defines no ENGINES recipes"   # an older commit, or a module without them
                 continue
             found[name] = {test: [param.id for param in cases] for test, (cases, _) in recipes.items()}
         return found
