@@ -120,6 +120,18 @@ def test_a_folder_that_is_no_checkout_and_a_commit_that_is_none_are_one_error(tm
     assert saved_runs(tmp_path) == []
 
 
+def test_a_head_without_a_named_base_and_too_few_ab_rounds_stop_the_session_at_once(tmp_path):
+    """--head and --ab-rounds are ./gate bisect's (which runs them end to end, a head whose tests differ included:
+    correctness_tests/gate/test_bisect.py); what cannot work is one usage error before anything runs."""
+    for args, message in [(["--head=HEAD"], "--head HEAD goes with --against REV|DIR"),
+                          (["--against=HEAD", "--head=HEAD", "--ab-rounds=3"],
+                           "--ab-rounds 3: at least 7 paired rounds")]:
+        result = gate_session(tmp_path, *args)
+        assert result.returncode == pytest.ExitCode.USAGE_ERROR, (args, result.stdout[-2000:])
+        assert message in result.stderr, (args, result.stdout[-2000:], result.stderr[-2000:])
+    assert saved_runs(tmp_path) == []
+
+
 def lock_of_this_python(tmp_path: Path) -> tuple[Path, str]:
     """A lock of the tier's packages at the versions this Python has (the tier's lock itself where ./gate
     installed it), and the tier: the other stack of an A/B across stacks that installs nothing."""

@@ -38,6 +38,11 @@ from gpuengine.reference import ReferenceUnavailable
 from .ab.worker import on_cpu
 
 UNAVAILABLE = "references_unavailable"   # extra_info: {reference: why it could not run here}
+# The words of the gate's timing failures (record_and_gate): a test failed by these alone was measured, and its
+# verdict stands (./gate bisect tells such a failure from a broken test by them).
+CLAIM_MISSED, TARGETS_MISSED, REGRESSION = ("engine below a claim that has held", "targets not met yet",
+                                            "Performance has regressed")
+TIMING_FAILURES = (CLAIM_MISSED, TARGETS_MISSED, REGRESSION)
 
 
 class TargetsMissed(pytest.fail.Exception):
@@ -192,20 +197,20 @@ def record_and_gate(benchmark, comparison: Comparison, test_name: str, precision
     claims = [check for check in missed if check.kind == CLAIM]
     if claims:
         lines = "\n  ".join(check.describe() for check in claims)
-        failures.append(f"{test_name} on {tier.gpu_label}: engine below a claim that has held (same-run ratio):\n"
+        failures.append(f"{test_name} on {tier.gpu_label}: {CLAIM_MISSED} (same-run ratio):\n"
                         f"  {lines}")
     goals = [check for check in missed if check.kind == TARGET]
     if goals and tier.on_gpu and targets is not None:
         targets.missed += [MissedTarget(test_name, tier.gpu_label, check) for check in goals]
         if targets.fail:
             lines = "\n  ".join(f"{check.against}: {check.verdict()} ({check.why})" for check in goals)
-            failures.append(TargetShortfall(f"{test_name} on {tier.gpu_label}: targets not met yet, which fail "
+            failures.append(TargetShortfall(f"{test_name} on {tier.gpu_label}: {TARGETS_MISSED}, which fail "
                                             f"with --claims:\n  {lines}"))
     outcome = gate_test.check(benchmark.extra_info) if gate_test is not None else None
     if outcome is not None:
         benchmark.extra_info["stored_run_check"] = outcome.record
         if outcome.failure:
-            failures.append(f"Performance has regressed:\n\t{outcome.failure}")
+            failures.append(f"{REGRESSION}:\n\t{outcome.failure}")
     if failures and tier.on_gpu:
         if defer_to is None:
             fail_with(failures)

@@ -88,6 +88,7 @@ class GateState:
     run: dict | None = None   # the run's JSON as pytest-benchmark made it (saved, or --benchmark-json): the summary's
     stored_noise: StoredNoise | None = None   # run-to-run noise of the stored runs of the same code (no noise.json)
     interrupted: bool = False   # the session stopped before its tests ended (Ctrl-C): no verdict, nothing saved
+    ab_rounds: int | None = None   # --ab-rounds: the paired rounds every A/B test times
 
     @property
     def comparable_runs(self) -> list[StoredRun]:
@@ -128,6 +129,9 @@ def pytest_addoption(parser):
                          "regressions, fail; targets are listed in the summary); on in the nightly tier (--full)")
     group.addoption("--noise-file", metavar="PATH", default=None,
                     help="learned per-test noise (default: baselines_store/<tier>/noise.json)")
+    group.addoption("--ab-rounds", metavar="N", type=int, default=None,
+                    help=f"every test run A/B times exactly N (>= {paired.MIN_ROUNDS}) paired rounds, whatever its "
+                         "noise, budget or tier (./gate bisect's steps; default: the gate chooses)")
 
 
 def _storage_folder(option) -> Path | None:
@@ -162,12 +166,16 @@ def configure(config: pytest.Config, tier: Tier):
         from pytest_benchmark.utils import get_tag
         option.benchmark_autosave = get_tag()
         saving = option.benchmark_autosave
+    ab_rounds = config.getoption("ab_rounds")
+    if ab_rounds is not None and ab_rounds < paired.MIN_ROUNDS:
+        raise pytest.UsageError(f"gpuengine: --ab-rounds {ab_rounds}: at least {paired.MIN_ROUNDS} paired rounds "
+                                "(fewer cannot reach the rank test's significance)")
     why = run_storage.unwritable(getattr(option, "benchmark_storage", None)) if saving else None
     if why is not None:
         raise pytest.UsageError(f"gpuengine: this run could not be saved, so nothing ran: {why}")
     state = GateState(tier, _storage_folder(option), config.getoption("full"),
                       bool(getattr(option, "benchmark_compare", None)), noise, study,
-                      stack=stack_of({"stack_lock": current_record()}))
+                      stack=stack_of({"stack_lock": current_record()}), ab_rounds=ab_rounds)
     state.targets.fail = tiers.targets_fail(full=state.full, claims=config.getoption("claims"))
     if study is not None:
         state.notices.append(f"gatepower study session: injected slowdowns, trials written to {study.out_dir}")
@@ -351,6 +359,8 @@ class GateTest:
         if self._workload is not None and self.state.tier.on_gpu:
             budget = self._workload.kwargs["budget_s"] / self._workload.kwargs["quick_cases"]
         forced = self.state.study.rounds if self.state.study else None
+        if paired_rounds and self.state.ab_rounds and forced is None:
+            return tiers.RoundsChoice(self.state.ab_rounds, "--ab-rounds")
         ab = paired_rounds and self.state.tier.on_gpu
         return tiers.rounds_for(requested, recommended=entry.recommended_rounds if entry else None,
                                full=self.state.full, test_budget_s=budget, round_set_ms=round_set_ms, forced=forced,

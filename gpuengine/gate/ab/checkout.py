@@ -6,6 +6,8 @@
     --against auto   what `./gate perf` passes: in a branch, the merge base with main; on main, the commit of
                      the newest stored baseline of this GPU; no git history or no such commit: stored-run mode
     --against none   (the plugin's default, as `pytest perf_tests --benchmark-compare`): stored-run mode
+    --head REV|DIR   with --against REV|DIR: another checkout as the head instead of the working tree, found
+                     the same way (`./gate bisect`'s steps, gpuengine/gate/bisect.py)
 A base that cannot be checked out is one error naming REV and git's words.
 The worktree is removed when the session ends (Ctrl-C included: pytest's
 cleanup, and atexit behind it). A session killed outright (SIGKILL, a lease
@@ -163,11 +165,11 @@ def checkout(root: Path, commit: str, why: str, label: str) -> Base:
     return Base(folder / TREE, commit, label, why, cleanup)
 
 
-def from_folder(folder: Path) -> Base:
+def from_folder(folder: Path, option: str = "--against") -> Base:
     folder = Path(folder).resolve()
     missing = [part for part in ("gpuengine", "perf_tests") if not (folder / part / "__init__.py").is_file()]
     if missing:
-        raise BaseError(f"--against {folder}: not a gpuengine checkout (no {' or '.join(missing)} package there)")
+        raise BaseError(f"{option} {folder}: not a gpuengine checkout (no {' or '.join(missing)} package there)")
     commit = None
     if in_git_checkout(folder) and Path(git(folder, "rev-parse", "--show-toplevel")).resolve() == folder:
         commit = git(folder, "rev-parse", "HEAD")   # its own checkout, not a folder inside another one
@@ -182,8 +184,22 @@ def for_command(against: str, root: Path) -> Base:
     out; auto and none choose no base there, so they are refused, as is what resolve refuses."""
     if against in (AUTO, NONE):
         raise BaseError(f"--against {against}: name a commit (REV) or a checkout on disk (DIR) to compare with")
-    base, _ = resolve(against, root)
-    return base
+    return named(against, root)
+
+
+def named(spec: str, root: Path, option: str = "--against") -> Base:
+    """The checkout a user named, a folder on disk or a commit (checked out); errors name `option` and `spec`."""
+    if Path(spec).is_dir():
+        return from_folder(Path(spec), option)
+    if not in_git_checkout(root):
+        raise BaseError(f"{option} {spec}: no git history here to find it in, and no such folder "
+                        f"({option} DIR takes a checkout on disk)")
+    try:
+        commit = git(root, "rev-parse", "--verify", f"{spec}^{{commit}}")
+    except BaseError as exc:
+        raise BaseError(f"{option} {spec}: not a commit here ({exc})") from None
+    label = commit[:7] if commit.startswith(spec) else f"{spec} ({commit[:7]})"   # a commit id needs no second
+    return checkout(root, commit, f"{option} {spec}", label)
 
 
 def resolve(against: str, root: Path, newest_baseline_commit: str | None = None) -> tuple[Base | None, str]:
@@ -196,14 +212,5 @@ def resolve(against: str, root: Path, newest_baseline_commit: str | None = None)
         if commit is None:
             return None, why
         return checkout(root, commit, why, commit[:7]), why
-    if Path(against).is_dir():
-        base = from_folder(Path(against))
-        return base, base.why
-    if not in_git_checkout(root):
-        raise BaseError(f"--against {against}: no git history here to find it in, and no such folder "
-                        "(--against DIR takes a checkout on disk)")
-    try:
-        commit = git(root, "rev-parse", "--verify", f"{against}^{{commit}}")
-    except BaseError as exc:
-        raise BaseError(f"--against {against}: not a commit here ({exc})") from None
-    return checkout(root, commit, f"--against {against}", f"{against} ({commit[:7]})"), f"--against {against}"
+    base = named(against, root)
+    return base, base.why

@@ -14,6 +14,12 @@ its recipes; the header only names the base. A base that cannot be checked
 out or imported is one error too. The worktree and the workers go when the session ends, Ctrl-C
 included. Root conftest.py registers this plugin after the gate plugin.
 
+With `--head REV|DIR` beside an explicit `--against` the head is that
+checkout instead of the working tree (`./gate bisect`'s steps, each a commit
+against the good one): the working tree still runs the session, its tests,
+references and rule, and both workers build their engines from their own
+checkouts; a selected test either side lacks stops the session as above.
+
 With `--against-stack LOCK` (gpuengine/gate/ab/stack.py, excluding `--against`)
 the base is the working tree itself, run in the environment of another
 lock, and everything else is as above.
@@ -32,7 +38,7 @@ from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.stored_runs import scan
 
 from . import checkout, owner, stack as stack_ab
-from .sides import BASE, EnginePair, Interpreter, SideError, Sides
+from .sides import BASE, HEAD, EnginePair, Interpreter, SideError, Sides
 from .worker import close_runner
 from ..plugin import GATE
 from ..progress import terminal_writer
@@ -45,6 +51,7 @@ LOG_DIR = Path("build") / "ab"   # a folder per session for its workers' logs (o
 class AbState:
     base: checkout.Base
     explicit: bool                      # named by the user, not chosen by auto
+    head: checkout.Base | None = None   # --head: another checkout as the head (None: the working tree)
     base_code: str = ""                 # aa_noise.code_hash of each side: equal on an A/A run
     head_code: str = ""
     sides: Sides | None = None
@@ -65,6 +72,13 @@ class AbState:
         if self.log_lock is not None:
             os.close(self.log_lock)   # the logs stay until the next session in this clone starts
             self.log_lock = None
+        if self.head is not None:
+            self.head.cleanup()
+
+    @property
+    def checked_sides(self) -> dict[str, checkout.Base]:
+        """The checkouts whose catalogs the session checks: the base's, and the head's where it is not this tree."""
+        return {BASE: self.base, **({HEAD: self.head} if self.head is not None else {})}
 
 
 AB = pytest.StashKey[AbState]()
@@ -78,6 +92,10 @@ def pytest_addoption(parser):
              "and the working tree's in this session, rounds alternating, and fail on head-over-base slowdowns; "
              "auto: the merge base with main in a branch, the newest stored baseline's commit on main "
              "(./gate perf's default); none: compare with stored runs only (the default)")
+    group.addoption(
+        "--head", metavar="REV|DIR", default=None,
+        help="with --against REV|DIR: the head is the engine of REV (checked out in a worktree) or of DIR instead "
+             "of the working tree's; the working tree still runs the session (./gate bisect's steps)")
     group.addoption(
         stack_ab.AGAINST_STACK, metavar="LOCK", default=None,
         help="A/B mode across stacks: the working tree's engine in the environment of another lock (LOCK: a file, "
@@ -111,6 +129,10 @@ def pytest_configure(config):
     if config.getoption("stack_wheels", None) is not None and stack is None:
         raise pytest.UsageError(f"gpuengine: {stack_ab.STACK_WHEELS} goes with {stack_ab.AGAINST_STACK} LOCK (the "
                                 "wheels of the base's stack)")
+    head_spec = config.getoption("head", None)
+    if head_spec is not None and (against or checkout.NONE) in (checkout.AUTO, checkout.NONE):
+        raise pytest.UsageError(f"gpuengine: --head {head_spec} goes with --against REV|DIR (a base named, not "
+                                f"{against or 'none'}, nor --against-stack)")
     state = config.stash.get(GATE, None)
     if state is None:
         return
@@ -135,11 +157,19 @@ def pytest_configure(config):
     if base is None:
         state.notices.append(f"{STORED_MODE}: no A/B base ({why}); each test compares with its stored baseline")
         return
-    ab = AbState(base, explicit=against != checkout.AUTO, base_code=aa_noise.code_hash(base.root),
-                 head_code=aa_noise.code_hash(config.rootpath))
+    head = None
+    if head_spec is not None:
+        try:
+            head = checkout.named(head_spec, config.rootpath, "--head")
+        except checkout.BaseError as exc:
+            base.cleanup()
+            raise pytest.UsageError(f"gpuengine: {exc}") from None
+    ab = AbState(base, explicit=against != checkout.AUTO, head=head, base_code=aa_noise.code_hash(base.root),
+                 head_code=aa_noise.code_hash(head.root if head is not None else config.rootpath))
     _start(config, state, ab)
-    state.notices.append(f"A/B base {base.label}{ab.same_code}: {why} (checkout {base.root}); which tests run A/B "
-                         "is said once it has listed its recipes, after collection")
+    of_head = f" of the head {head.label} (checkout {head.root})" if head is not None else ""
+    state.notices.append(f"A/B{of_head} base {base.label}{ab.same_code}: {why} (checkout {base.root}); which tests "
+                         "run A/B is said once it has listed its recipes, after collection")
 
 
 def _start(config, state, ab: AbState):
@@ -199,27 +229,44 @@ def pytest_collection_finish(session):
         share_plans = ab.stack.shares_plans
         if not share_plans and presets is not None:   # another cuDNN: each side autotunes every graph afresh
             presets = {}
-    ab.sides = Sides(session.config.rootpath, ab.base.root, ab.log_dir, presets,
+    head_root = ab.head.root if ab.head is not None else session.config.rootpath
+    ab.sides = Sides(head_root, ab.base.root, ab.log_dir, presets,
                      progress=terminal_writer(session.config),   # the workers' autotuning progress, live
                      interpreters=interpreters, share_plans=share_plans)
-    try:
-        catalog = ab.sides.catalog(BASE, sorted(wanted))
-    except SideError as exc:
-        pytest.exit(f"gpuengine: the base {ab.base.label} cannot serve A/B: {exc}", pytest.ExitCode.USAGE_ERROR)
+    lacking = []   # the sides that lack a selected test
+    for side, checked in ab.checked_sides.items():
+        try:
+            catalog = ab.sides.catalog(side, sorted(wanted))
+        except SideError as exc:
+            pytest.exit(f"gpuengine: the {side} {checked.label} cannot serve A/B: {exc}", pytest.ExitCode.USAGE_ERROR)
+        missing = _missing_tests(side, catalog, wanted)
+        for node, why in missing.items():
+            ab.uncovered[node] = f"{ab.uncovered[node]}; {why}" if node in ab.uncovered else why
+        if missing:
+            lacking.append(f"{side} {checked.label}'s")
+    ab.covered = {item.nodeid for items in wanted.values() for item in items if item.nodeid not in ab.uncovered}
+    if ab.uncovered and ab.explicit:
+        lines = "\n  ".join(f"{node}: {why}" for node, why in sorted(ab.uncovered.items()))
+        pytest.exit(f"gpuengine: the {' and the '.join(lacking)} tests differ from this tree's, nothing was run or "
+                    f"saved (deselect them with -k, or --against another base):\n  {lines}",
+                    pytest.ExitCode.USAGE_ERROR)
+    state = session.config.stash[GATE]
+    if ab.uncovered:
+        state.notices.append(f"A/B: {len(ab.uncovered)} test(s) the base lacks compare with their stored baseline")
+
+
+def _missing_tests(side: str, catalog: dict, wanted: dict[str, list]) -> dict[str, str]:
+    """node id -> why, for each selected test a side's catalog (module -> test -> case ids, or why not) lacks."""
+    missing = {}
     for module, items in wanted.items():
         tests = catalog.get(module)
         for item in items:
             case_id = item.callspec.id
             if not isinstance(tests, dict):
-                ab.uncovered[item.nodeid] = f"the base's {module} {tests or 'is missing'}"
+                missing[item.nodeid] = f"the {side}'s {module} {tests or 'is missing'}"
             elif case_id not in tests.get(item.originalname, []):
-                ab.uncovered[item.nodeid] = f"the base's {module} has no such test or case"
-            else:
-                ab.covered.add(item.nodeid)
-    if ab.uncovered and ab.explicit:
-        lines = "\n  ".join(f"{node}: {why}" for node, why in sorted(ab.uncovered.items()))
-        pytest.exit(f"gpuengine: the base {ab.base.label}'s tests differ from this tree's, nothing was run or saved "
-                    f"(deselect them with -k, or --against another base):\n  {lines}", pytest.ExitCode.USAGE_ERROR)
+                missing[item.nodeid] = f"the {side}'s {module} has no such test or case"
+    return missing
 
 
 def pytest_report_collectionfinish(config, items):
@@ -297,9 +344,9 @@ def engine_for(request):
 
 
 def ab_record(config, pair: EnginePair, times: dict[str, list[float]]) -> dict:
-    """What the stored run keeps of the A/B rounds: both sides' round times and where each side came from (in a
-    stack A/B also both locks and the change between them, gpuengine/gate/ab/stack.py), and how many other A/B
-    sessions of this clone were running as the rounds ended (their rounds shared the machine)."""
+    """What the stored run keeps of the A/B rounds: both sides' round times and where each side came from (with
+    --head also the head's; in a stack A/B also both locks and the change between them, gpuengine/gate/ab/stack.py),
+    and how many other A/B sessions of this clone were running as the rounds ended (their rounds shared the machine)."""
     ab = config.stash[AB]
     return {"base": ab.base.label, "base_commit": ab.base.commit, "base_why": ab.base.why,
             "base_code": ab.base_code, "head_code": ab.head_code,
@@ -310,4 +357,5 @@ def ab_record(config, pair: EnginePair, times: dict[str, list[float]]) -> dict:
             "timing_cpu": {side.worker.side: side.worker.info.get("timing_cpu") for side in pair.sides},
             "python": {side.worker.side: side.worker.info.get("python") for side in pair.sides},
             "other_sessions": owner.others_alive(config.rootpath / LOG_DIR, ab.log_dir),
+            **({"head": ab.head.label, "head_commit": ab.head.commit} if ab.head is not None else {}),
             **(ab.stack.record() if ab.stack is not None else {})}
