@@ -16,7 +16,7 @@ from .test_report import REPO
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None,
-    reason="no Chromium here (CI has none): apt-get install chromium (or name one in $GPUENGINE_CHROMIUM), then "
+    reason="no Chromium here (CI has none): apt-get install chromium (or name one in $GATE_CHROMIUM), then "
            "python -m pytest correctness_tests/bench/test_report_browser.py")
 
 WIDE_PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"><style>

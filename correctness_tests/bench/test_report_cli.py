@@ -347,11 +347,11 @@ def test_screenshots_with_markdown_are_refused_first(tmp_path, capsys):
 
 def test_screenshots_without_a_chromium_fail_saying_how_to_get_one_the_report_built(tmp_path, monkeypatch, capsys):
     pytest.importorskip("matplotlib", reason=NEEDS_MATPLOTLIB)
-    monkeypatch.setenv("GPUENGINE_CHROMIUM", str(tmp_path / "no-chromium-here"))
+    monkeypatch.setenv("GATE_CHROMIUM", str(tmp_path / "no-chromium-here"))
     out, shots = tmp_path / "out", tmp_path / "shots"
     assert cli_main(["report", "--store", str(small_store(tmp_path)), "--out", str(out), "--screenshots",
                      str(shots)]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"{PROG}--screenshots: no Chromium found: install Chromium (Debian: apt-get install chromium) or name one "
-        "in $GPUENGINE_CHROMIUM")
+        "in $GATE_CHROMIUM")
     assert (out / "index.html").is_file() and not shots.exists()

@@ -3,7 +3,7 @@
 Chromium is driven over its DevTools protocol on a pipe (`--remote-debugging-pipe`: it reads commands on
 file descriptor 3 and writes replies on 4, each a JSON message ended by a NUL byte), so no driver package
 is needed, only the browser: `apt-get install chromium` on Debian, or any Chromium or Chrome named by
-$GPUENGINE_CHROMIUM. `Browser.open(page)` loads a page at a window size; `layout()` says which images
+$GATE_CHROMIUM. `Browser.open(page)` loads a page at a window size; `layout()` says which images
 did not load and which elements stick out of the page or out of their box (a table wider than its column
 that the reader would scroll sideways; a table marked to scroll by design, `Table.scrolls`, is allowed);
 `screenshot()` takes the first screen or the screen that opens at an anchor.
@@ -25,7 +25,7 @@ from pathlib import Path
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 WIDTH, HEIGHT = 1280, 900   # a laptop's window: the first screen a reader sees
 LOAD_TIMEOUT_S = 60.0
-INSTALL_HINT = ("install Chromium (Debian: apt-get install chromium) or name one in $GPUENGINE_CHROMIUM")
+INSTALL_HINT = ("install Chromium (Debian: apt-get install chromium) or name one in $GATE_CHROMIUM")
 
 # Runs in the page: images that did not load, and the outermost elements past the page's right edge or wider
 # than their own box (overflow hidden or scrolled), outside the containers that scroll by design; folded
@@ -87,8 +87,8 @@ class BrowserError(RuntimeError):
 
 
 def find_chromium() -> str | None:
-    """$GPUENGINE_CHROMIUM, else the first Chromium or Chrome on PATH; None if there is none."""
-    named = os.environ.get("GPUENGINE_CHROMIUM")
+    """$GATE_CHROMIUM, else the first Chromium or Chrome on PATH; None if there is none."""
+    named = os.environ.get("GATE_CHROMIUM")
     if named:
         return shutil.which(named) or (named if Path(named).is_file() else None)
     return next((found for name in CHROMIUM_NAMES if (found := shutil.which(name))), None)

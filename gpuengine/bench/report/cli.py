@@ -36,7 +36,7 @@ def add_parser(commands) -> None:
                              "docs/results.md)")
     report.add_argument("--screenshots", metavar="DIR", type=Path,
                         help="then open the page in headless Chromium (apt-get install chromium, or "
-                             "$GPUENGINE_CHROMIUM): fail on a broken image or an element wider than the page, and "
+                             "$GATE_CHROMIUM): fail on a broken image or an element wider than the page, and "
                              "save PNGs of the first screen, the first GPU's headline and claims, and the page's "
                              "end into DIR")
     report.set_defaults(run=run, check=check, parser=report)
