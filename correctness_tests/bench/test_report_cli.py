@@ -335,3 +335,23 @@ def test_a_readme_that_does_not_exist_is_refused_first(tmp_path, capsys):
     assert capsys.readouterr().err.splitlines()[-1] == (f"{PROG}argument --readme: '{missing}' does not exist; give "
                                                         "the file whose generated block to rewrite")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]
+
+
+def test_screenshots_with_markdown_are_refused_first(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli_main(["report", "--store", str(small_store(tmp_path)), "--markdown", "--screenshots", str(tmp_path)])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (f"{PROG}argument --screenshots: not with --markdown, which "
+                                                        "writes no page")
+
+
+def test_screenshots_without_a_chromium_fail_saying_how_to_get_one_the_report_built(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib", reason=NEEDS_MATPLOTLIB)
+    monkeypatch.setenv("GATE_CHROMIUM", str(tmp_path / "no-chromium-here"))
+    out, shots = tmp_path / "out", tmp_path / "shots"
+    assert cli_main(["report", "--store", str(small_store(tmp_path)), "--out", str(out), "--screenshots",
+                     str(shots)]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"{PROG}--screenshots: no Chromium found: install Chromium (Debian: apt-get install chromium) or name one "
+        "in $GATE_CHROMIUM")
+    assert (out / "index.html").is_file() and not shots.exists()

@@ -46,6 +46,7 @@ class StoredRun:
     tier_time: dict | None = None   # the gate's gpuengine_tier_time: how long the run took, per workload
     left_out: tuple[str, ...] = ()  # benchmarks a lenient read could not take, each with why
     gate_outcome: dict | None = None   # the gate's verdict in the run (plugin.py's `gpuengine_gate`), where it has one
+    branch: str | None = None     # commit_info's branch, where it says: the report's first screen names it
 
     def stopped_early(self, in_history: bool) -> bool:
         """Whether the run's session stopped before its tests ended (Ctrl-C), so that it is no verdict: marked so,
@@ -109,12 +110,13 @@ def parse_run(content, path: Path, label: str, name: str | None = None, strict: 
     if saved_at.tzinfo is not None:   # pytest-benchmark writes UTC with an offset; older files may be naive UTC
         saved_at = saved_at.astimezone(timezone.utc).replace(tzinfo=None)
     commit_info = content.get("commit_info") if isinstance(content.get("commit_info"), dict) else {}
-    commit = commit_info.get("id")
+    commit, branch = commit_info.get("id"), commit_info.get("branch")
     tier_time, outcome = content.get("gpuengine_tier_time"), content.get("gpuengine_gate")
     return StoredRun(path, label, saved_at, benchmarks, content.get("machine_info") or {},
                      commit if isinstance(commit, str) and commit else None, bool(commit_info.get("dirty")),
                      tier_time if isinstance(tier_time, dict) else None, tuple(left_out),
-                     outcome if isinstance(outcome, dict) else None)
+                     gate_outcome=outcome if isinstance(outcome, dict) else None,
+                     branch=branch if isinstance(branch, str) and branch else None)
 
 
 def read_run(path: Path, folder: Path) -> StoredRun:

@@ -36,6 +36,7 @@ a claim that their newest measurement misses fails it.
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -53,8 +54,14 @@ KINDS = (CLAIM, TARGET, EXEMPT)
 
 def wildcard_match(pattern: str, text: str, ignore_case: bool = False) -> bool:
     """Whole-string match where only `*` and `?` are special."""
+    return _wildcard_regex(pattern, ignore_case).fullmatch(text) is not None
+
+
+@functools.lru_cache(maxsize=1024)
+def _wildcard_regex(pattern: str, ignore_case: bool) -> re.Pattern:
+    """Built once per pattern: the report checks every stored run against every rule (thousands of matches)."""
     regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-    return re.fullmatch(regex, text, re.IGNORECASE if ignore_case else 0) is not None
+    return re.compile(regex, re.IGNORECASE if ignore_case else 0)
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,6 @@ are not given the option: the spread writes one summary of the merged run.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from gpuengine.bench import changepoints, paired

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import figures, history, html, sections
+from .ab_runs import ab_runs_table
+from .glance import strongest_table, tier_glance
 from .headline import headline_table
 from .parts import FigureRef, Part, TierSection
 from .publish import FIGURES, INDEX, check_replaceable, swap_in
@@ -90,16 +92,23 @@ def _history_parts(store: Store, tier: TierRuns, draw: _Drawer, notices: list[st
 def tier_section(store: Store, tier: TierRuns, root: Path, notices: list[str]) -> tuple[TierSection, list[Path]]:
     draw = _Drawer(root, tier)
     stand = Part(f"{tier.name}-summary", "Where the engine stands",
-                 "The claims that have held and the targets not met yet (baselines_store/thresholds.json), then "
-                 "the speed-up over each PyTorch reference measured in the same run: the engine and the references "
-                 "alternate round by round; bars are the median of per-round ratios, whiskers the lowest and "
-                 "highest round.")
+                 "Each headline case's speed-up over the strongest PyTorch reference it was measured against "
+                 "(torch_graph_best from the newest run that timed it, as the tables below read it), then the "
+                 "claims that have held and the targets not met yet (baselines_store/thresholds.json), then the "
+                 "speed-up over each PyTorch reference: the engine and the references alternate round by round in "
+                 "one run; bars are the median of per-round ratios, whiskers the lowest and highest round.")
     if tier.on_gpu:
-        stand.tables += [headline_table(tier, store.rules), sections.summary_table(tier)]
-        draw(stand, "speedup", f"engine speed-up over PyTorch on {tier.title}", figures.speedup_figure, tier)
+        draw(stand, "speedup", f"engine speed-up over the strongest PyTorch reference each headline case was "
+                               f"measured against, {tier.title}", figures.speedup_figure, tier)
+        stand.tables += [headline_table(tier, store.rules), sections.summary_table(tier),
+                         *filter(None, [strongest_table(tier)])]
     else:
         stand.intro = ("The CPU tier times smoke shapes on NumPy, not the notes' workloads: see each workload "
                        "below; these timings never gate.")
+    gate_runs = ab_runs_table(tier)
+    gate = Part(f"{tier.name}-gate", "The gate's A/B runs",
+                "Whether the gate stays green on unchanged code (A/A) and what slowdown each test could catch, "
+                "from what each A/B run stored of its verdicts.", tables=[gate_runs] if gate_runs else [])
     seeds = Part(f"{tier.name}-seeds", "The seed notes' headline tables",
                  "Each note's table in its own layout: the note's numbers (RTX 3060 Laptop), then this GPU's. "
                  "Hover a number for the test and run it comes from.")
@@ -110,7 +119,7 @@ def tier_section(store: Store, tier: TierRuns, root: Path, notices: list[str]) -
     workloads = Part(f"{tier.name}-workloads", "Per workload: the engine and every reference")
     for function, records in sections.timed_workloads(tier).items():
         draw(workloads, f"workload-{function}", f"{function}: samples/s and speed-ups", figures.workload_figure,
-             function, records)
+             function, records, tier)
         workloads.tables.append(sections.workload_table(function, records, tier))
     peak = Part(f"{tier.name}-peak", "Fraction of the measured peak", tables=[sections.peak_table(tier)])
     draw(peak, "peak", "fraction of the measured GEMM peak per workload and precision", figures.peak_figure, tier)
@@ -137,8 +146,9 @@ def tier_section(store: Store, tier: TierRuns, root: Path, notices: list[str]) -
         profiles.intro = ("No kernel profile was recorded on this tier (python -m gpuengine profile WORKLOAD "
                           "records one, on a GPU).")
     machines = Part(f"{tier.name}-machines", "Machine facts of each run", tables=[sections.machine_table(tier)])
-    parts = [stand, seeds, workloads, peak, memory, profiles, *_history_parts(store, tier, draw, notices), machines]
-    return TierSection(tier, parts), draw.drawn
+    parts = [stand, *([gate] if gate_runs else []), seeds, workloads, peak, memory, profiles,
+             *_history_parts(store, tier, draw, notices), machines]
+    return TierSection(tier, parts, tier_glance(tier, store.rules)), draw.drawn
 
 
 def build_report(store: Store | Path | str, out: Path | str) -> Report:
@@ -176,8 +186,9 @@ def build_report(store: Store | Path | str, out: Path | str) -> Report:
 
 
 def markdown_report(store: Store) -> str:
-    """docs/results.md: per GPU tier, the claims and targets, the speed-up summary, the seed tables and the energy
-    readings, each figure the newest measurement of its test, a failed run's said to be one."""
+    """docs/results.md: per GPU tier, the claims and targets, the gate's A/B runs, the speed-up summary, every case
+    against torch_graph_best, the seed tables and the energy readings, each figure the newest measurement of its
+    test, a failed run's said to be one."""
     blocks = []
     for tier in store.tiers:
         if not tier.on_gpu:
@@ -189,7 +200,8 @@ def markdown_report(store: Store) -> str:
                                 f"({sections.runs_text(failed)}): their figures say \"{FAILED_RUN}\", beside the "
                                 "baseline in force (the newest passing run of that test)." if failed else
                                 ", all of which passed the gate."))
-        tables = [headline_table(tier, store.rules), sections.summary_table(tier), *seed_tables(tier)]
+        tables = [headline_table(tier, store.rules), *filter(None, [ab_runs_table(tier)]), sections.summary_table(tier),
+                  *filter(None, [strongest_table(tier)]), *seed_tables(tier)]
         energy = sections.energy_records(tier)
         if energy:
             tables.append(sections.energy_table(energy, tier))

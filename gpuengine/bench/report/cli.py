@@ -34,6 +34,11 @@ def add_parser(commands) -> None:
     report.add_argument("--results", metavar="PATH", type=Path,
                         help="also write every table of the stored runs to PATH (Markdown; ./gate report writes "
                              "docs/results.md)")
+    report.add_argument("--screenshots", metavar="DIR", type=Path,
+                        help="then open the page in headless Chromium (apt-get install chromium, or "
+                             "$GATE_CHROMIUM): fail on a broken image or an element wider than the page, and "
+                             "save PNGs of the first screen, the first GPU's headline and claims, and the page's "
+                             "end into DIR")
     report.set_defaults(run=run, check=check, parser=report)
 
 
@@ -41,6 +46,8 @@ def check(args) -> None:
     """Every place the command writes can be written, before the store is read."""
     if not args.markdown:
         checked("--out", replaced_folder, str(args.out))
+    elif args.screenshots is not None:
+        raise UsageError("argument --screenshots: not with --markdown, which writes no page")
     for option, path in (("--readme", args.readme), ("--results", args.results)):
         if path is not None:
             checked(option, output_file, str(path))
@@ -60,6 +67,22 @@ def _kept(args) -> str:
     if not kept:
         return ""
     return ", ".join(kept) + (" is left as it was" if len(kept) == 1 else " are left as they were")
+
+
+def _looked_at(index: Path, store, folder: Path) -> bool:
+    """The page in headless Chromium: its screenshots saved into `folder`; False (said why) on a problem."""
+    from .browser import BrowserError, check_page
+    from .html import screens
+    try:
+        layout, shots = check_page(index, screens(store.tiers), folder)
+    except BrowserError as exc:
+        print(f"{PROG}: error: --screenshots: {exc}", file=sys.stderr)
+        return False
+    for shot in shots:
+        print(f"report: screenshot {shot}")
+    for problem in layout.problems():
+        print(f"{PROG}: error: {index}: {problem}", file=sys.stderr)
+    return not layout.problems()
 
 
 def run(args) -> int:
@@ -101,6 +124,8 @@ def run(args) -> int:
             print(f"report: skipped: {notice}")
         if report.leftover:
             print(f"report: warning: {report.leftover}", file=sys.stderr)
+        if args.screenshots is not None and not _looked_at(report.index, store, args.screenshots):
+            return 1
     try:   # only now that the page is in place: the README and results page never run ahead of it
         if refreshed is not None and refreshed != readme:
             write_text(args.readme, refreshed)

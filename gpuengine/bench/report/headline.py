@@ -14,6 +14,7 @@ same table opens each GPU tier in the report and in `docs/results.md`.
 from __future__ import annotations
 
 from ..thresholds import CLAIM, TARGET, ThresholdRule, measured_text
+from .ab_runs import ab_runs_table
 from .claims import Measured, newest_checks
 from .sections import run_text, workload_name
 from .store import TierRuns
@@ -76,7 +77,7 @@ def targets_cell(targets: list[Measured]) -> str:
                 f"{_peak(lowest)}), "
                 + ("met" if met == len(found) else "not met"))
         cells.append(cell + (f", {met} of {len(found)} cases met" if len(found) > 1 else ""))
-    return "; ".join(cells) or NONE
+    return "\n".join(cells) or NONE   # one target a line
 
 
 def headline_table(tier: TierRuns, rules: list[ThresholdRule]) -> Table:
@@ -91,12 +92,13 @@ def headline_table(tier: TierRuns, rules: list[ThresholdRule]) -> Table:
         targets = [m for m in found if m.check.kind == TARGET]
         runs = sorted({m.run.path: m.run for m in found}.values(), key=lambda r: r.when)
         table.add(workload_name(function), claims_cell(claims), closest_cell(claims), targets_cell(targets),
-                  "; ".join(run_text(r) for r in runs))
+                  "\n".join(run_text(r) for r in runs))
     table.caption = CAPTION
     return table
 
 
 def headline_markdown(tiers: list[TierRuns], rules: list[ThresholdRule]) -> str:
-    """The README's generated block: one headline table per GPU tier."""
-    blocks = [to_markdown(headline_table(tier, rules)) for tier in tiers if tier.on_gpu and tier.runs]
+    """The README's generated block: per GPU tier, the headline table and the gate's newest A/B runs."""
+    blocks = [to_markdown(table) for tier in tiers if tier.on_gpu and tier.runs
+              for table in (headline_table(tier, rules), ab_runs_table(tier)) if table is not None]
     return "\n\n".join(blocks) if blocks else "No GPU tier has a stored run yet."

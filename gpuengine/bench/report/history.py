@@ -218,7 +218,7 @@ def change_point_table(history: History) -> Table:
     for cp in sorted(history.analysis.change_points, key=lambda cp: (-history.x(cp.after), cp.series.test,
                                                                       cp.series.signal)):
         table.add(cp.series.test, cp.series.signal,
-                  Cell(f"{cp.size:+.1%}", f"median after / median before - 1; > 0: the engine slower"),
+                  Cell(f"{cp.size:+.1%}", "median after / median before - 1; > 0: the engine slower"),
                   f"{cp.before.label} ({cp.before.when:%Y-%m-%d})", f"{cp.after.label} ({cp.after.when:%Y-%m-%d})",
                   cp.commits, f"{cp.p:.1g}", cp.series.stack)
     table.caption = (f"{len(history.analysis.series)} series of the baselines (one per test, stack, set of "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .glance import TierGlance
 from .store import TierRuns
 from .tables import Table
 
@@ -32,3 +33,4 @@ class Part:
 class TierSection:
     tier: TierRuns
     parts: list[Part]
+    glance: TierGlance   # the first screen's row of this tier

@@ -115,7 +115,8 @@ def _failed(cell: Cell | str) -> Cell:
 
 
 def ratio_text(bench: Benchmark, reference: str) -> str:
-    """'2.05× (2.04–2.06)', and for torch_graph_best which runner it was: ', torch_compile_graph in 3 of 4 rounds'."""
+    """'2.05× (2.04–2.06)', and for torch_graph_best which runner it was: ', torch_compile_graph in 3 of 4
+    rounds'."""
     ratio = bench.ratio(reference)
     text = speedup_with_spread(ratio)
     return f"{text}, {ratio['label']}" if ratio and ratio.get("label") else text
@@ -155,26 +156,23 @@ def workload_table(function: str, records: list[Record], tier: TierRuns) -> Tabl
     beside = [found for _, bench in records
               if bench.ratio(STRONGER) is None and (found := beside_strongest(tier, bench)) is not None]
     refs = references([bench for _, bench in with_baselines(tier, records) + beside])   # columns the ↳ rows fill
-    columns = ["Case", "Precision", "gpuengine"]
-    for ref in refs:
-        columns += [f"vs {ref}"] if ref == STRONGER else [ref, f"vs {ref}"]   # no runner, no samples/s of its own
     table = Table(f"{workload_name(function)}: samples/s and same-run speed-up (lowest–highest round)",
-                  columns + ["gpuengine % of peak", "Run"])
+                  ["Case", "Precision", "gpuengine", *(f"vs {ref}" for ref in refs), "gpuengine % of peak", "Run"])
 
     def rows(run: Run, bench: Benchmark) -> list[list[Cell]]:
         where = source(run, bench)
         cells = [Cell(bench.case or bench.name, where), Cell(bench.precision or NONE),
                  Cell(rate(bench.throughput(bench.engine)), where)]
-        for ref in refs:
-            if ref != STRONGER:
-                cells.append(Cell(rate(bench.throughput(ref)), where))
-            cells.append(Cell(ratio_text(bench, ref), where))
+        for ref in refs:   # the speed-up, then the reference's own samples/s (torch_graph_best, no runner, has none)
+            measured = bench.throughput(ref) is not None and bench.ratio(ref) is not None
+            cells.append(Cell(ratio_text(bench, ref) + (f"\n{rate(bench.throughput(ref))}" if measured else ""), where))
         fraction = (bench.info.get("fraction_of_peak") or {}).get(bench.engine)
         return [cells + [Cell(percent(fraction), where)]]
     shown = [shown_run for run, bench in records
              for shown_run in add_measured(table, tier, run, bench, rows, strongest=True)]
-    table.caption = (f"The newest measurement of each case (and, where it did not time {STRONGER}, the newest that "
-                     f"did, marked ↳). Runs {runs_text(shown)}.")
+    table.caption = (f"Per reference, the engine's speed-up over it, then the reference's own samples/s. The newest "
+                     f"measurement of each case (and, where it did not time {STRONGER}, the newest that did, marked "
+                     f"↳). Runs {runs_text(shown)}.")
     return table
 
 
@@ -213,8 +211,10 @@ def summary_table(tier: TierRuns) -> Table:
 
 def peak_table(tier: TierRuns) -> Table:
     table = Table("Fraction of the measured GEMM peak, per workload and precision",
-                  ["Workload", "Case", "Precision", "Measured peak", "gpuengine", "gpuengine % of peak",
-                   *(f"{name} % of peak" for name in PYTORCH_REFERENCES), "Run"])
+                  ["Workload", "Case", "Precision", "Measured peak", "gpuengine achieved", "gpuengine",
+                   *PYTORCH_REFERENCES, "Run"],
+                  caption="Measured peak: the GEMM peak timed in the same session at the case's precision; "
+                          "gpuengine achieved: the engine's FLOP/s; then each runner's share of that peak.")
 
     def rows(run: Run, bench: Benchmark) -> list[list[Cell | str]]:
         fractions = bench.info.get("fraction_of_peak") or {}
@@ -337,7 +337,7 @@ def history_table(runs: list[Run], store: Store, gpu: str) -> Table:
     and the threshold it is held to today: a claim (a miss fails the gate) or a target (a goal not met yet),
     over torch_graph_best where the rule reads it."""
     table = Table(f"Speed-up over {HISTORY_REFERENCE} by run", ["Test", *(run_column(r) for r in runs),
-                                                                 "Threshold"])
+                                                                 "Threshold"], scrolls=True)
     names = list(dict.fromkeys(name for run in runs for name, bench in run.benchmarks.items()
                                if bench.samples_per_s and bench.ratio(HISTORY_REFERENCE)))   # timed tests only
     for name in names:
@@ -355,7 +355,7 @@ def history_table(runs: list[Run], store: Store, gpu: str) -> Table:
 
 
 def max_batch_history(runs: list[Run]) -> Table:
-    table = Table("Max batch by run", ["Test", "Runner", *(run_column(r) for r in runs)])
+    table = Table("Max batch by run", ["Test", "Runner", *(run_column(r) for r in runs)], scrolls=True)
     rows = dict.fromkeys((name, runner) for run in runs for name, bench in run.benchmarks.items()
                          for runner in (bench.info.get("max_batch") or {}))
     for name, runner in rows:
@@ -369,7 +369,7 @@ def max_batch_history(runs: list[Run]) -> Table:
 def machine_table(tier: TierRuns) -> Table:
     table = Table("Machine facts of each run", ["Run", "Date", "Gate", "Series", "GPU", "Driver", "CUDA runtime",
                                                 "cuDNN", "CuPy", "torch", "nvmath", "Python", "Power limit",
-                                                "SM clock max", "Engine config", "Run took"])
+                                                "SM clock max", "Engine config", "Run took"], scrolls=True)
     for run in tier.runs:
         m = run.machine
         clocks = m.get("gpu_clocks_mhz") or {}

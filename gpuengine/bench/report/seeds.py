@@ -295,7 +295,12 @@ def seed_003(tier: TierRuns) -> list[Table]:
             return NONE if not samples_per_s else f"{1e3 * ZOO_BATCH / samples_per_s:.3f}"
         table.add("gpuengine" if runner == "engine" else runner, tier.gpu,
                   *(measured(tier, f, ms_per_batch) for f in found))
-    table.caption = "Note: ms per batch of 16, fp32. " + sources.caption(pattern.format("<model>"))
+    cases = [f[1].case for f in found if f is not None]   # which precision and data path the rows really are
+    table.caption = ("Note: ms per batch of 16, fp32 with each framework's default TF32 policy. Here, per model, the "
+                     f"fastest case of the newest run holding one: {', '.join(cases) or 'none yet'} (tf32: TF32 "
+                     "tensor cores, fp32 storage; "
+                     "streamed: each batch copied from host memory, resident: on the device). "
+                     + sources.caption(pattern.format("<model>")))
     return [table]
 
 

@@ -98,6 +98,7 @@ class Run:
     benchmarks: dict[str, Benchmark]
     tier_time: dict | None = None   # the gate's gpuengine_tier_time: how long the run took, per workload
     passed: bool = True   # False: the run failed the gate and was kept under history/, not as a baseline
+    branch: str | None = None   # the branch the run measured, where its commit_info says
 
     @property
     def short_commit(self) -> str:
@@ -246,7 +247,7 @@ def _run(stored: StoredRun, rel: Path, tier: str, skipped: list[str]) -> Run | N
         return None
     series, passed = placement(rel.parts[1:-1])
     return Run(rel, tier, series, rel.name.split("_", 1)[0], stored.commit or "", stored.dirty, stored.saved_at,
-               stored.machine_info, benchmarks, stored.tier_time, passed=passed)
+               stored.machine_info, benchmarks, stored.tier_time, passed=passed, branch=stored.branch)
 
 
 def _read_tier(store: Path, folder: Path, skipped: list[str]) -> TierRuns:
