@@ -48,6 +48,8 @@
 #                         against build/base with a 30 us spin planted at the end of the head's steps (in the
 #                         session's copy, put back after), which the gate profiles at base and head; its markdown
 #                         summary in LOGDIR/summary.md, its run in LOGDIR/why_run.json (nothing stored)
+#                bisect-demo `./gate bisect` once on a made history: a copy of the tree as 5 commits, every engine step
+#                         made 12 us slower at the 3rd (the MLP's bf16 headline case); LOGDIR/bisect/ keeps its logs
 #                study-ab the power study in A/B mode against build/base (A/A at level 0): MLP training and
 #                         inference, CNN, Transformer, 3 sessions of 20 s of trials per test
 #                study-new the same for ResNet-50, the zoo, the loader and the streamed MLP and CNN
@@ -132,6 +134,18 @@ open(p, 'w').write(t.replace(old, '    delay = StepDelay(get_backend(config), 30
     [ $? -le 1 ] || s=1   # 1: the planted regression failed the test, as it should
     cp "$logdir/injected_delay.py.orig" "$f"
     return $s; }
+step_bisect-demo() { local repo="$logdir/bisect-repo" s=0   # a history of 4 commits, 12 us a step planted at the 2nd
+    rm -rf "$repo" && mkdir -p "$repo" && cp -a . "$repo/" && rm -rf "$repo/.git" "$repo/build" || return 1
+    ( cd "$repo" && export GIT_AUTHOR_NAME=gate GIT_AUTHOR_EMAIL=gate@localhost GIT_COMMITTER_NAME=gate \
+        GIT_COMMITTER_EMAIL=gate@localhost
+      git init -q -b main && git add -A && git commit -qm "GOOD: the tree as carried"
+      echo one >> NOTES.md && git add NOTES.md && git commit -qm "notes: one"
+      printf '\n\ndef step_hook(config):   # planted: every engine step waits 12 us, armed or not\n    return StepDelay(get_backend(config), 12).wait\n' >> gpuengine/bench/injected_delay.py
+      git commit -qam "plant: every engine step waits 12 us"
+      echo two >> NOTES.md && git commit -qam "notes: two"
+      echo three >> NOTES.md && git commit -qam "notes: three"
+      ./gate bisect HEAD~4 HEAD -k "test_mlp_train and bf16-graph8-resident-bpe1 and not bpe12" ) || s=$?
+    cp -r "$repo/build/bisect" "$logdir/bisect" 2>/dev/null; return $s; }
 step_perf() { ./gate perf -p no:cacheprovider --durations=0; }
 step_perf-core() { ./gate perf -p no:cacheprovider --durations=0 -k "test_mlp_train or test_mlp_infer or test_cnn_train"; }
 step_perf-new() { ./gate perf -p no:cacheprovider --durations=0 -k "zoo or loader or streamed or test_resnet_train"; }
