@@ -23,7 +23,7 @@ from packaging.requirements import Requirement
 from gpuengine.reference import tf_common
 
 ROOT = Path(__file__).resolve().parents[1]
-CPU_TIER = {"torch", "test", "report", "kernelcheck", "tf", "stats"}
+CPU_TIER = {"torch", "test", "report", "kernelcheck", "tf", "stats", "changepoints"}
 
 NO_GPU = "#!/bin/sh\nexit 9\n"   # as where no driver answers
 GPU = """#!/bin/sh
