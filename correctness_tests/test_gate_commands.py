@@ -64,7 +64,7 @@ def test_perf_builds_no_report_without_a_verdict(tmp_path, status, says):
     env, log = logging_machine(tmp_path, pytest_status=status)
     done = subprocess.run([str(ROOT / "gate"), "perf"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == status and done.stderr.strip().splitlines()[-1] == says
-    assert [line for line in log.read_text().splitlines() if "gpuengine report" in line] == []
+    assert [line for line in log.read_text().splitlines() if "gpuengine.gate.commands report" in line] == []
 
 
 @pytest.mark.parametrize("status", [0, 1])
@@ -72,8 +72,8 @@ def test_perf_builds_the_report_after_a_verdict(tmp_path, status):
     env, log = logging_machine(tmp_path, pytest_status=status)
     done = subprocess.run([str(ROOT / "gate"), "perf"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == status and "the report of this run and every stored one" in done.stdout
-    assert [line for line in log.read_text().splitlines() if "gpuengine report" in line] == [
-        "-m gpuengine report --out build/report"]
+    assert [line for line in log.read_text().splitlines() if "gpuengine.gate.commands report" in line] == [
+        "-m gpuengine.gate.commands report --out build/report"]
 
 
 def test_a_venv_that_is_a_file_is_named_and_not_given_to_python_m_venv(tmp_path):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuengine.__main__ import ENGINE_COMMANDS, main as cli_main
+from gpuengine.__main__ import ENGINE_COMMANDS, MOVED, main as cli_main
+from gpuengine.gate import commands
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,7 +32,16 @@ def test_info_refuses_a_bad_toggle_naming_the_variable(capsys, monkeypatch, vari
 
 
 def test_every_command_that_runs_the_engine_checks_the_toggles():
-    assert set(ENGINE_COMMANDS) == {"maxbatch", "info", "gatepower", "profile", "plans", "toggle-cost"}
+    assert set(ENGINE_COMMANDS) == {"maxbatch", "info", "profile"}
+    assert set(commands.ENGINE_COMMANDS) == {"gatepower", "plans", "toggle-cost"}
+
+
+@pytest.mark.parametrize("command", MOVED)
+def test_the_gates_commands_are_the_gates_and_say_so(capsys, command):
+    assert cli_main([command, "--help"]) == 2
+    assert capsys.readouterr().err == (f"python -m gpuengine {command}: a command of the gate, run by ./gate "
+                                       f"{command} (gpuengine/gate/commands.py)\n")
+    assert command in commands.build_parser()._subparsers._group_actions[0].choices
 
 
 def test_a_bad_toggle_is_one_line_without_a_traceback_from_the_shell():

@@ -9,7 +9,7 @@ pytest-benchmark stores, everything else goes into the run's `extra_info`, and
 on a GPU tier a missed ratio threshold or a regression against the test's
 stored baseline fails the test, as does a missed claim; a missed target goes to
 the summary (and fails with --claims). In a gatepower study session the same
-test then runs the study's trials (gpuengine/bench/gatepower/trials.py).
+test then runs the study's trials (gpuengine/gate/gatepower/trials.py).
 Every round is timed on the session's timing core (GATE_TIMING_CPU, else the
 last core of the process: gpuengine/gate/ab/worker.py's `timing_cpu`), which the
 stored run records in machine_info["timing_cpu"].
@@ -23,7 +23,7 @@ import pytest
 
 from gpuengine.bench import oom
 from gpuengine.bench.benchmarking import Comparison
-from gpuengine.bench.gatepower import trials as study_trials
+from gpuengine.gate.gatepower import trials as study_trials
 from gpuengine.bench.gpu_memory import is_out_of_memory
 from gpuengine.bench.regression import choose_reference
 

@@ -13,8 +13,8 @@
 #
 #   suite:     correctness tests (the GPU ones run here), then `./gate perf` (MLP, CNN, energy; stored run autosaved)
 #   memory:    `./gate perf -m slow` (the max-batch searches, ~20-30 min)
-#   calibrate: `python -m gpuengine gatepower calibrate ARGS` (noise.json; trials and logs kept in LOGDIR)
-#   gatepower: `python -m gpuengine gatepower ARGS` (the power study; trials and logs kept in LOGDIR)
+#   calibrate: `./gate gatepower calibrate ARGS` (noise.json; trials and logs kept in LOGDIR)
+#   gatepower: `./gate gatepower ARGS` (the power study; trials and logs kept in LOGDIR)
 #   steps:     a device session's plan in one detached job, so no minute is lost between calls; each step's
 #              log is LOGDIR/<step>.log and LOGDIR/steps.txt gets "<step> <status> <seconds>" as each ends
 #              (status 124: stopped at its minutes). A failing step does not stop the next; STEP#N runs a
@@ -54,11 +54,11 @@
 #                         inference, CNN, Transformer, 3 sessions of 20 s of trials per test
 #                study-new the same for ResNet-50, the zoo, the loader and the streamed MLP and CNN
 #                faults   the fault trials: out of memory and nan mid-run in a perf session, Ctrl-C in an A/B one
-#                calibrate / study   `python -m gpuengine gatepower calibrate -m gatepower` / the power study
+#                calibrate / study   `./gate gatepower calibrate -m gatepower` / the power study
 #                autotune the GPU tests of what autotunes (ops/, conv, ResNet, Transformer), four workers
-#                plans    `python -m gpuengine plans` of PLANS (default: resnet transformer cnn mlp zoo:resnet50) in
+#                plans    `./gate plans` of PLANS (default: resnet transformer cnn mlp zoo:resnet50) in
 #                         PLAN_PRECISIONS (default: tf32 bf16): two fresh autotunings compared (plan_stability.json)
-#                determinism `python -m gpuengine toggle-cost deterministic=0` of TOGGLE_WORKLOADS (default: cnn resnet
+#                determinism `./gate toggle-cost deterministic=0` of TOGGLE_WORKLOADS (default: cnn resnet
 #                         transformer zoo:resnet50 zoo:mobilenet_v2), every precision (LOGDIR/toggle_cost.json)
 #                perf-cold `./gate perf --against none` with no kept plans (cudnn_plans.json removed): a new user's
 #                         first run on a fresh machine, each test against its stored baseline, autotuning included
@@ -86,11 +86,11 @@ run_memory() {
 }
 
 run_calibrate() {
-    python3 -m gpuengine gatepower calibrate --keep-trials "$logdir/trials" "$@" 2>&1 | tee "$logdir/calibrate.log"
+    ./gate gatepower calibrate --keep-trials "$logdir/trials" "$@" 2>&1 | tee "$logdir/calibrate.log"
 }
 
 run_gatepower() {
-    python3 -m gpuengine gatepower --keep-trials "$logdir/trials" "$@" 2>&1 | tee "$logdir/gatepower.log"
+    ./gate gatepower --keep-trials "$logdir/trials" "$@" 2>&1 | tee "$logdir/gatepower.log"
 }
 
 step_kernels() { python3 -m pytest correctness_tests/runtime/test_gpu_kernels_compile.py correctness_tests/runtime/test_kernels_compile.py \
@@ -158,11 +158,11 @@ step_nightly() { local k s=0 IFS=';'; for k in ${NIGHTLY_K:?NIGHTLY_K selects th
     done; return $s; }
 step_ab-core() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against build/base \
     -k "test_mlp_train or test_mlp_infer or test_cnn_train"; s=$?; cp -r build/ab "$logdir/ab-logs" 2>/dev/null; return $s; }
-step_study-ab() { python3 -m gpuengine gatepower --against build/base --sessions 3 --trial-budget 20 \
+step_study-ab() { ./gate gatepower --against build/base --sessions 3 --trial-budget 20 \
     -k "test_mlp_train or test_mlp_infer or test_cnn_train or test_transformer_train" \
     --keep-trials "$logdir/trials-study-ab"; local s=$?
     tar czf "$logdir/trials-study-ab.tgz" -C "$logdir" trials-study-ab; return $s; }
-step_study-new() { python3 -m gpuengine gatepower --against build/base --sessions 3 --trial-budget 20 \
+step_study-new() { ./gate gatepower --against build/base --sessions 3 --trial-budget 20 \
     -k "test_resnet_train or test_zoo_train or test_loader_bandwidth or test_mlp_streamed or test_cnn_streamed" \
     --keep-trials "$logdir/trials-study-new"; local s=$?
     tar czf "$logdir/trials-study-new.tgz" -C "$logdir" trials-study-new; return $s; }
@@ -171,15 +171,15 @@ step_faults() { python3 -m pytest correctness_tests/faults correctness_tests/tes
 step_autotune() { python3 -m pytest correctness_tests/ops correctness_tests/layers/test_gpu_conv.py \
     correctness_tests/workloads/test_gpu_resnet.py correctness_tests/workloads/test_gpu_transformer.py -m gpu -n 4 \
     --dist loadfile -q -p no:cacheprovider -rs --durations=15; }
-step_plans() { python3 -m gpuengine plans ${PLANS:-resnet transformer cnn mlp zoo:resnet50} \
+step_plans() { ./gate plans ${PLANS:-resnet transformer cnn mlp zoo:resnet50} \
     --precision ${PLAN_PRECISIONS:-tf32 bf16} --out "$logdir/plan_stability.json"; }
-step_determinism() { python3 -m gpuengine toggle-cost deterministic=0 \
+step_determinism() { ./gate toggle-cost deterministic=0 \
     ${TOGGLE_WORKLOADS:-cnn resnet transformer zoo:resnet50 zoo:mobilenet_v2} --out "$logdir/toggle_cost.json"; }
 step_perf-cold() { rm -f baselines_store/*/cudnn_plans.json
     ./gate perf -p no:cacheprovider --durations=0 -rA --against none; }
 step_ab-cold() { rm -f baselines_store/*/cudnn_plans.json; step_ab; }
-step_calibrate() { python3 -m gpuengine gatepower calibrate -m gatepower --keep-trials "$logdir/trials-calibrate"; }
-step_study() { python3 -m gpuengine gatepower --keep-trials "$logdir/trials-study"; }
+step_calibrate() { ./gate gatepower calibrate -m gatepower --keep-trials "$logdir/trials-calibrate"; }
+step_study() { ./gate gatepower --keep-trials "$logdir/trials-study"; }
 
 run_steps() {
     local spec step name minutes began status

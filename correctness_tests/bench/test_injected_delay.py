@@ -53,7 +53,7 @@ def seconds_per_step(tr: Trainer, steps: int = 8) -> float:
 def test_engines_never_wait_unless_armed(clean_env):
     assert not injected_delay.armed()
     assert injected_delay.step_hook(CPU) is None and trainer().step_hook is None
-    with pytest.raises(injected_delay.InjectionRefused, match="python -m gpuengine gatepower"):
+    with pytest.raises(injected_delay.InjectionRefused, match="./gate gatepower"):
         injected_delay.set_delay_us(100)
 
 

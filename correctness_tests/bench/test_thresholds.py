@@ -168,7 +168,7 @@ def test_default_path_is_read_at_call_time(tmp_path, monkeypatch):
 
 # Each claim's floor: its target, or just under the measured lead where the lead holds with margin (so that a real
 # loss of the lead fails even when it comes in steps too small for the stored-run check). A target the stored runs
-# do not show met stays at the target, marked as one (correctness_tests/bench/test_claims.py checks the marking).
+# do not show met stays at the target, marked as one (correctness_tests/gate/test_claims.py checks the marking).
 # The rules over PyTorch's captured step read torch_graph_best since issue 21, their floors unchanged: targets until a
 # stored run that timed torch_compile_graph too shows them held; torch_graph alone decides none of them.
 @pytest.mark.parametrize("gpu, test, reference, expected, kind", [

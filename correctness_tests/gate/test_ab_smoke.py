@@ -218,7 +218,7 @@ def test_the_power_study_runs_a_b_with_the_delay_on_the_head_only(tmp_path):
     base = copy_of(tmp_path, "base")
     store, kept = tmp_path / "study-store", tmp_path / "trials"
     store.mkdir()
-    result = subprocess.run([sys.executable, "-m", "gpuengine", "gatepower", f"--against={base}", "--sessions", "2",
+    result = subprocess.run([sys.executable, "-m", "gpuengine.gate.commands", "gatepower", f"--against={base}", "--sessions", "2",
                              "--trials", "2", "--levels", "0,10", "-k", "test_mlp_train", "--store", str(store),
                              "--keep-trials", str(kept)], cwd=REPO, capture_output=True, text=True, timeout=900,
                             env=outside_xdist())

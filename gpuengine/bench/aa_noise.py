@@ -37,6 +37,7 @@ from .stored_runs import history_folder, scan
 
 CODE_FOLDERS = ("gpuengine", "perf_tests")
 # No timed round runs these (the worker script both sides run is the head's): a base that differs only there is A/A.
+# gpuengine/bench/report is where the report lived in bases older than gpuengine/gate/report.
 NOT_TIMED = ("gpuengine/gate", "gpuengine/bench/report")
 
 

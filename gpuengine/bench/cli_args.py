@@ -127,3 +127,19 @@ def gpu_workloads(names: list[str], why_gpu: str) -> None:
             raise UsageError(f"argument workloads: {exc}") from None
     if not gpu_visible():
         raise UsageError(f"no CUDA GPU is visible here (CuPy missing, or no device): {why_gpu}")
+
+
+def run_command(parser: argparse.ArgumentParser, argv: list[str], engine_commands: tuple[str, ...]) -> int:
+    """Parse `argv` and run its command; before any work a bad argument, or a bad GPUENGINE_* toggle where the
+    command runs the engine, is refused once (the usage and the message, status 2), not by every trial or
+    session it would reach."""
+    from gpuengine.config import ConfigError, EngineConfig
+    args = parser.parse_args(argv)
+    try:
+        if args.command in engine_commands:
+            EngineConfig.from_env()
+        if getattr(args, "check", None):
+            args.check(args)
+    except (UsageError, ConfigError) as exc:
+        args.parser.error(str(exc))   # exits 2
+    return args.run(args)

@@ -1,6 +1,6 @@
 """Validation only: a busy wait at the end of every engine step, to make the engine a known amount slower.
 
-`python -m gpuengine gatepower` measures how often the regression gate
+`./gate gatepower` measures how often the regression gate
 catches a slowdown it knows is there. On a GPU the wait is a one-thread CUDA
 kernel spinning on %globaltimer for the nanoseconds in a device scalar:
 launched at the end of the step, it is captured into the step's CUDA graph,
@@ -61,7 +61,7 @@ def armed() -> bool:
         return False
     if not os.environ.get(GUARD_ENV):
         raise InjectionRefused(f"{DELAY_ENV} is set but {GUARD_ENV} is not: the injected slowdown exists only "
-                               "for `python -m gpuengine gatepower`; unset it to measure the engine as it is")
+                               "for `./gate gatepower`; unset it to measure the engine as it is")
     _parse_us(raw)
     return True
 
@@ -116,7 +116,7 @@ def step_hook(config) -> Callable[[], None] | None:
 def set_delay_us(us: float):
     """Change the delay of every armed engine of this process (the study's trials); refused when not armed."""
     if not armed():
-        raise InjectionRefused(f"set_delay_us needs {DELAY_ENV} and {GUARD_ENV} (python -m gpuengine gatepower)")
+        raise InjectionRefused(f"set_delay_us needs {DELAY_ENV} and {GUARD_ENV} (./gate gatepower)")
     os.environ[DELAY_ENV] = repr(float(us))   # engines built later start at the same delay
     for delay in _delays.values():
         delay.set_us(us)

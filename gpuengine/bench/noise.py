@@ -5,7 +5,7 @@ Experiments", ch. 3.9): the log of a per-round value of run j is
 mu + b_j + e_ij, where b_j is the run's own offset (process, clocks, memory
 placement) and e_ij the round's noise. A run's median then varies between runs
 with variance between_run_sd^2 + pi/2 round_sd^2 / rounds: more rounds shrink
-only the second part. Calibration (`python -m gpuengine gatepower calibrate`)
+only the second part. Calibration (`./gate gatepower calibrate`)
 repeats each test in several processes ("sessions"), several trials each, and
 estimates both parts; the session-to-session part comes from the analysis of
 variance of the trial medians. With few runs the estimate is pulled towards

@@ -3,7 +3,7 @@
 Stored-run mode compares this run's rounds with a baseline run's: two
 processes, often two machines. Rounds of one process agree far better than
 runs of two, so the rule needs each test's run-to-run sd
-(regression.py's `between_run_sd`). `python -m gpuengine gatepower
+(regression.py's `between_run_sd`). `./gate gatepower
 calibrate` measures it on one machine (noise.json); without it the rule used
 a 1% prior, and on H100 that prior flagged 10 of 198 comparisons of stored
 runs whose engine code was the same (5%, against the rule's 1%).

@@ -27,7 +27,7 @@ from .json_files import JsonFileError, load_json
 from .profile.record import PROFILES
 
 HISTORY = "history"
-GATEPOWER = "gatepower"   # python -m gpuengine gatepower's studies
+GATEPOWER = "gatepower"   # ./gate gatepower's studies
 # Folders inside a tier folder that hold something other than its baselines.
 RESERVED = (HISTORY, "slow", GATEPOWER, "maxbatch", PROFILES)
 RUN_GLOB = "[0-9][0-9][0-9][0-9]_*.json"

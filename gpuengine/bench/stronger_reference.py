@@ -16,7 +16,7 @@ for this workload, so torch_graph is PyTorch's strongest), at least one timed.
 A run that timed torch_graph alone (the quick tier leaves torch_compile_graph
 to the nightly one for the slow-compiling workloads: gpuengine/gate/tiers.py) has
 no torch_graph_best, so it decides no rule that reads it
-(gpuengine/bench/report/claims.py takes the newest run that has one).
+(gpuengine/gate/report/claims.py takes the newest run that has one).
 """
 from __future__ import annotations
 

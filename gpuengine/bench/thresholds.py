@@ -31,7 +31,7 @@ Each rule says what kind it is (`kind`):
   and fails the test only with `--claims` (and in the nightly tier, `--full`);
 - `exempt`: `min_ratio: null`, reported and never gated.
 
-correctness_tests/bench/test_claims.py holds the marking to the stored runs:
+correctness_tests/gate/test_claims.py holds the marking to the stored runs:
 a claim that their newest measurement misses fails it.
 """
 from __future__ import annotations

@@ -44,7 +44,7 @@ from pathlib import Path
 import pytest
 
 from gpuengine.bench import injected_delay, paired
-from gpuengine.bench.gatepower import trials as study_trials
+from gpuengine.gate.gatepower import trials as study_trials
 from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.machine_info import Tier
 from gpuengine.bench.noise import NOISE_FILE, NoiseTable

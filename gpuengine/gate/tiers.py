@@ -18,7 +18,7 @@ the quick tier's seconds of timed rounds for all of the workload's quick cases
 on one GPU (set-up, compilation and capture come on top); the quick tier of
 the whole suite is meant to stay within 10 minutes on one H100, short enough
 to run before every merge (docs/gate.md, "Tier time").
-The first quick case (or `study=`) is the one `python -m gpuengine gatepower`
+The first quick case (or `study=`) is the one `./gate gatepower`
 measures for the workload.
 
 The tiers also differ in what a target not met yet does (`targets_fail`): the
@@ -42,7 +42,7 @@ NIGHTLY_FAILS_TARGETS = True   # the nightly tier holds the engine to its target
 
 MARKERS = (
     f"{NIGHTLY}: a perf case of the nightly tier only (./gate perf --full runs it)",
-    f"{STUDY}: the case of its workload that python -m gpuengine gatepower measures",
+    f"{STUDY}: the case of its workload that ./gate gatepower measures",
     f"{WORKLOAD}(name, budget_s, quick_cases): the workload of a perf case and its quick-tier time budget",
 )
 

@@ -77,7 +77,7 @@ class PlanChoices:
 
     def record(self, key: tuple, plan_name: str, ms: float, timings: list | None = None):
         """A choice made; `timings`: every way timed for it, [(name, Timing)] in the heuristic's order (what
-        `python -m gpuengine plans` replays to see how the choice moves with the margin)."""
+        `./gate plans` replays to see how the choice moves with the margin)."""
         if self.preset.get(key_text(key)) != plan_name:
             self.tuned[key_text(key)] = {"plan": plan_name, "ms": round(ms, 5)}
         if timings:

@@ -199,7 +199,7 @@ _TUNING = autotune.Progress("cuDNN graphs autotuned")
 
 
 def built_graphs() -> dict[tuple, CudnnGraph]:
-    """Every graph this process built, by key: what building and autotuning cost (`python -m gpuengine plans`)."""
+    """Every graph this process built, by key: what building and autotuning cost (`./gate plans`)."""
     return dict(_GRAPHS)
 
 
