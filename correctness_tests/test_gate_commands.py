@@ -115,6 +115,6 @@ def test_wheels_fetches_another_lock_of_the_tier_where_named(tmp_path):
     for extra in ([], ["--lock", "HEAD~3:locks/cuda13.txt"]):
         subprocess.run([str(ROOT / "gate"), "wheels", "DIR", "--have", "FREEZE", *extra], env=env, check=True,
                        capture_output=True, timeout=60)
-    runs = [line for line in log.read_text().splitlines() if "stack_lock_cli" in line]
-    assert runs == [f"-m gpuengine.bench.stack_lock_cli wheels --lock {lock} --tier cuda13 --python-version 3.12 "
+    runs = [line for line in log.read_text().splitlines() if "gpuengine.gate.stack.cli" in line]
+    assert runs == [f"-m gpuengine.gate.stack.cli wheels --lock {lock} --tier cuda13 --python-version 3.12 "
                     "DIR --have FREEZE" for lock in ("locks/cuda13.txt", "HEAD~3:locks/cuda13.txt")]

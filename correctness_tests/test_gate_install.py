@@ -108,7 +108,7 @@ def test_without_installing_the_gate_checks_this_python_against_the_tiers_lock_f
     env = machine_env(tmp_path, GPU.format(cuda="13.0"), GATE_NO_INSTALL="1")
     subprocess.run([str(ROOT / "gate"), "test", "--co"], env=env, check=True, capture_output=True, timeout=60)
     assert log.read_text().splitlines() == [
-        "-m gpuengine.bench.stack_lock_cli check --lock locks/cuda13.txt --tier cuda13 [cuda13]",
+        "-m gpuengine.gate.stack.cli check --lock locks/cuda13.txt --tier cuda13 [cuda13]",
         "-m pytest correctness_tests perf_tests -q --co [cuda13]"]
 
 

@@ -16,7 +16,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from gpuengine.bench import stack_lock
-from gpuengine.bench.stack_lock_cli import read_have
+from gpuengine.gate.stack.cli import read_have
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = ROOT / "locks" / "constraints" / "h100-image.txt"

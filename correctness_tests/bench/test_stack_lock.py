@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from gpuengine.bench import stack_lock, stack_lock_cli
+from gpuengine.bench import stack_lock
+from gpuengine.gate.stack import cli as stack_lock_cli
 from gpuengine.bench.machine_info import CPU_TIER, Tier, collect_machine_info
 from gpuengine.bench.stack_lock import NO_LOCK, Difference, LockError, StackId
 from gpuengine.config import EngineConfig

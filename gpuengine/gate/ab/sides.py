@@ -63,7 +63,7 @@ class SideError(RuntimeError):
 @dataclass(frozen=True)
 class Interpreter:
     """The Python a worker runs and the environment it runs in: this process's for a code A/B; for a stack A/B
-    (`--against-stack`) the base's is another lock's (gpuengine/bench/stack_env.py)."""
+    (`--against-stack`) the base's is another lock's (gpuengine/gate/stack/env.py)."""
 
     python: str = sys.executable
     environ: Mapping[str, str] | None = None   # the whole environment; None: this process's

@@ -5,10 +5,10 @@ rounds alternating with the references, the rule of gpuengine/bench/paired.py.
 Here both workers import the working tree (gpuengine/gate/ab/worker.py puts it
 first on sys.path); the head runs in the gate's Python, whose lock is the
 tier's `locks/<tier>.txt`, and the base in an environment holding LOCK's
-packages (gpuengine/bench/stack_env.py: a venv where a registry is; with
+packages (gpuengine/gate/stack/env.py: a venv where a registry is; with
 GATE_NO_INSTALL=1 this Python with the packages it does not meet installed
 from `--stack-wheels DIR` first on PYTHONPATH). LOCK is a file or REV:PATH
-(gpuengine/bench/stack_ab.py).
+(gpuengine/gate/stack/change.py).
 
 What the session says and keeps: the change between the two locks, printed
 once before the base's environment is built and kept in each test's
@@ -29,9 +29,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuengine.bench.stack_ab import (OtherLock, StackChange, base_label, cudnn_packages, read_other_lock,
+from gpuengine.gate.stack.change import (OtherLock, StackChange, base_label, cudnn_packages, read_other_lock,
                                       shares_plans, stack_change)
-from gpuengine.bench.stack_env import NO_INSTALL_ENV, WHEELS_ENV, Say, StackEnv, StackEnvError, prepare, say_on_stderr
+from gpuengine.gate.stack.env import NO_INSTALL_ENV, WHEELS_ENV, Say, StackEnv, StackEnvError, prepare, say_on_stderr
 from gpuengine.bench.stack_lock import REPO, Lock, LockError, current_record, lock_path, read_lock
 
 AGAINST_STACK, STACK_WHEELS = "--against-stack", "--stack-wheels"

@@ -1,9 +1,9 @@
 """`./gate`'s lock checks: this Python against a tier's lock, and the wheels a machine without a registry lacks.
 
-    python -m gpuengine.bench.stack_lock_cli check --lock locks/cuda13.txt --tier cuda13
+    python -m gpuengine.gate.stack.cli check --lock locks/cuda13.txt --tier cuda13
         each package of the lock this Python lacks or has at another version (./gate runs it once where
         GATE_NO_INSTALL=1 keeps it from installing); always exits 0: the run goes on and records the differences
-    python -m gpuengine.bench.stack_lock_cli wheels DIR --have FREEZE --lock locks/cuda13.txt --tier cuda13
+    python -m gpuengine.gate.stack.cli wheels DIR --have FREEZE --lock locks/cuda13.txt --tier cuda13
                                             --python-version 3.12 [--list]
         the lock's packages that FREEZE (`pip freeze`, or `pip list --format=json`, of the machine to bring them to)
         lacks or has at another version, then `pip download` of exactly those, for CPython of that version on
@@ -22,8 +22,8 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from .stack_ab import read_other_lock
-from .stack_lock import TIERS, Difference, Lock, LockError, differences, installed_versions, read_lock
+from .change import read_other_lock
+from gpuengine.bench.stack_lock import TIERS, Difference, Lock, LockError, differences, installed_versions, read_lock
 
 # The manylinux x86_64 wheels a glibc 2.28 or newer machine takes (the GPU image has 2.39), newest tag first.
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
@@ -116,7 +116,7 @@ def wheels(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gpuengine.bench.stack_lock_cli",
+    parser = argparse.ArgumentParser(prog="python -m gpuengine.gate.stack.cli",
                                      description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     for name in ("check", "wheels"):

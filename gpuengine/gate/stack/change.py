@@ -1,7 +1,7 @@
 """What `./gate perf --against-stack LOCK` compares: the other stack's lock, how the head's differs, and its name.
 
 A stack A/B runs the working tree's engine on both sides, the base in the
-environment of another lock (gpuengine/bench/stack_env.py builds it), the head
+environment of another lock (gpuengine/gate/stack/env.py builds it), the head
 in the environment the gate runs in, whose lock is the tier's
 `locks/<tier>.txt`. LOCK names the base's lock:
 
@@ -26,7 +26,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .stack_lock import Lock, LockError, differences, parse_pins
+from gpuengine.bench.stack_lock import Lock, LockError, differences, parse_pins
 
 # The packages whose versions decide which cuDNN plans exist and how fast each is.
 CUDNN_FRONTEND = "nvidia-cudnn-frontend"

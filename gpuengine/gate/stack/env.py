@@ -1,6 +1,6 @@
 """The base's environment of a stack A/B: the other lock's packages, where the base's worker imports them from.
 
-`./gate perf --against-stack LOCK` (gpuengine/bench/stack_ab.py) runs the
+`./gate perf --against-stack LOCK` (gpuengine/gate/stack/change.py) runs the
 working tree's engine twice, the head in the gate's own Python and the base
 in one that holds LOCK's packages. The worker puts the checkout first on
 sys.path, so neither environment installs gpuengine. Two ways, by whether
@@ -47,8 +47,8 @@ from packaging.tags import sys_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion
 
-from .stack_ab import OtherLock
-from .stack_lock import Difference, differences, installed_versions
+from .change import OtherLock
+from gpuengine.bench.stack_lock import Difference, differences, installed_versions
 
 STACKS = Path("build") / "stacks"   # under the checkout: git-ignored (/build/)
 STAMP_FILE = "gate-stack.json"      # inside the built folder: present only once the build succeeded

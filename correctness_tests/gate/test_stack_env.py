@@ -1,4 +1,4 @@
-"""The base's environment of a stack A/B (gpuengine/bench/stack_env.py), pip stood in: what it installs and how,
+"""The base's environment of a stack A/B (gpuengine/gate/stack/env.py), pip stood in: what it installs and how,
 the error for a wheel folder lacking a package, the stamp that lets it be reused, and that nothing half-made is."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuengine.bench import stack_env
-from gpuengine.bench.stack_ab import OtherLock
-from gpuengine.bench.stack_env import STACKS, StackEnvError
+from gpuengine.gate.stack import env as stack_env
+from gpuengine.gate.stack.change import OtherLock
+from gpuengine.gate.stack.env import STACKS, StackEnvError
 from gpuengine.bench.stack_lock import Lock
 
 PINS = {"nvidia-cudnn-frontend": "1.22.1", "numpy": "2.4.6", "torch": "2.11.0", "nvmath-python": "1.0.0"}

@@ -1,4 +1,4 @@
-"""A stack A/B's description (gpuengine/bench/stack_ab.py): the other lock named by a path or REV:PATH, its change
+"""A stack A/B's description (gpuengine/gate/stack/change.py): the other lock named by a path or REV:PATH, its change
 against the head's lock, the base's label, and whether the sides may share cuDNN plans."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuengine.bench import stack_ab
+from gpuengine.gate.stack import change as stack_ab
 from gpuengine.bench.stack_lock import Lock, LockError
 
 HEADER = "# The cuda13 tier's locked stack: Python 3.12, x86_64-manylinux_2_28, extras cuda13,torch,test,report.\n"
