@@ -21,8 +21,9 @@ of the segments either side. Measured on synthetic series (correctness_tests/ben
 docs/gate.md "Change points"): a 3% step in 1% noise, 8 runs a side, found in 92% of 200 seeds; pure
 noise flagged in 2%.
 
-ruptures (the `report` extra) may be missing on a GPU machine that only runs the perf tests: `analyse`
-then says so in `Analysis.unavailable` and computes nothing, and its callers print that instead.
+ruptures (the `changepoints` extra, in the CPU tier's lock only until the GPU locks' next refresh) may be
+missing on a GPU machine: `analyse` then says so in `Analysis.unavailable` and computes nothing, and its
+callers print that instead.
 """
 from __future__ import annotations
 
@@ -48,8 +49,9 @@ CLIP_SD = 4.0      # a run further than this many noise sds from its segment's m
 RECENT_RUNS = 5    # ./gate perf's summary lists change points whose first run after is one of the newest 5
 TIME = "time per sample"
 LIBRARY = "ruptures"
-MISSING = (f"change points not computed: the {LIBRARY} package is not installed here (the report extra: pip "
-           f"install -e '.[report]'; a GPU machine without a registry takes its wheel, docs/gate.md)")
+MISSING = (f"change points not computed: the {LIBRARY} package is not installed here (the changepoints extra, in "
+           "the CPU tier's lock: pip install -e '.[changepoints]'; a GPU machine without a registry may bring its "
+           "wheel, docs/gate.md)")
 
 
 @dataclass(frozen=True)
