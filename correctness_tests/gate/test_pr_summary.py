@@ -159,3 +159,8 @@ def test_the_summary_is_written_whole_and_appended_to_the_step_summary(tmp_path)
     assert step.read_text() == "## an earlier step\n\n# first\n\n# second\n"
     assert write("# alone\n", target, {}) == [target]
     assert [p.name for p in target.parent.iterdir()] == ["summary.md"]   # nothing left aside
+
+
+def test_an_interrupted_run_is_said_to_be_no_verdict():
+    text = render(RunFacts(run([bench(INFER, ab_check("not significant", 0.0))]), 2))
+    assert text.startswith("## gpuengine perf gate: interrupted: no verdict, nothing saved\n")
