@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("torch.distributed", reason="the rendezvous uses torch's TCPStore; torch is not installed")
 
 from gpuengine.config import EngineConfig  # noqa: E402
-from gpuengine.parallel.launch import child_env, device_notice  # noqa: E402
+from gpuengine.parallel.launch import child_env, device_notice, free_port  # noqa: E402
 from gpuengine.runtime.backend import gpu_visible  # noqa: E402
 from gpuengine.workloads.data_parallel import build  # noqa: E402
 from gpuengine.trainer import Trainer  # noqa: E402
@@ -63,6 +63,23 @@ def test_n_ranks_at_global_batch_b_train_like_one_process_at_b(tmp_path, workloa
     assert f"{workload}: {world} ranks, global batch {size['batch']}" in result.stdout
     ranks = assert_same_training(tmp_path, world, *single_process(workload, env, **size))
     assert int(ranks[0]["buckets"]) > 1, "the small bucket cap must split the gradients"
+
+
+def test_torchrun_with_two_node_ranks_trains_like_one_process(tmp_path):
+    """torchrun's contract across machines, on one host: two node ranks of one process each, static rendezvous
+    at MASTER_ADDR:MASTER_PORT (the agent hosts the store; the engine's rank 0 finds the port taken and, as
+    TORCHELASTIC_USE_AGENT_STORE says, uses the agent's), train like one process at the global batch."""
+    size, port = SIZES["mlp"], free_port()
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                               "-m", "gpuengine.workloads.data_parallel", "mlp", "--out", str(tmp_path),
+                               *[f"--{k}={v}" for k, v in size.items()]],
+                              cwd=REPO, env=dict(os.environ, **CPU), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for node in (0, 1)]
+    outputs = [node.communicate(timeout=180)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    assert f"mlp: 2 ranks, global batch {size['batch']}" in outputs[0]
+    assert_same_training(tmp_path, 2, *single_process("mlp", CPU, **size))
 
 
 FAILING = """
