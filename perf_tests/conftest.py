@@ -25,7 +25,7 @@ from gpuengine.bench import oom
 from gpuengine.bench.benchmarking import Comparison
 from gpuengine.gate.gatepower import trials as study_trials
 from gpuengine.bench.gpu_memory import is_out_of_memory
-from gpuengine.bench.regression import choose_reference
+from gpuengine.gate.rules.regression import choose_reference
 
 from gpuengine.gate.ab.session import ab_record
 from gpuengine.gate.ab.sides import EnginePair

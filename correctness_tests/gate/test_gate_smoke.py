@@ -22,11 +22,11 @@ import pytest
 
 from gpuengine.bench.benchmarking import Comparison
 from gpuengine.bench.machine_info import Tier
-from gpuengine.bench.noise import NoiseTable
-from gpuengine.bench.regression import MIN_ROUNDS
+from gpuengine.gate.rules.noise import NoiseTable
+from gpuengine.gate.rules.regression import MIN_ROUNDS
 from gpuengine.bench.stack_lock import NO_LOCK, StackId, stack_of
 from gpuengine.bench.stored_runs import StoredRun
-from gpuengine.bench.verdicts import REGRESSED
+from gpuengine.gate.rules.verdicts import REGRESSED
 
 from correctness_tests.inner_sessions import leave_xdist
 from gpuengine.gate import tiers
@@ -208,8 +208,8 @@ def test_the_run_is_summarised_in_markdown_for_a_pull_request_and_the_ci_step(se
 
 
 def test_the_summary_lists_the_change_points_the_newest_runs_started(session, pytester):
-    from gpuengine.bench import changepoints
-    from correctness_tests.bench.test_changepoints import make_store
+    from gpuengine.gate import changepoints
+    from correctness_tests.gate.test_changepoints import make_store
     pytest.importorskip(changepoints.LIBRARY, reason=changepoints.MISSING)
     make_store(pytester.path / "baselines_store", tier="cpu-tier", step_at=12, other_lock=False)   # 0013 on: 5%
     result = session("-k", "test_a", "--gate-summary", "build/summary.md")

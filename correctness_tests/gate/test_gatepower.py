@@ -20,8 +20,8 @@ import pytest
 from gpuengine.bench import injected_delay
 from gpuengine.gate.gatepower import analysis, calibration, trials
 from gpuengine.gate.gatepower.sessions import REPO, SessionPlan
-from gpuengine.bench.noise import NoiseTable
-from gpuengine.bench.regression import RunSamples
+from gpuengine.gate.rules.noise import NoiseTable
+from gpuengine.gate.rules.regression import RunSamples
 from gpuengine.bench.runners import EngineTrainRunner
 from gpuengine.config import EngineConfig
 from gpuengine.runtime.backend import gpu_visible

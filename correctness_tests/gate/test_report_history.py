@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from gpuengine.bench import changepoints
+from gpuengine.gate import changepoints
 from gpuengine.gate.report import build_report, load_store
 from gpuengine.gate.report import history
 from gpuengine.gate.report.figures import _figure
 
-from ..bench.test_changepoints import STEADY, STEPPED, make_store
+from .test_changepoints import STEADY, STEPPED, make_store
 from .test_report import NEEDS_MATPLOTLIB, png_size
 
 pytest.importorskip("matplotlib", reason=NEEDS_MATPLOTLIB)

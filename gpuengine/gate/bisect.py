@@ -6,13 +6,13 @@ Every step is an A/B session of the gate's own (gpuengine/gate/ab/): the
 working tree runs it (its tests, references, rule and worker script), GOOD's
 engine is the base and the step's commit the head (`--against GOOD --head
 COMMIT`, each checked out in a temporary worktree), and the paired rule
-(gpuengine/bench/paired.py) judges the head's rounds against the base's. So
+(gpuengine/gate/rules/paired.py) judges the head's rounds against the base's. So
 every commit is judged by one rule with one bar (the store's A/A noise), the
 way the gate would judge it, whatever the age of its own gate code (its perf
 module needs an `ENGINES` recipe for the test, as A/B mode does). A step
 reads its verdict from the session's `--benchmark-json` and the test's outcome
 from `--junitxml`; nothing is saved to the store, so no step becomes a
-baseline or an A/A run (gpuengine/bench/aa_noise.py learns from stored runs
+baseline or an A/A run (gpuengine/gate/rules/aa_noise.py learns from stored runs
 only). Each step's output, its two files and its workers' logs stay in
 build/bisect/ (the last bisect's only), with the summary in bisect.txt.
 
@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Callable
 
 from gpuengine.bench.json_files import JsonFileError, load_json, write_text
-from gpuengine.bench.paired import MIN_ROUNDS, PREFERRED_ROUNDS
-from gpuengine.bench.verdicts import REGRESSED
+from gpuengine.gate.rules.paired import MIN_ROUNDS, PREFERRED_ROUNDS
+from gpuengine.gate.rules.verdicts import REGRESSED
 
 from .ab.checkout import BaseError, git
 from .ab.session import LOG_DIR as AB_LOG_DIR

@@ -12,8 +12,8 @@ round, here or in a worker, runs on the session's timing core (gpuengine/gate/ab
 benchmarks disabled (xdist, --benchmark-disable), pedantic would run a single
 round, so the same alternation runs without it and ratios are still measured
 and gated. Timing gates only on a GPU tier: a ratio below a claim that has
-held, or a regression against the base (A/B, gpuengine/bench/paired.py) or the
-test's stored baseline run (gpuengine/bench/regression.py), through
+held, or a regression against the base (A/B, gpuengine/gate/rules/paired.py) or the
+test's stored baseline run (gpuengine/gate/rules/regression.py), through
 gpuengine/gate/plugin.py.
 A ratio below a target not met yet is recorded and listed in the summary, and
 fails the test only where the session says so (`--claims`, the nightly tier).

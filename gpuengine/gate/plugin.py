@@ -1,7 +1,7 @@
 """The gate's pytest plugin: per-test baselines, where a run is saved, tiers, and the regression checks.
 
 - A test that ran A/B (gpuengine/gate/ab/session.py) is judged head against base
-  by gpuengine/bench/paired.py, its bar from the stored A/A runs
+  by gpuengine/gate/rules/paired.py, its bar from the stored A/A runs
   (`process_noise`, which the A/B plugin fills in).
 - Otherwise each test is compared with the newest stored baseline result *for
   that test* that carries timings (gpuengine/bench/stored_runs.py) in this
@@ -43,14 +43,16 @@ from pathlib import Path
 
 import pytest
 
-from gpuengine.bench import injected_delay, paired
+from gpuengine.bench import injected_delay
+
+from gpuengine.gate.rules import paired
 from gpuengine.gate.gatepower import trials as study_trials
 from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.machine_info import Tier
-from gpuengine.bench.noise import NOISE_FILE, NoiseTable
-from gpuengine.bench.regression import NoiseLevels, RunSamples, decide
-from gpuengine.bench.stored_noise import StoredNoise
-from gpuengine.bench.verdicts import NO_BASELINE, NOT_COMPARABLE, REGRESSED, Decision
+from gpuengine.gate.rules.noise import NOISE_FILE, NoiseTable
+from gpuengine.gate.rules.regression import NoiseLevels, RunSamples, decide
+from gpuengine.gate.rules.stored_noise import StoredNoise
+from gpuengine.gate.rules.verdicts import NO_BASELINE, NOT_COMPARABLE, REGRESSED, Decision
 from gpuengine.bench.stack_lock import NO_LOCK, StackId, current_record, stack_of
 from gpuengine.bench.stored_runs import (StoredRun, UnreadableRun, history_folder, newest_per_test, newest_with_runners,
                                         read_run, runners_of, scan)
@@ -418,7 +420,7 @@ class GateTest:
                 "the runners between the engine's rounds change its speed, so another tier's run is not compared")
 
     def check_paired(self, ab: dict) -> CheckOutcome:
-        """Head over base, round by round in this session (gpuengine/bench/paired.py)."""
+        """Head over base, round by round in this session (gpuengine/gate/rules/paired.py)."""
         learned = self.state.process_noise.get(self.fullname)
         decision = paired.decide_paired(ab["head_round_ms"], ab["base_round_ms"],
                                         head_samples=ab["head_samples_per_round"],

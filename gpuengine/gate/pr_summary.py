@@ -24,12 +24,12 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuengine.bench import paired
-from gpuengine.bench.changepoints import RECENT_RUNS
+from gpuengine.gate.rules import paired
+from gpuengine.gate.changepoints import RECENT_RUNS
 from gpuengine.bench.json_files import write_text
 from gpuengine.bench.machine_info import CPU_TIER
 from gpuengine.bench.stack_lock import stack_of
-from gpuengine.bench.verdicts import IMPROVED, NO_BASELINE, NOT_COMPARABLE, NOT_SIGNIFICANT, REGRESSED
+from gpuengine.gate.rules.verdicts import IMPROVED, NO_BASELINE, NOT_COMPARABLE, NOT_SIGNIFICANT, REGRESSED
 
 INTERRUPTED = 2   # pytest's exit status of a session stopped before its tests ended (Ctrl-C): no verdict
 SUMMARY_PATH = Path("build") / "summary.md"
@@ -279,7 +279,7 @@ SECTIONS = (headline, failures, other_verdicts, claims_and_targets, not_signific
 
 
 def change_points(lines: list[str]) -> Section:
-    """The change points the newest stored runs started (gpuengine/bench/changepoints.py's lines)."""
+    """The change points the newest stored runs started (gpuengine/gate/changepoints.py's lines)."""
     return Section(f"Change points (newest {RECENT_RUNS} stored runs)", [f"- {line}" for line in lines])
 
 

@@ -38,7 +38,7 @@ from gpuengine.bench.profile.against import SCRATCH, Checkout, head_checkout, pr
 from gpuengine.bench.profile.diff import ProfileDiff, format_diff
 from gpuengine.bench.profile.record import ProfileCase
 from gpuengine.bench.profile.workloads import get_workload
-from gpuengine.bench.verdicts import REGRESSED
+from gpuengine.gate.rules.verdicts import REGRESSED
 from gpuengine.workloads import transformer
 
 from .ab import checkout

@@ -71,7 +71,9 @@ from pathlib import Path
 
 from pytest import ExitCode
 
-from gpuengine.bench import changepoints, cudnn_plans
+from gpuengine.bench import cudnn_plans
+
+from gpuengine.gate import changepoints
 from gpuengine.bench.json_files import JsonFileError, write_text
 from gpuengine.bench.machine_info import checkout_commit, named_commit_info, run_tag
 from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_only, interrupted,

@@ -1,7 +1,7 @@
 """The gate's end-of-session summaries: on the terminal, and in markdown for a pull request.
 
 On the terminal, after a session that saved its run, also the change points of the stored history that the
-newest runs started (gpuengine/bench/changepoints.py).
+newest runs started (gpuengine/gate/changepoints.py).
 
 Sections of pytest's terminal summary (targets not met, references
 unavailable, the regression check, A/B power), from what
@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import pytest
 
-from gpuengine.bench import changepoints, paired
+from gpuengine.gate import changepoints
+
+from gpuengine.gate.rules import paired
 from gpuengine.bench.machine_info import checkout_commit
 from gpuengine.bench.stack_lock import current_record
-from gpuengine.bench.verdicts import NOT_COMPARABLE, REGRESSED
+from gpuengine.gate.rules.verdicts import NOT_COMPARABLE, REGRESSED
 
 from . import pr_summary
 from .plugin import GATE, GateState, failure_line

@@ -32,7 +32,7 @@ from typing import Callable, Collection, Sequence
 
 import pytest
 
-from gpuengine.bench.regression import MIN_ROUNDS
+from gpuengine.gate.rules.regression import MIN_ROUNDS
 
 NIGHTLY = "nightly"           # marker: a case only the full tier runs
 STUDY = "gatepower"           # marker: the case the gatepower study measures for its workload

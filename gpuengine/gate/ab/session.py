@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuengine.bench import aa_noise
+from gpuengine.gate.rules import aa_noise
 from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.stored_runs import scan
 

@@ -1,7 +1,7 @@
 """`./gate perf --against-stack LOCK`: an A/B session whose base is another lock's stack, the code the same.
 
 Judging a lock refresh is an A/B run like judging a commit: two workers,
-rounds alternating with the references, the rule of gpuengine/bench/paired.py.
+rounds alternating with the references, the rule of gpuengine/gate/rules/paired.py.
 Here both workers import the working tree (gpuengine/gate/ab/worker.py puts it
 first on sys.path); the head runs in the gate's Python, whose lock is the
 tier's `locks/<tier>.txt`, and the base in an environment holding LOCK's
@@ -16,7 +16,7 @@ extra_info["ab"]["stack_change"]; the base's label, "stack cuda13 lock
 3f1a2b3c4d5e (nvidia-cudnn-frontend 1.22.1 -> 1.32.0 on the head)", in the
 header, the failure lines and extra_info["ab"]["base"]; both locks' ids, so an
 A/A-noise estimate never takes a stack change for process noise
-(gpuengine/bench/aa_noise.py). The run is stored as any A/B run, under the
+(gpuengine/gate/rules/aa_noise.py). The run is stored as any A/B run, under the
 head's lock. Where the locks pin different cuDNN or cuDNN frontend versions
 the sides share no plans: each autotunes its own (docs/gate.md, "The locked
 stack"). gpuengine/gate/ab/session.py calls `resolve` from its configure hook;

@@ -18,11 +18,11 @@ import statistics
 
 import numpy as np
 
-from gpuengine.bench import paired
-from gpuengine.bench.aa_noise import ProcessNoise
-from gpuengine.bench.noise import NoiseTable, signal_noise
-from gpuengine.bench.regression import ALPHA, GOAL_POWER, GOAL_SLOWDOWN, decide, detectable_slowdown
-from gpuengine.bench.verdicts import REGRESSED
+from gpuengine.gate.rules import paired
+from gpuengine.gate.rules.aa_noise import ProcessNoise
+from gpuengine.gate.rules.noise import NoiseTable, signal_noise
+from gpuengine.gate.rules.regression import ALPHA, GOAL_POWER, GOAL_SLOWDOWN, decide, detectable_slowdown
+from gpuengine.gate.rules.verdicts import REGRESSED
 from .trials import Trial, TrialSet
 
 ACROSS, WITHIN = "across sessions", "within one session (understates run-to-run noise)"

@@ -6,7 +6,7 @@ prior with few runs). Tests the calibration did not run keep their entry.
 """
 from __future__ import annotations
 
-from gpuengine.bench.noise import CalibratedNoise, estimate
+from gpuengine.gate.rules.noise import CalibratedNoise, estimate
 from .trials import TrialSet
 
 

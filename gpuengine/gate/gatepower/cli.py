@@ -32,14 +32,14 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gpuengine.bench import aa_noise, paired
+from gpuengine.gate.rules import aa_noise, paired
 from gpuengine.bench.cli_args import UsageError, checked, number, output_folder, whole
 from gpuengine.bench.json_files import write_json
 from gpuengine.bench.machine_info import checkout_commit
-from gpuengine.bench.noise import NOISE_FILE, NoiseTable
-from gpuengine.bench.regression import ALPHA, GOAL_POWER, GOAL_SLOWDOWN
+from gpuengine.gate.rules.noise import NOISE_FILE, NoiseTable
+from gpuengine.gate.rules.regression import ALPHA, GOAL_POWER, GOAL_SLOWDOWN
 from gpuengine.bench.stored_runs import GATEPOWER, scan
-from gpuengine.bench.verdicts import MIN_EFFECT
+from gpuengine.gate.rules.verdicts import MIN_EFFECT
 from . import analysis, calibration
 from .sessions import REPO, SessionPlan, kept_sessions, run_sessions
 from .trials import parse_levels, read_trials

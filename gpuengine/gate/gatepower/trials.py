@@ -29,7 +29,7 @@ from typing import Callable
 from gpuengine.bench import injected_delay
 from gpuengine.bench.benchmarking import Comparison, interleave, time_round
 from gpuengine.bench.json_files import JsonFileError, load_json, write_json
-from gpuengine.bench.regression import RunSamples
+from gpuengine.gate.rules.regression import RunSamples
 
 LEVELS_ENV = "GATEPOWER_LEVELS_PCT"
 TRIALS_ENV = "GATEPOWER_TRIALS"

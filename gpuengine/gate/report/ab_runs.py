@@ -2,7 +2,7 @@
 
 Every A/B run stores, per test, the gate's check (`extra_info["stored_run_check"]`, mode "A/B"): the
 base it ran against, the verdict ("not significant", "regressed", "improved") and the slowdown the
-session's noise let the rule catch 95% of the time (`catches_95pct`, gpuengine/bench/paired.py). A run
+session's noise let the rule catch 95% of the time (`catches_95pct`, gpuengine/gate/rules/paired.py). A run
 whose base is its own commit is an A/A run: the same code on both sides, where every "regressed" is a
 false alarm. This table is what the README's "Where the gate stands" reads, so its figures come from the
 stored runs rather than from prose.

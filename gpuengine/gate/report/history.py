@@ -4,7 +4,7 @@ Each case gets its own row (a dozen cases in one panel drew a smear): on the lef
 sample, on the right its speed-up over torch_graph (and over torch_graph_best where the runs measured it),
 one point per stored run, the thresholds of `baselines_store/thresholds.json` dashed. The runs of a
 tier's series share one x axis, oldest first, its ticks thinned to a few run numbers and dates; a run
-that failed the gate is a red cross, outside the line. A change point (`gpuengine.bench.changepoints`,
+that failed the gate is a red cross, outside the line. A change point (`gpuengine.gate.changepoints`,
 baselines only) is a vertical dashed line between the last run before it and the first run after, labelled
 with its size and commit range, on the panel of its series: red where the engine got slower, green where
 faster. A dotted grey line marks where the runs' stack (lock) changed: series do not cross it.
@@ -15,8 +15,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuengine.bench import changepoints
-from gpuengine.bench.changepoints import Analysis, ChangePoint, RunPoint
+from gpuengine.gate import changepoints
+from gpuengine.gate.changepoints import Analysis, ChangePoint, RunPoint
 from gpuengine.bench.stack_lock import stack_of
 from gpuengine.bench.stronger_reference import STRONGER
 from .figures import CASE_COLOURS, RUNNER_COLOURS, _figure, _save

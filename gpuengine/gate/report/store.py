@@ -22,7 +22,7 @@ from pathlib import Path
 from gpuengine.bench.machine_info import CPU_TIER
 from gpuengine.bench.cudnn_plans import PLAN_FILE
 from gpuengine.bench.json_files import JsonFileError, load_json
-from gpuengine.bench.noise import NOISE_FILE
+from gpuengine.gate.rules.noise import NOISE_FILE
 from ..plan_stability import STORE_FOLDER as PLAN_STABILITY
 from gpuengine.bench.profile.record import PROFILES, StoredProfile, read_profile
 from gpuengine.bench.stored_runs import GATEPOWER, HISTORY, StoredRun, parse_run, placement

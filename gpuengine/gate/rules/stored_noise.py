@@ -26,11 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
+from gpuengine.bench.stack_lock import StackId, stack_of
+from gpuengine.bench.stored_runs import StoredRun, history_folder, scan
+
 from .noise import PRIOR_RUNS
 from .regression import DEFAULT_BETWEEN_RUN_SD, NoiseLevels, RunSamples
 from .significance import MEDIAN_VARIANCE_FACTOR, robust_sd
-from .stack_lock import StackId, stack_of
-from .stored_runs import StoredRun, history_folder, scan
 
 
 def same_code_groups(runs: list[StoredRun]) -> list[list[StoredRun]]:

@@ -1,4 +1,4 @@
-"""gpuengine.bench.significance: Mann-Whitney U against its exact distribution, the bootstrap's coverage, power.
+"""gpuengine.gate.rules.significance: Mann-Whitney U against its exact distribution, the bootstrap's coverage, power.
 
 Seeded simulations: each rate is a property of the statistic, checked on
 enough draws that the bound holds with a wide margin, and the same every run.
@@ -10,7 +10,7 @@ import itertools
 import numpy as np
 import pytest
 
-from gpuengine.bench.significance import (average_ranks, bootstrap_median_shift, mann_whitney_less,
+from gpuengine.gate.rules.significance import (average_ranks, bootstrap_median_shift, mann_whitney_less,
     rank_test_detectable_shift, rank_test_power, robust_sd)
 
 

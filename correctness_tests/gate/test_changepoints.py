@@ -1,4 +1,4 @@
-"""gpuengine.bench.changepoints: a step is found where it is, noise is left alone, and a store's runs become the
+"""gpuengine.gate.changepoints: a step is found where it is, noise is left alone, and a store's runs become the
 series the docs describe (baselines of one stack and one set of runners, oldest first)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuengine.bench import changepoints
+from gpuengine.gate import changepoints
 from gpuengine.bench.stored_runs import scan
 
 pytest.importorskip(changepoints.LIBRARY, reason=f"{changepoints.MISSING} (the cpu lock installs it)")

@@ -1,4 +1,4 @@
-"""The A/B rule (gpuengine/bench/paired.py): exact signed-rank p, the median interval, and the rule's
+"""The A/B rule (gpuengine/gate/rules/paired.py): exact signed-rank p, the median interval, and the rule's
 false alarms and power on simulated sessions with known process offsets."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from gpuengine.bench.paired import (ALPHA, DEFAULT_PROCESS_SD, MIN_ROUNDS, PREFERRED_ROUNDS, RANK_ALPHA, decide_paired,
+from gpuengine.gate.rules.paired import (ALPHA, DEFAULT_PROCESS_SD, MIN_ROUNDS, PREFERRED_ROUNDS, RANK_ALPHA, decide_paired,
                                     detectable_slowdown, median_interval, power_summary, preferred_rounds,
                                     signed_rank_p_greater)
-from gpuengine.bench.verdicts import IMPROVED, NOT_SIGNIFICANT, REGRESSED
+from gpuengine.gate.rules.verdicts import IMPROVED, NOT_SIGNIFICANT, REGRESSED
 
 
 def brute_force_p(d):

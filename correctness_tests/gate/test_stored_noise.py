@@ -1,14 +1,14 @@
-"""The stored-run rule's noise learned from stored runs of the same code (gpuengine/bench/stored_noise.py)."""
+"""The stored-run rule's noise learned from stored runs of the same code (gpuengine/gate/rules/stored_noise.py)."""
 from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gpuengine.bench.regression import DEFAULT_BETWEEN_RUN_SD, NoiseLevels, RunSamples, decide
-from gpuengine.bench.stored_noise import StoredNoise, between_run_sd, same_code_groups
+from gpuengine.gate.rules.regression import DEFAULT_BETWEEN_RUN_SD, NoiseLevels, RunSamples, decide
+from gpuengine.gate.rules.stored_noise import StoredNoise, between_run_sd, same_code_groups
 from gpuengine.bench.stored_runs import StoredRun
-from gpuengine.bench.verdicts import REGRESSED
+from gpuengine.gate.rules.verdicts import REGRESSED
 
 TEST = "perf_tests/test_x.py::test_x[a]"
 
@@ -84,7 +84,7 @@ def test_runs_without_the_signal_are_left_out(signal):
 def test_the_gate_takes_a_calibration_first_then_the_stored_runs():
     from types import SimpleNamespace
 
-    from gpuengine.bench.noise import NoiseTable
+    from gpuengine.gate.rules.noise import NoiseTable
     from gpuengine.gate.plugin import GateTest
 
     rng = np.random.default_rng(3)

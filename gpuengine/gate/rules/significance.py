@@ -9,7 +9,7 @@ The rank test's power is simulated on normal rounds (seeded): at 5-10 rounds
 the asymptotic formulas (relative efficiency 3/pi, Noether's sample size) are
 off by 10-15 points either way. A sample median of normal data has the
 asymptotic variance pi/2 * sd^2 / n. Each is checked against scipy.stats
-over many random samples (correctness_tests/bench/test_statistics_vs_scipy.py).
+over many random samples (correctness_tests/gate/test_statistics_vs_scipy.py).
 """
 from __future__ import annotations
 

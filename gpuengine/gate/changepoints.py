@@ -17,7 +17,7 @@ does not inflate it); then, as Apache Otava confirms its E-divisive candidates, 
 Welch t-test of the segments either side at ALPHA (each segment clipped to its median +- CLIP_SD noise sds),
 the weakest dropped until all do; each is then placed at the best single split near it (`_refined`). A change
 point names the last run before and the first run after it and its size, the relative change of the medians
-of the segments either side. Measured on synthetic series (correctness_tests/bench/test_changepoints.py,
+of the segments either side. Measured on synthetic series (correctness_tests/gate/test_changepoints.py,
 docs/gate.md "Change points"): a 3% step in 1% noise, 8 runs a side, found in 92% of 200 seeds; pure
 noise flagged in 2%.
 
@@ -36,11 +36,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .regression import choose_reference
-from .significance import robust_sd
-from .stack_lock import stack_of
-from .stored_runs import HISTORY, MACHINE_ID, StoredRun, scan
-from .stronger_reference import STRONGER
+from gpuengine.bench.stack_lock import stack_of
+from gpuengine.bench.stored_runs import HISTORY, MACHINE_ID, StoredRun, scan
+from gpuengine.bench.stronger_reference import STRONGER
+
+from .rules.regression import choose_reference
+from .rules.significance import robust_sd
 
 MIN_SEGMENT = 3    # runs a side at the least: one stray run is an outlier, not a new level
 PENALTY = 3.0      # x log(n) per split, in units of the noise variance (BIC's log n, made stricter)

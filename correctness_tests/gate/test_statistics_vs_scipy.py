@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from gpuengine.bench import paired, significance
+from gpuengine.gate.rules import paired, significance
 
 stats = pytest.importorskip("scipy.stats", reason="scipy is the CPU tier's `stats` extra (./gate test installs it)")
 

@@ -1,4 +1,4 @@
-"""gpuengine.bench.noise: the run-to-run noise estimate, its prior, and noise.json's format and errors."""
+"""gpuengine.gate.rules.noise: the run-to-run noise estimate, its prior, and noise.json's format and errors."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from gpuengine.bench.json_files import JsonFileError
-from gpuengine.bench.noise import PRIOR_RUNS, NoiseTable, estimate, signal_noise
-from gpuengine.bench.regression import DEFAULT_BETWEEN_RUN_SD, MIN_ROUNDS, RunSamples
+from gpuengine.gate.rules.noise import PRIOR_RUNS, NoiseTable, estimate, signal_noise
+from gpuengine.gate.rules.regression import DEFAULT_BETWEEN_RUN_SD, MIN_ROUNDS, RunSamples
 
 NAME = "perf_tests/test_mlp.py::test_mlp_train[tf32-graph8-resident-bpe1]"
 

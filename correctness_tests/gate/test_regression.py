@@ -1,4 +1,4 @@
-"""gpuengine.bench.regression: the stored-run rule's false alarms and power on synthetic runs of known noise.
+"""gpuengine.gate.rules.regression: the stored-run rule's false alarms and power on synthetic runs of known noise.
 
 Runs follow the model the rule assumes (noise.py): each run has its own
 offset (run-to-run noise) and each round its own noise; the engine and the
@@ -12,9 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from gpuengine.bench.regression import (MIN_ROUNDS, GOAL_SLOWDOWN, NoiseLevels, RunSamples, choose_reference, decide,
+from gpuengine.gate.rules.regression import (MIN_ROUNDS, GOAL_SLOWDOWN, NoiseLevels, RunSamples, choose_reference, decide,
                                         detectable_slowdown, recommend_rounds)
-from gpuengine.bench.verdicts import IMPROVED, NOT_COMPARABLE, NOT_SIGNIFICANT, REGRESSED
+from gpuengine.gate.rules.verdicts import IMPROVED, NOT_COMPARABLE, NOT_SIGNIFICANT, REGRESSED
 
 
 def synthetic_run(rng, slowdown=0.0, between=0.004, round_sd=0.002, rounds=7, reference_speedup=0.0,

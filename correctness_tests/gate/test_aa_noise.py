@@ -1,4 +1,4 @@
-"""Process noise learned from stored A/A runs (gpuengine/bench/aa_noise.py)."""
+"""Process noise learned from stored A/A runs (gpuengine/gate/rules/aa_noise.py)."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from gpuengine.bench.aa_noise import AaRun, code_hash, learn, stored_aa_runs
-from gpuengine.bench.paired import DEFAULT_PROCESS_SD
+from gpuengine.gate.rules.aa_noise import AaRun, code_hash, learn, stored_aa_runs
+from gpuengine.gate.rules.paired import DEFAULT_PROCESS_SD
 
 
 def record(rng, process_sd, rounds=9, round_sd=0.002, same_code=True) -> dict:

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .json_files import JsonFileError, load_json, require_number, write_json
+from gpuengine.bench.json_files import JsonFileError, load_json, require_number, write_json
+
 from .regression import DEFAULT_BETWEEN_RUN_SD, MAX_ROUNDS, MIN_ROUNDS, NoiseLevels, RunSamples, recommend_rounds
 from .significance import MEDIAN_VARIANCE_FACTOR, robust_sd
 

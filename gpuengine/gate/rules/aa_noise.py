@@ -15,7 +15,7 @@ log(head/base) per sample whose true value is 0, so
     E[d^2] = 2 sd_process^2 + pi/2 sd_round^2 / n
 
 and sd_process follows from the runs' d and their rounds' spread
-(gpuengine/bench/paired.py uses it for the bar). With few runs the estimate
+(gpuengine/gate/rules/paired.py uses it for the bar). With few runs the estimate
 is pulled towards the prior with the weight of PRIOR_RUNS runs, as
 noise.json's is (noise.py), so two runs that happen to agree cannot make a
 test look steadier than it is. `./gate perf --against HEAD` on a clean tree
@@ -30,10 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
+from gpuengine.bench.stored_runs import history_folder, scan
+
 from .noise import PRIOR_RUNS
 from .paired import DEFAULT_PROCESS_SD
 from .significance import MEDIAN_VARIANCE_FACTOR, robust_sd
-from .stored_runs import history_folder, scan
 
 CODE_FOLDERS = ("gpuengine", "perf_tests")
 # No timed round runs these (the worker script both sides run is the head's): a base that differs only there is A/A.
