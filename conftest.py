@@ -31,7 +31,7 @@ import pytest
 from gpuengine.bench.machine_info import (Tier, collect_machine_info, current_tier, named_commit, named_commit_info,
                                          run_tag)
 from gpuengine.bench.stack_lock import stack_of
-from gpuengine.bench.stored_runs import run_files
+from gpuengine.gate.store.stored_runs import run_files
 from gpuengine.config import ConfigError, EngineConfig
 from gpuengine.runtime.backend import get_backend, gpu_visible, resolve_device
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gpuengine.gate import changepoints
-from gpuengine.bench.stored_runs import scan
+from gpuengine.gate.store.stored_runs import scan
 
 pytest.importorskip(changepoints.LIBRARY, reason=f"{changepoints.MISSING} (the cpu lock installs it)")
 

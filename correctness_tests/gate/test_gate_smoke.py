@@ -25,7 +25,7 @@ from gpuengine.bench.machine_info import Tier
 from gpuengine.gate.rules.noise import NoiseTable
 from gpuengine.gate.rules.regression import MIN_ROUNDS
 from gpuengine.bench.stack_lock import NO_LOCK, StackId, stack_of
-from gpuengine.bench.stored_runs import StoredRun
+from gpuengine.gate.store.stored_runs import StoredRun
 from gpuengine.gate.rules.verdicts import REGRESSED
 
 from correctness_tests.inner_sessions import leave_xdist
@@ -253,7 +253,7 @@ def test_a_newer_stored_result_without_timings_does_not_hide_an_older_one_with_t
 def test_a_run_that_cannot_be_written_leaves_nothing_behind_and_fails_with_its_summary(session, pytester):
     pytester.makeconftest((REPO / "conftest.py").read_text()
                           + "\nfrom perf_tests.conftest import compare, gemm_peak_tflops  # noqa\n"
-                          + "import gpuengine.gate.run_storage as _storage\n"
+                          + "import gpuengine.gate.store.run_storage as _storage\n"
                           + "def _disk_full(path, text, new=False):\n    raise OSError(28, 'No space left on device')\n"
                           + "_storage.write_text = _disk_full\n")
     result = session("-k", "test_a")

@@ -1,10 +1,10 @@
-"""Saving a run (gpuengine/gate/run_storage.py): aside and renamed, and never over a run stored under its name."""
+"""Saving a run (gpuengine/gate/store/run_storage.py): aside and renamed, and never over a run stored under its name."""
 from __future__ import annotations
 
 import json
 from types import SimpleNamespace
 
-from gpuengine.gate.run_storage import AtomicFileStorage
+from gpuengine.gate.store.run_storage import AtomicFileStorage
 
 
 def test_a_run_never_overwrites_one_another_session_stored_under_its_name_meanwhile(tmp_path, monkeypatch):

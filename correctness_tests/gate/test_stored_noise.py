@@ -7,7 +7,7 @@ import pytest
 
 from gpuengine.gate.rules.regression import DEFAULT_BETWEEN_RUN_SD, NoiseLevels, RunSamples, decide
 from gpuengine.gate.rules.stored_noise import StoredNoise, between_run_sd, same_code_groups
-from gpuengine.bench.stored_runs import StoredRun
+from gpuengine.gate.store.stored_runs import StoredRun
 from gpuengine.gate.rules.verdicts import REGRESSED
 
 TEST = "perf_tests/test_x.py::test_x[a]"

@@ -37,7 +37,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from gpuengine.bench.stack_lock import stack_of
-from gpuengine.bench.stored_runs import HISTORY, MACHINE_ID, StoredRun, scan
+from gpuengine.gate.store.stored_runs import HISTORY, MACHINE_ID, StoredRun, scan
 from gpuengine.bench.stronger_reference import STRONGER
 
 from .rules.regression import choose_reference

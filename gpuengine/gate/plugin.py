@@ -4,7 +4,7 @@
   by gpuengine/gate/rules/paired.py, its bar from the stored A/A runs
   (`process_noise`, which the A/B plugin fills in).
 - Otherwise each test is compared with the newest stored baseline result *for
-  that test* that carries timings (gpuengine/bench/stored_runs.py) in this
+  that test* that carries timings (gpuengine/gate/store/stored_runs.py) in this
   tier's storage folder, so a partial run (`-k`) never hides the other tests'
   baselines; pytest-benchmark's compare table is fed the same per-test runs. An
   unreadable stored run is named in the header, and the summary says which run
@@ -54,11 +54,12 @@ from gpuengine.gate.rules.regression import NoiseLevels, RunSamples, decide
 from gpuengine.gate.rules.stored_noise import StoredNoise
 from gpuengine.gate.rules.verdicts import NO_BASELINE, NOT_COMPARABLE, REGRESSED, Decision
 from gpuengine.bench.stack_lock import NO_LOCK, StackId, current_record, stack_of
-from gpuengine.bench.stored_runs import (StoredRun, UnreadableRun, history_folder, newest_per_test, newest_with_runners,
+from gpuengine.gate.store.stored_runs import (StoredRun, UnreadableRun, history_folder, newest_per_test, newest_with_runners,
                                         read_run, runners_of, scan)
 from gpuengine.bench.thresholds import load_rules
 
-from . import tiers, run_storage
+from . import tiers
+from .store import run_storage
 from .harness import Targets, TargetsMissed
 
 

@@ -3,7 +3,7 @@
 Read from the run as stored (pytest-benchmark's JSON with the gate's keys:
 each test's `stored_run_check`, its `ratio_checks`, `gpuengine_gate` and
 `gpuengine_tier_time`), so one pytest session and a run spread over several
-GPUs (gpuengine/gate/spread.py, merged by gpuengine/bench/spread_runs.py) are
+GPUs (gpuengine/gate/spread.py, merged by gpuengine/gate/store/spread_runs.py) are
 summarised by the same code, once per run. In order:
 
 - the headline: passed or failed, the GPU, the tier, the commit, the verdicts counted, the tier's time;

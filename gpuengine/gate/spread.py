@@ -3,7 +3,7 @@
     python -m gpuengine.gate.spread [pytest args...]      (the gate calls it when nvidia-smi lists >= 2 GPUs)
 
 1. Collect the perf tests the gate would run (same selection, the user's args).
-2. Split the single-GPU tests over the GPUs (gpuengine/bench/spread_runs.py:
+2. Split the single-GPU tests over the GPUs (gpuengine/gate/store/spread_runs.py:
    balanced by each test's wall time in the newest stored run), and run one
    pytest per GPU at once, pinned with CUDA_VISIBLE_DEVICES=<i>, each
    comparing with the stored baselines and writing its run as JSON.
@@ -76,9 +76,9 @@ from gpuengine.bench import cudnn_plans
 from gpuengine.gate import changepoints
 from gpuengine.bench.json_files import JsonFileError, write_text
 from gpuengine.bench.machine_info import checkout_commit, named_commit_info, run_tag
-from gpuengine.bench.spread_runs import (benchmark_seconds, failed_on_targets_only, interrupted,
+from gpuengine.gate.store.spread_runs import (benchmark_seconds, failed_on_targets_only, interrupted,
                                          merge_runs, next_run_path, split_tests)
-from gpuengine.bench.stored_runs import history_folder, newest_per_test, scan
+from gpuengine.gate.store.stored_runs import history_folder, newest_per_test, scan
 from gpuengine.bench.timing_cores import TimingCore, timing_cores
 from gpuengine.gate.ab.stack import StackBaseError, prepare_from_args
 from gpuengine.gate.ab.worker import TIMING_CPU_ENV

@@ -35,7 +35,7 @@ import pytest
 
 from gpuengine.gate.rules import aa_noise
 from gpuengine.bench.json_files import JsonFileError
-from gpuengine.bench.stored_runs import scan
+from gpuengine.gate.store.stored_runs import scan
 
 from . import checkout, owner, stack as stack_ab
 from .sides import BASE, HEAD, EnginePair, Interpreter, SideError, Sides

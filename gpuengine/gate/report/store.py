@@ -3,7 +3,7 @@
 The layout is baselines_store/README.md's: `<store>/<tier>/[<series>/]<machine id>/NNNN_<name>.json`,
 where a series (`slow`, `config-<toggles>`) is a folder of runs with a history of its own, and
 `<store>/<tier>/[<series>/]history/<machine id>/NNNN_<name>.json` holds the runs that failed the gate
-(`gpuengine.bench.stored_runs`, the one reader of a run's file, which this module reads through).
+(`gpuengine.gate.store.stored_runs`, the one reader of a run's file, which this module reads through).
 Both are read: a table shows the newest measurement of each test, whichever run it came from, and a
 measurement of a failed run (`Run.passed` false) says so next to the
 baseline in force, the newest passing run of that test (`TierRuns.baseline_of`). A run is
@@ -25,7 +25,7 @@ from gpuengine.bench.json_files import JsonFileError, load_json
 from gpuengine.gate.rules.noise import NOISE_FILE
 from ..plan_stability import STORE_FOLDER as PLAN_STABILITY
 from gpuengine.bench.profile.record import PROFILES, StoredProfile, read_profile
-from gpuengine.bench.stored_runs import GATEPOWER, HISTORY, StoredRun, parse_run, placement
+from gpuengine.gate.store.stored_runs import GATEPOWER, HISTORY, StoredRun, parse_run, placement
 from gpuengine.bench.thresholds import ThresholdRule, load_rules, wildcard_match
 from ..toggle_cost import STORE_FOLDER as TOGGLE_COST
 

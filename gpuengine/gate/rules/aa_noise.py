@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuengine.bench.stored_runs import history_folder, scan
+from gpuengine.gate.store.stored_runs import history_folder, scan
 
 from .noise import PRIOR_RUNS
 from .paired import DEFAULT_PROCESS_SD

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from gpuengine.bench.stack_lock import StackId, stack_of
-from gpuengine.bench.stored_runs import StoredRun, history_folder, scan
+from gpuengine.gate.store.stored_runs import StoredRun, history_folder, scan
 
 from .noise import PRIOR_RUNS
 from .regression import DEFAULT_BETWEEN_RUN_SD, NoiseLevels, RunSamples

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .json_files import JsonFileError, load_json
-from .profile.record import PROFILES
+from gpuengine.bench.json_files import JsonFileError, load_json
+from gpuengine.bench.profile.record import PROFILES
 
 HISTORY = "history"
 GATEPOWER = "gatepower"   # ./gate gatepower's studies

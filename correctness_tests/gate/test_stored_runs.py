@@ -1,10 +1,10 @@
-"""gpuengine.bench.stored_runs: each test's newest baseline, unreadable runs named, history kept apart."""
+"""gpuengine.gate.store.stored_runs: each test's newest baseline, unreadable runs named, history kept apart."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from gpuengine.bench.stored_runs import history_folder, newest_per_test, run_files, scan
+from gpuengine.gate.store.stored_runs import history_folder, newest_per_test, run_files, scan
 
 MACHINE = "Linux-CPython-3.12-64bit"
 A, B = "perf_tests/test_x.py::test_a", "perf_tests/test_x.py::test_b"

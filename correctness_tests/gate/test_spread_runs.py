@@ -10,8 +10,8 @@ import pytest
 
 from gpuengine.bench import cudnn_plans
 from gpuengine.bench.machine_info import run_tag
-from gpuengine.bench.spread_runs import benchmark_seconds, merge_runs, next_run_path, split_tests
-from gpuengine.bench.stored_runs import read_run
+from gpuengine.gate.store.spread_runs import benchmark_seconds, merge_runs, next_run_path, split_tests
+from gpuengine.gate.store.stored_runs import read_run
 from gpuengine.bench.timing_cores import TimingCore
 from gpuengine.gate import spread
 from gpuengine.gate.spread import (HELD_BACK, HOST_BANDWIDTH_MODULES, NIGHTLY_HOST_BANDWIDTH, Worker, keep_plans,
