@@ -105,3 +105,13 @@ def test_each_cudnn_graphs_offer_is_kept_in_order_with_its_build_times():
     assert plan_stability.cudnn_graphs([graph]) == {CUDNN: {"offered": ["eng0", "eng7", "eng2"],
                                                            "build_ms": [12.5, None, 80.0],
                                                            "compiled": [False, True, True]}}
+
+
+def test_each_fresh_autotuning_runs_this_command_again_in_a_process_of_its_own(tmp_path):
+    from gpuengine.gate.commands import build_parser
+    args = SimpleNamespace(workloads=["resnet", "cnn"], precision=["tf32"])
+    command = plan_stability.tune_once_command(args, tmp_path / "run0.json")
+    assert command[1:3] == ["-m", "gpuengine.gate.commands"]   # python -m gpuengine refuses the gate's commands
+    again = build_parser().parse_args(command[3:])
+    assert (again.command, again.workloads, again.precision, again.tune_once) == (
+        "plans", ["resnet", "cnn"], ["tf32"], tmp_path / "run0.json")

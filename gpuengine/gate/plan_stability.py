@@ -201,6 +201,12 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def tune_once_command(args, out: Path) -> list[str]:
+    """One fresh autotuning in a process of its own: this command again, `--tune-once OUT`."""
+    return [sys.executable, "-m", "gpuengine.gate.commands", "plans", *args.workloads, "--precision",
+            *args.precision, "--tune-once", str(out)]
+
+
 def add_parser(commands) -> None:
     parser = commands.add_parser("plans", help="do fresh autotunings keep the same plan choices? (GPU)",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -226,8 +232,7 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory(prefix="gpuengine-plans-") as folder:
         for index in range(args.runs):
             out = Path(folder) / f"run{index}.json"
-            command = [sys.executable, "-m", "gpuengine", "plans", *args.workloads, "--precision", *args.precision,
-                       "--tune-once", str(out)]
+            command = tune_once_command(args, out)
             print(f"plans: fresh autotuning {index + 1} of {args.runs}: {len(cases)} case(s)", flush=True)
             status = subprocess.run(command).returncode
             if status != 0:

@@ -186,7 +186,7 @@ def main(args) -> int:
     figures = {name: analysis.analyse_test(test, noise, process.get(name)) for name, test in sorted(tests.items())}
     record = {
         "format": FORMAT, "tier": tier_name, "gpu": gpu, "commit": commit,
-        "date": date.isoformat(timespec="seconds"), "command": ["python", "-m", "gpuengine", *sys.argv[1:]],
+        "date": date.isoformat(timespec="seconds"), "command": ["./gate", *sys.argv[1:]],
         "sessions": len(results), "sessions_asked": len(results) if kept else sessions,
         "session_status": None if kept else [r.returncode for r in results],
         "from_trials": str(args.from_trials) if kept else None,
