@@ -115,6 +115,14 @@ def replaced_folder(text: str) -> Path:
     return _folder(text, Path(text).parent)
 
 
+def workload_arguments(parser: argparse.ArgumentParser, defaults: tuple[str, ...], precisions) -> None:
+    """The workloads (as `profile` takes them) and the precisions a GPU study runs; `gpu_workloads` checks them."""
+    from gpuengine.config import PRECISIONS
+    parser.add_argument("workloads", nargs="*", default=list(defaults),
+                        help=f"workloads as `profile` takes them (default: {' '.join(defaults)})")
+    parser.add_argument("--precision", nargs="+", choices=PRECISIONS, default=list(precisions))
+
+
 def gpu_workloads(names: list[str], why_gpu: str) -> None:
     """Each name a workload as `profile` takes it, on a machine with a visible GPU; else a UsageError naming
     the first bad name, or saying `why_gpu` (what the CPU tier cannot do)."""

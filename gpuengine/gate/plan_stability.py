@@ -30,8 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..config import PRECISIONS
-from gpuengine.bench.cli_args import gpu_workloads, whole
+from gpuengine.bench.cli_args import gpu_workloads, whole, workload_arguments
 from gpuengine.bench.json_files import write_json
 
 PROG = "./gate plans"
@@ -210,9 +209,7 @@ def tune_once_command(args, out: Path) -> list[str]:
 def add_parser(commands) -> None:
     parser = commands.add_parser("plans", help="do fresh autotunings keep the same plan choices? (GPU)",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("workloads", nargs="*", default=list(DEFAULT_WORKLOADS),
-                        help=f"workloads as `profile` takes them (default: {' '.join(DEFAULT_WORKLOADS)})")
-    parser.add_argument("--precision", nargs="+", choices=PRECISIONS, default=["tf32", "bf16"])
+    workload_arguments(parser, DEFAULT_WORKLOADS, ("tf32", "bf16"))
     parser.add_argument("--runs", type=whole(2, 10), default=2, help="fresh processes that autotune (default 2)")
     parser.add_argument("--out", type=Path, default=Path("build") / "plan_stability.json")
     parser.add_argument("--tune-once", type=Path, metavar="JSON", help=argparse.SUPPRESS)   # a run's own process

@@ -20,10 +20,10 @@ import argparse
 import statistics
 from pathlib import Path
 
-from ..config import CUDA_GRAPH_RANGE, PRECISIONS, ConfigError, EngineConfig
 from gpuengine.bench.benchmarking import interleave, ratio
-from gpuengine.bench.cli_args import UsageError, gpu_workloads, whole
+from gpuengine.bench.cli_args import UsageError, gpu_workloads, whole, workload_arguments
 from gpuengine.bench.json_files import write_json
+from gpuengine.config import CUDA_GRAPH_RANGE, PRECISIONS, ConfigError, EngineConfig
 
 DEFAULT_WORKLOADS = ("cnn", "resnet", "transformer", "zoo:resnet50", "zoo:mobilenet_v2")
 STORE_FOLDER = "toggle_cost"   # where a GPU kind's records are kept: baselines_store/<gpu>/toggle_cost/
@@ -93,9 +93,7 @@ def add_parser(commands) -> None:
     parser = commands.add_parser("toggle-cost", help="what an engine toggle costs, engine beside engine (GPU)",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("toggle", help="TOGGLE=VALUE, e.g. deterministic=0")
-    parser.add_argument("workloads", nargs="*", default=list(DEFAULT_WORKLOADS),
-                        help=f"workloads as `profile` takes them (default: {' '.join(DEFAULT_WORKLOADS)})")
-    parser.add_argument("--precision", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    workload_arguments(parser, DEFAULT_WORKLOADS, PRECISIONS)
     parser.add_argument("--cuda-graph", type=whole(1, CUDA_GRAPH_RANGE[1]), default=8,
                         help="training steps per launch and per timed round (default 8)")
     parser.add_argument("--rounds", type=whole(3, 101), default=21)
