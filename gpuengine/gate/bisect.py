@@ -45,6 +45,8 @@ from itertools import takewhile
 from pathlib import Path
 from typing import Callable
 
+import pytest
+
 from gpuengine.bench.json_files import JsonFileError, load_json, write_text
 from gpuengine.gate.rules.paired import MIN_ROUNDS, PREFERRED_ROUNDS
 from gpuengine.gate.rules.verdicts import REGRESSED
@@ -56,7 +58,8 @@ from .harness import TIMING_FAILURES
 SLOWER, NOT_SLOWER, UNKNOWN, UNTESTABLE = "slower", "not slower", "unknown", "untestable"
 LOG_DIR = Path("build") / "bisect"
 FIRST_ROUNDS, MAX_ROUNDS = PREFERRED_ROUNDS[0], 41   # a step's paired rounds: 11, then 21 and 41 while unknown
-USAGE_STATUSES = (2, 3, 4, 5)   # pytest interrupted, internal error, usage error (the session refused), no tests
+USAGE_STATUSES = (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR,
+                  pytest.ExitCode.NO_TESTS_COLLECTED)   # the session refused the head, or ran nothing
 STOPPED = {NOT_SLOWER: "BAD is not slower than GOOD: nothing to bisect",
            UNKNOWN: "BAD is not clearly slower than GOOD at the most rounds: nothing to bisect (--max-rounds raises "
                     "the cap)",

@@ -24,6 +24,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from gpuengine.gate.rules import paired
 from gpuengine.gate.changepoints import RECENT_RUNS
 from gpuengine.bench.json_files import write_text
@@ -31,7 +33,6 @@ from gpuengine.bench.machine_info import CPU_TIER
 from gpuengine.bench.stack_lock import stack_of
 from gpuengine.gate.rules.verdicts import IMPROVED, NO_BASELINE, NOT_COMPARABLE, NOT_SIGNIFICANT, REGRESSED
 
-INTERRUPTED = 2   # pytest's exit status of a session stopped before its tests ended (Ctrl-C): no verdict
 SUMMARY_PATH = Path("build") / "summary.md"
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"   # GitHub Actions shows what a step appends to this file
 QUICK_TIER_GOAL_S = 600.0   # tier_time.QUICK_TIER_GOAL_S, for runs that did not store their goal
@@ -161,7 +162,7 @@ def collapsed(summary: str, lines: list[str]) -> list[str]:
 
 def headline(facts: RunFacts) -> list[str]:
     status = ("passed" if facts.exit_status == 0 else "interrupted: no verdict, nothing saved"
-              if facts.exit_status == INTERRUPTED else f"FAILED (exit status {facts.exit_status})")
+              if facts.exit_status == pytest.ExitCode.INTERRUPTED else f"FAILED (exit status {facts.exit_status})")
     commit = (facts.run.get("commit_info") or {})
     commit_text = f"commit `{str(commit.get('id', '?'))[:12]}`" + (" (uncommitted changes)" if commit.get("dirty")
                                                                     else "")
