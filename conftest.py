@@ -57,6 +57,7 @@ TOGGLE_HELP = {
     "batch_pool": "streamed data's batch buffers on the device (1, or 2: the next batch staged)",
     "profile": "1 = per-phase device timings of a step",
     "deterministic": "1 = cuDNN's deterministic engines only (the default); 0 = any engine, the fastest",
+    "batchnorm": "cudnn = batch norm as cuDNN frontend graphs (the default); engine = the engine's own kernels",
     "device": "cuda | cpu (default: cuda when a GPU is visible)",
     "vram_cap_gib": "cap of the engine's device memory pool in GiB, or 'full'",
 }

@@ -23,7 +23,7 @@ def assert_close(gpu: dict, cpu: dict, tol: float):
         assert rel_err(gpu[key], cpu[key]) < tol, (key, rel_err(gpu[key], cpu[key]))
 
 
-def losses_by_graph_group(net, x, t, batch: int, precision: str, groups, epochs: int) -> dict:
+def losses_by_graph_group(net, x, t, batch: int, precision: str, groups, epochs: int, **toggles) -> dict:
     """Epoch losses of the same training run, eager (0) and with each number of steps per graph launch. Every
     trainer runs the kernels the first one chose: a timed choice (depthwise by cuDNN or direct kernels) that flips
     between trainers would change the rounding, and bf16 MobileNetV2's losses moved 1% on one such flip."""
@@ -32,7 +32,8 @@ def losses_by_graph_group(net, x, t, batch: int, precision: str, groups, epochs:
     losses = {}
     try:
         for g in groups:
-            losses[g] = Trainer(net, x, t, batch, EngineConfig(precision=precision, cuda_graph=g)).train(epochs)
+            config = EngineConfig(precision=precision, cuda_graph=g, **toggles)
+            losses[g] = Trainer(net, x, t, batch, config).train(epochs)
             chosen = {**choices.preset, **{key: way["plan"] for key, way in choices.tuned.items()}}
             choices = autotune.use_plan_choices(chosen)
     finally:

@@ -19,7 +19,7 @@ from gpuengine.runtime.step_state import StepState
 
 
 def make_context(device: str, precision: str, batch: int, specs, weights: dict | None, buffer_specs=(),
-                 training: bool = True):
+                 training: bool = True, batchnorm: str = "cudnn"):
     backend = Backend(device)
     policy = policy_for(precision)
     allocator = Allocator(backend)
@@ -28,7 +28,7 @@ def make_context(device: str, precision: str, batch: int, specs, weights: dict |
                   if specs or buffer_specs else None)
         if params is not None and weights is not None:
             params.load(weights)
-    return BuildContext(backend, policy, allocator, params, batch, training)
+    return BuildContext(backend, policy, allocator, params, batch, training, batchnorm=batchnorm)
 
 
 def _stage(ctx, host: np.ndarray, dtype, category: str):
@@ -39,13 +39,14 @@ def _stage(ctx, host: np.ndarray, dtype, category: str):
 
 
 def run_layer(layer, x, dy: np.ndarray, *, device="cpu", precision="fp64", weights: dict | None = None,
-              needs_input_grad=True, training: bool = True, buffers: dict | None = None) -> dict:
+              needs_input_grad=True, training: bool = True, buffers: dict | None = None,
+              batchnorm: str = "cudnn") -> dict:
     """Forward then backward of `layer` on x (a tuple of arrays for a layer of several inputs) with output
     gradient dy; host copies of everything: y, dx (dx0, dx1, ... for several inputs), grads, buffers."""
     xs = x if isinstance(x, tuple) else (x,)
     batch, shapes = xs[0].shape[0], [tuple(a.shape[1:]) for a in xs]
     ctx = make_context(device, precision, batch, layer.param_specs(*shapes), weights, layer.buffer_specs(*shapes),
-                       training)
+                       training, batchnorm)
     be = ctx.backend
     with be.activate():
         if buffers is not None:
@@ -85,9 +86,10 @@ def run_loss(loss, y: np.ndarray, t: np.ndarray, *, device="cpu", precision="fp6
 
 
 def run_network(net, x: np.ndarray, t: np.ndarray, *, device="cpu", precision="fp64", weights: dict | None = None,
-                fuse=True) -> dict:
+                fuse=True, batchnorm: str = "cudnn") -> dict:
     """One forward, loss and backward of a whole network on the batch (x, t): its loss and parameter grads."""
-    ctx = make_context(device, precision, x.shape[0], net.param_specs(), weights, net.buffer_specs())
+    ctx = make_context(device, precision, x.shape[0], net.param_specs(), weights, net.buffer_specs(),
+                       batchnorm=batchnorm)
     be = ctx.backend
     with be.activate():
         state = _step_state(ctx)

@@ -125,6 +125,7 @@ BAD_TOGGLES = [("precision", "fp16", "use one of fp32, tf32, bf16"),
                ("batch_pool", "0", "use a whole number from 1 to 2"),
                ("batch_pool", "3", "use a whole number from 1 to 2"),
                ("profile", "2", "use one of 0, 1, true, false"),
+               ("batchnorm", "apex", "use one of cudnn, engine"),
                ("device", "tpu", "use one of cuda, cpu"),
                ("vram_cap_gib", "0", "use a positive number of GiB, or 'full'"),
                ("vram_cap_gib", "-2", "use a positive number of GiB, or 'full'"),
@@ -172,7 +173,7 @@ def test_bad_value_through_replace_leaves_the_original():
 
 
 def test_unknown_toggle_name():
-    with pytest.raises(ConfigError, match=r"unknown toggle 'presicion'; the toggles are batch_pool, cuda_graph, "):
+    with pytest.raises(ConfigError, match=r"unknown toggle 'presicion'; the toggles are batch_pool, batchnorm, cuda_graph, "):
         EngineConfig.from_env(environ={}, presicion="bf16")
     with pytest.raises(ConfigError, match=r"unknown toggle\(s\) \['graphs'\]; the toggles are precision, cuda_graph"):
         CPU.replace(graphs=2)

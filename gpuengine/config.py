@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 PRECISIONS = ("fp32", "tf32", "bf16")
+BATCHNORMS = ("cudnn", "engine")   # whose kernels train batch norm: cuDNN's graphs or the engine's own
 DEVICES = ("cuda", "cpu")
 ENV_PREFIX = "GPUENGINE_"
 # Steps per graph launch: launch overhead is already negligible at tens of steps; capture time grows with each.
@@ -83,6 +84,7 @@ _PARSERS = {
     "batch_pool": lambda label, raw: _parse_int(label, raw, BATCH_POOL_RANGE),
     "profile": _parse_bool,
     "deterministic": _parse_bool,
+    "batchnorm": lambda label, raw: _parse_choice(label, raw, BATCHNORMS),
     "device": _parse_device,
     "vram_cap_gib": _parse_cap,
 }
@@ -98,6 +100,7 @@ class EngineConfig:
     batch_pool: int = 2             # streamed data's batch buffers on the device (2: the next batch is staged)
     profile: bool = False           # per-phase device-event timings of a step
     deterministic: bool = True      # only cuDNN engines (SDPA backward included) that give the same bits every run
+    batchnorm: str = "cudnn"        # batch norm's training kernels: cudnn (frontend graphs) | engine (its own)
     device: str | None = None       # cuda | cpu; None picks cuda when a GPU is visible
     vram_cap_gib: float | None = None  # cap the engine's device memory pool
 

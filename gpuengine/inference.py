@@ -89,7 +89,8 @@ class ResidentPredictor:
             self.input = self.allocator.zeros((self.batch,) + predictor.net.input_shape,
                                               predictor.policy.compute_dtype, "batch")
             ctx = BuildContext(backend, predictor.policy, self.allocator, predictor.params, self.batch, training=False,
-                               deterministic=predictor.config.deterministic)
+                               deterministic=predictor.config.deterministic,
+                               batchnorm=predictor.config.batchnorm)
             self.program = InferenceProgram(predictor.net, ctx, self.input)
         capture = predictor.config.cuda_graph > 0 if capture is None else capture
         self._graph = None

@@ -77,7 +77,8 @@ class Trainer:
             self.data = source(backend, self.allocator, self.policy, self.state, x, t, local_batch, seed,
                                **extra, **shard)
             ctx = BuildContext(backend, self.policy, self.allocator, self.params, local_batch,
-                               deterministic=self.config.deterministic)
+                               deterministic=self.config.deterministic,
+                               batchnorm=self.config.batchnorm)
             self.program = TrainingProgram(net, ctx, self.data.batch_x, self.data.batch_t, self.state, fuse)
             self.optimizer = Adam(backend, self.allocator, self.params, self.state, lr)
         self.sync, self.step_hook = sync, step_hook

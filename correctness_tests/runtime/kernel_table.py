@@ -24,7 +24,7 @@ from gpuengine.layers import (AdaptiveAveragePool2D, BatchNorm2D, Conv2D, MaxPoo
     adaptive_pool, batchnorm, dropout, embedding, layernorm, merge, pooling, positional)
 from gpuengine.losses import cross_entropy, fused_head, mse as losses, token_cross_entropy
 from gpuengine.model.network import INPUT
-from gpuengine.ops import cudnn_attention, depthwise, direct_wgrad, reductions
+from gpuengine.ops import batchnorm as ops_batchnorm, cudnn_attention, depthwise, direct_wgrad, reductions
 from gpuengine.runtime import step_state
 from gpuengine.runtime.kernels import ctype, define_items
 from gpuengine.runtime.precision import policy_for
@@ -146,6 +146,8 @@ def _node_cases(net, node, dtype, where):
                       layer.kernel_defines(shapes[0], dtype)))
     elif isinstance(layer, BatchNorm2D):
         found.append((batchnorm, "_SOURCE", ("bn_inference", "bn_tail"), layer.kernel_defines(shapes[0], dtype)))
+        found.append((ops_batchnorm, "_SOURCE", ("bn_stats", "bn_apply", "bn_grad_sums", "bn_dx"),
+                      layer.kernel_defines(shapes[0], dtype)))   # batchnorm=engine
     elif isinstance(layer, Conv2D) and layer.depthwise_defines(shapes[0], dtype) is not None:
         found.append((depthwise, "_SOURCE", ("depthwise_forward", "depthwise_dgrad", "depthwise_wgrad_partials",
                                             "depthwise_wgrad_sum"), layer.depthwise_defines(shapes[0], dtype)))

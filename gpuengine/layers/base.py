@@ -37,6 +37,7 @@ class BuildContext:
     batch: int
     training: bool = True   # False: an inference program (BatchNorm then uses its running statistics)
     deterministic: bool = True   # the config's toggle: cuDNN graphs keep to engines that give the same bits
+    batchnorm: str = "cudnn"     # the config's toggle: batch norm as cuDNN graphs or the engine's own kernels
 
 
 class Layer:

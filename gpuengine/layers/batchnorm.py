@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import checks
+from ..ops.batchnorm import ACTIVATION_SOURCE, BatchNormBackward, BatchNormForward
 from ..ops.cudnn import CudnnUnsupported, runtime_for
 from ..ops.cudnn_batchnorm import batchnorm_backward, batchnorm_forward, mask_shape
 from ..runtime.backend import widen
@@ -32,15 +33,9 @@ from ..runtime.params import ParamSpec
 from .activations import activation_backward, activation_forward
 from .base import BuildContext, Layer
 
-_SOURCE = r"""
-__device__ __forceinline__ float activate(float v) {
-    return ACT == 0 ? v : ACT == 1 ? fmaxf(v, 0.f) : fminf(fmaxf(v, 0.f), 6.f);
-}
-// Where the activation passes the gradient on: y > 0 (ReLU), 0 < y < 6 (ReLU6).
-__device__ __forceinline__ bool passes_gradient(float y) { return y > 0.f && (ACT != 2 || y < 6.f); }
+_SOURCE = ACTIVATION_SOURCE + r"""
 // The tail of a BN forward cuDNN did not fuse, in place: y = act(y [+ residual]). With MASK it also writes the
-// bits of passes_gradient(y), 8 channels a byte, for the backward graph's mask multiply (cudnn_batchnorm.py):
-// a warp's ballot over 32 consecutive elements is 4 mask bytes (little-endian: bit j of byte k is element 8k+j).
+// bits of passes_gradient(y) for the backward graph's mask multiply (cudnn_batchnorm.py).
 extern "C" __global__ void bn_tail(ELEM_T* y, const ELEM_T* residual, unsigned char* mask, long long n) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long start = (long long)blockIdx.x * blockDim.x; start < n; start += stride) {   // uniform per block
@@ -51,13 +46,7 @@ extern "C" __global__ void bn_tail(ELEM_T* y, const ELEM_T* residual, unsigned c
             store_f(y, i, v);
             passes = passes_gradient(v);
         }
-        if (MASK) {
-            const unsigned int bits = __ballot_sync(0xffffffffu, passes);
-            if ((threadIdx.x & 31) == 0 && i < n) {   // i is a multiple of 32 here: a whole word, or the last bytes
-                if (i + 32 <= n) *(unsigned int*)(mask + i / 8) = bits;
-                else for (int k = 0; i + 8 * k < n; ++k) mask[i / 8 + k] = (unsigned char)(bits >> (8 * k));
-            }
-        }
+        if (MASK) write_mask_bit(mask, i, n, passes);
     }
 }
 // Inference: y = act(gamma (x - mean) / sqrt(var + eps) + beta [+ residual]) with the running statistics.
@@ -130,11 +119,21 @@ class BatchNorm2D(Layer):
         self.saved_mean = ctx.allocator.zeros((channels,), ctx.policy.master_dtype, "activations")
         self.saved_inv_std = ctx.allocator.zeros((channels,), ctx.policy.master_dtype, "activations")
         self._fwd_graph = self._tail = self._infer = self.mask = None
+        self._engine = False
         if not ctx.backend.is_gpu:
             return self.out
         defines = self.kernel_defines(x.shape[1:], x.dtype)
         if not self.training:
             self._infer = get_kernel(_SOURCE, "bn_inference", **defines)
+            return self.out
+        self._engine = ctx.batchnorm == "engine"
+        if self._engine:   # the engine's own kernels; the mask wherever the activation's gradient is needed later
+            if defines["MASK"]:
+                self.mask = ctx.allocator.zeros(mask_shape(x.shape), np.uint8, "activations")
+            self._fwd_graph = BatchNormForward(ctx.backend, ctx.allocator, defines, x, self.gamma, self.beta,
+                                               self.running_mean, self.running_var, self.out, self.saved_mean,
+                                               self.saved_inv_std, self.epsilon, self.momentum, residual=residual,
+                                               mask=self.mask)
             return self.out
         args = (runtime_for(ctx.backend, ctx.deterministic), ctx.policy.name, x, self.gamma, self.beta,
                 self.running_mean, self.running_var, self.out, self.saved_mean, self.saved_inv_std, self.epsilon,
@@ -184,7 +183,14 @@ class BatchNorm2D(Layer):
         self._bwd_graph = None
         if self.activation and (needs_res or not ctx.backend.is_gpu):
             self.dz = ctx.allocator.zeros(dy.shape, dy.dtype, "activations")
-        if ctx.backend.is_gpu:
+        if ctx.backend.is_gpu and self._engine:
+            self._activation_here = False
+            self._bwd_graph = BatchNormBackward(ctx.backend, ctx.allocator, self.kernel_defines(self.x.shape[1:],
+                                                self.x.dtype), dy, self.x, self.out, self.gamma, self.saved_mean,
+                                                self.saved_inv_std, self.dx if needs_x else None, self.dgamma,
+                                                self.dbeta, mask=self.mask,
+                                                dz=self.dz if self.activation and needs_res else None)
+        elif ctx.backend.is_gpu:
             self._build_gpu_backward(ctx, needs_res)
         grads = (self.dx if needs_x else None, self.dz if needs_res else None)
         return grads if self.arity == 2 else grads[0]

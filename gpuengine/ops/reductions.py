@@ -60,9 +60,10 @@ __device__ __forceinline__ float lanes_total(const float* lane_sums, const Colum
 // The end of a column-sum kernel, every thread of the block calling it with its N sums s of column t.col.
 // The block's lane totals go to partials[chunk][j * cols + col]; the block drawing its tile's last ticket adds
 // all chunks of partials (lane l: chunks l, l + step, ...; then lanes in order) into dst[j][col] and resets the
-// tile's counter. lane_sums holds N * blockDim.x floats. gridDim.y is the number of chunks.
+// tile's counter. lane_sums holds N * blockDim.x floats. gridDim.y is the number of chunks. True in the block
+// that wrote dst (its owner threads may read back their columns' sums), false in the others.
 template <int N>
-__device__ __forceinline__ void finish_column_sums(const ColumnTile& t, int cols, int tile_cols, const float (&s)[N],
+__device__ __forceinline__ bool finish_column_sums(const ColumnTile& t, int cols, int tile_cols, const float (&s)[N],
                                                    float* lane_sums, float* partials, unsigned int* counters,
                                                    float* const (&dst)[N]) {
     __shared__ bool last;
@@ -73,7 +74,7 @@ __device__ __forceinline__ void finish_column_sums(const ColumnTile& t, int cols
     if (chunks == 1) {   // one chunk: the block's totals are the sums, no partials or ticket needed
         if (owner)
             for (int j = 0; j < N; ++j) dst[j][t.col] = lanes_total(lane_sums + j * blockDim.x, t, tile_cols);
-        return;
+        return true;
     }
     if (owner) {
         float* chunk = partials + (long long)blockIdx.y * N * cols;
@@ -86,7 +87,7 @@ __device__ __forceinline__ void finish_column_sums(const ColumnTile& t, int cols
         if (last) counters[blockIdx.x] = 0u;   // all tickets drawn: zero for the next launch or graph replay
     }
     __syncthreads();
-    if (!last) return;
+    if (!last) return false;
     __threadfence();   // pairs with the writers' fences before the partials are read
     float f[N];
     for (int j = 0; j < N; ++j) f[j] = 0.f;
@@ -100,6 +101,7 @@ __device__ __forceinline__ void finish_column_sums(const ColumnTile& t, int cols
     __syncthreads();
     if (owner)
         for (int j = 0; j < N; ++j) dst[j][t.col] = lanes_total(lane_sums + j * blockDim.x, t, tile_cols);
+    return true;
 }
 """
 _SOURCE = COLUMN_TILE_SOURCE + r"""

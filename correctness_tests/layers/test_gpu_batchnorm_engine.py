@@ -1,0 +1,116 @@
+"""On a GPU: the engine's own batch-norm kernels (`batchnorm=engine`, ops/batchnorm.py) against the NumPy backend.
+
+The NumPy BatchNorm is checked against finite differences and PyTorch on the
+CPU (test_resnet_gradients.py, test_resnet_torch_parity.py); these tests
+carry that trust to the engine's kernels: every fused variant in every
+precision, one row chunk and many (the last-ticket ending), channel counts
+with and without a bit mask, a mean far from zero, the same bits on every
+run, whole reduced ResNet steps, captured replay and steady-state memory.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuengine.config import EngineConfig
+from gpuengine.layers import BatchNorm2D
+from gpuengine.runtime.backend import gpu_visible
+from gpuengine.trainer import Trainer
+from gpuengine.workloads import resnet, zoo
+
+from ..gpu_checks import assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group
+from ..layer_harness import run_layer, run_network
+from ..workloads.test_gpu_resnet import (BN_CASES, BN_TOLERANCE, PRECISIONS, assert_step_close, bn_weights, numeric,
+                                         smoke_batch, smoke_weights)
+from .test_gpu_conv import normal
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
+
+# (batch, sample shape): one row chunk (32 rows, 64 column tiles), tens and a hundred chunks, 12 channels (no
+# mask: the gradient from y), 8 channels in 360 values (the mask's last word one byte)
+SHAPES = {"1x1x2048": (32, (1, 1, 2048)), "8x8x64": (32, (8, 8, 64)), "16x16x64": (32, (16, 16, 64)),
+          "4x4x256": (32, (4, 4, 256)), "5x4x12": (5, (4, 4, 12)), "3x5x8": (3, (3, 5, 8))}
+
+
+def _engine_and_numpy(case: str, precision: str, batch: int, shape: tuple, offset: float = 0.5):
+    x = normal(1, (batch,) + shape, precision) * 2.0 + offset
+    inputs = (x, normal(2, (batch,) + shape, precision)) if BN_CASES[case].get("residual") else x
+    dy = normal(4, (batch,) + shape, precision)
+    # ReLU6 clipped at 6 (gamma 3) where rounding cannot move a value across 6; bf16 keeps clear of 6 (gamma 0.5)
+    clips = "relu6" in case and precision != "bf16"
+    weights = bn_weights(shape[2], precision, gain=3.0 if clips else 0.5 if "relu6" in case else 1.0)
+    cpu = run_layer(BatchNorm2D(name="bn", **BN_CASES[case]), inputs, dy, precision="fp32", weights=weights)
+    layer = BatchNorm2D(name="bn", **BN_CASES[case])
+    gpu = run_layer(layer, inputs, dy, device="cuda", precision=precision, weights=weights, batchnorm="engine")
+    return gpu, cpu, layer, clips
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("case", BN_CASES, ids=list(BN_CASES))
+@pytest.mark.parametrize("size", SHAPES)
+def test_engine_batchnorm_matches_numpy(case, precision, size):
+    """y, dx (and the residual's gradient), dgamma, dbeta and the updated running statistics."""
+    batch, shape = SHAPES[size]
+    gpu, cpu, layer, clips = _engine_and_numpy(case, precision, batch, shape)
+    assert layer._fwd_graph.__class__.__name__ == "BatchNormForward" and layer._tail is None
+    assert (layer.mask is not None) == (layer.activation is not None and shape[2] % 8 == 0)
+    # bf16 + residual: the sum near 0 of two bf16 values may take the other sign than the float reference's
+    tolerance = 5e-2 if case == "add-relu6" and precision == "bf16" else BN_TOLERANCE[precision]
+    assert_close(gpu, cpu, tolerance)
+    assert not clips or batch * np.prod(shape) < 2048 or (cpu["y"] == 6.0).mean() > 0.01   # few values: few clip
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_engine_batchnorm_keeps_the_variance_of_a_far_mean(precision):
+    """x = 100 + 2 N(0, 1): sums of x - x[0] keep the variance that sums of x and x^2 in float32 would lose."""
+    gpu, cpu, _, _ = _engine_and_numpy("relu", precision, 32, (16, 16, 64), offset=100.0)
+    assert_close(gpu, cpu, BN_TOLERANCE[precision] if precision == "fp32" else 5e-2)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_engine_batchnorm_gives_the_same_bits_every_run(precision):
+    """A hundred row chunks finished by whichever block draws the last ticket: the sums' order is fixed."""
+    runs = [_engine_and_numpy("add-relu", precision, 64, (16, 16, 64))[0] for _ in range(3)]
+    for other in runs[1:]:
+        for key, value in runs[0].items():
+            np.testing.assert_array_equal(other[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-block-end", "unfused-block-end"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_reduced_resnet_step_with_engine_batchnorm_matches_numpy(precision, fused):
+    """Loss, every parameter gradient and every running statistic of one step of the reduced ResNet."""
+    x, t = smoke_batch()
+    weights = smoke_weights(resnet.build_resnet(resnet.SMOKE_SHAPE, fused=fused), precision)
+    cpu = run_network(resnet.build_resnet(resnet.SMOKE_SHAPE, fused=fused), x, t, precision="fp32", weights=weights)
+    gpu = run_network(resnet.build_resnet(resnet.SMOKE_SHAPE, fused=fused), x, t, device="cuda",
+                      precision=precision, weights=weights, batchnorm="engine")
+    assert_step_close(numeric(gpu), numeric(cpu), precision, 1e-3)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_engine_batchnorm_replay_trains_exactly_like_eager(precision):
+    x, t = smoke_batch(batch=256)
+    losses = losses_by_graph_group(resnet.build_resnet(resnet.SMOKE_SHAPE), x, t, 32, precision, (0, 1, 8), 3,
+                                   batchnorm="engine")
+    assert losses[0] == losses[1] == losses[8]
+    assert losses[0][-1] < losses[0][0]
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_mobilenet_v2_trains_with_engine_batchnorm(precision):
+    """ReLU6 after batch norm 35 times, 8-channel multiples: each keeps a mask, no cuDNN graph, the loss falls."""
+    net = zoo.zoo_net("mobilenet_v2")
+    x, t = zoo.zoo_data(64, net.reduced.size, net.reduced.classes)
+    trainer = Trainer(net.network(reduced=True), x, t, 32, EngineConfig(precision=precision, batchnorm="engine"))
+    bns = [layer for layer in trainer.program.layers.values() if isinstance(layer, BatchNorm2D)]
+    assert bns and all(bn._engine for bn in bns)
+    losses = trainer.train(4)
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]
+
+
+def test_engine_batchnorm_steady_state_allocates_nothing():
+    x, t = smoke_batch(batch=128)
+    configs = [EngineConfig(precision=p, cuda_graph=g, batchnorm="engine") for p in ("tf32", "bf16") for g in (0, 8)]
+    assert_steady_state_allocates_nothing(resnet.build_resnet(resnet.SMOKE_SHAPE), x, t, 32, configs)
