@@ -12,7 +12,7 @@
   at its end; on the CPU tier `--benchmark-compare-fail` is dropped, because
   CPU timings are smoke only. Which stored run each test compares with, and
   whether this run is saved as a baseline or as history, is
-  gpuengine/gate/plugin.py's (registered below).
+  gpuengine/gate/plugin.py's (through gpuengine/gate/hooks.py, registered below).
 - When the stored run compared against was measured on another GPU stack
   (driver, CUDA, cuDNN, library versions, toggles, the lock), the header says which
   facts changed, instead of pytest-benchmark's dump of every machine fact
@@ -35,14 +35,9 @@ from gpuengine.gate.store.stored_runs import run_files
 from gpuengine.config import ConfigError, EngineConfig
 from gpuengine.runtime.backend import get_backend, gpu_visible, resolve_device
 
-# pytester: the harness tests run small pytest sessions of their own; plugin: per-test baselines,
-# saving by outcome, tiers, the stored-run check; summary: its end-of-session summary; tier_time: how
-# long each test and workload took; kept_plans: the cuDNN plan choices stored with the baselines; progress:
-# the engine's autotuning progress on the terminal while a test waits for it (before ab.session, which uses it);
-# regression_profiles: an A/B test that regressed on a GPU, profiled at base and head (after ab.session and summary).
-pytest_plugins = ("pytester", "gpuengine.gate.plugin", "gpuengine.gate.summary", "gpuengine.gate.tier_time",
-                  "gpuengine.gate.kept_plans", "gpuengine.gate.progress", "gpuengine.gate.ab.session",
-                  "gpuengine.gate.regression_profiles")
+# pytester: the harness tests run small pytest sessions of their own; gpuengine.gate.hooks: the gate's plugin
+# (baselines, saving by outcome, tiers, A/B, kept plans, progress, summaries), each hook calling its parts in order.
+pytest_plugins = ("pytester", "gpuengine.gate.hooks")
 
 BASELINES_DIR = "baselines_store"
 GPU_SKIP_REASON = "no CUDA GPU visible (CuPy missing or no device): GPU-only test"
@@ -128,7 +123,7 @@ def pytest_configure(config: pytest.Config):
         raise pytest.UsageError(f"gpuengine: {exc}") from exc
     tier = current_tier(on_gpu)
     storage, notices = _route_benchmark_storage(config, engine_config, tier)
-    from gpuengine.gate import plugin   # registered through pytest_plugins above (imported there first)
+    from gpuengine.gate import plugin   # a part of gpuengine.gate.hooks, registered through pytest_plugins above
     plugin.configure(config, tier)
     _name_autosave_after_gate_commit(config)
     chosen = frozenset(t for t, value in overrides.items()

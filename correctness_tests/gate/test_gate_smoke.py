@@ -550,10 +550,10 @@ def test_the_gate_starts_from_the_stored_cudnn_plans_and_a_saved_run_adds_its_ne
         config = SimpleNamespace(stash=pytest.Stash(), rootpath=tmp_path, getoption={"retune_cudnn": retune}.get,
                                  option=SimpleNamespace(benchmark_autosave=saving))
         config.stash[kept_plans.GATE] = state
-        kept_plans.pytest_configure(config)
+        kept_plans.configure(config)
         presets = dict(autotune.PLAN_CHOICES.preset)
         autotune.PLAN_CHOICES.record(("new", len(presets)), "eng7", 0.3)   # a graph this run autotuned
-        kept_plans.pytest_sessionfinish(SimpleNamespace(config=config), exitstatus)
+        kept_plans.finish(SimpleNamespace(config=config))
         return presets, state.notices, cudnn_plans.load(path, stack).presets()
 
     presets, notices, stored = session(exitstatus=0, saving=None)

@@ -122,7 +122,7 @@ def test_a_plain_sessions_progress_goes_to_the_terminal_live(pytester, monkeypat
     leave_xdist(monkeypatch)
     monkeypatch.setenv("GATE_PROGRESS_FILE", str(tmp_path / "gpu0.progress"))   # a spread run's per-GPU session
     pytester.makepyfile(test_engine=textwrap.dedent(PLAIN_TEST))
-    result = pytester.runpytest_subprocess("-p", "gpuengine.gate.progress", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("-p", "gpuengine.gate.hooks", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     out = result.stdout.str()
     # On a line of its own inside the test's progress line, though the test passed and its output was captured.

@@ -116,7 +116,7 @@ def test_the_session_profiles_its_regressions_at_its_end_and_adds_them_to_the_su
         made.append((base.label, root, tier_name))
         return planted_diff
     monkeypatch.setattr(rp, "profiler", profiler)
-    rp.pytest_sessionfinish(SimpleNamespace(config=config), pytest.ExitCode.TESTS_FAILED)
+    rp.finish(SimpleNamespace(config=config), pytest.ExitCode.TESTS_FAILED)
     assert made == [("66b85b0", tmp_path, H100.name)]
     lines = stash[rp.LINES]
     assert lines[0].startswith(f"{INFER}: head +9.0% against 66b85b0: not profiled")
@@ -126,9 +126,9 @@ def test_the_session_profiles_its_regressions_at_its_end_and_adds_them_to_the_su
 
     stash[GATE] = SimpleNamespace(tier=Tier("cpu-tier", None), study=None, run=RUN)   # the CPU tier: said, not run
     stash[rp.LINES], made[:] = [], []
-    rp.pytest_sessionfinish(SimpleNamespace(config=config), pytest.ExitCode.TESTS_FAILED)
+    rp.finish(SimpleNamespace(config=config), pytest.ExitCode.TESTS_FAILED)
     assert made == [] and stash[rp.LINES] == ["3 A/B test(s) regressed; not profiled: the CPU tier has no GPU to "
                                               "profile on"]
     stash[GATE], stash[rp.LINES] = SimpleNamespace(tier=H100, study=None, run=RUN), []
-    rp.pytest_sessionfinish(SimpleNamespace(config=config), pytest.ExitCode.INTERRUPTED)   # Ctrl-C: nothing
+    rp.finish(SimpleNamespace(config=config), pytest.ExitCode.INTERRUPTED)   # Ctrl-C: nothing
     assert made == [] and stash[rp.LINES] == []

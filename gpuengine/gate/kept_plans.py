@@ -26,14 +26,14 @@ from .plugin import GATE
 KEPT = pytest.StashKey[dict]()
 
 
-def pytest_addoption(parser):
+def add_options(parser):
     parser.getgroup("gpuengine gate").addoption(
         "--retune-cudnn", action="store_true", default=False,
         help="autotune every cuDNN graph afresh instead of reusing the plans stored for this GPU kind")
 
 
-@pytest.hookimpl(trylast=True)   # after the root conftest settled the tier and the gate's state
-def pytest_configure(config):
+def configure(config):
+    """The stored plan choices in force for the session (after the root conftest settled the gate's state)."""
     state = config.stash.get(GATE, None)
     if state is None or not state.tier.on_gpu:
         return
@@ -68,7 +68,7 @@ def kept_plan_choices(request):
     return kept["choices"] if kept is not None else None
 
 
-def pytest_sessionfinish(session, exitstatus):
+def finish(session):
     kept = session.config.stash.get(KEPT, None)
     state = session.config.stash.get(GATE, None)
     if kept is None or state is None or state.study is not None or state.interrupted:
@@ -81,7 +81,7 @@ def pytest_sessionfinish(session, exitstatus):
         kept["saved"] = kept["file"].save(kept["choices"].tuned)
 
 
-def pytest_terminal_summary(terminalreporter):
+def terminal_summary(terminalreporter):
     kept = terminalreporter.config.stash.get(KEPT, None)
     if kept is None:
         return

@@ -1,4 +1,4 @@
-"""The gate's pytest plugin: per-test baselines, where a run is saved, tiers, and the regression checks.
+"""The gate's session state: per-test baselines, where a run is saved, tiers, and the regression checks.
 
 - A test that ran A/B (gpuengine/gate/ab/session.py) is judged head against base
   by gpuengine/gate/rules/paired.py, its bar from the stored A/A runs
@@ -34,7 +34,8 @@
   saving inside one.
 The end-of-session summaries, on the terminal and in markdown (--gate-summary), are gpuengine/gate/summary.py's;
 the run's JSON keeps why each failed test failed (`gpuengine_gate`'s "failures"), for the markdown summary of a
-spread run. Root conftest.py registers this plugin and calls `configure` with the tier.
+spread run. gpuengine/gate/hooks.py calls this module's parts of the hooks; root conftest.py calls `configure`
+with the tier.
 """
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ class GateState:
 GATE = pytest.StashKey[GateState]()
 
 
-def pytest_addoption(parser):
+def add_options(parser):
     group = parser.getgroup("gpuengine gate", "stored baselines, tiers and the stored-run check")
     group.addoption("--full", action="store_true", default=False,
                     help="nightly tier: every perf case, twice the rounds (default: the quick tier)")
@@ -188,7 +189,7 @@ def configure(config: pytest.Config, tier: Tier):
     config.stash[GATE] = state
 
 
-def pytest_sessionstart(session):
+def pick_baselines(session):
     """Pick each test's newest stored baseline; pytest-benchmark's compare table gets the same runs."""
     state = session.config.stash.get(GATE, None)
     bench_session = getattr(session.config, "_benchmarksession", None)
@@ -240,7 +241,7 @@ def targets_policy(state: GateState) -> str:
     return "are listed, not failed (--claims fails them)"
 
 
-def pytest_report_header(config) -> list[str]:
+def header_lines(config) -> list[str]:
     state = config.stash.get(GATE, None)
     if state is None:
         return []
@@ -260,7 +261,7 @@ def pytest_report_header(config) -> list[str]:
     return lines + [f"gpuengine gate: {notice}" for notice in state.notices]
 
 
-def pytest_collection_modifyitems(config, items):
+def deselect_nightly(config, items):
     state = config.stash.get(GATE, None)
     if state is None or state.full:
         return
@@ -270,10 +271,8 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=nightly)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
+def sort_failure(item, call, report):
     """Sort failed tests: those that failed on targets not met only (--claims), and the rest; keep why each failed."""
-    report = yield
     state = item.config.stash.get(GATE, None)
     if state is not None and report.failed:
         state.failure_reasons.setdefault(item.nodeid, failure_line(report))
@@ -281,16 +280,14 @@ def pytest_runtest_makereport(item, call):
             state.failed_on_targets.add(item.nodeid)
         else:
             state.failed_otherwise.add(item.nodeid)
-    return report
 
 
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_sessionfinish(session, exitstatus):
-    """Before pytest-benchmark saves (in its own sessionfinish): a run that did not pass goes to history; one that
+def route_saving(session, exitstatus) -> bool:
+    """Before pytest-benchmark saves (in its own sessionfinish), whether it saves: a run that did not pass goes to history; one that
     failed on targets not met only (--claims) passed the gate's own verdict and is a baseline. Either is written
     aside and renamed (run_storage.py); a save that failed fails the session, its summary printed all the same.
     An interrupted session is neither: pytest-benchmark is told not to save it (a spread worker's JSON, which
-    the spread never stores then, says it was interrupted)."""
+    the spread never stores then, says it was interrupted). `fail_unsaved` afterwards."""
     state = session.config.stash.get(GATE, None)
     bench_session = getattr(session.config, "_benchmarksession", None)
     if state is not None and exitstatus == pytest.ExitCode.INTERRUPTED:
@@ -312,8 +309,13 @@ def pytest_sessionfinish(session, exitstatus):
             else:
                 folder = state.saved_to_history = history_folder(state.storage)
         bench_session.storage = run_storage.atomic(bench_session, folder, on_failure=failed)
-    yield
-    if saving and state.save_failed:
+    return bool(saving)
+
+
+def fail_unsaved(session, saving: bool):
+    """After pytest-benchmark saved: a save that failed fails the session."""
+    state = session.config.stash.get(GATE, None)
+    if saving and state is not None and state.save_failed:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -331,8 +333,7 @@ def failure_line(report, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-@pytest.hookimpl(optionalhook=True)   # a pytest-benchmark hook: absent when that plugin is disabled
-def pytest_benchmark_update_json(config, benchmarks, output_json):
+def record_outcome(config, output_json):
     """The gate's verdict into the stored run (and a spread worker's JSON): which tests failed on targets only, and
     why each failed. The run is kept for the summaries (the other plugins' keys join the same object)."""
     state = config.stash.get(GATE, None)

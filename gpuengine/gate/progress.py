@@ -18,8 +18,8 @@ pytest's own live logging does:
 
 A spread run's per-GPU sessions write to logs shown when they end, so each
 also copies its progress lines to the file GATE_PROGRESS_FILE names, which
-gpuengine/gate/spread.py shows as they come. Root conftest.py registers this
-plugin. A session without a terminal reporter (-p no:terminal) shows no
+gpuengine/gate/spread.py shows as they come. gpuengine/gate/hooks.py starts and
+stops it with the session. A session without a terminal reporter (-p no:terminal) shows no
 progress on the terminal.
 """
 from __future__ import annotations
@@ -87,7 +87,7 @@ class ProgressHandler(logging.Handler):
 HANDLER = pytest.StashKey[tuple]()   # (the session's handler, each logger's level before it)
 
 
-def pytest_configure(config: pytest.Config):
+def start(config: pytest.Config):
     handler = ProgressHandler(terminal_writer(config))
     levels = {}
     for name in PROGRESS_LOGGERS:
@@ -99,7 +99,7 @@ def pytest_configure(config: pytest.Config):
     config.stash[HANDLER] = (handler, levels)
 
 
-def pytest_unconfigure(config: pytest.Config):
+def stop(config: pytest.Config):
     handler, levels = config.stash.get(HANDLER, (None, {}))
     for name, level in levels.items():
         logger = logging.getLogger(name)

@@ -193,14 +193,14 @@ def summary_section(lines: list[str]) -> Section:
                    ["```", *lines, "```"])
 
 
-def pytest_addoption(parser):
+def add_options(parser):
     parser.getgroup("gpuengine gate").addoption(
         "--profile-regressions", metavar="N", type=int, default=DEFAULT_LIMIT,
         help="after an A/B session on a GPU, profile the base's and the head's engine of up to N regressed tests "
              f"and print the kernels that moved most (default {DEFAULT_LIMIT}; 0: none)")
 
 
-def pytest_sessionfinish(session, exitstatus):
+def finish(session, exitstatus):
     """After the A/B workers are gone (ab/session.py, tryfirst), before the markdown summary (summary.py, trylast);
     not after Ctrl-C: whoever stopped the session does not want minutes of profiling."""
     config = session.config
@@ -221,7 +221,7 @@ def pytest_sessionfinish(session, exitstatus):
     add_section(config, summary_section(lines))
 
 
-def pytest_terminal_summary(terminalreporter):
+def terminal_summary(terminalreporter):
     lines = terminalreporter.config.stash.get(LINES, None)
     if lines:
         terminalreporter.section("gpuengine: why it regressed (the engine profiled at the base and at the head)")

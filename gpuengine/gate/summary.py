@@ -5,8 +5,8 @@ newest runs started (gpuengine/gate/changepoints.py).
 
 Sections of pytest's terminal summary (targets not met, references
 unavailable, the regression check, A/B power), from what
-gpuengine/gate/plugin.py gathered during the session (its GateState); root
-conftest.py registers it. A perf test that fails is also named, with why, as
+gpuengine/gate/plugin.py gathered during the session (its GateState), called
+by gpuengine/gate/hooks.py after the other parts. A perf test that fails is also named, with why, as
 it fails: a session stopped before its summary (a GPU lease running out)
 still says which tests failed.
 
@@ -35,7 +35,7 @@ WRITTEN = pytest.StashKey[str]()           # what became of the markdown summary
 CHANGE_POINTS = pytest.StashKey[list]()    # the lines on the change points the newest stored runs started
 
 
-def pytest_addoption(parser):
+def add_options(parser):
     parser.getgroup("gpuengine gate").addoption(
         "--gate-summary", metavar="PATH", default=None,
         help="write the run's summary in markdown for a pull request to PATH (./gate perf: build/summary.md), "
@@ -48,14 +48,12 @@ def add_section(config, section: pr_summary.Section):
     config.stash.setdefault(EXTRA_SECTIONS, []).append(section)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    report = yield
+def announce_failure(item, report):
+    """A perf test that failed, named with why as it fails: a session cut short still said so."""
     if report.failed and report.when == "call" and "compare" in getattr(item, "fixturenames", ()):
         reporter = item.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(f"\nFAILED {item.nodeid}: {failure_line(report, 300)}", red=True)
-    return report
 
 
 def session_run(config, state: GateState) -> dict:
@@ -63,7 +61,7 @@ def session_run(config, state: GateState) -> dict:
     what the session knows in the same shape."""
     if state.run is not None:
         return state.run
-    from .tier_time import tier_record   # a plugin registered after this one: imported by pytest first
+    from .tier_time import tier_record   # tier_time reads plugin.py's state, as this module does
     commit, dirty = checkout_commit()
     return {"machine_info": {"tier": state.tier.name, "gpu": state.tier.gpu_label, "stack_lock": current_record()},
             "commit_info": {"id": commit, "dirty": dirty}, "benchmarks": [], "gpuengine_gate": state.outcome(),
@@ -85,8 +83,8 @@ def saving_notes(session, state: GateState) -> list[str]:
                                                  if state.saved_despite_targets else "")]
 
 
-@pytest.hookimpl(trylast=True)   # after pytest-benchmark saved the run and the other plugins added their sections
-def pytest_sessionfinish(session, exitstatus):
+def finish(session, exitstatus):
+    """After pytest-benchmark saved the run and the other parts added their sections: change points, markdown."""
     config = session.config
     state = config.stash.get(GATE, None)
     if state is None:
@@ -109,7 +107,7 @@ def pytest_sessionfinish(session, exitstatus):
         config.stash[WRITTEN] = f"the run's summary for a pull request was NOT written: {exc}"
 
 
-def pytest_terminal_summary(terminalreporter):
+def terminal_summary(terminalreporter):
     state = terminalreporter.config.stash.get(GATE, None)
     if state is None:
         return

@@ -51,15 +51,12 @@ def _tier_of(config) -> tuple[bool, bool]:
     return (bool(state and state.tier.on_gpu), bool(state and state.full))
 
 
-def pytest_sessionstart(session):
+def start_clock(session):
     session.config.stash[CLOCK] = TierClock(time.monotonic())
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """Set-up, call and teardown alike: a test's cost to the tier includes building and compiling."""
-    started = time.monotonic()
-    yield
+def add_test_time(item, started: float):
+    """Set-up, call and teardown alike since `started`: a test's cost to the tier includes building and compiling."""
     clock = item.config.stash.get(CLOCK, None)
     if clock is None:
         return
@@ -81,7 +78,7 @@ def tier_record(config) -> dict | None:
             "quick_tier_target_s": QUICK_TIER_GOAL_S}   # the key stored runs have always had
 
 
-def pytest_benchmark_update_json(config, benchmarks, output_json):
+def record(config, output_json):
     """Each benchmark's own wall time, and the run's per-workload times, into the stored run."""
     record = tier_record(config)
     if record is None:
@@ -93,7 +90,7 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
     output_json["gpuengine_tier_time"] = record
 
 
-def pytest_terminal_summary(terminalreporter):
+def terminal_summary(terminalreporter):
     record = tier_record(terminalreporter.config)
     if record is None or not record["per_workload"]:
         return

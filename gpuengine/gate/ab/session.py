@@ -12,7 +12,7 @@ instead. Which tests really run A/B, and why the others do not, is said right
 after collection (`pytest_report_collectionfinish`), once the base has listed
 its recipes; the header only names the base. A base that cannot be checked
 out or imported is one error too. The worktree and the workers go when the session ends, Ctrl-C
-included. Root conftest.py registers this plugin after the gate plugin.
+included. gpuengine/gate/hooks.py calls it after plugin.py configured the gate.
 
 With `--head REV|DIR` beside an explicit `--against` the head is that
 checkout instead of the working tree (`./gate bisect`'s steps, each a commit
@@ -84,7 +84,7 @@ class AbState:
 AB = pytest.StashKey[AbState]()
 
 
-def pytest_addoption(parser):
+def add_options(parser):
     group = parser.getgroup("gpuengine gate")
     group.addoption(
         "--against", metavar="REV|DIR|auto|none", default=None,
@@ -119,8 +119,7 @@ def _newest_baseline_commit(storage: Path | None) -> str | None:
     return commits[-1] if commits else None
 
 
-@pytest.hookimpl(trylast=True)   # after the root conftest configured the gate
-def pytest_configure(config):
+def configure(config):
     against, stack = config.getoption("against", None), config.getoption("against_stack", None)
     if stack is not None and against is not None:
         raise pytest.UsageError(f"gpuengine: --against {against} and {stack_ab.AGAINST_STACK} {stack}: one base at "
@@ -210,8 +209,7 @@ def _plan_presets(config) -> dict | None:
     return dict(kept["choices"].preset)
 
 
-@pytest.hookimpl(tryfirst=True)   # before the terminal reporter's, which prints what this found (the mode lines)
-def pytest_collection_finish(session):
+def ask_base(session):
     """Ask the base which of the selected tests it can build; stop before anything runs if it cannot."""
     ab = session.config.stash.get(AB, None)
     if ab is None:
@@ -269,7 +267,7 @@ def _missing_tests(side: str, catalog: dict, wanted: dict[str, list]) -> dict[st
     return missing
 
 
-def pytest_report_collectionfinish(config, items):
+def mode_lines(config, items) -> list[str]:
     """The mode each selected test really runs in, now that the base has listed its recipes: A/B, or stored-run
     mode with why (the base lacks the test, or the test has no engine recipe)."""
     ab = config.stash.get(AB, None)
@@ -293,8 +291,8 @@ def pytest_report_collectionfinish(config, items):
     return lines
 
 
-@pytest.hookimpl(tryfirst=True)   # before kept_plans saves: the head worker's new plan choices go with the run
-def pytest_sessionfinish(session):
+def finish(session):
+    """The workers stopped; the head's new plan choices join the session's, for kept_plans to save with the run."""
     ab = session.config.stash.get(AB, None)
     if ab is None or ab.sides is None:
         return
