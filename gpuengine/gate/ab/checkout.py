@@ -167,9 +167,13 @@ def checkout(root: Path, commit: str, why: str, label: str) -> Base:
 
 def from_folder(folder: Path, option: str = "--against") -> Base:
     folder = Path(folder).resolve()
-    missing = [part for part in ("gpuengine", "perf_tests") if not (folder / part / "__init__.py").is_file()]
+    # the engine's package, and the perf tests' folder (a package in checkouts before it held only tests)
+    found = {"gpuengine package": (folder / "gpuengine" / "__init__.py").is_file(),
+             "perf_tests folder": any((folder / "perf_tests" / name).is_file()
+                                      for name in ("conftest.py", "__init__.py"))}
+    missing = [what for what, there in found.items() if not there]
     if missing:
-        raise BaseError(f"{option} {folder}: not a gpuengine checkout (no {' or '.join(missing)} package there)")
+        raise BaseError(f"{option} {folder}: not a gpuengine checkout (no {' or '.join(missing)} there)")
     commit = None
     if in_git_checkout(folder) and Path(git(folder, "rev-parse", "--show-toplevel")).resolve() == folder:
         commit = git(folder, "rev-parse", "HEAD")   # its own checkout, not a folder inside another one

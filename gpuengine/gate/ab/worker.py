@@ -34,6 +34,7 @@ import pickle
 import sys
 import time
 import traceback
+import types
 from contextlib import contextmanager
 
 PROTOCOL = 1   # sides.py refuses a worker that speaks another
@@ -236,6 +237,17 @@ def serve(side: Side, requests, replies):
         replies.flush()
 
 
+def _pin_perf_tests(root: str):
+    """perf_tests as this checkout's folder alone. Without an __init__.py (checkouts since it held only tests) it
+    is a namespace package, which would also take in another checkout's perf_tests further on sys.path (the
+    session's, through PYTHONPATH): a test the base lacks would then be found in the head's folder."""
+    folder = os.path.join(root, "perf_tests")
+    if os.path.isdir(folder) and not os.path.isfile(os.path.join(folder, "__init__.py")):
+        package = types.ModuleType("perf_tests")
+        package.__path__ = [folder]
+        sys.modules["perf_tests"] = package
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or not os.path.isdir(argv[1]):
         print(f"usage: gpuengine/gate/ab/worker.py ROOT (a checkout folder); got {argv[1:]}", file=sys.stderr)
@@ -245,6 +257,7 @@ def main(argv: list[str]) -> int:
     os.dup2(2, 1)                 # prints of the engine and of imported modules go to the log, not the protocol
     sys.stdout = sys.stderr
     sys.path[0] = root            # instead of this script's folder: the checkout's packages come first
+    _pin_perf_tests(root)
     route_progress(sys.stderr)
     try:
         cpu = timing_cpu()
