@@ -60,6 +60,9 @@
 #                         PLAN_PRECISIONS (default: tf32 bf16): two fresh autotunings compared (plan_stability.json)
 #                determinism `./gate toggle-cost deterministic=0` of TOGGLE_WORKLOADS (default: cnn resnet
 #                         transformer zoo:resnet50 zoo:mobilenet_v2), every precision (LOGDIR/toggle_cost.json)
+#                bn-engine the engine's own batch norm (batchnorm=engine): its GPU tests, each named as it ends (-v), then
+#                         `./gate toggle-cost batchnorm=engine` of BN_WORKLOADS (default: resnet zoo:resnet50
+#                         zoo:mobilenet_v2) in tf32 and bf16 (LOGDIR/toggle_cost_batchnorm.json)
 #                perf-cold `./gate perf --against none` with no kept plans (cudnn_plans.json removed): a new user's
 #                         first run on a fresh machine, each test against its stored baseline, autotuning included
 #                ab-cold  the step ab with no kept plans (cudnn_plans.json removed): a fresh machine's first run,
@@ -175,6 +178,12 @@ step_plans() { ./gate plans ${PLANS:-resnet transformer cnn mlp zoo:resnet50} \
     --precision ${PLAN_PRECISIONS:-tf32 bf16} --out "$logdir/plan_stability.json"; }
 step_determinism() { ./gate toggle-cost deterministic=0 \
     ${TOGGLE_WORKLOADS:-cnn resnet transformer zoo:resnet50 zoo:mobilenet_v2} --out "$logdir/toggle_cost.json"; }
+step_bn-engine() { local s=0
+    python3 -m pytest correctness_tests/layers/test_gpu_batchnorm_engine.py -n 4 -v -p no:cacheprovider -rfE \
+        --durations=5 || s=1
+    ./gate toggle-cost batchnorm=engine ${BN_WORKLOADS:-resnet zoo:resnet50 zoo:mobilenet_v2} --precision tf32 bf16 \
+        --rounds 11 --out "$logdir/toggle_cost_batchnorm.json" || s=1
+    return $s; }
 step_perf-cold() { rm -f baselines_store/*/cudnn_plans.json
     ./gate perf -p no:cacheprovider --durations=0 -rA --against none; }
 step_ab-cold() { rm -f baselines_store/*/cudnn_plans.json; step_ab; }
