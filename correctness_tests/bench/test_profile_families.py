@@ -188,7 +188,7 @@ def test_every_rule_names_a_family_of_the_table():
 
 def test_every_kernel_the_engine_compiles_has_a_family():
     compiled = {m.group(1) for path in PACKAGE.rglob("*.py")
-                for m in re.finditer(r"__global__\s+void\s+(\w+)", path.read_text())}
+                for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)", path.read_text())}
     assert len(compiled) > 30, "the scan found too few kernels: did the sources move?"
     unknown = sorted(name for name in compiled - ENGINE_OTHER if family_of(name) == OTHER)
     assert unknown == [], "add a rule to gpuengine/bench/profile/families.py for these kernels"
