@@ -34,4 +34,5 @@ def test_perf_tests_holds_the_perf_tests_and_their_conftest_only():
     """The gate's code lives in gpuengine/gate/, its own tests in correctness_tests/gate/ (issue 37)."""
     folder = Path(conftest.__file__).parent / "perf_tests"
     files = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.endswith(".pyc"))
-    assert files and [f for f in files if f != "conftest.py" and not (f.startswith("test_") and f.endswith(".py"))] == []
+    others = [f for f in files if f != "conftest.py" and not (f.startswith("test_") and f.endswith(".py"))]
+    assert files and others == []

@@ -134,7 +134,8 @@ extern "C" __global__ void bn_grad_sums(const ELEM_T* dy, const ELEM_T* x, const
 extern "C" __global__ void bn_dx(const ELEM_T* dy, const ELEM_T* x, const ELEM_T* y, const unsigned char* mask,
                                  const float* gamma, const float* mean, const float* inv_std, const float* dgamma,
                                  const float* dbeta, ELEM_T* dx, long long n, float inv_count) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += stride) {
         const int c = (int)(i % CHANNELS);
         const float r_std = inv_std[c], x_hat = (load_f(x, i) - mean[c]) * r_std;
         const float d = through_activation(dy, y, mask, i);
@@ -157,7 +158,8 @@ class BatchNormForward:
     def __init__(self, backend, allocator, defines: dict, x, gamma, beta, running_mean, running_var, y, saved_mean,
                  saved_inv_std, epsilon: float, momentum: float, residual=None, mask=None):
         if bool(defines["MASK"]) != (mask is not None):
-            raise ValueError(f"BatchNormForward: MASK={defines['MASK']} but mask is {'given' if mask is not None else None}")
+            raise ValueError(f"BatchNormForward: MASK={defines['MASK']} but mask is "
+                             f"{'given' if mask is not None else None}")
         channels = x.shape[-1]
         self.x, self.y, self.n, self.rows = x, y, x.size, _rows(x)
         self.plan = plan_chunks(backend, self.rows, channels)
@@ -188,7 +190,8 @@ class BatchNormBackward:
     def __init__(self, backend, allocator, defines: dict, dy, x, y, gamma, saved_mean, saved_inv_std, dx, dgamma,
                  dbeta, mask=None, dz=None):
         if bool(defines["MASK"]) != (mask is not None):
-            raise ValueError(f"BatchNormBackward: MASK={defines['MASK']} but mask is {'given' if mask is not None else None}")
+            raise ValueError(f"BatchNormBackward: MASK={defines['MASK']} but mask is "
+                             f"{'given' if mask is not None else None}")
         channels = x.shape[-1]
         self.n, self.rows = x.size, _rows(x)
         self.plan = plan_chunks(backend, self.rows, channels)
