@@ -11,7 +11,7 @@ gpuengine/gate/commands.py).
         one training step of the engine and of the PyTorch references per kernel, by op family, in
         microseconds, saved under baselines_store/<gpu>/profiles/ (a GPU only; gpuengine/bench/profile/cli.py);
         with --against REV|DIR the engine at REV and at the working tree, and which kernels moved between them
-    python -m gpuengine profile-diff BASE.json HEAD.json [--side gpuengine] [--top 10]
+    python -m gpuengine profile-diff BASE.json HEAD.json [--runner gpuengine] [--top 10]
         two stored profiles compared: the op families and kernels whose time per step moved most
 
 Every command checks its arguments, and the GPUENGINE_* toggles where it runs the

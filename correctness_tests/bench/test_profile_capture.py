@@ -105,13 +105,13 @@ def test_a_session_profiles_the_engine_first_and_records_references_it_cannot_ru
         return {"step_us": 1.0}
     monkeypatch.setattr(session, "profile_runner", profile_runner)
     case = ProfileCase("mlp", "tf32", 8, 4)
-    sides = session.measure(case, Workload(), ["torch_graph", "no_torchvision", "broken"], 3, log=lambda line: None,
+    runners = session.measure(case, Workload(), ["torch_graph", "no_torchvision", "broken"], 3, log=lambda line: None,
                             device="cpu")
-    assert list(sides) == [ENGINE, "torch_graph", "no_torchvision", "broken"]
+    assert list(runners) == [ENGINE, "torch_graph", "no_torchvision", "broken"]
     assert built[1:] == [(m, {"w": ENGINE}) for m in ("torch_graph", "no_torchvision", "broken")]
     assert profiled == [(ENGINE, 3, 4), ("torch_graph", 3, 4)]
-    assert sides["no_torchvision"] == {UNAVAILABLE: "torchvision is not installed", FAILED: False}
-    assert sides["broken"] == {UNAVAILABLE: "RuntimeError: compile failed", FAILED: True}
+    assert runners["no_torchvision"] == {UNAVAILABLE: "torchvision is not installed", FAILED: False}
+    assert runners["broken"] == {UNAVAILABLE: "RuntimeError: compile failed", FAILED: True}
 
 
 def test_profile_runner_prepares_warms_then_profiles(monkeypatch):

@@ -108,10 +108,10 @@ def on_a_gpu(monkeypatch, tmp_path):
 
     def measure(case, workload, references, replays, log, **kwargs):
         asked.update(case=case, workload=workload.name, references=references, replays=replays)
-        sides = {ENGINE: side(600.0, 40.0, 700.0, other=5.0), "torch_graph": side(650.0, 80.0, 760.0)}
-        sides.update({m: {UNAVAILABLE: "RuntimeError: compile failed", FAILED: True}
+        runners = {ENGINE: side(600.0, 40.0, 700.0, other=5.0), "torch_graph": side(650.0, 80.0, 760.0)}
+        runners.update({m: {UNAVAILABLE: "RuntimeError: compile failed", FAILED: True}
                       for m in references if m != "torch_graph"})
-        return sides
+        return runners
     monkeypatch.setattr(session, "measure", measure)
     return tmp_path / "store", asked
 
@@ -127,7 +127,7 @@ def test_a_profile_is_printed_as_the_family_table_and_written(capsys, on_a_gpu):
     record = json.loads(path.read_text())
     stored = read_profile(record, path)
     assert stored.workload == "zoo:alexnet" and stored.toggles == {"precision": "bf16", "batch": 16, "cuda_graph": 1}
-    assert stored.sides[ENGINE]["families"] == {"gemm": 600.0, "data": 40.0, "other": 5.0}
+    assert stored.runners[ENGINE]["families"] == {"gemm": 600.0, "data": 40.0, "other": 5.0}
     assert record["command"] == ["python", "-m", "gpuengine", "profile", "zoo:alexnet", "--precision", "bf16",
                                  "--batch", "16", "--cuda-graph", "1", "--replays", "3", "--references", "torch_graph"]
     assert record["steps_per_replay"] == 2 and record["cudnn_plans"] == "autotuned afresh (test)"
@@ -157,7 +157,7 @@ def test_a_failed_reference_is_written_as_such_and_the_status_says_so(capsys, on
     (path,) = (store / H100.name / "profiles").glob("*.json")
     assert path.name == "mlp-tf32-b8000-graph1.json"
     record = json.loads(path.read_text())
-    assert record["sides"]["torch_compile_graph"] == {UNAVAILABLE: "RuntimeError: compile failed", FAILED: True}
+    assert record["runners"]["torch_compile_graph"] == {UNAVAILABLE: "RuntimeError: compile failed", FAILED: True}
     captured = capsys.readouterr()
     assert "torch_compile_graph: not profiled: RuntimeError: compile failed" in captured.out
     assert "torch_compile_graph failed" in captured.err
@@ -195,20 +195,22 @@ def test_the_record_reads_back_and_a_malformed_one_is_named():
                          ["python"], datetime(2026, 11, 24, tzinfo=timezone.utc))
     assert record["steps_per_replay"] == 8 and read_profile(record, "p.json").steps_per_replay == 8
     broken = json.loads(json.dumps(record))
-    broken["sides"][ENGINE]["step_us"] = "fast"
-    with pytest.raises(ValueError, match=r"p.json: sides.gpuengine.step_us must be a number, got 'fast'"):
+    broken["runners"][ENGINE]["step_us"] = "fast"
+    with pytest.raises(ValueError, match=r"p.json: runners.gpuengine.step_us must be a number, got 'fast'"):
         read_profile(broken, "p.json")
-    with pytest.raises(ValueError, match=r"p.json: format 2; this code reads format 1"):
-        read_profile({**record, "format": 2}, "p.json")
+    with pytest.raises(ValueError, match=r"p.json: format 3; this code reads formats 1, 2"):
+        read_profile({**record, "format": 3}, "p.json")
+    legacy = {k: v for k, v in record.items() if k != "runners"} | {"format": 1, "sides": record["runners"]}
+    assert read_profile(legacy, "p.json").runners == record["runners"]   # from before the runners were called so
     assert "step (device span)" in format_text_table(record)
     assert "step timed, no profiler" not in format_text_table(record)   # a profile from before that figure
     timed = json.loads(json.dumps(record))
-    timed["sides"][ENGINE]["timed_step_us"] = 650.0
-    assert read_profile(timed, "p.json").sides[ENGINE]["timed_step_us"] == 650.0
+    timed["runners"][ENGINE]["timed_step_us"] = 650.0
+    assert read_profile(timed, "p.json").runners[ENGINE]["timed_step_us"] == 650.0
     rows = {line.split("  ")[0]: line.split() for line in format_text_table(timed).splitlines()}
-    assert rows["step timed, no profiler"][-len(record["sides"]):] == ["650.0", *["—"] * (len(record["sides"]) - 1)]
-    timed["sides"][ENGINE]["timed_step_us"] = -1
-    with pytest.raises(ValueError, match=r"p.json: sides.gpuengine.timed_step_us must be"):
+    assert rows["step timed, no profiler"][-len(record["runners"]):] == ["650.0", *["—"] * (len(record["runners"]) - 1)]
+    timed["runners"][ENGINE]["timed_step_us"] = -1
+    with pytest.raises(ValueError, match=r"p.json: runners.gpuengine.timed_step_us must be"):
         read_profile(timed, "p.json")
 
 

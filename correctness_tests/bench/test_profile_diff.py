@@ -39,7 +39,7 @@ def planted(record: dict, spin_us: float = 50.0, gather_us: float = 10.0) -> dic
     """`record` with a slower head: a new kernel of `spin_us` per step (the injected delay's), the gather
     `gather_us` slower, Adam gone; the totals and families kept consistent."""
     head = copy.deepcopy(record)
-    side = head["sides"]["gpuengine"]
+    side = head["runners"]["gpuengine"]
     kernels = [dict(k, us=round(k["us"] + gather_us, 3)) if k["name"] == "gather" else k
                for k in side["kernels"] if k["name"] != "adam"]
     kernels.append({"name": "spin", "family": "other", "us": spin_us, "count": 1.0})
@@ -49,7 +49,7 @@ def planted(record: dict, spin_us: float = 50.0, gather_us: float = 10.0) -> dic
     kernel_us = round(sum(k["us"] for k in kernels), 3)
     side.update(kernels=kernels, families=families, kernel_us=kernel_us, step_us=round(kernel_us + side["gaps_us"], 3),
                 timed_step_us=round(kernel_us + 5.0, 3))
-    side_base = record["sides"]["gpuengine"]
+    side_base = record["runners"]["gpuengine"]
     side_base.setdefault("timed_step_us", round(side_base["kernel_us"] + 5.0, 3))
     head["commit"] = "fedcba9876543210"
     return head
@@ -106,10 +106,10 @@ def test_profile_diff_prints_and_refuses_a_file_that_is_no_profile_naming_it(pai
     assert "kernels whose time moved most (2 of 10)" in out and "spin" in out
     assert refused(capsys, "profile-diff", str(pair[0]), str(tmp_path / "none.json")) == \
         f"{tmp_path / 'none.json'}: no such file"
-    assert refused(capsys, "profile-diff", str(pair[0]), str(pair[1]), "--side", "torch_graph") == \
-        f"{pair[0]}: no side 'torch_graph' (it has gpuengine)"
+    assert refused(capsys, "profile-diff", str(pair[0]), str(pair[1]), "--runner", "torch_graph") == \
+        f"{pair[0]}: no runner 'torch_graph' (it has gpuengine)"
     unprofiled = json.loads(pair[1].read_text())
-    unprofiled["sides"]["gpuengine"] = {"unavailable": "out of memory", "failed": True}
+    unprofiled["runners"]["gpuengine"] = {"unavailable": "out of memory", "failed": True}
     write_json(pair[1], unprofiled)
     assert refused(capsys, "profile-diff", *map(str, pair)) == f"{pair[1]}: gpuengine was not profiled: out of memory"
 

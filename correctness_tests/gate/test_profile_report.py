@@ -20,8 +20,8 @@ H100 = "nvidia-h100-80gb-hbm3"
 CPU_RUN = sorted((STORE / "cpu-tier").rglob("[0-9][0-9][0-9][0-9]_*.json"))[-1]
 
 
-def profile(case: ProfileCase, sides: dict, day: int) -> dict:
-    return make_record(case, sides, {"gpu": "NVIDIA H100 80GB HBM3"}, "0123456789abcdef", False, 5, "stored plans",
+def profile(case: ProfileCase, runners: dict, day: int) -> dict:
+    return make_record(case, runners, {"gpu": "NVIDIA H100 80GB HBM3"}, "0123456789abcdef", False, 5, "stored plans",
                        ["python", "-m", "gpuengine", "profile"], datetime(2026, 11, day, 12, tzinfo=timezone.utc))
 
 
@@ -40,7 +40,7 @@ def store(tmp_path) -> Path:
                profile(bf16, {ENGINE: side(300.0, 20.0, 340.0), "torch_graph": side(350.0, 40.0, 400.0),
                               "torch_compile_graph": {UNAVAILABLE: "RuntimeError: compile failed", FAILED: True}}, 23))
     broken = profile(tf32, {ENGINE: side(1.0, 1.0, 3.0)}, 22)
-    broken["sides"][ENGINE]["gaps_us"] = None
+    broken["runners"][ENGINE]["gaps_us"] = None
     write_json(profiles / "broken.json", broken)
     machine = CPU_RUN.relative_to(STORE)
     (root / machine).parent.mkdir(parents=True)
@@ -48,12 +48,12 @@ def store(tmp_path) -> Path:
     return root
 
 
-def test_each_case_shows_its_newest_profile_as_families_by_side(store):
+def test_each_case_shows_its_newest_profile_as_families_by_runner(store):
     loaded = load_store(store)
     (tier,) = [t for t in loaded.tiers if t.name == H100]
     assert len(tier.profiles) == 3 and tier.on_gpu and tier.gpu == "NVIDIA H100 80GB HBM3"
     assert tier.runs == [] and [n for n in loaded.skipped if f"{H100}/" in n and "broken.json" not in n] == []
-    assert any(n.startswith(f"{H100}/profiles/broken.json: sides.gpuengine.gaps_us must be a number, got None")
+    assert any(n.startswith(f"{H100}/profiles/broken.json: runners.gpuengine.gaps_us must be a number, got None")
                for n in loaded.skipped)
     bf16, tf32 = profile_tables(tier)   # by workload, then precision
     assert tf32.title == "Kernel profile: resnet (tf32, batch 128, cuda_graph 1), µs per training step"

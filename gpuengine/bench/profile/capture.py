@@ -1,10 +1,10 @@
-"""One side's kernels per training step: torch.profiler's device events over a few replays, and their medians.
+"""One runner's kernels per training step: torch.profiler's device events over a few replays, and their medians.
 
 torch.profiler with CUDA activity turns CUPTI on for the whole process, so it
 records every kernel, memcpy and memset on the device whoever launched it:
-torch's, Inductor's Triton kernels, cuBLAS and cuDNN behind either side, and
+torch's, Inductor's Triton kernels, cuBLAS and cuDNN behind either runner, and
 the engine's CuPy kernels, inside CUDA graph replays too (CUDA 12 and later
-record each node of a replayed graph). A side is profiled after its runner is
+record each node of a replayed graph). A runner is profiled after it is
 prepared (warm-up, compile, capture) and one more untimed round; then the
 profiler's schedule alternates a warm-up step (CUPTI on, events dropped) with
 an active step of one round each, `replays` times, and hands over each active

@@ -3,14 +3,14 @@
     python -m gpuengine profile resnet --precision bf16 [--batch 128] [--cuda-graph 1] [--replays 5]
                                 [--references torch_graph torch_compile_graph] [--store baselines_store]
     python -m gpuengine profile resnet --against REV|DIR [...]     the base's engine and the head's, diffed
-    python -m gpuengine profile-diff BASE.json HEAD.json [--side gpuengine] [--top 10]
+    python -m gpuengine profile-diff BASE.json HEAD.json [--runner gpuengine] [--top 10]
 
 WORKLOAD is mlp, cnn, resnet, transformer or zoo:NAME (zoo:alexnet, ...). The
 engine and each reference (torch_graph, and torch_compile_graph where
 gpuengine/reference/torch_common.py offers it) are warmed up and captured,
 then a few replays of their steps are profiled with CUPTI through
 torch.profiler (capture.py); the table on stdout has the op families as rows
-and the sides as columns, in microseconds per training step, and the whole
+and the runners as columns, in microseconds per training step, and the whole
 profile, every kernel included, goes to
 baselines_store/<gpu>/profiles/<workload>-<toggles>.json, which the report
 shows. --precision and --cuda-graph default to GPUENGINE_PRECISION and
@@ -19,7 +19,7 @@ GPUENGINE_CUDA_GRAPH, else tf32 and 1 (one captured step per launch);
 
 Every argument is checked before anything is built (`check`). Exit status: 0
 profiled and written; 1 the profile failed (the profiler saw no kernels,
-replays were lost), could not be written, or a reference failed (its side
+replays were lost), could not be written, or a reference failed (its runner
 says why; the others are written); 2 a usage error, a machine without a CUDA
 GPU included: CUPTI has nothing to see on the CPU tier's NumPy backend.
 
@@ -29,8 +29,8 @@ gate's A/B checkout, which __main__ hands in as `check_out`) and at the
 working tree, each by its own checkout's command in a process of its own
 (against.py), and the diff of the two is printed (diff.py); the profiles stay
 under build/profile-against/, the stored ones are not touched. Status 1 when
-a side failed. `profile-diff` prints the diff of two profile files; a file
-that is not a readable profile with that side is a usage error naming it.
+a side (base or head) failed. `profile-diff` prints the diff of two profile files; a file
+that is not a readable profile with that runner is a usage error naming it.
 """
 from __future__ import annotations
 
@@ -85,16 +85,17 @@ def add_diff_parser(commands) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("base", type=Path, help="the base's profile (JSON, as `profile` writes it)")
     parser.add_argument("head", type=Path, help="the head's profile")
-    parser.add_argument("--side", default=ENGINE, help=f"the side compared (default {ENGINE}; or torch_graph, ...)")
+    parser.add_argument("--runner", "--side", dest="runner", default=ENGINE,
+                        help=f"the runner compared (default {ENGINE}; or torch_graph, ...; --side: its older name)")
     parser.add_argument("--top", type=whole(1), default=DEFAULT_TOP,
                         help=f"kernels shown, those that moved most (default {DEFAULT_TOP})")
     parser.set_defaults(run=run_diff, check=check_diff, parser=parser)
 
 
 def check_diff(args) -> None:
-    """Both files read as profiles holding the side; the diff made (args.diff)."""
+    """Both files read as profiles holding the runner; the diff made (args.diff)."""
     try:
-        args.diff = diff_profiles(load_profile(args.base), load_profile(args.head), args.side)
+        args.diff = diff_profiles(load_profile(args.base), load_profile(args.head), args.runner)
     except (JsonFileError, ValueError) as exc:
         raise UsageError(str(exc)) from None
 
@@ -200,11 +201,11 @@ def run(args) -> int:
     plans = reuse_cudnn_plans(args.store, tier.name)
     _log(f"profile: {case.describe()} on {tier.gpu_label}; the engine's cuDNN plans: {plans}")
     try:
-        sides = measure(case, args.workload_entry, args.references, args.replays, _log)
+        runners = measure(case, args.workload_entry, args.references, args.replays, _log)
     except ProfileError as exc:
         return _error(f"{case.describe()}: {exc}; nothing written", 1)
     config = EngineConfig(precision=case.precision, cuda_graph=case.cuda_graph, resident_data=True, device="cuda")
-    record = make_record(case, sides, collect_machine_info(tier, config), *checkout_commit(), args.replays, plans,
+    record = make_record(case, runners, collect_machine_info(tier, config), *checkout_commit(), args.replays, plans,
                          command_line(args), datetime.now(timezone.utc))
     print(format_text_table(record))
     try:
@@ -212,7 +213,7 @@ def run(args) -> int:
     except OSError as exc:
         return _error(f"{path}: not written ({exc})", 1)
     print(f"profile: written to {path}")
-    failed = [name for name, side in sides.items() if side.get(FAILED)]
+    failed = [name for name, runner in runners.items() if runner.get(FAILED)]
     if failed:
-        return _error(f"{', '.join(failed)} failed (said above and in {path}); the other sides were written", 1)
+        return _error(f"{', '.join(failed)} failed (said above and in {path}); the other runners were written", 1)
     return 0

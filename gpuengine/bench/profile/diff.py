@@ -1,11 +1,11 @@
 """Two kernel profiles side by side, base and head: which op families and kernels took more or less time per step.
 
-    python -m gpuengine profile-diff BASE.json HEAD.json [--side gpuengine] [--top 10]
+    python -m gpuengine profile-diff BASE.json HEAD.json [--runner gpuengine] [--top 10]
 
 BASE and HEAD are profiles as `python -m gpuengine profile` writes them
 (record.py), typically of one case at two commits (`profile WORKLOAD
 --against REV` makes both and prints this diff; so does the gate for an A/B
-test that regressed, gpuengine/gate/regression_profiles.py). For one side
+test that regressed, gpuengine/gate/regression_profiles.py). For one runner
 (the engine by default) it gives, in microseconds per training step: the
 totals (the step timed without the profiler, the profiled span, the kernels'
 sum, the gaps between them, launches per step), each op family, and each
@@ -63,7 +63,7 @@ class Moved:
 class ProfileDiff:
     base: StoredProfile
     head: StoredProfile
-    side: str
+    runner: str
     totals: list[Moved]      # in a fixed order: timed step, span, kernels' sum, gaps, launches per step
     families: list[Moved]    # by how far they moved, the largest change first
     kernels: list[Moved]     # likewise
@@ -79,12 +79,12 @@ def load_profile(path: Path | str) -> StoredProfile:
     return read_profile(load_json(path), path)
 
 
-def _profiled_side(profile: StoredProfile, side: str) -> dict:
-    if side not in profile.sides:
-        raise ValueError(f"{profile.path}: no side {side!r} (it has {', '.join(profile.sides)})")
-    if UNAVAILABLE in profile.sides[side]:
-        raise ValueError(f"{profile.path}: {side} was not profiled: {profile.sides[side][UNAVAILABLE]}")
-    return profile.sides[side]
+def _profiled_runner(profile: StoredProfile, runner: str) -> dict:
+    if runner not in profile.runners:
+        raise ValueError(f"{profile.path}: no runner {runner!r} (it has {', '.join(profile.runners)})")
+    if UNAVAILABLE in profile.runners[runner]:
+        raise ValueError(f"{profile.path}: {runner} was not profiled: {profile.runners[runner][UNAVAILABLE]}")
+    return profile.runners[runner]
 
 
 def by_change(rows: list[Moved]) -> list[Moved]:
@@ -92,9 +92,9 @@ def by_change(rows: list[Moved]) -> list[Moved]:
     return sorted(rows, key=lambda row: (-abs(row.change_us), row.name))
 
 
-def _notes(base: StoredProfile, head: StoredProfile, side: str) -> list[str]:
+def _notes(base: StoredProfile, head: StoredProfile, runner: str) -> list[str]:
     notes = []
-    timed = [p.path for p in (base, head) if TIMED in p.sides[side]]
+    timed = [p.path for p in (base, head) if TIMED in p.runners[runner]]
     if len(timed) == 1:
         notes.append(f"only {timed[0]} has the step timed without the profiler (older profiles lack it)")
     if base.case_key != head.case_key:
@@ -104,9 +104,9 @@ def _notes(base: StoredProfile, head: StoredProfile, side: str) -> list[str]:
     return notes
 
 
-def diff_profiles(base: StoredProfile, head: StoredProfile, side: str = ENGINE) -> ProfileDiff:
-    """The diff of `side` between two profiles; ValueError naming the file where a profile lacks the side."""
-    old, new = _profiled_side(base, side), _profiled_side(head, side)
+def diff_profiles(base: StoredProfile, head: StoredProfile, runner: str = ENGINE) -> ProfileDiff:
+    """The diff of `runner` between two profiles; ValueError naming the file where a profile lacks the runner."""
+    old, new = _profiled_runner(base, runner), _profiled_runner(head, runner)
     totals = [Moved("step timed, no profiler", old[TIMED], new[TIMED])] if TIMED in old and TIMED in new else []
     totals += [Moved("step (device span)", old["step_us"], new["step_us"]),
                Moved("kernels (sum)", old["kernel_us"], new["kernel_us"]),
@@ -119,7 +119,7 @@ def diff_profiles(base: StoredProfile, head: StoredProfile, side: str = ENGINE) 
     after = {k["name"]: k for k in new["kernels"]}
     kernels = [Moved(name, before[name]["us"] if name in before else None, after[name]["us"] if name in after else None,
                      (after.get(name) or before[name]).get("family", "")) for name in {**before, **after}]
-    return ProfileDiff(base, head, side, totals, by_change(families), by_change(kernels), _notes(base, head, side))
+    return ProfileDiff(base, head, runner, totals, by_change(families), by_change(kernels), _notes(base, head, runner))
 
 
 def _us(value: float | None) -> str:
@@ -139,7 +139,7 @@ def format_diff(diff: ProfileDiff, top: int = DEFAULT_TOP) -> str:
     """The diff as text: who was compared, the totals, every family and the `top` kernels that moved most."""
     width = NAME_WIDTH + 2
     head_row = "".rjust(width) + "base".rjust(11) + "head".rjust(11) + "   change"
-    lines = [f"{diff.side}: base {_who(diff.base)}, head {_who(diff.head)}",
+    lines = [f"{diff.runner}: base {_who(diff.base)}, head {_who(diff.head)}",
              f"{diff.head.title} on {diff.head.gpu}: µs per training step", *(f"note: {n}" for n in diff.notes),
              head_row]
 

@@ -1,4 +1,4 @@
-"""A profile's JSON: what it holds, where it is stored, reading it back, and its table of families by side.
+"""A profile's JSON: what it holds, where it is stored, reading it back, and its table of families by runner.
 
     baselines_store/<gpu>/profiles/<workload>-<precision>-b<batch>-graph<cuda_graph>.json
 
@@ -6,22 +6,23 @@
 (json_files.write_json); profiling the same workload and toggles again
 replaces the file, so each holds the newest profile of its case:
 
-    {"format": 1, "kind": "gpuengine kernel profile", "workload": "resnet",
+    {"format": 2, "kind": "gpuengine kernel profile", "workload": "resnet",
      "toggles": {"precision": "tf32", "batch": 128, "cuda_graph": 1},
      "recorded_at": "2026-11-24T18:02:11+00:00", "commit": "<sha>", "dirty": false, "command": [...],
      "machine": {machine_info.collect_machine_info: gpu, driver, CUDA, cuDNN, clocks, ...},
      "replays": 5, "steps_per_replay": 2, "cudnn_plans": "<how the engine's plans were chosen>",
-     "sides": {"gpuengine": {"step_us": 812.4, "kernel_us": 790.1, "gaps_us": 22.3, "replay_step_us": [...],
-                             "timed_step_us": 801.0,
-                             "families": {"gemm": 500.2, ...},
-                             "kernels": [{"name": "...", "family": "gemm", "us": 120.5, "count": 2.0}, ...]},
-               "torch_graph": {...},
-               "torch_compile_graph": {"unavailable": "<why>", "failed": false}}}
+     "runners": {"gpuengine": {"step_us": 812.4, "kernel_us": 790.1, "gaps_us": 22.3, "replay_step_us": [...],
+                               "timed_step_us": 801.0,
+                               "families": {"gemm": 500.2, ...},
+                               "kernels": [{"name": "...", "family": "gemm", "us": 120.5, "count": 2.0}, ...]},
+                 "torch_graph": {...},
+                 "torch_compile_graph": {"unavailable": "<why>", "failed": false}}}
 
 Every time is microseconds per training step, every count launches per step
 (capture.py: medians over the replays); "timed_step_us" is the step timed
 without the profiler (absent from profiles recorded before it was). The report reads these files back
-(`read_profile`: a malformed one is an error naming the file and the field).
+(`read_profile`: a malformed one is an error naming the file and the field; format 1 files, from before
+the runners were called so, keep them under "sides").
 """
 from __future__ import annotations
 
@@ -32,13 +33,14 @@ from pathlib import Path
 from ..json_files import JsonFileError, require_number, write_json
 from .families import label, ordered
 
-FORMAT = 1
+FORMAT = 2
+RUNNERS_KEY = {1: "sides", 2: "runners"}   # format -> the key of the runners' figures
 KIND = "gpuengine kernel profile"
 PROFILES = "profiles"   # the folder of a tier (baselines_store/<gpu>/) that holds them
-SIDE_TIMES = ("step_us", "kernel_us", "gaps_us")
+RUNNER_TIMES = ("step_us", "kernel_us", "gaps_us")
 TIMED = "timed_step_us"   # optional: profiles recorded before it lack it
-ENGINE = "gpuengine"          # the engine's side; the references' are their modes (torch_graph, ...)
-UNAVAILABLE = "unavailable"   # a side's key: why it was not profiled
+ENGINE = "gpuengine"          # the engine's runner; the references' are their modes (torch_graph, ...)
+UNAVAILABLE = "unavailable"   # a runner's key: why it was not profiled
 FAILED = "failed"             # ... and whether it failed, rather than this machine lacking it
 
 
@@ -75,12 +77,12 @@ def profile_path(store: Path | str, tier_name: str, case: ProfileCase) -> Path:
     return Path(store) / tier_name / PROFILES / f"{case.slug}.json"
 
 
-def make_record(case: ProfileCase, sides: dict[str, dict], machine: dict, commit: str, dirty: bool | None,
+def make_record(case: ProfileCase, runners: dict[str, dict], machine: dict, commit: str, dirty: bool | None,
                 replays: int, cudnn_plans: str, command: list[str], recorded_at: datetime) -> dict:
     return {"format": FORMAT, "kind": KIND, "workload": case.workload, "toggles": case.toggles,
             "recorded_at": recorded_at.isoformat(timespec="seconds"), "commit": commit, "dirty": dirty,
             "command": command, "machine": machine, "replays": replays, "steps_per_replay": case.steps_per_replay,
-            "cudnn_plans": cudnn_plans, "sides": sides}
+            "cudnn_plans": cudnn_plans, RUNNERS_KEY[FORMAT]: runners}
 
 
 def write_profile(path: Path | str, record: dict) -> Path:
@@ -90,7 +92,7 @@ def write_profile(path: Path | str, record: dict) -> Path:
 
 @dataclass(frozen=True)
 class StoredProfile:
-    """A profile file read back: its case, when and where it was recorded, and each side's figures."""
+    """A profile file read back: its case, when and where it was recorded, and each runner's figures."""
 
     path: Path               # as the caller named it (the report: relative to the store)
     workload: str
@@ -101,7 +103,7 @@ class StoredProfile:
     gpu: str
     replays: int
     steps_per_replay: int
-    sides: dict[str, dict]
+    runners: dict[str, dict]
 
     @property
     def case_key(self) -> tuple:
@@ -115,28 +117,28 @@ class StoredProfile:
                 f"cuda_graph {t.get('cuda_graph', '?')})")
 
     def unavailable(self) -> dict[str, str]:
-        return {name: side[UNAVAILABLE] for name, side in self.sides.items() if UNAVAILABLE in side}
+        return {name: runner[UNAVAILABLE] for name, runner in self.runners.items() if UNAVAILABLE in runner}
 
 
-def _side(side, where: str) -> dict:
-    if not isinstance(side, dict):
-        raise JsonFileError(f"{where} must be an object, got {side!r}")
-    if UNAVAILABLE in side:
-        if not isinstance(side[UNAVAILABLE], str):
-            raise JsonFileError(f"{where}.{UNAVAILABLE} must say why, got {side[UNAVAILABLE]!r}")
-        return side
-    for key in SIDE_TIMES:
-        require_number(side.get(key), f"{where}.{key}")
-    if TIMED in side:
-        require_number(side[TIMED], f"{where}.{TIMED}", minimum=0)
-    families = side.get("families")
+def _runner(runner, where: str) -> dict:
+    if not isinstance(runner, dict):
+        raise JsonFileError(f"{where} must be an object, got {runner!r}")
+    if UNAVAILABLE in runner:
+        if not isinstance(runner[UNAVAILABLE], str):
+            raise JsonFileError(f"{where}.{UNAVAILABLE} must say why, got {runner[UNAVAILABLE]!r}")
+        return runner
+    for key in RUNNER_TIMES:
+        require_number(runner.get(key), f"{where}.{key}")
+    if TIMED in runner:
+        require_number(runner[TIMED], f"{where}.{TIMED}", minimum=0)
+    families = runner.get("families")
     if not isinstance(families, dict):
         raise JsonFileError(f"{where}.families must be an object of microseconds by family, got {families!r}")
     for family, us in families.items():
         require_number(us, f"{where}.families.{family}", minimum=0)
-    if not isinstance(side.get("kernels"), list):
-        raise JsonFileError(f"{where}.kernels must be a list, got {side.get('kernels')!r}")
-    return side
+    if not isinstance(runner.get("kernels"), list):
+        raise JsonFileError(f"{where}.kernels must be a list, got {runner.get('kernels')!r}")
+    return runner
 
 
 def read_profile(data, path: Path | str) -> StoredProfile:
@@ -144,18 +146,20 @@ def read_profile(data, path: Path | str) -> StoredProfile:
     where = str(path)
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise JsonFileError(f"{where}: not a kernel profile (no \"kind\": {KIND!r})")
-    if data.get("format") != FORMAT:
-        raise JsonFileError(f"{where}: format {data.get('format')!r}; this code reads format {FORMAT}")
-    workload, toggles, sides = data.get("workload"), data.get("toggles"), data.get("sides")
+    if data.get("format") not in RUNNERS_KEY:
+        raise JsonFileError(f"{where}: format {data.get('format')!r}; this code reads formats "
+                            f"{', '.join(map(str, RUNNERS_KEY))}")
+    key = RUNNERS_KEY[data["format"]]
+    workload, toggles, runners = data.get("workload"), data.get("toggles"), data.get(key)
     if not isinstance(workload, str) or not isinstance(toggles, dict):
         raise JsonFileError(f"{where}: \"workload\" must be a name and \"toggles\" an object")
-    if not isinstance(sides, dict) or not sides:
-        raise JsonFileError(f"{where}: \"sides\" must be an object with at least one side")
+    if not isinstance(runners, dict) or not runners:
+        raise JsonFileError(f"{where}: \"{key}\" must be an object with at least one runner")
     try:
         recorded_at = datetime.fromisoformat(str(data.get("recorded_at")))
     except ValueError:
         raise JsonFileError(f"{where}: \"recorded_at\" is {data.get('recorded_at')!r}, not an ISO date") from None
-    checked = {name: _side(side, f"{where}: sides.{name}") for name, side in sides.items()}
+    checked = {name: _runner(runner, f"{where}: {key}.{name}") for name, runner in runners.items()}
     machine = data.get("machine") if isinstance(data.get("machine"), dict) else {}
     return StoredProfile(Path(path), workload, toggles, recorded_at, str(data.get("commit") or ""), data.get("dirty"),
                          str(machine.get("gpu") or "unknown GPU"),
@@ -164,33 +168,33 @@ def read_profile(data, path: Path | str) -> StoredProfile:
                          checked)
 
 
-def family_rows(sides: dict[str, dict]) -> list[tuple[str, list[float | None]]]:
-    """(row label, one value per side in `sides`' order): each family any side spent time in, then the kernels'
-    sum, the gaps, the step under the profiler and without it, and the launches per step. None where a side was
-    not profiled; the timed step's row only where a side has that figure."""
-    profiled = [side if UNAVAILABLE not in side else None for side in sides.values()]
-    families = ordered({f for side in profiled if side for f, us in side["families"].items() if us > 0})
-    rows = [(label(f), [side["families"].get(f, 0.0) if side else None for side in profiled]) for f in families]
-    rows += [("kernels (sum)", [side["kernel_us"] if side else None for side in profiled]),
-             ("gaps (device idle)", [side["gaps_us"] if side else None for side in profiled]),
-             ("step (device span)", [side["step_us"] if side else None for side in profiled]),
-             *([("step timed, no profiler", [side.get(TIMED) if side else None for side in profiled])]
-               if any(side and TIMED in side for side in profiled) else []),
-             ("launches per step", [sum(k.get("count", 0) for k in side["kernels"]) if side else None
-                                    for side in profiled])]
+def family_rows(runners: dict[str, dict]) -> list[tuple[str, list[float | None]]]:
+    """(row label, one value per runner in `runners`' order): each family any runner spent time in, then the kernels'
+    sum, the gaps, the step under the profiler and without it, and the launches per step. None where a runner was
+    not profiled; the timed step's row only where a runner has that figure."""
+    profiled = [runner if UNAVAILABLE not in runner else None for runner in runners.values()]
+    families = ordered({f for runner in profiled if runner for f, us in runner["families"].items() if us > 0})
+    rows = [(label(f), [runner["families"].get(f, 0.0) if runner else None for runner in profiled]) for f in families]
+    rows += [("kernels (sum)", [runner["kernel_us"] if runner else None for runner in profiled]),
+             ("gaps (device idle)", [runner["gaps_us"] if runner else None for runner in profiled]),
+             ("step (device span)", [runner["step_us"] if runner else None for runner in profiled]),
+             *([("step timed, no profiler", [runner.get(TIMED) if runner else None for runner in profiled])]
+               if any(runner and TIMED in runner for runner in profiled) else []),
+             ("launches per step", [sum(k.get("count", 0) for k in runner["kernels"]) if runner else None
+                                    for runner in profiled])]
     return rows
 
 
-def unclassified(side: dict, limit: int = 5) -> list[dict]:
-    """The side's costliest kernels that no family rule knows (families.py could learn them)."""
-    return [k for k in side.get("kernels", []) if k.get("family") == "other"][:limit]
+def unclassified(runner: dict, limit: int = 5) -> list[dict]:
+    """The runner's costliest kernels that no family rule knows (families.py could learn them)."""
+    return [k for k in runner.get("kernels", []) if k.get("family") == "other"][:limit]
 
 
 def format_text_table(record: dict) -> str:
-    """The family table as text: families as rows, sides as columns, microseconds per step, then the totals."""
-    sides = record["sides"]
-    names = list(sides)
-    rows = family_rows(sides)
+    """The family table as text: families as rows, runners as columns, microseconds per step, then the totals."""
+    runners = record[RUNNERS_KEY[FORMAT]]
+    names = list(runners)
+    rows = family_rows(runners)
     width = max(len(r[0]) for r in rows) + 2
     columns = [max(len(n), 10) + 2 for n in names]
     t = record["toggles"]
@@ -203,11 +207,11 @@ def format_text_table(record: dict) -> str:
         if name == "kernels (sum)":
             lines.append("-" * (width + sum(columns)))
         lines.append(name.ljust(width) + "".join(c.rjust(w) for c, w in zip(cells, columns)))
-    for name, side in sides.items():
-        if UNAVAILABLE in side:
-            lines.append(f"{name}: not profiled: {side[UNAVAILABLE]}")
-        elif unclassified(side):
-            shown = "; ".join(f"{k['name'][:80]} {k['us']:.1f} µs" for k in unclassified(side))
+    for name, runner in runners.items():
+        if UNAVAILABLE in runner:
+            lines.append(f"{name}: not profiled: {runner[UNAVAILABLE]}")
+        elif unclassified(runner):
+            shown = "; ".join(f"{k['name'][:80]} {k['us']:.1f} µs" for k in unclassified(runner))
             lines.append(f"{name}: in 'other' (no family rule knows them): {shown}")
     return "\n".join(lines)
 

@@ -1,8 +1,8 @@
 """One profile session: the engine, then each PyTorch reference, built, warmed, profiled and let go in turn.
 
-Sides run one after another, never interleaved, so the profiler's events of
-a replay are one side's alone, and a side's memory is given back before the
-next is built. Every side starts from the engine's initial weights, as in
+Runners run one after another, never interleaved, so the profiler's events of
+a replay are one runner's alone, and a runner's memory is given back before the
+next is built. Every runner starts from the engine's initial weights, as in
 the perf tests. The engine starts from the cuDNN plans the gate keeps for
 this GPU kind (bench/cudnn_plans.py, read here, never written), so it runs
 the plans of the stored timings rather than a fresh autotuning's. A
@@ -40,7 +40,7 @@ def reuse_cudnn_plans(store: Path, tier_name: str) -> str:
 
 
 def _let_go(device: str) -> None:
-    """Give a finished side's device memory back before the next side allocates."""
+    """Give a finished runner's device memory back before the next runner allocates."""
     gc.collect()
     if device == "cuda":
         import torch
@@ -50,7 +50,7 @@ def _let_go(device: str) -> None:
 def measure(case: ProfileCase, workload: ProfileWorkload, references: list[str], replays: int,
             log: Callable[[str], None], device: str = "cuda", smoke: bool = False, activities=None,
             keep: Callable = is_device_work) -> dict[str, dict]:
-    """{side: its profile (capture.summarise) or {"unavailable": why, "failed": bool}}, the engine first.
+    """{runner: its profile (capture.summarise) or {"unavailable": why, "failed": bool}}, the engine first.
 
     `device`, `smoke`, `activities` and `keep` let a CPU test run the plumbing (CPU events of torch runners)."""
     from ...reference.torch_common import ReferenceUnavailable
@@ -58,20 +58,20 @@ def measure(case: ProfileCase, workload: ProfileWorkload, references: list[str],
     engine = workload.engine_runner(case, device, smoke)
     weights, buffers = engine.state_dict(), engine.buffers_dict()   # before warm-up trains them
     log(f"profile: {ENGINE}: warm-up and capture, then {replays} replays of {steps} steps")
-    sides = {ENGINE: profile_runner(engine, replays, steps, activities, keep)}
+    runners = {ENGINE: profile_runner(engine, replays, steps, activities, keep)}
     del engine
     _let_go(device)
     for mode in references:
         log(f"profile: {mode}: build, warm-up and capture, then {replays} replays of {steps} steps")
         try:
             runner = workload.reference_runner(mode, case, weights, buffers, device, smoke)
-            sides[mode] = profile_runner(runner, replays, steps, activities, keep)
+            runners[mode] = profile_runner(runner, replays, steps, activities, keep)
         except ReferenceUnavailable as exc:
-            sides[mode] = {UNAVAILABLE: str(exc), FAILED: False}
+            runners[mode] = {UNAVAILABLE: str(exc), FAILED: False}
         except Exception as exc:   # noqa: BLE001  one reference failing must not lose the others' profiles
-            sides[mode] = {UNAVAILABLE: f"{type(exc).__name__}: {exc}", FAILED: True}
-        if UNAVAILABLE in sides[mode]:
-            log(f"profile: {mode}: not profiled: {sides[mode][UNAVAILABLE]}")
+            runners[mode] = {UNAVAILABLE: f"{type(exc).__name__}: {exc}", FAILED: True}
+        if UNAVAILABLE in runners[mode]:
+            log(f"profile: {mode}: not profiled: {runners[mode][UNAVAILABLE]}")
         runner = None   # the last reference to its model and graphs, so that _let_go can free them
         _let_go(device)
-    return sides
+    return runners

@@ -202,8 +202,8 @@ def summary_table(tier: TierRuns) -> Table:
         shown += add_measured(table, tier, *found, rows, strongest=True)
     table.caption = (f"The newest measurement of each case (and, where it did not time {STRONGER}, the newest that "
                      f"did, marked ↳), from runs {runs_text(shown)}. fp32 is IEEE fp32; tf32 "
-                     "uses tensor cores with fp32 storage; bf16 computes in bf16 with fp32 master weights, on both "
-                     "sides. % of peak: of the GEMM peak measured in the same session at that precision. "
+                     "uses tensor cores with fp32 storage; bf16 computes in bf16 with fp32 master weights, in the "
+                     "engine and the references alike. % of peak: of the GEMM peak measured in the same session at that precision. "
                      f"{STRONGER}: the faster of torch_graph and torch_compile_graph in each round, and which it "
                      "was.")
     return table
@@ -307,13 +307,13 @@ def newest_profiles(tier: TierRuns) -> list[StoredProfile]:
 
 
 def profile_table(profile: StoredProfile) -> Table:
-    """Families as rows, sides as columns: microseconds per training step, then the totals and launches."""
+    """Families as rows, runners as columns: microseconds per training step, then the totals and launches."""
     where = f"{profile.path}, recorded {profile.recorded_at:%Y-%m-%d %H:%M}"
-    table = Table(f"Kernel profile: {profile.title}, µs per training step", ["Family", *profile.sides])
-    for name, values in family_rows(profile.sides):
+    table = Table(f"Kernel profile: {profile.title}, µs per training step", ["Family", *profile.runners])
+    for name, values in family_rows(profile.runners):
         fmt = "{:,.0f}" if name.startswith("launches") else "{:,.1f}"
         table.add(name, *(Cell(NONE if v is None else fmt.format(v), where) for v in values))
-    missing = "; ".join(f"{side} not profiled: {why}" for side, why in profile.unavailable().items())
+    missing = "; ".join(f"{runner} not profiled: {why}" for runner, why in profile.unavailable().items())
     commit = f"{profile.commit[:7]}{'+dirty' if profile.dirty else ''}" or "no commit"
     table.caption = (f"{profile.path} ({commit}, {profile.recorded_at:%Y-%m-%d %H:%M}, {profile.gpu}): the median of "
                      f"{profile.replays} replays of {profile.steps_per_replay} steps. A family sums its kernels' "
