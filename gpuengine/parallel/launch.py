@@ -5,7 +5,7 @@ LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: a free loopback port), plus
 NCCL_NVLS_ENABLE=0 (NVLink multicast can take the lent hosts' GPUs out of
 service), and imports the same gpuengine as the launcher. A target that is
 not a script (no `.py`, no `/`) names a seed workload, which each rank trains
-through `gpuengine.workloads.data_parallel` (that program knows the names): its
+through `gpuengine.workloads.data_parallel` (that module knows the names): its
 arguments and the GPUENGINE_* settings are checked once (`--check`) before any
 rank starts, so a bad one is said once, not by every rank. Where the engine
 would run on the CPU (no CUDA GPU visible, or GPUENGINE_DEVICE=cpu) the
@@ -28,7 +28,7 @@ from pathlib import Path
 from ..config import ConfigError, EngineConfig
 from ..runtime.backend import resolve_device
 
-WORKLOAD_PROGRAM = "gpuengine.workloads.data_parallel"   # by name only: the engine never imports workloads
+WORKLOAD_MODULE = "gpuengine.workloads.data_parallel"   # by name only: the engine never imports workloads
 POLL_S = 0.05
 
 
@@ -52,17 +52,17 @@ def command_for(target: str, args: list[str]) -> list[str]:
         return [sys.executable, target, *args]
     if target.endswith(".py") or "/" in target or not target.isidentifier():
         raise SystemExit(f"gpuengine.parallel.launch: {target!r} is neither a script file nor a workload name")
-    return [sys.executable, "-m", WORKLOAD_PROGRAM, target, *args]
+    return [sys.executable, "-m", WORKLOAD_MODULE, target, *args]
 
 
 def check_workload(command: list[str]):
-    """A workload's arguments and GPUENGINE_* checked once, in one process, before any rank starts: the program
+    """A workload's arguments and GPUENGINE_* checked once, in one process, before any rank starts: the module
     says what is wrong (usage and error, once) and the launcher stops."""
-    if command[1:3] != ["-m", WORKLOAD_PROGRAM]:
+    if command[1:3] != ["-m", WORKLOAD_MODULE]:
         return   # a script: its arguments are its own
     checked = subprocess.run([*command[:3], "--check", *command[3:]], env=child_env(0, 1, 0))
     if checked.returncode != 0:
-        print(f"gpuengine.parallel.launch: no rank started: {WORKLOAD_PROGRAM} refused the arguments (above)",
+        print(f"gpuengine.parallel.launch: no rank started: {WORKLOAD_MODULE} refused the arguments (above)",
               file=sys.stderr, flush=True)
         raise SystemExit(checked.returncode)
 

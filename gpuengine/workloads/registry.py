@@ -3,7 +3,7 @@
 A workload is its network builder, its data generator, its shapes ("seed":
 the seed note's sizes, measured on a GPU; "smoke": the CPU tier's small ones,
 which exercise the code, not the GPU) and its learning rate. The data-parallel
-rank program (`data_parallel.py`), the data-parallel benchmark's ranks
+rank module (`data_parallel.py`), the data-parallel benchmark's ranks
 (bench/dp_worker.py) and the max-batch trials (bench/maxbatch/) look
 workloads up here; a new workload is one entry below. The zoo's five networks
 are a table of their own (zoo.py): one protocol, five models.
