@@ -105,6 +105,16 @@ def test_a_rank_that_raises_or_dies_stops_the_others_and_is_named(tmp_path, fail
     assert time.monotonic() - started < 30, "the surviving rank must not wait out its 120 s rendezvous timeout"
 
 
+def test_a_rank_past_its_stall_limit_prints_where_it_waited_and_every_rank_stops():
+    """No wait on a peer is endless: a rank whose stage outlasts --stall-limit prints its stacks and fails."""
+    started = time.monotonic()
+    result = launch(["--gpus", 2, "--grace", 2, "mlp", "--stall-limit", 0.05], CPU, timeout=60)
+    assert result.returncode != 0
+    assert "Timeout (0:00:00.05" in result.stderr and 'File "' in result.stderr   # faulthandler's dump
+    assert "failed (exit status 1)" in result.stderr
+    assert time.monotonic() - started < 30, "no rank may wait out its 120 s rendezvous timeout"
+
+
 def test_an_unknown_target_is_refused():
     result = launch(["--gpus", 2, "no_such_script.py"], CPU)
     assert result.returncode != 0 and "'no_such_script.py' is neither a script file nor a workload" in result.stderr
@@ -113,6 +123,7 @@ def test_an_unknown_target_is_refused():
 @pytest.mark.parametrize("args,env,error", [
     (["foo"], {}, "argument workload: invalid choice: 'foo'"),
     (["mlp", "--epochs", "x"], {}, "argument --epochs: invalid int value: 'x'"),
+    (["mlp", "--stall-limit", "0"], {}, "argument --stall-limit: must be > 0 seconds, got 0"),
     (["mlp"], {"GPUENGINE_PRECISION": "fp64"}, "GPUENGINE_PRECISION='fp64' is not accepted")])
 def test_a_workloads_bad_argument_is_said_once_and_no_rank_starts(args, env, error):
     result = launch(["--gpus", 2, *args], dict(CPU, **env), timeout=60)

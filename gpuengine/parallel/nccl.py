@@ -1,7 +1,8 @@
 """The GPU all-reduce: NCCL through `cupy.cuda.nccl`, on a communication stream forked from the engine stream.
 
-Run on one H100 at world size 1 only (correctness_tests/parallel/test_nccl_one_gpu.py):
-never across GPUs, as no multi-GPU machine has been lent.
+Run on one H100 at world size 1 (correctness_tests/parallel/test_nccl_one_gpu.py) and across two H100s
+(perf_tests/test_data_parallel.py, the steps in CUDA graphs); `launch --gpus 2 mlp` with CUDA graphs hung on
+them (issue 39).
 
 Rank 0 draws the NCCL unique id and the rendezvous hands it to the others
 (NCCL's documented bootstrap, ncclGetUniqueId / ncclCommInitRank). Each bucket

@@ -6,10 +6,18 @@ global `--batch`, and rank 0 prints the epoch losses averaged over ranks.
 losses and its final weights): the parity test compares them with one process.
 `--check` only checks the arguments and the GPUENGINE_* settings and exits:
 the launcher runs it once before any rank, so a bad one is said once.
+
+No wait on a peer is endless: from the process group's set-up to the last
+epoch, each stage (set-up, then each epoch: the first with its warm-up,
+autotuning and capture) has `--stall-limit` seconds. A rank past it (on a
+collective a peer never joined, or a device that never finishes) prints every
+thread's stack, through faulthandler's own thread, which needs no GIL, and
+exits with status 1; the launcher then stops the other ranks and names it.
 """
 from __future__ import annotations
 
 import argparse
+import faulthandler
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +28,8 @@ from ..config import ConfigError, EngineConfig
 from ..parallel.sync import data_parallel
 from ..trainer import Trainer
 from .registry import WORKLOADS, get_workload
+
+STALL_LIMIT_S = 900.0   # a stage this long is a hang: a ResNet-50 first epoch autotunes for minutes on a fresh GPU
 
 
 def build(name: str, samples: int, inputs: int, hidden: int):
@@ -42,20 +52,30 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bucket-bytes", type=int, default=None, help="gradient bucket size (DDP's 25 MiB)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--stall-limit", type=float, default=STALL_LIMIT_S, metavar="S",
+                        help=f"seconds a stage may take before the rank prints its stacks and fails (default "
+                             f"{STALL_LIMIT_S:g}: set-up, then each epoch)")
     parser.add_argument("--check", action="store_true", help="check the arguments and GPUENGINE_* and exit")
     args = parser.parse_args(argv)
     try:
         config = EngineConfig.from_env()
     except ConfigError as exc:
         parser.error(str(exc))
+    if not args.stall_limit > 0:
+        parser.error(f"argument --stall-limit: must be > 0 seconds, got {args.stall_limit:g}")
     if args.check:
         return 0
+    faulthandler.dump_traceback_later(args.stall_limit, exit=True)   # the set-up: store, NCCL, rank 0's weights
     extra = {} if args.bucket_bytes is None else {"bucket_bytes": args.bucket_bytes}
     sync = data_parallel(config, **extra)
     net, x, t = build(args.workload, args.samples, args.inputs, args.hidden)
     trainer = Trainer(net, x, t, args.batch, config, seed=args.seed, sync=sync)
-    losses = trainer.train(args.epochs)
+    losses = []
+    for _ in range(args.epochs):   # one epoch at a time: each has the limit afresh (re-arming cancels the last)
+        faulthandler.dump_traceback_later(args.stall_limit, exit=True)
+        losses += trainer.train(1)
     mean = sync.mean_over_ranks(losses)
+    faulthandler.cancel_dump_traceback_later()
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         np.savez(args.out / f"rank{sync.group.rank}.npz", losses=np.array(losses), mean_losses=np.array(mean),
