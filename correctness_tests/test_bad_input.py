@@ -173,7 +173,8 @@ def test_bad_value_through_replace_leaves_the_original():
 
 
 def test_unknown_toggle_name():
-    with pytest.raises(ConfigError, match=r"unknown toggle 'presicion'; the toggles are batch_pool, batchnorm, cuda_graph, "):
+    with pytest.raises(ConfigError,
+                       match=r"unknown toggle 'presicion'; the toggles are batch_pool, batchnorm, cuda_graph, "):
         EngineConfig.from_env(environ={}, presicion="bf16")
     with pytest.raises(ConfigError, match=r"unknown toggle\(s\) \['graphs'\]; the toggles are precision, cuda_graph"):
         CPU.replace(graphs=2)

@@ -208,7 +208,8 @@ def test_the_record_reads_back_and_a_malformed_one_is_named():
     timed["runners"][ENGINE]["timed_step_us"] = 650.0
     assert read_profile(timed, "p.json").runners[ENGINE]["timed_step_us"] == 650.0
     rows = {line.split("  ")[0]: line.split() for line in format_text_table(timed).splitlines()}
-    assert rows["step timed, no profiler"][-len(record["runners"]):] == ["650.0", *["—"] * (len(record["runners"]) - 1)]
+    runners = len(record["runners"])
+    assert rows["step timed, no profiler"][-runners:] == ["650.0", *["—"] * (runners - 1)]
     timed["runners"][ENGINE]["timed_step_us"] = -1
     with pytest.raises(ValueError, match=r"p.json: runners.gpuengine.timed_step_us must be"):
         read_profile(timed, "p.json")

@@ -283,11 +283,11 @@ def sort_failure(item, call, report):
 
 
 def route_saving(session, exitstatus) -> bool:
-    """Before pytest-benchmark saves (in its own sessionfinish), whether it saves: a run that did not pass goes to history; one that
-    failed on targets not met only (--claims) passed the gate's own verdict and is a baseline. Either is written
-    aside and renamed (run_storage.py); a save that failed fails the session, its summary printed all the same.
-    An interrupted session is neither: pytest-benchmark is told not to save it (a spread worker's JSON, which
-    the spread never stores then, says it was interrupted). `fail_unsaved` afterwards."""
+    """Before pytest-benchmark saves (in its own sessionfinish), whether it saves: a run that did not pass goes to
+    history; one that failed on targets not met only (--claims) passed the gate's own verdict and is a baseline.
+    Either is written aside and renamed (run_storage.py); a save that failed fails the session (`fail_unsaved`,
+    afterwards), its summary printed all the same. An interrupted session is neither: pytest-benchmark is told not
+    to save it (a spread worker's JSON, which the spread never stores then, says it was interrupted)."""
     state = session.config.stash.get(GATE, None)
     bench_session = getattr(session.config, "_benchmarksession", None)
     if state is not None and exitstatus == pytest.ExitCode.INTERRUPTED:

@@ -29,6 +29,7 @@ from gpuengine.gate.rules.verdicts import NOT_COMPARABLE, REGRESSED
 
 from . import pr_summary
 from .plugin import GATE, GateState, failure_line
+from .tier_time import tier_record
 
 EXTRA_SECTIONS = pytest.StashKey[list]()   # pr_summary.Section's other plugins add to the markdown summary
 WRITTEN = pytest.StashKey[str]()           # what became of the markdown summary, for the terminal
@@ -61,7 +62,6 @@ def session_run(config, state: GateState) -> dict:
     what the session knows in the same shape."""
     if state.run is not None:
         return state.run
-    from .tier_time import tier_record   # tier_time reads plugin.py's state, as this module does
     commit, dirty = checkout_commit()
     return {"machine_info": {"tier": state.tier.name, "gpu": state.tier.gpu_label, "stack_lock": current_record()},
             "commit_info": {"id": commit, "dirty": dirty}, "benchmarks": [], "gpuengine_gate": state.outcome(),
