@@ -269,7 +269,8 @@ def test_a_store_that_cannot_take_the_run_stops_the_session_before_the_first_tes
     blocker.write_text("not a folder")
     result = session(f"--benchmark-storage=file://{blocker}/store")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*gpuengine: this run could not be saved, so nothing ran: {blocker} is not a folder*"])
+    result.stderr.fnmatch_lines(
+        [f"*gpuengine: this run could not be saved, so nothing ran: {blocker} is not a folder*"])
     real = pytester.path / "real-store"
     real.mkdir()
     (pytester.path / "linked-store").symlink_to(real)

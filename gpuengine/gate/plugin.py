@@ -55,8 +55,8 @@ from gpuengine.gate.rules.regression import NoiseLevels, RunSamples, decide
 from gpuengine.gate.rules.stored_noise import StoredNoise
 from gpuengine.gate.rules.verdicts import NO_BASELINE, NOT_COMPARABLE, REGRESSED, Decision
 from gpuengine.bench.stack_lock import NO_LOCK, StackId, current_record, stack_of
-from gpuengine.gate.store.stored_runs import (StoredRun, UnreadableRun, history_folder, newest_per_test, newest_with_runners,
-                                        read_run, runners_of, scan)
+from gpuengine.gate.store.stored_runs import (StoredRun, UnreadableRun, history_folder, newest_per_test,
+                                              newest_with_runners, read_run, runners_of, scan)
 from gpuengine.bench.thresholds import load_rules
 
 from . import tiers

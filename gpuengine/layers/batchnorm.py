@@ -52,7 +52,8 @@ extern "C" __global__ void bn_tail(ELEM_T* y, const ELEM_T* residual, unsigned c
 // Inference: y = act(gamma (x - mean) / sqrt(var + eps) + beta [+ residual]) with the running statistics.
 extern "C" __global__ void bn_inference(const ELEM_T* x, const float* gamma, const float* beta, const float* mean,
                                         const float* var, const ELEM_T* residual, ELEM_T* y, float eps, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += stride) {
         const int c = (int)(i % CHANNELS);
         float v = (load_f(x, i) - mean[c]) * rsqrtf(var[c] + eps) * gamma[c] + beta[c];
         if (HAS_RESIDUAL) v += load_f(residual, i);
@@ -104,7 +105,8 @@ class BatchNorm2D(Layer):
                     MASK=int(self._masks(input_shape[2])), CHANNELS=input_shape[2])
 
     def _masks(self, channels: int) -> bool:
-        """Whether the forward keeps the activation's gradient as a bit mask (8 channels a byte) for cuDNN's backward."""
+        """Whether the forward keeps the activation's gradient as a bit mask (8 channels a byte) for cuDNN's
+        backward."""
         return self.activation is not None and channels % 8 == 0
 
     def build_forward(self, ctx: BuildContext, x, residual=None):

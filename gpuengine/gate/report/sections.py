@@ -203,7 +203,8 @@ def summary_table(tier: TierRuns) -> Table:
     table.caption = (f"The newest measurement of each case (and, where it did not time {STRONGER}, the newest that "
                      f"did, marked ↳), from runs {runs_text(shown)}. fp32 is IEEE fp32; tf32 "
                      "uses tensor cores with fp32 storage; bf16 computes in bf16 with fp32 master weights, in the "
-                     "engine and the references alike. % of peak: of the GEMM peak measured in the same session at that precision. "
+                     "engine and the references alike. % of peak: of the GEMM peak measured in the same session "
+                     "at that precision. "
                      f"{STRONGER}: the faster of torch_graph and torch_compile_graph in each round, and which it "
                      "was.")
     return table
