@@ -145,9 +145,24 @@ extern "C" __global__ void bn_dx(const ELEM_T* dy, const ELEM_T* x, const ELEM_T
 """
 
 
-def _rows(x) -> int:
-    """The batch statistics' count M = N*H*W of an NHWC map."""
-    return x.size // x.shape[-1]
+class _Passes:
+    """What both directions share: the column-sum pass's grid and workspace over x (rows x channels), and the
+    element-wise pass's launch shape, fixed at build so that a step only launches."""
+
+    def __init__(self, backend, allocator, who: str, defines: dict, x, mask):
+        if bool(defines["MASK"]) != (mask is not None):
+            raise ValueError(f"{who}: MASK={defines['MASK']} but mask is {'given' if mask is not None else None}")
+        channels = x.shape[-1]
+        self.n, self.rows = x.size, x.size // channels   # M = N*H*W, the batch statistics' count
+        self.plan = plan_chunks(backend, self.rows, channels)
+        self.partials, self.counters = self.plan.workspace(allocator, channels, sums=2)
+        self.grid, self.block = launch_shape(self.n)
+
+    def sums_tail(self) -> tuple:
+        """The column-sum kernels' last arguments but their own: workspace, rows, chunk rows, tile width."""
+        plan = self.plan
+        return (self.partials, self.counters, np.int32(self.rows), np.int32(plan.rows_per_chunk),
+                np.int32(plan.tile_cols))
 
 
 class BatchNormForward:
@@ -157,29 +172,21 @@ class BatchNormForward:
 
     def __init__(self, backend, allocator, defines: dict, x, gamma, beta, running_mean, running_var, y, saved_mean,
                  saved_inv_std, epsilon: float, momentum: float, residual=None, mask=None):
-        if bool(defines["MASK"]) != (mask is not None):
-            raise ValueError(f"BatchNormForward: MASK={defines['MASK']} but mask is "
-                             f"{'given' if mask is not None else None}")
+        self.passes = _Passes(backend, allocator, "BatchNormForward", defines, x, mask)
         channels = x.shape[-1]
-        self.x, self.y, self.n, self.rows = x, y, x.size, _rows(x)
-        self.plan = plan_chunks(backend, self.rows, channels)
-        self.partials, self.counters = self.plan.workspace(allocator, channels, sums=2)
         self.sums = allocator.zeros((2 * channels,), np.float32, "workspace")
         self.affine = allocator.zeros((2 * channels,), np.float32, "workspace")
-        plan = self.plan
         self._stats_args = (x, gamma, beta, running_mean, running_var, saved_mean, saved_inv_std, self.sums,
-                            self.affine, self.partials, self.counters, np.int32(self.rows),
-                            np.int32(plan.rows_per_chunk), np.int32(plan.tile_cols), np.float32(epsilon),
-                            np.float32(momentum))
+                            self.affine, *self.passes.sums_tail(), np.float32(epsilon), np.float32(momentum))
         self._apply_args = (x, self.affine, x if residual is None else residual, y, y if mask is None else mask,
-                            np.int64(self.n))
+                            np.int64(self.passes.n))
         self._stats = get_kernel(_SOURCE, "bn_stats", **defines)
         self._apply = get_kernel(_SOURCE, "bn_apply", **defines)
 
     def run(self):
-        self.plan.launch(self._stats, self._stats_args, sums=2)
-        grid, block = launch_shape(self.n)
-        self._apply(grid, block, self._apply_args)
+        passes = self.passes
+        passes.plan.launch(self._stats, self._stats_args, sums=2)
+        self._apply(passes.grid, passes.block, self._apply_args)
 
 
 class BatchNormBackward:
@@ -189,24 +196,17 @@ class BatchNormBackward:
 
     def __init__(self, backend, allocator, defines: dict, dy, x, y, gamma, saved_mean, saved_inv_std, dx, dgamma,
                  dbeta, mask=None, dz=None):
-        if bool(defines["MASK"]) != (mask is not None):
-            raise ValueError(f"BatchNormBackward: MASK={defines['MASK']} but mask is "
-                             f"{'given' if mask is not None else None}")
-        channels = x.shape[-1]
-        self.n, self.rows = x.size, _rows(x)
-        self.plan = plan_chunks(backend, self.rows, channels)
-        self.partials, self.counters = self.plan.workspace(allocator, channels, sums=2)
-        plan, mask = self.plan, y if mask is None else mask
+        self.passes = passes = _Passes(backend, allocator, "BatchNormBackward", defines, x, mask)
+        mask = y if mask is None else mask
         self._sums_args = (dy, x, y, mask, saved_mean, saved_inv_std, dgamma, dbeta, dy if dz is None else dz,
-                           np.int32(dz is not None), self.partials, self.counters, np.int32(self.rows),
-                           np.int32(plan.rows_per_chunk), np.int32(plan.tile_cols))
+                           np.int32(dz is not None), *passes.sums_tail())
         self._dx_args = None if dx is None else (dy, x, y, mask, gamma, saved_mean, saved_inv_std, dgamma, dbeta, dx,
-                                                 np.int64(self.n), np.float32(1.0 / self.rows))
+                                                 np.int64(passes.n), np.float32(1.0 / passes.rows))
         self._sums = get_kernel(_SOURCE, "bn_grad_sums", **defines)
         self._dx = get_kernel(_SOURCE, "bn_dx", **defines)
 
     def run(self):
-        self.plan.launch(self._sums, self._sums_args, sums=2)
+        passes = self.passes
+        passes.plan.launch(self._sums, self._sums_args, sums=2)
         if self._dx_args is not None:
-            grid, block = launch_shape(self.n)
-            self._dx(grid, block, self._dx_args)
+            self._dx(passes.grid, passes.block, self._dx_args)
