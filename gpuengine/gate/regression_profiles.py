@@ -38,6 +38,7 @@ from gpuengine.bench.profile.against import SCRATCH, Checkout, head_checkout, pr
 from gpuengine.bench.profile.diff import ProfileDiff, format_diff
 from gpuengine.bench.profile.record import ProfileCase
 from gpuengine.bench.profile.workloads import get_workload
+from gpuengine.config import PRECISIONS
 from gpuengine.gate.rules.verdicts import REGRESSED
 from gpuengine.workloads import transformer
 
@@ -55,7 +56,6 @@ LINES = pytest.StashKey[list]()
 PROFILED = {"test_mlp_train": "mlp", "test_mlp_streamed": "mlp", "test_cnn_train": "cnn",
             "test_cnn_streamed": "cnn", "test_resnet_train": "resnet", "test_transformer_train": "transformer",
             "test_zoo_train": "zoo"}
-PRECISION = re.compile(r"^(fp32|tf32|bf16)$")
 GRAPH, BATCH, SEQUENCE = re.compile(r"^graph(\d+)$"), re.compile(r"^b(\d+)$"), re.compile(r"^seq(\d+)$")
 
 
@@ -88,7 +88,7 @@ def profile_case(test: str) -> tuple[ProfileCase | None, list[str]]:
         entry = get_workload(workload)
     except ValueError as exc:
         return None, [str(exc)]
-    precision = next((w for w in words if PRECISION.match(w)), None)
+    precision = next((w for w in words if w in PRECISIONS), None)
     if precision is None:
         return None, [f"its case id {case_id.rstrip(']')!r} names no precision"]
     graph = next((int(m[1]) for w in words if (m := GRAPH.match(w))), None)
