@@ -142,6 +142,12 @@ class Trainer:
             self.steps_done += n
             steps -= n
 
+    def release_graphs(self):
+        """Drain the stream and drop the captured graphs (a later launch captures again): before what they
+        launch is torn down, such as a data-parallel communicator."""
+        self.backend.synchronize()
+        self.graphs.clear()
+
     def warm_up(self):
         """One eager epoch, then capture: kernel compilation and cuDNN plan timing (first eager run of
         each graph, on live buffers) stay out of timed work and out of capture."""

@@ -63,6 +63,9 @@
 #                bn-engine the engine's own batch norm (batchnorm=engine): its GPU tests, each named as it ends (-v), then
 #                         `./gate toggle-cost batchnorm=engine` of BN_WORKLOADS (default: resnet zoo:resnet50
 #                         zoo:mobilenet_v2) in tf32 and bf16 (LOGDIR/toggle_cost_batchnorm.json)
+#                dp       issue 39 on 2 GPUs: `launch --gpus 2 mlp` with and without CUDA graphs, in build/base and the
+#                         tree (DP_TREES), each rank's stacks printed when it stalls (45 s a stage) or the launcher stops
+#                         it (100 s), NCCL_DEBUG=WARN; then the parallel GPU tests (-v)
 #                perf-cold `./gate perf --against none` with no kept plans (cudnn_plans.json removed): a new user's
 #                         first run on a fresh machine, each test against its stored baseline, autotuning included
 #                ab-cold  the step ab with no kept plans (cudnn_plans.json removed): a fresh machine's first run,
@@ -183,6 +186,19 @@ step_bn-engine() { local s=0
         --durations=5 || s=1
     ./gate toggle-cost batchnorm=engine ${BN_WORKLOADS:-resnet zoo:resnet50 zoo:mobilenet_v2} --precision tf32 bf16 \
         --rounds 11 --out "$logdir/toggle_cost_batchnorm.json" || s=1
+    return $s; }
+step_dp() { local diag="$logdir/dp-diag" where graph s=0   # SIGTERM (the launcher's --timeout) prints each rank's stacks
+    mkdir -p "$diag" && printf 'import faulthandler, signal\nfaulthandler.register(signal.SIGTERM, all_threads=True, chain=True)\n' \
+        > "$diag/sitecustomize.py" || return 1
+    for where in ${DP_TREES:-build/base .}; do for graph in 4 0; do
+        echo "== launch --gpus 2 mlp in $where ($(cat "$where/COMMIT" 2>/dev/null || echo "the tree, ${GATE_COMMIT_ID:-}")), \
+            GPUENGINE_CUDA_GRAPH=$graph"
+        ( cd "$where" && PYTHONPATH="$diag${PYTHONPATH:+:$PYTHONPATH}" GPUENGINE_DEVICE=cuda GPUENGINE_PRECISION=fp32 \
+            GPUENGINE_CUDA_GRAPH=$graph NCCL_DEBUG=WARN timeout -s INT 150 python3 -m gpuengine.parallel.launch --gpus 2 \
+            --timeout 100 --grace 5 mlp --bucket-bytes 600 --stall-limit 45 --samples 512 --batch 64 --epochs 3 )
+        echo "== exit status $?"
+    done; done
+    python3 -m pytest correctness_tests/parallel -m gpu -v -p no:cacheprovider -rs --durations=10 || s=1
     return $s; }
 step_perf-cold() { rm -f baselines_store/*/cudnn_plans.json
     ./gate perf -p no:cacheprovider --durations=0 -rA --against none; }

@@ -155,7 +155,8 @@ def main() -> int:
     if "torch_ddp" in runners:
         runners["torch_ddp"].close()
     if sync is not None:
-        sync.rendezvous.close()
+        runners["gpuengine"].trainer.release_graphs()   # before the communicator whose kernels they hold
+        sync.close()
     return 0
 
 

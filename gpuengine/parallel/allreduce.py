@@ -29,6 +29,9 @@ class AllReduce:
     def broadcast(self, buf) -> None:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release what the reducer holds (a communicator); nothing by default."""
+
 
 class StoreAllReduce(AllReduce):
     """NumPy buffers averaged through the TCP store: synchronous, deterministic summation order."""

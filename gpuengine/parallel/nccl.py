@@ -73,3 +73,13 @@ class NcclAllReduce(AllReduce):
     def broadcast(self, buf) -> None:
         self.comm.bcast(buf.data.ptr, buf.size, self._dtype(buf), 0, self.backend.stream.ptr)
         self.backend.stream.synchronize()
+
+    def close(self) -> None:
+        """Drain both streams, then destroy the communicator: here, in order, not at interpreter exit, where the
+        garbage collector may free it before the CUDA graphs holding its kernels."""
+        if self.comm is None:
+            return
+        self.comm_stream.synchronize()
+        self.backend.stream.synchronize()
+        self.comm.destroy()
+        self.comm = None

@@ -69,6 +69,12 @@ class GradientSync:
             total += np.frombuffer(blob, np.float64)
         return (total / self.group.world_size).tolist()
 
+    def close(self):
+        """The reducer's communicator, then the rendezvous (rank 0 waits there for every rank to be done). Release
+        the trainer's graphs first (Trainer.release_graphs): they hold the communicator's kernels."""
+        self.reducer.close()
+        self.rendezvous.close()
+
     def loss_and_backward(self, program):
         """The program's loss and backward with the buckets reduced on the way; averaged when this returns."""
         program.loss_and_backward(self.after_backward_step)

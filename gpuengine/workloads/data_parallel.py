@@ -9,7 +9,8 @@ the launcher runs it once before any rank, so a bad one is said once.
 
 No wait on a peer is endless: from the process group's set-up to the last
 epoch, each stage (set-up, then each epoch: the first with its warm-up,
-autotuning and capture) has `--stall-limit` seconds. A rank past it (on a
+autotuning and capture; then the end: the mean over ranks and the teardown)
+has `--stall-limit` seconds. A rank past it (on a
 collective a peer never joined, or a device that never finishes) prints every
 thread's stack, through faulthandler's own thread, which needs no GIL, and
 exits with status 1; the launcher then stops the other ranks and names it.
@@ -74,8 +75,8 @@ def main(argv=None) -> int:
     for _ in range(args.epochs):   # one epoch at a time: each has the limit afresh (re-arming cancels the last)
         faulthandler.dump_traceback_later(args.stall_limit, exit=True)
         losses += trainer.train(1)
+    faulthandler.dump_traceback_later(args.stall_limit, exit=True)   # the end: the mean, the files, the teardown
     mean = sync.mean_over_ranks(losses)
-    faulthandler.cancel_dump_traceback_later()
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         np.savez(args.out / f"rank{sync.group.rank}.npz", losses=np.array(losses), mean_losses=np.array(mean),
@@ -83,7 +84,9 @@ def main(argv=None) -> int:
     if sync.group.is_root:
         print(f"{args.workload}: {sync.group.world_size} ranks, global batch {args.batch}, "
               f"epoch losses {' '.join(f'{v:.6g}' for v in mean)}", flush=True)
-    sync.rendezvous.close()
+    trainer.release_graphs()   # before the communicator whose kernels they hold
+    sync.close()
+    faulthandler.cancel_dump_traceback_later()
     return 0
 
 
