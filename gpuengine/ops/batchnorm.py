@@ -5,11 +5,13 @@ Forward, two launches: `bn_stats` sums x - x[0, c] and its square per channel
 chunk, the block drawing the last ticket adds them in a fixed order, so the
 result is the same bits every run and no memset is needed). That block then
 writes the batch mean and inverse standard deviation, moves the running
-statistics and leaves the affine map scale = gamma / std, shift = beta -
-mean scale. `bn_apply` computes y = act(scale x + shift [+ residual]) and,
-where the activation's gradient is needed later, its bit mask (8 channels a
-byte, as cuDNN's fused backward reads it). Shifting by one sample of the
-channel keeps the variance's digits when |mean| is large against the std.
+statistics and leaves scale = gamma / std beside the mean and beta.
+`bn_apply` computes y = act((x - mean) scale + beta [+ residual]) and, where
+the activation's gradient is needed later, its bit mask (8 channels a byte,
+as cuDNN's fused backward reads it). Where |mean| is large against the std,
+shifting by one sample of the channel keeps the variance's digits, and the
+centred form keeps y's: scale x + (beta - mean scale) would subtract two
+large terms, and the error left in y near 0 would flip ReLU's mask bits.
 
 Backward, two launches: `bn_grad_sums` takes dz = dy where the activation
 passed the gradient (the mask, or y without one), and sums dbeta = sum dz and
@@ -48,7 +50,7 @@ __device__ __forceinline__ void write_mask_bit(unsigned char* mask, long long i,
 
 _SOURCE = COLUMN_TILE_SOURCE + ACTIVATION_SOURCE + r"""
 // Per channel of x (rows x CHANNELS): batch mean and inverse std, the running statistics moved toward them
-// (the variance unbiased, torch's convention), and the affine map bn_apply reads.
+// (the variance unbiased, torch's convention), and what bn_apply reads: scale, mean and beta (CHANNELS each).
 extern "C" __global__ void bn_stats(const ELEM_T* x, const float* gamma, const float* beta, float* running_mean,
                                     float* running_var, float* saved_mean, float* saved_inv_std, float* sums,
                                     float* affine, float* partials, unsigned int* counters, int rows,
@@ -77,11 +79,12 @@ extern "C" __global__ void bn_stats(const ELEM_T* x, const float* gamma, const f
     saved_inv_std[c] = inv_std;
     const float scale = gamma[c] * inv_std;
     affine[c] = scale;
-    affine[cols + c] = beta[c] - mean * scale;
+    affine[cols + c] = mean;
+    affine[2 * cols + c] = beta[c];
     running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * mean;
     running_var[c] = (1.f - momentum) * running_var[c] + momentum * var * n / fmaxf(n - 1.f, 1.f);
 }
-// y = act(scale x + shift [+ residual]); with MASK also the bits of where act passes the gradient.
+// y = act((x - mean) scale + beta [+ residual]); with MASK also the bits of where act passes the gradient.
 extern "C" __global__ void bn_apply(const ELEM_T* x, const float* affine, const ELEM_T* residual, ELEM_T* y,
                                     unsigned char* mask, long long n) {
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -90,7 +93,7 @@ extern "C" __global__ void bn_apply(const ELEM_T* x, const float* affine, const 
         bool passes = false;
         if (i < n) {
             const int c = (int)(i % CHANNELS);
-            float v = load_f(x, i) * affine[c] + affine[CHANNELS + c];
+            float v = (load_f(x, i) - affine[CHANNELS + c]) * affine[c] + affine[2 * CHANNELS + c];
             if (HAS_RESIDUAL) v += load_f(residual, i);
             v = activate(v);
             store_f(y, i, v);
@@ -175,7 +178,7 @@ class BatchNormForward:
         self.passes = _Passes(backend, allocator, "BatchNormForward", defines, x, mask)
         channels = x.shape[-1]
         self.sums = allocator.zeros((2 * channels,), np.float32, "workspace")
-        self.affine = allocator.zeros((2 * channels,), np.float32, "workspace")
+        self.affine = allocator.zeros((3 * channels,), np.float32, "workspace")   # scale, mean, beta
         self._stats_args = (x, gamma, beta, running_mean, running_var, saved_mean, saved_inv_std, self.sums,
                             self.affine, *self.passes.sums_tail(), np.float32(epsilon), np.float32(momentum))
         self._apply_args = (x, self.affine, x if residual is None else residual, y, y if mask is None else mask,
