@@ -106,13 +106,72 @@ def test_a_rank_that_raises_or_dies_stops_the_others_and_is_named(tmp_path, fail
 
 
 def test_a_rank_past_its_stall_limit_prints_where_it_waited_and_every_rank_stops():
-    """No wait on a peer is endless: a rank whose stage outlasts --stall-limit prints its stacks and fails."""
+    """No wait on a peer is endless: a rank whose stage outlasts --stall-limit says so, prints its stacks, fails."""
     started = time.monotonic()
     result = launch(["--gpus", 2, "--grace", 2, "mlp", "--stall-limit", 0.05], CPU, timeout=60)
     assert result.returncode != 0
-    assert "Timeout (0:00:00.05" in result.stderr and 'File "' in result.stderr   # faulthandler's dump
+    said = "spent more than 0.05 s in stage" in result.stderr or "Timeout (0:00:00.05" in result.stderr
+    assert said and 'File "' in result.stderr, result.stderr   # the watch's words (or, in set-up, faulthandler's)
     assert "failed (exit status 1)" in result.stderr
     assert time.monotonic() - started < 30, "no rank may wait out its 120 s rendezvous timeout"
+
+
+STALLING = """
+import os, time
+from gpuengine.parallel import data_parallel
+from gpuengine.parallel.watchdog import StallWatch
+sync = data_parallel(timeout_s=120)
+watch = StallWatch(sync.group, 3.0)
+watch.stage("set-up")
+if os.environ["RANK"] == "1":
+    time.sleep(100)   # rank 1 never leaves its set-up
+time.sleep(1.0)       # rank 0's epoch 1 begins a second after rank 1's set-up: rank 1's limit comes first
+watch.stage("epoch 1")
+sync.rendezvous.all_gather("never", b"x")
+"""
+
+
+def test_a_stalled_rank_names_its_stage_and_where_every_rank_last_was(tmp_path):
+    """Rank 1 stalls in its set-up: its watch fires and says rank 0 is ahead; the launcher stops rank 0."""
+    script = tmp_path / "stalls.py"
+    script.write_text(STALLING)
+    started = time.monotonic()
+    result = launch(["--gpus", 2, "--grace", 2, script], CPU, timeout=60)
+    assert result.returncode == 1
+    assert "rank 1 spent more than 3 s in stage 'set-up'" in result.stderr, result.stderr
+    assert "rank 0: last announced stage 'epoch 1' (ahead)" in result.stderr, result.stderr
+    assert "The rank's threads:" in result.stderr and 'in <module>' in result.stderr
+    assert "rank 1 failed (exit status 1); stopped rank(s) 0" in result.stderr
+    assert time.monotonic() - started < 30, "no rank may wait out its 120 s rendezvous timeout"
+
+
+class _Store:
+    """What the watch reads of the store: check and get."""
+
+    def __init__(self, values: dict):
+        self.values = values
+
+    def check(self, keys):
+        return all(k in self.values for k in keys)
+
+    def get(self, key):
+        return self.values[key]
+
+
+def test_the_stall_report_says_who_is_behind_level_ahead_or_silent():
+    from gpuengine.parallel.group import ProcessGroup
+    from gpuengine.parallel.watchdog import StallWatch
+    watch = StallWatch(ProcessGroup(1, 4, 1, "127.0.0.1", 29500), 5.0, announce=False)
+    watch._store = _Store({"stage/0": b'[1, "set-up"]', "stage/1": b'[2, "epoch 1"]', "stage/3": b'[3, "epoch 2"]'})
+    text = watch.report(2, "epoch 1")
+    assert text.splitlines() == [
+        "gpuengine data parallel: rank 1 spent more than 5 s in stage 'epoch 1': a wait on a peer (a collective) or "
+        "on the device that never ended",
+        "  rank 0: last announced stage 'set-up' (behind: not heard from in this stage)",
+        "  rank 2: not heard from (no stage announced, or the store is gone)",
+        "  rank 3: last announced stage 'epoch 2' (ahead)"]
+    with pytest.raises(ValueError, match="stall limit must be > 0 seconds, got 0"):
+        StallWatch(ProcessGroup(0, 1, 0, "127.0.0.1", 29500), 0, announce=False)
 
 
 def test_an_unknown_target_is_refused():

@@ -1,8 +1,9 @@
 """The GPU all-reduce: NCCL through `cupy.cuda.nccl`, on a communication stream forked from the engine stream.
 
-Run on one H100 at world size 1 (correctness_tests/parallel/test_nccl_one_gpu.py) and across two H100s
-(perf_tests/test_data_parallel.py, the steps in CUDA graphs); `launch --gpus 2 mlp` with CUDA graphs hung on
-them (issue 39).
+Run on one GPU at world size 1 (correctness_tests/parallel/test_nccl_one_gpu.py) and across two H100s and two
+H200s (perf_tests/test_data_parallel.py and `launch --gpus 2`, the steps in CUDA graphs). `close()` destroys the
+communicator once the graphs holding its kernels are gone: left to the garbage collector at exit, the two were
+freed in no set order and a rank hung there.
 
 Rank 0 draws the NCCL unique id and the rendezvous hands it to the others
 (NCCL's documented bootstrap, ncclGetUniqueId / ncclCommInitRank). Each bucket

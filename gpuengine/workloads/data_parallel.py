@@ -10,9 +10,9 @@ the launcher runs it once before any rank, so a bad one is said once.
 No wait on a peer is endless: from the process group's set-up to the last
 epoch, each stage (set-up, then each epoch: the first with its warm-up,
 autotuning and capture; then the end: the mean over ranks and the teardown)
-has `--stall-limit` seconds. A rank past it (on a
-collective a peer never joined, or a device that never finishes) prints every
-thread's stack, through faulthandler's own thread, which needs no GIL, and
+has `--stall-limit` seconds. A rank past it (on a collective a peer never
+joined, or a device that never finishes) says which stage, where each rank
+last announced it was (parallel/watchdog.py), prints every thread's stack and
 exits with status 1; the launcher then stops the other ranks and names it.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ import dataclasses
 
 from ..config import ConfigError, EngineConfig
 from ..parallel.sync import data_parallel
+from ..parallel.watchdog import StallWatch
 from ..trainer import Trainer
 from .registry import WORKLOADS, get_workload
 
@@ -54,8 +55,8 @@ def main(argv=None) -> int:
     parser.add_argument("--bucket-bytes", type=int, default=None, help="gradient bucket size (DDP's 25 MiB)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--stall-limit", type=float, default=STALL_LIMIT_S, metavar="S",
-                        help=f"seconds a stage may take before the rank prints its stacks and fails (default "
-                             f"{STALL_LIMIT_S:g}: set-up, then each epoch)")
+                        help=f"seconds a stage may take before the rank says where every rank is, prints its stacks "
+                             f"and fails (default {STALL_LIMIT_S:g}: set-up, each epoch, the end)")
     parser.add_argument("--check", action="store_true", help="check the arguments and GPUENGINE_* and exit")
     args = parser.parse_args(argv)
     try:
@@ -66,16 +67,19 @@ def main(argv=None) -> int:
         parser.error(f"argument --stall-limit: must be > 0 seconds, got {args.stall_limit:g}")
     if args.check:
         return 0
-    faulthandler.dump_traceback_later(args.stall_limit, exit=True)   # the set-up: store, NCCL, rank 0's weights
+    faulthandler.dump_traceback_later(args.stall_limit, exit=True)   # the store and NCCL: no store to announce in yet
     extra = {} if args.bucket_bytes is None else {"bucket_bytes": args.bucket_bytes}
     sync = data_parallel(config, **extra)
+    watch = StallWatch(sync.group, args.stall_limit)
+    watch.stage("set-up: the network, the data, rank 0's weights")
     net, x, t = build(args.workload, args.samples, args.inputs, args.hidden)
     trainer = Trainer(net, x, t, args.batch, config, seed=args.seed, sync=sync)
     losses = []
-    for _ in range(args.epochs):   # one epoch at a time: each has the limit afresh (re-arming cancels the last)
-        faulthandler.dump_traceback_later(args.stall_limit, exit=True)
+    for epoch in range(1, args.epochs + 1):   # one epoch at a time: each has the limit afresh
+        first = " with its warm-up, autotuning and capture" if epoch == 1 else ""
+        watch.stage(f"epoch {epoch} of {args.epochs}{first}: its steps' all-reduces")
         losses += trainer.train(1)
-    faulthandler.dump_traceback_later(args.stall_limit, exit=True)   # the end: the mean, the files, the teardown
+    watch.stage("the end: the mean over ranks, the teardown")
     mean = sync.mean_over_ranks(losses)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -86,7 +90,7 @@ def main(argv=None) -> int:
               f"epoch losses {' '.join(f'{v:.6g}' for v in mean)}", flush=True)
     trainer.release_graphs()   # before the communicator whose kernels they hold
     sync.close()
-    faulthandler.cancel_dump_traceback_later()
+    watch.stop()
     return 0
 
 
