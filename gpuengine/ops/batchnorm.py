@@ -11,7 +11,7 @@ the activation's gradient is needed later, its bit mask (8 channels a byte,
 as cuDNN's fused backward reads it). Where |mean| is large against the std,
 shifting by one sample of the channel keeps the variance's digits, and the
 centred form keeps y's: scale x + (beta - mean scale) would subtract two
-large terms, and the error left in y near 0 would flip ReLU's mask bits.
+large terms.
 
 Backward, two launches: `bn_grad_sums` takes dz = dy where the activation
 passed the gradient (the mask, or y without one), and sums dbeta = sum dz and
