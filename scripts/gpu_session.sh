@@ -206,6 +206,11 @@ step_ab-cold() { rm -f baselines_store/*/cudnn_plans.json; step_ab; }
 step_calibrate() { ./gate gatepower calibrate -m gatepower --keep-trials "$logdir/trials-calibrate"; }
 step_study() { ./gate gatepower --keep-trials "$logdir/trials-study"; }
 
+# The store as a tarball in the log folder, written aside and renamed: a poll that finds `done` (written after
+# the last one) or copies the folder mid-step never takes half a tarball.
+store_snapshot() { tar czf "$logdir/baselines_store.tgz.part" baselines_store && \
+    mv "$logdir/baselines_store.tgz.part" "$logdir/baselines_store.tgz"; }
+
 run_steps() {
     local spec step name minutes began status
     for spec in "$@"; do
@@ -217,7 +222,7 @@ run_steps() {
             > "$logdir/$step.log" 2>&1 < /dev/null
         status=$?
         echo "$step $status $(( $(date +%s) - began ))" | tee -a "$logdir/steps.txt"
-        tar czf "$logdir/baselines_store.tgz" baselines_store   # the runs so far, in the log folder, step by step
+        store_snapshot   # the runs so far, in the log folder, step by step
     done
 }
 
@@ -245,9 +250,9 @@ case "$command" in
         rm -rf "$logdir.tree" && cp -a . "$logdir.tree" && cd "$logdir.tree" || exit 1
         export GATE_NO_INSTALL=1 PYTHONUNBUFFERED=1
         setsid bash -c "set -o pipefail; $(declare -f run_suite run_memory run_calibrate run_gatepower run_steps \
-            $(compgen -A function step_)); \
+            store_snapshot $(compgen -A function step_)); \
             logdir='$logdir'; run_$what $args; \
-            echo \$? > '$logdir/done'; tar czf '$logdir/baselines_store.tgz' baselines_store" \
+            status=\$?; store_snapshot; echo \$status > '$logdir/done'" \
             > "$logdir/session.log" 2>&1 < /dev/null &
         echo "started $what (pid $!), logs in $logdir"
         ;;
