@@ -32,6 +32,22 @@ def test_a_profiled_run_trains_the_epochs_asked_for_no_more():
     assert set(profiled.last_profile) == set(PHASES) and all(v > 0 for v in profiled.last_profile.values())
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_gpu])])
+def test_released_graphs_are_captured_again_and_training_goes_on_as_if_never_released(device):
+    """release_graphs (before a data-parallel communicator is destroyed) drops the graphs; a later epoch recaptures."""
+    config = EngineConfig(device=device, precision="fp32", cuda_graph=3)
+    kept, released = trainer(config), trainer(config)
+    expected = kept.train(4)
+    losses = released.train(2)
+    assert set(released.graphs) == {3, 1}   # warm-up captured the 3-step graph and the 1-step one
+    released.release_graphs()
+    assert released.graphs == {}
+    losses += released.train(2)
+    assert set(released.graphs) == {3}
+    np.testing.assert_allclose(losses, expected, rtol=1e-6)
+    assert released.steps_done == kept.steps_done
+
+
 def test_a_profiled_run_shorter_than_the_profile_trains_only_its_epochs():
     plain, profiled = trainer(CPU), trainer(CPU.replace(profile=True))
     assert profiled.train(1) == pytest.approx(plain.train(1), rel=1e-6)
