@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from gpuengine.gate.rules.aa_noise import AaRun, code_hash, learn, stored_aa_runs
+from gpuengine.gate.rules.aa_noise import AaRun, code_hash, learn, learned_noise, stored_aa_runs
 from gpuengine.gate.rules.paired import DEFAULT_PROCESS_SD
 
 
@@ -66,6 +66,33 @@ def test_stored_aa_runs_come_from_baselines_and_history_alike(tmp_path):
     write(tmp_path / "Linux", "0003_c_x.json", record(rng, 0.01, same_code=False))   # a real A/B run
     (tmp_path / "Linux" / "0004_d_x.json").write_text("{not json")                   # unreadable: left out
     assert len(stored_aa_runs(tmp_path)["perf_tests/x.py::t[a]"]) == 2
+
+
+def test_a_gpu_kind_without_aa_runs_starts_from_what_the_other_kinds_learned(tmp_path):
+    """The other GPU kinds' A/A runs are the prior of a test (the CPU tier's never); this kind's own runs then
+    pull the estimate their way with the usual weights."""
+    rng = np.random.default_rng(11)
+
+    def write(tier, name, tests):
+        folder = tmp_path / tier / "Linux"
+        folder.mkdir(parents=True, exist_ok=True)
+        benches = [{"name": t, "fullname": f"perf_tests/x.py::{t}", "stats": {}, "extra_info": {"ab": ab}}
+                   for t, ab in tests.items()]
+        (folder / name).write_text(json.dumps({"benchmarks": benches, "datetime": "2026-11-24T10:00:00"}))
+
+    for i in range(40):   # the H100's runs: t[a] moves 3% between processes, t[b] is steady
+        write("nvidia-h100", f"{i + 1:04d}_a_x.json", {"t[a]": record(rng, 0.03), "t[b]": record(rng, 0.0)})
+    for i in range(40):   # the CPU tier's runs never count
+        write("cpu-tier", f"{i + 1:04d}_a_x.json", {"t[c]": record(rng, 0.2)})
+    write("nvidia-h200", "0001_a_x.json", {"t[b]": record(rng, 0.0)})
+    learned = learned_noise(tmp_path / "nvidia-h200")
+    assert set(learned) == {"perf_tests/x.py::t[a]", "perf_tests/x.py::t[b]"}
+    borrowed = learned["perf_tests/x.py::t[a]"]
+    assert borrowed.runs == 0 and borrowed.sd == pytest.approx(0.03, rel=0.3)
+    assert "prior from 40 A/A run(s) on nvidia-h100" in borrowed.source()
+    own = learned["perf_tests/x.py::t[b]"]
+    assert own.runs == 1 and own.sd < DEFAULT_PROCESS_SD
+    assert learned_noise(tmp_path / "nvidia-h100")["perf_tests/x.py::t[a]"].source().endswith("the 0.5% prior")
 
 
 def test_an_interrupted_run_never_teaches_the_noise(tmp_path):

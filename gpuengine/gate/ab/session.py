@@ -180,10 +180,10 @@ def _start(config, state, ab: AbState):
 
 
 def _learn_process_noise(state):
-    """Each test's process offset, from the stored A/A runs of this GPU kind: the A/B rule's bar."""
+    """Each test's process offset, from the stored A/A runs of this GPU kind (and, as the prior, of the others):
+    the A/B rule's bar."""
     if state.storage is not None:
-        state.process_noise = {test: aa_noise.learn(runs)
-                               for test, runs in aa_noise.stored_aa_runs(state.storage).items()}
+        state.process_noise = aa_noise.learned_noise(state.storage)
 
 
 def _configure_stack(config, state, spec: str):
@@ -277,8 +277,8 @@ def mode_lines(config, items) -> list[str]:
     if ab.covered:
         lines.append(f"gpuengine gate: A/B against {ab.base.label}{ab.same_code}: {len(ab.covered)} test(s), base "
                      "and head engines alternating round by round with the references, each in its own process; "
-                     f"process noise learned from stored A/A runs for {len(config.stash[GATE].process_noise)} "
-                     f"test(s); worker logs in {ab.sides.log_dir}")
+                     f"process noise learned from stored A/A runs (this GPU kind's, the others' as the prior) for "
+                     f"{len(config.stash[GATE].process_noise)} test(s); worker logs in {ab.sides.log_dir}")
     if ab.uncovered:
         reasons = Counter(ab.uncovered.values())
         lines.append(f"gpuengine gate: {STORED_MODE} for {len(ab.uncovered)} test(s) the base {ab.base.label} cannot "

@@ -179,7 +179,7 @@ def main(args) -> int:
         print(calibration.format_table(learned))
         print(f"\nnoise of {len(learned)} tests written to {path}")
         return 1 if failed else 0
-    process = {name: aa_noise.learn(runs) for name, runs in aa_noise.stored_aa_runs(store).items()}
+    process = aa_noise.learned_noise(store)
     stored_rule = {"alpha": ALPHA, "min_effect": MIN_EFFECT,
                    "noise_file": str(noise_path.relative_to(REPO) if noise_path.is_relative_to(REPO) else noise_path),
                    "noise_calibrated": bool(noise.tests)}
