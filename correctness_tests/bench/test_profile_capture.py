@@ -11,6 +11,7 @@ from gpuengine.bench.profile import capture, session
 from gpuengine.bench.profile.capture import DeviceEvent, ProfileError, device_events, record_replays, summarise
 from gpuengine.bench.profile.record import ENGINE, FAILED, UNAVAILABLE, ProfileCase
 from gpuengine.bench.profile.workloads import get_workload
+from gpuengine.workloads.registry import ENTRIES, WORKLOADS
 
 torch = pytest.importorskip("torch", reason="the profiler is torch's")
 
@@ -146,7 +147,8 @@ def test_the_unprofiled_step_is_the_median_burst_per_step():
     assert us == 200.0   # the 4 ms burst: 20 steps of 200 us
 
 
-@pytest.mark.parametrize("workload", ["mlp", "cnn", "resnet", "transformer", "zoo:alexnet"])
+@pytest.mark.parametrize("workload", [*WORKLOADS, *(f"{entry.name}:{entry.members[0]}"
+                                                    for entry in ENTRIES.values() if entry.members)])
 def test_every_workload_builds_its_engine_and_reference_over_one_small_epoch(workload):
     entry = get_workload(workload)
     case = ProfileCase(entry.name, "fp32", entry.default_batch(smoke=True), cuda_graph=1)

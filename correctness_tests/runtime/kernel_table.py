@@ -28,7 +28,8 @@ from gpuengine.ops import batchnorm as ops_batchnorm, cudnn_attention, depthwise
 from gpuengine.runtime import step_state
 from gpuengine.runtime.kernels import ctype, define_items
 from gpuengine.runtime.precision import policy_for
-from gpuengine.workloads import cnn, mlp, resnet, transformer, zoo
+from gpuengine.workloads import cnn, resnet, zoo
+from gpuengine.workloads.registry import WORKLOADS
 
 
 @dataclass(frozen=True)
@@ -124,12 +125,12 @@ def _gather_cases():
 
 
 def workload_networks():
-    """(name, Network) of every workload the suite trains, at the shapes it trains them."""
-    yield "mlp", mlp.build_mlp()
-    for fused in (True, False):
-        yield f"cnn fused_relu={fused}", cnn.build_cnn(fused_relu=fused)
-        yield f"resnet50 cifar fused={fused}", resnet.build_resnet(fused=fused)
-    yield "transformer", transformer.build_transformer()
+    """(name, Network) of every workload of the table at its seed shape, the variants the suite also trains (the
+    CNN's unfused ReLU, ResNet's unfused block ends), and every zoo network full size and reduced."""
+    for name, entry in WORKLOADS.items():
+        yield name, entry.build(entry.seed_shape)
+    yield "cnn fused_relu=False", cnn.build_cnn(fused_relu=False)
+    yield "resnet50 cifar fused=False", resnet.build_resnet(fused=False)
     for name, net in zoo.ZOO.items():
         yield f"{name} 224", net.network(reduced=False)
         yield f"{name} reduced", net.network(reduced=True)

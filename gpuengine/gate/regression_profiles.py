@@ -41,6 +41,7 @@ from gpuengine.bench.profile.workloads import get_workload
 from gpuengine.config import PRECISIONS
 from gpuengine.gate.rules.verdicts import REGRESSED
 from gpuengine.workloads import transformer
+from gpuengine.workloads.registry import ENTRIES
 
 from .ab import checkout
 from .ab.session import ab_state
@@ -52,10 +53,8 @@ DEFAULT_LIMIT = 3   # regressed tests profiled per session: each is two engine b
 TOP_KERNELS = 8
 REPLAYS = 5
 LINES = pytest.StashKey[list]()
-# perf test function -> the profile command's workload (the zoo's network is its case id's first word)
-PROFILED = {"test_mlp_train": "mlp", "test_mlp_streamed": "mlp", "test_cnn_train": "cnn",
-            "test_cnn_streamed": "cnn", "test_resnet_train": "resnet", "test_transformer_train": "transformer",
-            "test_zoo_train": "zoo"}
+# perf test function -> its workload in the table (a family's network is its case id's first word: zoo:alexnet)
+PROFILED = {test: entry for entry in ENTRIES.values() for test in entry.profiled}
 GRAPH, BATCH, SEQUENCE = re.compile(r"^graph(\d+)$"), re.compile(r"^b(\d+)$"), re.compile(r"^seq(\d+)$")
 
 
@@ -83,16 +82,17 @@ def profile_case(test: str) -> tuple[ProfileCase | None, list[str]]:
     if name not in PROFILED:
         return None, [f"the profile command has no case for {name} (it profiles training steps: "
                       f"{', '.join(sorted(PROFILED))})"]
-    workload = f"zoo:{words[0]}" if PROFILED[name] == "zoo" else PROFILED[name]
+    entry = PROFILED[name]
+    workload = f"{entry.name}:{words[0]}" if entry.members else entry.name
     try:
-        entry = get_workload(workload)
+        profiled = get_workload(workload)
     except ValueError as exc:
         return None, [str(exc)]
     precision = next((w for w in words if w in PRECISIONS), None)
     if precision is None:
         return None, [f"its case id {case_id.rstrip(']')!r} names no precision"]
     graph = next((int(m[1]) for w in words if (m := GRAPH.match(w))), None)
-    batch = next((int(m[1]) for w in words if (m := BATCH.match(w))), entry.batch)
+    batch = next((int(m[1]) for w in words if (m := BATCH.match(w))), profiled.batch)
     differs = []
     if graph is None:
         differs.append("its case id names no steps per launch: profiled at 1")
@@ -103,7 +103,7 @@ def profile_case(test: str) -> tuple[ProfileCase | None, list[str]]:
         differs.append(f"profiled at sequence length {transformer.SEED_SHAPE.length}, the test's is {length}")
     if "cifar100" in words:
         differs.append("profiled with CIFAR-10's 10 classes, the test has 100")
-    return ProfileCase(entry.name, precision, batch, 1 if graph is None else graph), differs
+    return ProfileCase(profiled.name, precision, batch, 1 if graph is None else graph), differs
 
 
 def explain(regressed: list[Regressed], profile: Callable[[ProfileCase], ProfileDiff], limit: int = DEFAULT_LIMIT,

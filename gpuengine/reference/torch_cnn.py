@@ -104,3 +104,8 @@ def cnn_train_runner(mode: str, x: np.ndarray, t: np.ndarray, batch_size: int, p
     return TorchTrainRunner(mode, build_model(shape, weights, seed), cnn_loss, to_nchw(x),
                             t.astype(np.float32, copy=False), batch_size, precision, lr, device, seed,
                             channels_last=channels_last, **runner_options)
+
+
+def twin_train_runner(mode, x, t, batch, precision, *, lr, device, shape, weights, buffers):
+    """The workload table's one signature of a twin's training runner (gpuengine/workloads/workload.py)."""
+    return cnn_train_runner(mode, x, t, batch, precision, lr=lr, device=device, shape=shape, weights=weights)

@@ -124,3 +124,8 @@ def mlp_infer_runner(mode: str, x_batches: Sequence[np.ndarray], precision: str,
     model = _build(np.shape(x_batches[0])[1], outputs, hidden, weights, seed)
     batches = [np.asarray(b, dtype=np.float32) for b in x_batches]
     return TorchInferRunner(mode, model, batches, precision, device, batches_per_round, **runner_options)
+
+
+def twin_train_runner(mode, x, t, batch, precision, *, lr, device, shape, weights, buffers):
+    """The workload table's one signature of a twin's training runner (gpuengine/workloads/workload.py)."""
+    return mlp_train_runner(mode, x, t, batch, precision, lr=lr, device=device, weights=weights)

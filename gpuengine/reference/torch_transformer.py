@@ -117,3 +117,9 @@ def transformer_train_runner(mode: str, x: np.ndarray, t: np.ndarray, batch_size
     return TorchTrainRunner(mode, build_model(shape, weights, seed), token_cross_entropy,
                             x.astype(np.float32, copy=False), t.astype(np.float32, copy=False), batch_size,
                             precision, lr, device, seed, **runner_options)
+
+
+def twin_train_runner(mode, x, t, batch, precision, *, lr, device, shape, weights, buffers):
+    """The workload table's one signature of a twin's training runner (gpuengine/workloads/workload.py)."""
+    return transformer_train_runner(mode, x, t, batch, precision, lr=lr, device=device, shape=shape,
+                                    weights=weights)

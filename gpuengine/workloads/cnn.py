@@ -16,6 +16,7 @@ from ..data.labels import training_arrays
 from ..layers import Conv2D, Dense, Flatten, MaxPool2D, ReLU
 from ..losses import SoftmaxCrossEntropy
 from ..model.network import Sequential
+from .workload import Workload
 
 LEARNING_RATE = 1e-3
 TRAIN_BATCHES = (128, 1024)
@@ -65,3 +66,12 @@ def parameter_count(shape: CNNShape = SEED_SHAPE) -> int:
     conv = shape.filters * shape.kernel * shape.kernel * shape.channels + shape.filters
     dense = shape.pooled * shape.pooled * shape.filters * shape.classes + shape.classes
     return conv + dense
+
+
+WORKLOAD = Workload(
+    "cnn", "CNN", "001", order=1,
+    tests={"test_cnn_train": "training", "test_cnn_train_vs_keras": "training vs Keras",
+           "test_cnn_streamed": "training, streamed data"},
+    profiled=("test_cnn_train", "test_cnn_streamed"), batch=TRAIN_BATCHES[0], smoke_batch=32,
+    twin="gpuengine.reference.torch_cnn", lr=LEARNING_RATE, build=build_cnn, data=cnn_data, seed_shape=SEED_SHAPE,
+    smoke_shape=SMOKE_SHAPE)

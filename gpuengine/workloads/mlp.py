@@ -13,6 +13,7 @@ from ..data.rosenbrock import make_rosenbrock
 from ..layers import Dense, Tanh
 from ..losses import MSELoss
 from ..model.network import Sequential
+from .workload import Workload
 
 LEARNING_RATE = 1e-3
 INFER_BATCHES = (512, 2000, 8000, 32000)
@@ -44,3 +45,13 @@ def mlp_data(samples: int, shape: MLPShape = SEED_SHAPE, seed: int = 0):
 
 def parameter_count(shape: MLPShape = SEED_SHAPE) -> int:
     return shape.inputs * shape.hidden + shape.hidden + shape.hidden * shape.outputs + shape.outputs
+
+
+WORKLOAD = Workload(
+    "mlp", "MLP", "000", order=0,
+    tests={"test_mlp_train": "training", "test_mlp_infer": "inference", "test_mlp_streamed": "training, streamed data",
+           "test_mlp_max_batch": "max batch", "test_mlp_max_batch_pool_cost": "max batch by pool size",
+           "test_mlp_train_energy": "training energy"},
+    profiled=("test_mlp_train", "test_mlp_streamed"), batch=TRAIN_BATCH, smoke_batch=256,
+    twin="gpuengine.reference.torch_mlp", lr=LEARNING_RATE, build=build_mlp, data=mlp_data, seed_shape=SEED_SHAPE,
+    smoke_shape=SMOKE_SHAPE)

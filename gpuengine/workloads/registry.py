@@ -1,50 +1,47 @@
-"""The seed workloads by name: the one table every tool that picks a workload by name reads.
+"""The workload table: every tool that picks a workload by name reads it here.
 
-A workload is its network builder, its data generator, its shapes ("seed":
-the seed note's sizes, measured on a GPU; "smoke": the CPU tier's small ones,
-which exercise the code, not the GPU) and its learning rate. The data-parallel
-rank module (`data_parallel.py`), the data-parallel benchmark's ranks
-(bench/dp_worker.py) and the max-batch trials (bench/maxbatch/) look
-workloads up here; a new workload is one entry below. The zoo's five networks
-are a table of their own (zoo.py): one protocol, five models.
+Each module of this package that declares a `WORKLOAD` (workload.py) is an
+entry; nothing lists them by hand, so a new workload module is found as it
+is. `ENTRIES` holds all of them in their order, the zoo's family included;
+`WORKLOADS` those built by name (a network builder of their own), which the
+data-parallel ranks (`data_parallel.py`, bench/dp_worker.py) and the max-batch
+trials (bench/maxbatch/) train. The profile command, the report's titles and
+the gate's regression profiles read `ENTRIES`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+import importlib
+import pkgutil
 
-from . import cnn, mlp, resnet, transformer
+from .workload import SHAPE_KINDS, Workload
 
-SHAPE_KINDS = ("seed", "smoke")
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    build: Callable     # shape -> Network
-    data: Callable      # (samples, shape, seed=0) -> (x, t) host arrays
-    seed_shape: object
-    smoke_shape: object
-    lr: float
-
-    def shape(self, kind: str):
-        """The workload's "seed" (GPU) or "smoke" (CPU tier) shape."""
-        if kind not in SHAPE_KINDS:
-            raise ValueError(f"shape must be one of {', '.join(SHAPE_KINDS)}, got {kind!r}")
-        return self.seed_shape if kind == "seed" else self.smoke_shape
+# This package's modules that are not workloads; data_parallel.py imports this table, so importing it here would
+# go round in a circle.
+NOT_WORKLOADS = frozenset({"data_parallel", "registry", "workload"})
 
 
-WORKLOADS = {w.name: w for w in (
-    Workload("mlp", mlp.build_mlp, mlp.mlp_data, mlp.SEED_SHAPE, mlp.SMOKE_SHAPE, mlp.LEARNING_RATE),
-    Workload("cnn", cnn.build_cnn, cnn.cnn_data, cnn.SEED_SHAPE, cnn.SMOKE_SHAPE, cnn.LEARNING_RATE),
-    Workload("resnet", resnet.build_resnet, resnet.resnet_data, resnet.SEED_SHAPE, resnet.SMOKE_SHAPE,
-             resnet.LEARNING_RATE),
-    Workload("transformer", transformer.build_transformer, transformer.transformer_data, transformer.SEED_SHAPE,
-             transformer.SMOKE_SHAPE, transformer.LEARNING_RATE),
-)}
+def discover(package: str, skip=frozenset()) -> dict[str, Workload]:
+    """The WORKLOAD of each module of `package` (but `skip`) that declares one, by name, in their order."""
+    found = []
+    for module in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        if module.name in skip:
+            continue
+        entry = getattr(importlib.import_module(f"{package}.{module.name}"), "WORKLOAD", None)
+        if isinstance(entry, Workload):
+            found.append(entry)
+    names = [entry.name for entry in found]
+    if len(set(names)) != len(names):
+        raise RuntimeError(f"two workload modules of {package} declare one name: {sorted(names)}")
+    return {entry.name: entry for entry in sorted(found, key=lambda entry: (entry.order, entry.name))}
+
+
+ENTRIES = discover(__package__, NOT_WORKLOADS)
+WORKLOADS = {name: entry for name, entry in ENTRIES.items() if entry.build is not None}
+__all__ = ["ENTRIES", "SHAPE_KINDS", "WORKLOADS", "Workload", "get_workload"]
 
 
 def get_workload(name: str) -> Workload:
+    """A workload built by name (not a family: the zoo's networks are chosen with their own names)."""
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}: one of {', '.join(WORKLOADS)}")
     return WORKLOADS[name]

@@ -30,6 +30,7 @@ from ..data.labels import training_arrays
 from ..layers import Activation, Add, BatchNorm2D, Conv2D, Dense, GlobalAveragePool2D, MaxPool2D
 from ..losses import SoftmaxCrossEntropy
 from ..model.network import INPUT, Network, NetworkBuilder
+from .workload import Workload
 
 LEARNING_RATE = 1e-3
 TRAIN_BATCH = 128
@@ -168,3 +169,9 @@ def build_resnet(shape: ResNetShape = SEED_SHAPE, fused: bool = True) -> Network
     x = b.add(GlobalAveragePool2D(), x, name="avgpool")
     b.add(Dense(shape.classes), x, name="fc")
     return b.network(SoftmaxCrossEntropy())
+
+
+WORKLOAD = Workload(
+    "resnet", "ResNet-50", "002", order=2, tests={"test_resnet_train": "training"},
+    profiled=("test_resnet_train",), batch=TRAIN_BATCH, smoke_batch=16, twin="gpuengine.reference.torch_resnet",
+    lr=LEARNING_RATE, build=build_resnet, data=resnet_data, seed_shape=SEED_SHAPE, smoke_shape=SMOKE_SHAPE)

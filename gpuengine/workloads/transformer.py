@@ -28,6 +28,7 @@ from ..layers import (Activation, Add, LayerNorm, Linear, MultiHeadAttention, Si
     TokenEmbedding)
 from ..losses import MSELoss, TokenCrossEntropy
 from ..model.network import INPUT, Network, NetworkBuilder
+from .workload import Workload
 
 LEARNING_RATE = 1e-4
 TRAIN_BATCH = 16
@@ -134,3 +135,11 @@ def parameter_count(shape: TransformerShape = SEED_SHAPE) -> int:
     encoder = shape.encoder_layers * (attention + feed_forward + 2 * norm) + norm
     decoder = shape.decoder_layers * (2 * attention + feed_forward + 3 * norm) + norm
     return 2 * v * d + encoder + decoder + d * v + v
+
+
+WORKLOAD = Workload(
+    "transformer", "Transformer", "004", order=3,
+    tests={"test_transformer_train": "training", "test_transformer_train_energy": "training energy"},
+    profiled=("test_transformer_train",), batch=TRAIN_BATCH, smoke_batch=8,
+    twin="gpuengine.reference.torch_transformer", lr=LEARNING_RATE, build=build_transformer, data=transformer_data,
+    seed_shape=SEED_SHAPE, smoke_shape=SMOKE_SHAPE)

@@ -45,6 +45,7 @@ from ..layers import (Activation, AdaptiveAveragePool2D, BatchNorm2D, Conv2D, De
 from ..losses import SoftmaxCrossEntropy
 from ..model.network import INPUT, Network, NetworkBuilder
 from . import resnet
+from .workload import Workload
 
 BATCH = 16                # seed note 003
 LEARNING_RATE = 1e-4      # Adam; the note gives none, and VGG/AlexNet (no batch norm) diverge at 1e-3 from Glorot init
@@ -237,3 +238,9 @@ def zoo_data(samples: int, size: int, classes: int, seed: int = 0):
     from ..data.formats.cifar import make_images
     images, labels = make_images(samples, classes, seed, size)
     return training_arrays(images, labels, classes, "generated zoo images")
+
+
+# A family: its networks are chosen by name (`zoo:alexnet`), each built by zoo_net(name).
+WORKLOAD = Workload(
+    "zoo", "Model zoo", "003", order=4, tests={"test_zoo_train": "training"}, profiled=("test_zoo_train",),
+    batch=BATCH, smoke_batch=8, twin="gpuengine.reference.torch_zoo", lr=LEARNING_RATE, members=NAMES)

@@ -1,27 +1,29 @@
 """What a profile runs, per workload: the engine's runner and each PyTorch reference's, as the perf tests build them.
 
-The networks, data, shapes and learning rates come from gpuengine/workloads
-(registry.py; the zoo's networks from zoo.py), the engine's runner from
-bench/runners.py and the references from gpuengine/reference, with the
-arguments the perf tests give them (perf_tests/test_<workload>.py): the same
-batch by default, the references starting from the engine's weights (and
+The networks, data, shapes, learning rates, batches and twins come from the
+workload table (gpuengine/workloads/registry.py; the zoo's networks from
+zoo.py), the engine's runner from bench/runners.py and the references from
+each twin's `twin_train_runner` in gpuengine/reference, with the arguments
+the perf tests give them (perf_tests/test_<workload>.py): the same batch by
+default, the references starting from the engine's weights (and
 batch-norm statistics). Only the data set differs: a profile replays one
 epoch at a time, so the data set holds `steps_per_replay` batches, two at
 least so that the engine gathers its batch as it does in every perf test (a
 data set of exactly one batch is its own batch buffer, resident.py) and
 `cuda_graph` of them when one launch holds more. "seed" shapes run on a GPU;
 "smoke" shapes (the CPU tier's, the perf tests' own) let a CPU test build
-every runner. A workload is one entry of WORKLOADS; the zoo takes a network
+every runner. A workload is one entry of the table; the zoo takes a network
 name, `zoo:alexnet`.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable
 
 from ...config import EngineConfig
-from ...workloads import cnn, mlp, resnet, transformer, zoo
-from ...workloads.registry import WORKLOADS as REGISTRY
+from ...workloads import zoo
+from ...workloads.registry import ENTRIES, WORKLOADS as REGISTRY, Workload
 from ..runners import EngineTrainRunner
 from .record import ProfileCase
 
@@ -59,10 +61,9 @@ class ProfileWorkload:
         return self.torch_runner(mode, x, t, case.batch, case.precision, weights, buffers, device, smoke)
 
 
-def _registered(name: str, batch: int, smoke_batch: int, torch_runner: Callable) -> ProfileWorkload:
-    """A workload of workloads/registry.py: its network, data and learning rate at its seed or smoke shape."""
-    entry = REGISTRY[name]
-
+def _registered(entry: Workload) -> ProfileWorkload:
+    """A workload of the table: its network, data and learning rate at its seed or smoke shape, its twin's runner
+    (the module the entry names, imported when a reference is built: torch is optional)."""
     def shape(smoke: bool):
         return entry.shape("smoke" if smoke else "seed")
 
@@ -73,56 +74,29 @@ def _registered(name: str, batch: int, smoke_batch: int, torch_runner: Callable)
         return entry.data(samples, shape(smoke))
 
     def reference(mode, x, t, batch, precision, weights, buffers, device, smoke):
-        return torch_runner(mode, x, t, batch, precision, weights, buffers, device, shape(smoke))
-    return ProfileWorkload(name, batch, smoke_batch, entry.lr, network, arrays, reference)
-
-
-def _mlp_torch(mode, x, t, batch, precision, weights, buffers, device, shape):
-    from ...reference import torch_mlp
-    return torch_mlp.mlp_train_runner(mode, x, t, batch, precision, lr=mlp.LEARNING_RATE, device=device,
-                                      weights=weights)
-
-
-def _cnn_torch(mode, x, t, batch, precision, weights, buffers, device, shape):
-    from ...reference import torch_cnn
-    return torch_cnn.cnn_train_runner(mode, x, t, batch, precision, lr=cnn.LEARNING_RATE, device=device, shape=shape,
-                                      weights=weights)
-
-
-def _resnet_torch(mode, x, t, batch, precision, weights, buffers, device, shape):
-    from ...reference import torch_resnet
-    return torch_resnet.resnet_train_runner(mode, x, t, batch, precision, lr=resnet.LEARNING_RATE, device=device,
-                                            shape=shape, weights=weights, buffers=buffers)
-
-
-def _transformer_torch(mode, x, t, batch, precision, weights, buffers, device, shape):
-    from ...reference import torch_transformer
-    return torch_transformer.transformer_train_runner(mode, x, t, batch, precision, lr=transformer.LEARNING_RATE,
-                                                      device=device, shape=shape, weights=weights)
+        return importlib.import_module(entry.twin).twin_train_runner(
+            mode, x, t, batch, precision, lr=entry.lr, device=device, shape=shape(smoke), weights=weights,
+            buffers=buffers)
+    return ProfileWorkload(entry.name, entry.batch, entry.smoke_batch, entry.lr, network, arrays, reference)
 
 
 def zoo_workload(network: str) -> ProfileWorkload:
     """One zoo network (workloads/zoo.py): torchvision's model on a GPU, the hand-written twin at smoke size."""
-    entry = zoo.zoo_net(network)
+    family, net = ENTRIES["zoo"], zoo.zoo_net(network)
 
     def arrays(samples: int, smoke: bool):
-        shape = entry.shape(smoke)
+        shape = net.shape(smoke)
         return zoo.zoo_data(samples, shape.size, shape.classes)
 
     def torch_runner(mode, x, t, batch, precision, weights, buffers, device, smoke):
-        from ...reference import torch_zoo
-        return torch_zoo.zoo_train_runner(mode, network, x, t, batch, precision, weights, buffers, reduced=smoke,
-                                          torchvision=not smoke, lr=zoo.LEARNING_RATE, device=device)
-    return ProfileWorkload(f"zoo:{network}", zoo.BATCH, 8, zoo.LEARNING_RATE,
-                           lambda smoke: entry.network(reduced=smoke), arrays, torch_runner)
+        return importlib.import_module(family.twin).zoo_train_runner(
+            mode, network, x, t, batch, precision, weights, buffers, reduced=smoke, torchvision=not smoke,
+            lr=family.lr, device=device)
+    return ProfileWorkload(f"zoo:{network}", family.batch, family.smoke_batch, family.lr,
+                           lambda smoke: net.network(reduced=smoke), arrays, torch_runner)
 
 
-WORKLOADS = {
-    "mlp": _registered("mlp", mlp.TRAIN_BATCH, 256, _mlp_torch),
-    "cnn": _registered("cnn", cnn.TRAIN_BATCHES[0], 32, _cnn_torch),
-    "resnet": _registered("resnet", resnet.TRAIN_BATCH, 16, _resnet_torch),
-    "transformer": _registered("transformer", transformer.TRAIN_BATCH, 8, _transformer_torch),
-}
+WORKLOADS = {name: _registered(entry) for name, entry in REGISTRY.items()}
 ACCEPTED = ", ".join([*WORKLOADS, f"zoo:NAME (NAME one of {', '.join(zoo.NAMES)})"])
 
 

@@ -18,6 +18,8 @@ from typing import Callable, Iterable
 from gpuengine.bench.profile.record import StoredProfile, family_rows
 from gpuengine.bench.stronger_reference import STRONGER
 from gpuengine.bench.thresholds import ThresholdRule, rule_for
+from gpuengine.workloads.registry import ENTRIES
+
 from .store import Benchmark, Run, Store, TierRuns
 from .tables import (BASELINE_ROW, NONE, NOT_MEASURED, STRONGEST_ROW, Cell, Table, count, percent, rate,
                      speedup, speedup_with_spread)
@@ -28,19 +30,9 @@ PYTORCH_REFERENCES = ("torch_graph", "torch_compile_graph", "torch_compile", "to
 REFERENCE_ORDER = (STRONGER, *PYTORCH_REFERENCES, "tf_keras", "gpuengine_oneshot")
 # The runner measured in every stored run since the first; the rules over it read torch_graph_best now.
 HISTORY_REFERENCE = "torch_graph"
-WORKLOAD_NAMES = {
-    "test_mlp_train": "MLP training (seed 000)", "test_mlp_infer": "MLP inference (seed 000)",
-    "test_cnn_train": "CNN training (seed 001)", "test_cnn_train_vs_keras": "CNN training vs Keras (seed 001)",
-    "test_resnet_train": "ResNet-50 training (seed 002)", "test_zoo_train": "Model zoo training (seed 003)",
-    "test_transformer_train": "Transformer training (seed 004)",
-    "test_mlp_streamed": "MLP training, streamed data (seed 000)",
-    "test_cnn_streamed": "CNN training, streamed data (seed 001)",
-    "test_loader_bandwidth": "Streamed loader bandwidth", "test_mlp_max_batch": "MLP max batch (seed 000)",
-    "test_mlp_max_batch_pool_cost": "MLP max batch by pool size (seed 000)",
-    "test_mlp_train_energy": "MLP training energy (seed 000)",
-    "test_transformer_train_energy": "Transformer training energy (seed 004)",
-    "test_data_parallel_train": "Data-parallel training",
-}
+# The report's name of each perf test: the workload table's titles, and the tests of no one workload.
+WORKLOAD_NAMES = {test: entry.test_title(test) for entry in ENTRIES.values() for test in entry.tests} | {
+    "test_loader_bandwidth": "Streamed loader bandwidth", "test_data_parallel_train": "Data-parallel training"}
 # (label, test pattern with {p} for the precision): the cases the README's summary shows at each precision.
 SUMMARY_CASES = (("MLP train, 1 batch/epoch", "test_mlp_train[{p}-graph8-resident-bpe1]"),
                  ("MLP train, 50 batches/epoch", "test_mlp_train[{p}-graph8-resident-bpe50]"),
