@@ -152,10 +152,12 @@ def numeric(result: dict) -> dict:
 # activation to 8 bits and BN on 4x4 maps of 32 samples magnifies it: measured on an H100 (2026-11-23), the
 # whole gradient's cosine to float32 is 0.970-0.972, and rounding the BN output before the residual add
 # (unfused) instead of after (fused) alone moves it to 0.992; the per-layer bf16 tests above are the tight ones.
-# TF32 (10-bit products): 0.99889 fused and unfused alike (H100, 2026-11-23, the cuDNN plans autotuning kept
-# that run; fp32 passes its 1e-3 element-wise check on the same data), so the bar is 0.998, not the 0.9995 guessed.
+# TF32 (10-bit products): the cosine depends on the convolution plans autotuning keeps: 0.99889 fused and unfused
+# alike (H100, 2026-11-23), 0.99707 with cuDNN's batch norm and 0.99654 with the engine's (H200, f275f75, log
+# baselines_store/nvidia-h200/logs/20261128_1855_*: the worst gradients alike, about 10% off on a few BN biases),
+# while fp32 agrees to 1e-6 there; so the bar is 0.995, not the 0.998 one H100 run gave.
 FORWARD_TOLERANCE = {"fp32": 1e-3, "tf32": 2e-3, "bf16": 3e-2}
-GRADIENT_COSINE = {"tf32": 0.998, "bf16": 0.95}
+GRADIENT_COSINE = {"tf32": 0.995, "bf16": 0.95}
 
 
 def assert_step_close(gpu: dict, reference: dict, precision: str, fp32_tolerance: float):

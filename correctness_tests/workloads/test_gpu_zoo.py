@@ -27,7 +27,11 @@ from ..gpu_checks import (TOLERANCE, assert_close, assert_steady_state_allocates
     rel_err)
 from ..layer_harness import run_layer, run_network
 from ..layers.test_gpu_conv import conv_on_both, normal, representable
-from .test_gpu_resnet import FORWARD_TOLERANCE, GRADIENT_COSINE, numeric
+from .test_gpu_resnet import FORWARD_TOLERANCE, numeric
+
+# The whole gradient's cosine to the exact one, TF32 and bf16: the ResNet step's bars as set on an H100, before the
+# reduced ResNet's TF32 one moved to 0.995 on an H200's plans (these zoo tests have not run on an H200 yet).
+ZOO_GRADIENT_COSINE = {"tf32": 0.998, "bf16": 0.95}
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
@@ -144,7 +148,7 @@ def test_reduced_network_step_matches_numpy(name, precision):
         bounds = (max(FP32_STEP_SLACK * numpy_fp32[0], FP32_COSINE_FLOOR),
                   max(FP32_STEP_SLACK * numpy_fp32[1], FP32_NORM_FLOOR))
     else:
-        bounds = (1 - GRADIENT_COSINE[precision], 2 * (1 - GRADIENT_COSINE[precision]) + 0.01)
+        bounds = (1 - ZOO_GRADIENT_COSINE[precision], 2 * (1 - ZOO_GRADIENT_COSINE[precision]) + 0.01)
     assert ours[0] < bounds[0] and ours[1] < bounds[1], f"(1 - cosine, norm error) {ours}, bounds {bounds}"
 
 
