@@ -100,3 +100,19 @@ def test_an_entry_is_a_builder_or_a_family_and_profiles_only_its_own_tests():
         Workload("t", profiled=(), **common)
     with pytest.raises(ValueError, match=r"profiled tests \['test_u'\] are not among its tests"):
         Workload("t", profiled=("test_u",), members=("a",), **common)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet"])
+def test_the_twins_of_the_data_parallel_workloads_build_ddps_model_from_the_engines_weights(name):
+    torch = pytest.importorskip("torch", reason="the twins are PyTorch's")
+    from gpuengine.config import EngineConfig
+    from gpuengine.trainer import Trainer
+    entry = WORKLOADS[name]
+    shape = entry.shape("smoke")
+    x, t = entry.data(8, shape)
+    params = Trainer(entry.build(shape), x, t, 8, EngineConfig(device="cpu", precision="fp32")).params
+    model, loss, channels_last, x_torch = importlib.import_module(entry.twin).twin_ddp_model(
+        shape, x, t, params.state_dict(), params.buffers_dict())
+    out = model(torch.as_tensor(x_torch[:4], dtype=torch.float32))
+    assert tuple(out.shape) == (4, t.shape[1]) and channels_last == (name != "mlp")
+    assert torch.isfinite(loss(out, torch.as_tensor(t[:4], dtype=torch.float32)))

@@ -9,8 +9,9 @@ epoch, engine toggles and which runners to build:
 - `gpuengine_1gpu`: the engine alone on rank 0 at the per-rank batch, the
   same data (weak scaling: the same work per GPU): its throughput over this
   one's is `scaling_vs_1gpu`;
-- `torch_ddp`: PyTorch DDP (reference/torch_ddp.py) on every rank, from the
-  engine's initial weights.
+- `torch_ddp`: PyTorch DDP (reference/torch_ddp.py) on every rank, the model
+  the workload's twin builds (`twin_ddp_model`) from the engine's initial
+  weights.
 
 Each rank builds the same data from the same seed, and starts its engine
 from the spec's `plans` (autotuned choices by key text, the gate's kept ones)
@@ -21,6 +22,7 @@ An exception is sent back as the reply, then the rank exits with status 1.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -42,27 +44,18 @@ def workload_parts(name: str, shape_kind: str):
 
 
 def torch_ddp_runner(spec: dict, shape, x, t, engine_params, device: str, epochs_per_round: int, sync):
-    from ..reference import torch_cnn, torch_mlp, torch_resnet
-    from ..reference.torch_common import to_nchw
     from ..reference.torch_ddp import DDPTrainRunner, init_process_group
+    entry = get_workload(spec["workload"])
+    twin = importlib.import_module(entry.twin)
+    if not hasattr(twin, "twin_ddp_model"):
+        raise ValueError(f"workload {entry.name!r} has no torch DDP reference: its twin {entry.twin} offers no "
+                         "twin_ddp_model")
     graph = bool(spec.get("torch_graph", True))
     init_process_group(sync.rendezvous.store, sync.group.rank, sync.group.world_size, device, graph)
-    weights = engine_params.state_dict()
-    name = spec["workload"]
-    if name == "mlp":
-        model, loss, channels_last = torch_mlp._build(x.shape[1], t.shape[1], None, weights, 0), torch_mlp.mlp_loss, False
-    elif name == "cnn":
-        model, loss, channels_last = torch_cnn.build_model(shape, weights), torch_cnn.cnn_loss, True
-        x = to_nchw(x)
-    elif name == "resnet":
-        import torch
-        model = torch_resnet.build_model(shape, weights, engine_params.buffers_dict())
-        loss, channels_last, x = torch.nn.functional.cross_entropy, True, to_nchw(x)
-    else:
-        raise ValueError(f"workload {name!r} has no torch DDP reference (mlp, cnn and resnet have)")
-    lr = get_workload(name).lr
-    return DDPTrainRunner(model, loss, x, t, spec["per_gpu_batch"], spec["precision"], lr, device, spec.get("seed", 0),
-                          graph, channels_last=channels_last, epochs_per_round=epochs_per_round)
+    model, loss, channels_last, x = twin.twin_ddp_model(shape, x, t, engine_params.state_dict(),
+                                                        engine_params.buffers_dict())
+    return DDPTrainRunner(model, loss, x, t, spec["per_gpu_batch"], spec["precision"], entry.lr, device,
+                          spec.get("seed", 0), graph, channels_last=channels_last, epochs_per_round=epochs_per_round)
 
 
 def build_runners(spec: dict) -> tuple[dict, dict]:

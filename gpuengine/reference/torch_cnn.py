@@ -109,3 +109,9 @@ def cnn_train_runner(mode: str, x: np.ndarray, t: np.ndarray, batch_size: int, p
 def twin_train_runner(mode, x, t, batch, precision, *, lr, device, shape, weights, buffers):
     """The workload table's one signature of a twin's training runner (gpuengine/workloads/workload.py)."""
     return cnn_train_runner(mode, x, t, batch, precision, lr=lr, device=device, shape=shape, weights=weights)
+
+
+def twin_ddp_model(shape, x, t, weights, buffers):
+    """(model, loss, channels_last, x as the model reads it) for PyTorch DDP from the engine's weights: the
+    workload table's one signature (bench/dp_worker.py)."""
+    return build_model(shape, weights), cnn_loss, True, to_nchw(x)

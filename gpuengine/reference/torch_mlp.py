@@ -129,3 +129,9 @@ def mlp_infer_runner(mode: str, x_batches: Sequence[np.ndarray], precision: str,
 def twin_train_runner(mode, x, t, batch, precision, *, lr, device, shape, weights, buffers):
     """The workload table's one signature of a twin's training runner (gpuengine/workloads/workload.py)."""
     return mlp_train_runner(mode, x, t, batch, precision, lr=lr, device=device, weights=weights)
+
+
+def twin_ddp_model(shape, x, t, weights, buffers):
+    """(model, loss, channels_last, x as the model reads it) for PyTorch DDP from the engine's weights: the
+    workload table's one signature (bench/dp_worker.py)."""
+    return _build(x.shape[1], t.shape[1], None, weights, 0), mlp_loss, False, x

@@ -234,3 +234,9 @@ def twin_train_runner(mode, x, t, batch, precision, *, lr, device, shape, weight
     """The workload table's one signature of a twin's training runner (gpuengine/workloads/workload.py)."""
     return resnet_train_runner(mode, x, t, batch, precision, lr=lr, device=device, shape=shape, weights=weights,
                                buffers=buffers)
+
+
+def twin_ddp_model(shape, x, t, weights, buffers):
+    """(model, loss, channels_last, x as the model reads it) for PyTorch DDP from the engine's weights and
+    batch-norm statistics: the workload table's one signature (bench/dp_worker.py)."""
+    return build_model(shape, weights, buffers), torch.nn.functional.cross_entropy, True, to_nchw(x)
