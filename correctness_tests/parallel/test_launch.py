@@ -146,10 +146,13 @@ def test_a_stalled_rank_names_its_stage_and_where_every_rank_last_was(tmp_path):
 
 
 class _Store:
-    """What the watch reads of the store: check and get."""
+    """What the watch uses of the store: set, check and get."""
 
     def __init__(self, values: dict):
         self.values = values
+
+    def set(self, key, value):
+        self.values[key] = value
 
     def check(self, keys):
         return all(k in self.values for k in keys)
@@ -161,8 +164,8 @@ class _Store:
 def test_the_stall_report_says_who_is_behind_level_ahead_or_silent():
     from gpuengine.parallel.group import ProcessGroup
     from gpuengine.parallel.watchdog import StallWatch
-    watch = StallWatch(ProcessGroup(1, 4, 1, "127.0.0.1", 29500), 5.0, announce=False)
-    watch._store = _Store({"stage/0": b'[1, "set-up"]', "stage/1": b'[2, "epoch 1"]', "stage/3": b'[3, "epoch 2"]'})
+    store = _Store({"stage/0": b'[1, "set-up"]', "stage/1": b'[2, "epoch 1"]', "stage/3": b'[3, "epoch 2"]'})
+    watch = StallWatch(ProcessGroup(1, 4, 1, "127.0.0.1", 29500), 5.0, store=store)
     text = watch.report(2, "epoch 1")
     assert text.splitlines() == [
         "gpuengine data parallel: rank 1 spent more than 5 s in stage 'epoch 1': a wait on a peer (a collective) or "
@@ -171,7 +174,7 @@ def test_the_stall_report_says_who_is_behind_level_ahead_or_silent():
         "  rank 2: not heard from (no stage announced, or the store is gone)",
         "  rank 3: last announced stage 'epoch 2' (ahead)"]
     with pytest.raises(ValueError, match="stall limit must be > 0 seconds, got 0"):
-        StallWatch(ProcessGroup(0, 1, 0, "127.0.0.1", 29500), 0, announce=False)
+        StallWatch(ProcessGroup(0, 1, 0, "127.0.0.1", 29500), 0, store=_Store({}))
 
 
 def test_an_unknown_target_is_refused():

@@ -26,16 +26,17 @@ READ_S = 5.0        # the timer thread's reads of the other ranks' stages
 
 
 class StallWatch:
-    def __init__(self, group: ProcessGroup, limit_s: float, announce: bool = True):
-        """announce: report stages through the store (rank 0 must already host it: build after the Rendezvous)."""
+    def __init__(self, group: ProcessGroup, limit_s: float, store=None):
+        """store: where the stages are announced; by default a connection of its own to the rendezvous store (rank 0
+        must already host it: build the watch after the Rendezvous)."""
         if not limit_s > 0:
             raise ValueError(f"the stall limit must be > 0 seconds, got {limit_s}")
         self.group, self.limit_s = group, limit_s
-        self._store = None
-        if announce:
+        if store is None:
             from torch.distributed import TCPStore
-            self._store = TCPStore(group.master_addr, group.master_port, None, False,
-                                   timeout=timedelta(seconds=READ_S), wait_for_workers=False)
+            store = TCPStore(group.master_addr, group.master_port, None, False, timeout=timedelta(seconds=READ_S),
+                             wait_for_workers=False)
+        self._store = store
         self._timer: threading.Timer | None = None
         self._index = 0
 
@@ -46,8 +47,7 @@ class StallWatch:
         """A new stage begins: announce it, and give it the whole limit afresh."""
         self._cancel()
         self._index += 1
-        if self._store is not None:
-            self._store.set(self._key(self.group.rank), json.dumps([self._index, name]))
+        self._store.set(self._key(self.group.rank), json.dumps([self._index, name]))
         self._timer = threading.Timer(self.limit_s, self._expired, args=(self._index, name))
         self._timer.daemon = True
         self._timer.start()
@@ -79,16 +79,15 @@ class StallWatch:
         me = self.group.rank
         lines = [f"gpuengine data parallel: rank {me} spent more than {self.limit_s:g} s in stage {name!r}: a wait "
                  "on a peer (a collective) or on the device that never ended"]
-        if self._store is not None:
-            for rank, seen in self.where().items():
-                if rank == me:
-                    continue
-                if seen is None:
-                    lines.append(f"  rank {rank}: not heard from (no stage announced, or the store is gone)")
-                else:
-                    where = "behind: not heard from in this stage" if seen[0] < index else \
-                        "in the same stage" if seen[0] == index else "ahead"
-                    lines.append(f"  rank {rank}: last announced stage {seen[1]!r} ({where})")
+        for rank, seen in self.where().items():
+            if rank == me:
+                continue
+            if seen is None:
+                lines.append(f"  rank {rank}: not heard from (no stage announced, or the store is gone)")
+            else:
+                where = "behind: not heard from in this stage" if seen[0] < index else \
+                    "in the same stage" if seen[0] == index else "ahead"
+                lines.append(f"  rank {rank}: last announced stage {seen[1]!r} ({where})")
         return "\n".join(lines)
 
     def _expired(self, index: int, name: str):

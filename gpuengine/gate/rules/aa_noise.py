@@ -92,7 +92,7 @@ def _lock_id(record) -> str | None:
 class ProcessNoise:
     sd: float
     runs: int
-    prior: str = f"the {DEFAULT_PROCESS_SD:.1%} prior"
+    prior: str   # where the prior came from: the bare one, or the other GPU kinds' A/A runs
 
     def source(self) -> str:
         return f"A/A: process offset {self.sd:.2%} from {self.runs} run(s) and {self.prior}"
@@ -119,12 +119,12 @@ def learned_noise(tier_folder: Path) -> dict[str, ProcessNoise]:
     test's offset between two processes is the host's as much as the GPU's: on four H200s with no A/A run yet,
     MLP inference fp32 b512 was called +2.5% slower against the 0.5% prior (80df8bc), the test whose H100 A/A
     runs show offsets of 3.6-3.8%."""
-    tier_folder = Path(tier_folder)
+    tier_folder = Path(tier_folder).resolve()
     elsewhere: dict[str, list[AaRun]] = {}
     kinds: dict[str, set[str]] = {}
-    parent = tier_folder.parent
-    for other in sorted(p for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []:
-        if other.resolve() == tier_folder.resolve() or other.name == CPU_TIER:
+    siblings = tier_folder.parent.iterdir() if tier_folder.parent.is_dir() else ()   # a store not made yet
+    for other in sorted(p for p in siblings if p.is_dir()):
+        if other == tier_folder or other.name == CPU_TIER:
             continue
         for test, runs in stored_aa_runs(other).items():
             elsewhere.setdefault(test, []).extend(runs)
