@@ -10,7 +10,7 @@ import pytest
 
 from gpuengine.bench import cudnn_plans
 from gpuengine.bench.machine_info import run_tag
-from gpuengine.gate.store.spread_runs import benchmark_seconds, merge_runs, next_run_path, split_tests
+from gpuengine.gate.store.spread_runs import benchmark_seconds, merge_runs, split_tests
 from gpuengine.gate.store.stored_runs import read_run
 from gpuengine.bench.timing_cores import TimingCore
 from gpuengine.gate import spread
@@ -85,13 +85,6 @@ def test_runs_merge_into_one_per_gpu_kind_and_a_test_in_two_runs_is_refused():
         merge_runs([runs[0], fake_run("NVIDIA H200", {"b": 1.0})], ["gpu0", "gpu1"])
     with pytest.raises(ValueError, match="worker gpu1's run is not a pytest-benchmark run"):
         merge_runs([runs[0], {"benchmarks": []}], ["gpu0", "gpu1"])
-
-
-def test_run_numbers_follow_the_stored_ones(tmp_path):
-    assert next_run_path(tmp_path / "none", "tag").name == "0001_tag.json"
-    (tmp_path / "0007_old.json").write_text("{}")
-    (tmp_path / "notes.json").write_text("{}")
-    assert next_run_path(tmp_path, "tag") == tmp_path / "0008_tag.json"
 
 
 def gate_outcome(on_targets=(), otherwise=()) -> dict:

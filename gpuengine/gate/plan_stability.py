@@ -37,7 +37,6 @@ PROG = "./gate plans"
 DEFAULT_WORKLOADS = ("mlp", "cnn", "resnet", "transformer", "zoo:resnet50", "zoo:mobilenet_v2")
 MARGINS = (0.0, 0.01, 0.02, 0.03, 0.05, 0.08)   # min_margin values the rule is replayed at
 CAPS = (8, 16, 32, 64)   # first-N-candidates limits the cuDNN choices are replayed at (building is the cost)
-STORE_FOLDER = "plan_stability"   # where a GPU kind's records are kept: baselines_store/<gpu>/plan_stability/
 
 
 def kind_of(key: str) -> str:

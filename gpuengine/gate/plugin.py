@@ -50,12 +50,12 @@ from gpuengine.gate.rules import paired
 from gpuengine.gate.gatepower import trials as study_trials
 from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.machine_info import Tier
-from gpuengine.gate.rules.noise import NOISE_FILE, NoiseTable
+from gpuengine.gate.rules.noise import NoiseTable
 from gpuengine.gate.rules.regression import NoiseLevels, RunSamples, decide
 from gpuengine.gate.rules.stored_noise import StoredNoise
 from gpuengine.gate.rules.verdicts import NO_BASELINE, NOT_COMPARABLE, REGRESSED, Decision
 from gpuengine.bench.stack_lock import NO_LOCK, StackId, current_record, stack_of
-from gpuengine.gate.store.stored_runs import (StoredRun, UnreadableRun, history_folder, newest_per_test,
+from gpuengine.gate.store.stored_runs import (NOISE_FILE, StoredRun, UnreadableRun, history_folder, newest_per_test,
                                               newest_with_runners, read_run, runners_of, scan)
 from gpuengine.bench.thresholds import load_rules
 

@@ -74,11 +74,12 @@ from pytest import ExitCode
 from gpuengine.bench import cudnn_plans
 
 from gpuengine.gate import changepoints
-from gpuengine.bench.json_files import JsonFileError, write_text
+from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.machine_info import checkout_commit, named_commit_info, run_tag
-from gpuengine.gate.store.spread_runs import (benchmark_seconds, failed_on_targets_only, interrupted,
-                                         merge_runs, next_run_path, split_tests)
-from gpuengine.gate.store.stored_runs import history_folder, newest_per_test, scan
+from gpuengine.gate.store.run_storage import store_run
+from gpuengine.gate.store.spread_runs import (benchmark_seconds, failed_on_targets_only, interrupted, merge_runs,
+                                              split_tests)
+from gpuengine.gate.store.stored_runs import history_folder, newest_per_test, scan, tier_folders
 from gpuengine.bench.timing_cores import TimingCore, timing_cores
 from gpuengine.gate.ab.stack import StackBaseError, prepare_from_args
 from gpuengine.gate.ab.worker import TIMING_CPU_ENV
@@ -175,7 +176,7 @@ def collect(args: list[str]) -> list[str]:
 
 def stored_seconds(store: Path) -> dict[str, float]:
     """Each test's timed seconds in the newest stored run holding it, over every tier folder."""
-    runs = [run for tier in sorted(p for p in store.iterdir() if p.is_dir()) for run in scan(tier)[0]]
+    runs = [run for tier in tier_folders(store) for run in scan(tier)[0]]
     runs.sort(key=lambda run: run.saved_at)
     seconds = {}
     for name, run in newest_per_test(runs).items():
@@ -295,10 +296,7 @@ def save_merged(workers: list[Worker], status: dict[str, int], store: Path, mach
             merged["gpuengine_tier_time"]["session_seconds"] = round(wall_seconds, 1)
         tier = store / merged["machine_info"]["tier"]
         folder = (tier if passed or save_baseline else history_folder(tier)) / machine_id
-        folder.mkdir(parents=True, exist_ok=True)
-        path = next_run_path(folder, tag)
-        write_text(path, json.dumps(merged, indent=4))   # aside, then renamed: never a half-written baseline
-        saved.append(path)
+        saved.append(store_run(folder, tag, json.dumps(merged, indent=4)))
     return saved
 
 

@@ -26,7 +26,6 @@ from gpuengine.bench.json_files import write_json
 from gpuengine.config import CUDA_GRAPH_RANGE, PRECISIONS, ConfigError, EngineConfig
 
 DEFAULT_WORKLOADS = ("cnn", "resnet", "transformer", "zoo:resnet50", "zoo:mobilenet_v2")
-STORE_FOLDER = "toggle_cost"   # where a GPU kind's records are kept: baselines_store/<gpu>/toggle_cost/
 
 
 def parse_toggle(text: str) -> tuple[str, object]:

@@ -36,9 +36,9 @@ from gpuengine.gate.rules import aa_noise, paired
 from gpuengine.bench.cli_args import UsageError, checked, number, output_folder, whole
 from gpuengine.bench.json_files import write_json
 from gpuengine.bench.machine_info import checkout_commit
-from gpuengine.gate.rules.noise import NOISE_FILE, NoiseTable
+from gpuengine.gate.rules.noise import NoiseTable
 from gpuengine.gate.rules.regression import ALPHA, GOAL_POWER, GOAL_SLOWDOWN
-from gpuengine.gate.store.stored_runs import GATEPOWER, scan
+from gpuengine.gate.store.stored_runs import GATEPOWER, NOISE_FILE, scan
 from gpuengine.gate.rules.verdicts import MIN_EFFECT
 from . import analysis, calibration
 from .sessions import REPO, SessionPlan, kept_sessions, run_sessions

@@ -1,17 +1,14 @@
-"""Reading `baselines_store/`: every stored run of every tier, and what could not be read, with why.
+"""The report's view of `baselines_store/`: every tier's runs, tables and profiles, and what was left out, with why.
 
-The layout is baselines_store/README.md's: `<store>/<tier>/[<series>/]<machine id>/NNNN_<name>.json`,
-where a series (`slow`, `config-<toggles>`) is a folder of runs with a history of its own, and
-`<store>/<tier>/[<series>/]history/<machine id>/NNNN_<name>.json` holds the runs that failed the gate
-(`gpuengine.gate.store.stored_runs`, the one reader of a run's file, which this module reads through).
-Both are read: a table shows the newest measurement of each test, whichever run it came from, and a
-measurement of a failed run (`Run.passed` false) says so next to the
-baseline in force, the newest passing run of that test (`TierRuns.baseline_of`). A run is
-pytest-benchmark's JSON file (`machine_info`, `commit_info`, `datetime`, and per benchmark `stats` and
-the suite's `extra_info`: `gpuengine.bench.benchmarking.Comparison.extra_info` plus what a test adds).
-Tables of `python -m gpuengine maxbatch --json` (a JSON list) sit in a tier too, and kernel profiles of
-`python -m gpuengine profile` in its `profiles/` folder (bench/profile/record.py). A file that is none of
-these, does not parse, or carries no `extra_info` is skipped with its reason; only a missing store is an error.
+`gpuengine.gate.store.stored_runs` reads the files (`read_tier`: the one reader
+of the store and its layout); this module makes the report's view of them.
+A table shows the newest measurement of each test, whichever run it came
+from, and a measurement of a failed run (`Run.passed` false, kept under
+history/) says so next to the baseline in force, the newest passing run of
+that test (`TierRuns.baseline_of`). A run's benchmarks carry pytest-benchmark's
+`stats` and the suite's `extra_info` (`gpuengine.bench.benchmarking.Comparison.extra_info`
+plus what a test adds); one without `extra_info` is left out with its reason.
+Only a missing store is an error.
 """
 from __future__ import annotations
 
@@ -20,20 +17,13 @@ from datetime import datetime
 from pathlib import Path
 
 from gpuengine.bench.machine_info import CPU_TIER
-from gpuengine.bench.cudnn_plans import PLAN_FILE
-from gpuengine.bench.json_files import JsonFileError, load_json
-from gpuengine.gate.rules.noise import NOISE_FILE
-from ..plan_stability import STORE_FOLDER as PLAN_STABILITY
-from gpuengine.bench.profile.record import PROFILES, StoredProfile, read_profile
-from gpuengine.gate.store.stored_runs import GATEPOWER, HISTORY, StoredRun, parse_run, placement
+from gpuengine.bench.profile.record import StoredProfile
 from gpuengine.bench.thresholds import ThresholdRule, load_rules, wildcard_match
-from ..toggle_cost import STORE_FOLDER as TOGGLE_COST
+from gpuengine.gate.store.stored_runs import HISTORY, MaxBatchTable, StoredRun, placement, read_tier, tier_folders
 
 ENGINE = "gpuengine"
 THRESHOLDS_FILE = "thresholds.json"
-MAXBATCH_KEYS = {"workload", "mode", "engine", "reference", "ratio", "engine_search", "reference_search"}
 HARNESS_SELF_TEST = "perf_tests/test_harness_smoke.py::"   # stand-in runners, stored by older runs: no workload
-GATE_FOLDERS = {GATEPOWER, PLAN_STABILITY, TOGGLE_COST}   # the gate's own studies: no results
 
 
 class ReportError(Exception):
@@ -122,14 +112,6 @@ class Run:
     @property
     def date(self) -> str:
         return self.when.strftime("%Y-%m-%d %H:%M")
-
-
-@dataclass(frozen=True)
-class MaxBatchTable:
-    """A `python -m gpuengine maxbatch --json` file: one row per (mode, engine variant, reference)."""
-
-    path: Path
-    rows: list[dict]
 
 
 @dataclass
@@ -251,36 +233,14 @@ def _run(stored: StoredRun, rel: Path, tier: str, skipped: list[str]) -> Run | N
 
 
 def _read_tier(store: Path, folder: Path, skipped: list[str]) -> TierRuns:
-    tier = TierRuns(folder.name)
-    for file in sorted(folder.rglob("*.json")):
-        rel = file.relative_to(store)
-        if rel.name in (NOISE_FILE, PLAN_FILE) or GATE_FOLDERS & set(rel.parts):
-            continue   # the gate's own files: noise, cuDNN plans, power studies: no results
-        try:
-            data = load_json(file, str(rel))
-        except JsonFileError as exc:
-            skipped.append(f"{exc}; skipped")
-            continue
-        if PROFILES in rel.parts[1:-1]:
-            try:
-                tier.profiles.append(read_profile(data, rel))
-            except JsonFileError as exc:
-                skipped.append(f"{exc}; skipped")
-            continue
-        if isinstance(data, list) and data and all(isinstance(r, dict) and MAXBATCH_KEYS <= set(r) for r in data):
-            tier.maxbatch_tables.append(MaxBatchTable(rel, data))
-        elif isinstance(data, dict):
-            try:
-                run = _run(parse_run(data, file, str(rel), str(rel), strict=False), rel, tier.name, skipped)
-            except JsonFileError as exc:
-                skipped.append(f"{exc}; skipped")
-                continue
-            if run is not None:
-                tier.runs.append(run)
-        else:
-            skipped.append(f"{rel}: neither a pytest-benchmark run nor a maxbatch table; skipped")
+    files = read_tier(folder, store)
+    skipped.extend(files.skipped)
+    tier = TierRuns(folder.name, maxbatch_tables=files.maxbatch_tables, profiles=files.profiles)
+    for stored in files.runs:
+        run = _run(stored, stored.path.relative_to(store), tier.name, skipped)
+        if run is not None:
+            tier.runs.append(run)
     tier.runs.sort(key=lambda run: (run.when, str(run.path)))
-    tier.profiles.sort(key=lambda profile: (profile.recorded_at, str(profile.path)))
     return tier
 
 
@@ -303,7 +263,7 @@ def load_store(path: Path | str) -> Store:
         raise ReportError(f"{store}: no such store folder" if not store.exists() else f"{store}: not a folder")
     skipped: list[str] = []
     tiers = []
-    for folder in sorted(p for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for folder in tier_folders(store):
         tier = _read_tier(store, folder, skipped)
         if tier.runs or tier.maxbatch_tables or tier.profiles:
             tiers.append(tier)

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from gpuengine.bench.machine_info import CPU_TIER
-from gpuengine.gate.store.stored_runs import history_folder, scan
+from gpuengine.gate.store.stored_runs import history_folder, scan, tier_folders
 
 from .noise import PRIOR_RUNS
 from .paired import DEFAULT_PROCESS_SD
@@ -122,8 +122,7 @@ def learned_noise(tier_folder: Path) -> dict[str, ProcessNoise]:
     tier_folder = Path(tier_folder).resolve()
     elsewhere: dict[str, list[AaRun]] = {}
     kinds: dict[str, set[str]] = {}
-    siblings = tier_folder.parent.iterdir() if tier_folder.parent.is_dir() else ()   # a store not made yet
-    for other in sorted(p for p in siblings if p.is_dir()):
+    for other in tier_folders(tier_folder.parent):
         if other == tier_folder or other.name == CPU_TIER:
             continue
         for test, runs in stored_aa_runs(other).items():

@@ -28,7 +28,6 @@ from .significance import MEDIAN_VARIANCE_FACTOR, robust_sd
 
 FORMAT = 1
 PRIOR_RUNS = 2
-NOISE_FILE = "noise.json"
 
 
 @dataclass(frozen=True)

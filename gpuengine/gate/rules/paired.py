@@ -22,7 +22,7 @@ the time; the bar carries that. The rank test only keeps a few odd rounds
 from deciding, so its level is looser (5%): at 0.01, 7 rounds would all have
 to be slower, and one stray round let a 5% slowdown through (H100 A/B study
 at 51993c7: 90-93% caught at 5%). The signed-rank test and the median's
-interval are checked against scipy.stats (correctness_tests/bench/
+interval are checked against scipy.stats (correctness_tests/gate/
 test_statistics_vs_scipy.py).
 """
 from __future__ import annotations

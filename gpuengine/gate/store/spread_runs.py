@@ -11,11 +11,8 @@ pytest-benchmark's tools read it like any other run.
 """
 from __future__ import annotations
 
-import re
 import statistics
-from pathlib import Path
 
-RUN_NUMBER = re.compile(r"^(\d{4})_")
 INTERRUPTED = 2   # pytest's exit status of a session stopped by Ctrl-C
 GATE_OUTCOME = "gpuengine_gate"   # gpuengine/gate/plugin.py's verdict in a run: which tests failed on targets only
 TIER_TIME = "gpuengine_tier_time"   # gpuengine/gate/tier_time.py's record of how long a run took, per workload
@@ -140,11 +137,3 @@ def merge_runs(runs: list[dict], workers: list[str]) -> dict[str, dict]:
         if times:
             merged[kind][TIER_TIME] = _merged_tier_time(times)
     return merged
-
-
-def next_run_path(folder: Path | str, tag: str) -> Path:
-    """`folder/NNNN_<tag>.json`, NNNN one past the highest number there (0001 in an empty folder)."""
-    folder = Path(folder)
-    numbers = [int(m.group(1)) for p in folder.glob("*.json") if (m := RUN_NUMBER.match(p.name))] \
-        if folder.is_dir() else []
-    return folder / f"{max(numbers, default=0) + 1:04d}_{tag}.json"

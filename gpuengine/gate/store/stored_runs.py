@@ -1,4 +1,4 @@
-"""The one reader of stored pytest-benchmark runs: their layout, their content, the newest result of each test.
+"""The one reader of the store: its layout, a run's content, a tier's files, the newest result of each test.
 
 Layout (pytest-benchmark's own file format and names, so every stored run
 stays readable by its tools):
@@ -6,9 +6,13 @@ stays readable by its tools):
     <folder>/<machine id>/NNNN_<name>.json      baselines: runs that passed the gate, or saved on purpose
     <folder>/history/<machine id>/NNNN_*.json   every other saved run (failed): kept, never compared
     <tier>/<series>/...                         a series (`slow`, `config-<toggles>`): runs with a history of their own
+    <tier>/maxbatch/*.json, <tier>/profiles/    max-batch tables, kernel profiles
+    <tier>/gatepower|plan_stability|toggle_cost/, noise.json, cudnn_plans.json   the gate's own records: no results
 
-The gate (plugin.py), the A/A noise (aa_noise.py), the spread and the report
-(report/store.py) all read runs through `parse_run`.
+The gate (plugin.py), the A/A noise (aa_noise.py), the spread and the
+change points read a folder's baselines through `scan`; the report reads
+every file of a tier through `read_tier`; both parse a run with `parse_run`.
+(gpuengine/gate/store/run_storage.py is the one writer.)
 
 A test is compared with the newest baseline run that contains it, in any
 machine-id folder (the machine id names the Python version, which does not
@@ -23,11 +27,17 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from gpuengine.bench.cudnn_plans import PLAN_FILE
 from gpuengine.bench.json_files import JsonFileError, load_json
-from gpuengine.bench.profile.record import PROFILES
+from gpuengine.bench.profile.record import PROFILES, StoredProfile, read_profile
 
 HISTORY = "history"
-GATEPOWER = "gatepower"   # ./gate gatepower's studies
+GATEPOWER = "gatepower"            # ./gate gatepower's studies
+PLAN_STABILITY = "plan_stability"  # ./gate plans' records
+TOGGLE_COST = "toggle_cost"        # ./gate toggle-cost's records
+NOISE_FILE = "noise.json"          # ./gate gatepower calibrate's noise levels (gate/rules/noise.py)
+GATE_FOLDERS = frozenset({GATEPOWER, PLAN_STABILITY, TOGGLE_COST})   # the gate's own records: no results
+MAXBATCH_KEYS = {"workload", "mode", "engine", "reference", "ratio", "engine_search", "reference_search"}
 # Folders inside a tier folder that hold something other than its baselines.
 RESERVED = (HISTORY, "slow", GATEPOWER, "maxbatch", PROFILES)
 RUN_GLOB = "[0-9][0-9][0-9][0-9]_*.json"
@@ -64,6 +74,59 @@ class UnreadableRun:
     path: Path
     label: str
     reason: str
+
+
+@dataclass(frozen=True)
+class MaxBatchTable:
+    """A `python -m gpuengine maxbatch --json` file: one row per (mode, engine variant, reference)."""
+
+    path: Path   # relative to the store
+    rows: list[dict]
+
+
+@dataclass
+class TierFiles:
+    """Every result a tier folder holds, read: its runs (baselines and history/, every series; each run's label
+    its path relative to the store), kernel profiles and max-batch tables; and each file left out, with why."""
+
+    name: str
+    runs: list[StoredRun]
+    profiles: list[StoredProfile]
+    maxbatch_tables: list[MaxBatchTable]
+    skipped: list[str]
+
+
+def tier_folders(store: Path | str) -> list[Path]:
+    """The tier folders of a store (one per GPU kind, and the CPU tier's), by name; none where it is missing."""
+    store = Path(store)
+    return sorted(p for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")) if store.is_dir() else []
+
+
+def read_tier(folder: Path | str, store: Path | str) -> TierFiles:
+    """Every file of the tier `folder` of `store`, leniently: a file that does not parse, or is none of a run, a
+    profile and a max-batch table, is left out with its reason; a run's unreadable benchmarks are left out (its
+    `left_out`), the rest kept."""
+    folder, store = Path(folder), Path(store)
+    tier = TierFiles(folder.name, [], [], [], [])
+    for file in sorted(folder.rglob("*.json")):
+        rel = file.relative_to(store)
+        if rel.name in (NOISE_FILE, PLAN_FILE) or GATE_FOLDERS & set(rel.parts):
+            continue
+        try:
+            data = load_json(file, str(rel))
+            if PROFILES in rel.parts[1:-1]:
+                tier.profiles.append(read_profile(data, rel))
+            elif isinstance(data, list) and data and all(isinstance(r, dict) and MAXBATCH_KEYS <= set(r)
+                                                         for r in data):
+                tier.maxbatch_tables.append(MaxBatchTable(rel, data))
+            elif isinstance(data, dict):
+                tier.runs.append(parse_run(data, file, str(rel), str(rel), strict=False))
+            else:
+                tier.skipped.append(f"{rel}: neither a pytest-benchmark run nor a maxbatch table; skipped")
+        except JsonFileError as exc:
+            tier.skipped.append(f"{exc}; skipped")
+    tier.profiles.sort(key=lambda profile: (profile.recorded_at, str(profile.path)))
+    return tier
 
 
 def history_folder(folder: Path | str) -> Path:
