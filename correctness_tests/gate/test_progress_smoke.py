@@ -26,21 +26,19 @@ REPO = Path(__file__).resolve().parents[2]
 AB = REPO / "gpuengine" / "gate" / "ab"   # where the real worker script lies
 
 FAKE_WORKER = """
-import logging, os, pickle, sys, time
+import logging, os, sys, time
 sys.path.insert(0, {ab!r})
-import worker as ab_worker   # the real worker's routing of the progress loggers and its protocol number
+import worker as ab_worker   # the real worker's channel, its routing of the progress loggers and its protocol number
 
-replies = os.fdopen(os.dup(1), "wb")
+channel = ab_worker.load_channel().Channel(0, os.dup(1))
 os.dup2(2, 1)
 ab_worker.route_progress(sys.stderr)
 autotune = logging.getLogger("gpuengine.autotune")
-pickle.dump(("ok", {{"protocol": ab_worker.PROTOCOL}}), replies)
-replies.flush()
+channel.send(("ok", {{"protocol": ab_worker.PROTOCOL}}))
 while True:
-    op, args = pickle.load(sys.stdin.buffer)
+    op, args = channel.receive()
     if op == "quit":
-        pickle.dump(("ok", None), replies)
-        replies.flush()
+        channel.send(("ok", None))
         break
     print("an engine's other output, not progress", file=sys.stderr)
     for done in (0, 40, 96):
@@ -48,8 +46,7 @@ while True:
         time.sleep(0.3)
     autotune.debug("below INFO: not relayed")
     logging.getLogger("gpuengine.other").warning("another logger: not relayed")
-    pickle.dump(("ok", "built"), replies)
-    replies.flush()
+    channel.send(("ok", "built"))
 """
 
 

@@ -9,16 +9,14 @@ round trip (tens of microseconds) sits inside each round of hundreds of ms.
 
 Ranks are `python -m gpuengine.bench.dp_worker`, started with the launcher's
 variables (gpuengine.parallel.launch.child_env: RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR/PORT, NCCL_NVLS_ENABLE=0). Commands and replies are JSON lines on
-two pipes per rank; a rank's output goes to a log file whose tail is quoted
-when it fails. A rank that raises, dies or stays silent past the timeout
+MASTER_ADDR/PORT, NCCL_NVLS_ENABLE=0). Commands and replies are dicts over
+the worker channel (channel.py), two pipes per rank; a rank's output goes to
+a log file whose tail is quoted when it fails. A rank that raises, dies or stays silent past the timeout
 fails the call with an error naming it, and the other ranks are stopped.
 """
 from __future__ import annotations
 
-import json
 import os
-import select
 import shutil
 import subprocess
 import sys
@@ -27,6 +25,7 @@ import time
 from pathlib import Path
 
 from ..parallel.launch import child_env, free_port, stop
+from .channel import Channel, ChannelClosed, ChannelTimeout, receive_any
 
 CALL_TIMEOUT_S = 900.0   # ResNet-50's warm-up (cuDNN autotuning, capture) on a rank takes minutes at worst
 LOG_TAIL_CHARS = 3000
@@ -43,9 +42,7 @@ class WorkerGroup:
         self.world, self.timeout_s = world, timeout_s
         self._logs = Path(tempfile.mkdtemp(prefix="gpuengine-dp-"))
         self._procs: dict[int, subprocess.Popen] = {}
-        self._to: dict[int, int] = {}
-        self._from: dict[int, int] = {}
-        self._pending: dict[int, bytes] = {}
+        self._channels: dict[int, Channel] = {}
         port = free_port()
         for rank in range(world):
             cmd_read, cmd_write = os.pipe()
@@ -59,7 +56,7 @@ class WorkerGroup:
                                                      pass_fds=(cmd_read, reply_write))
             os.close(cmd_read)
             os.close(reply_write)
-            self._to[rank], self._from[rank], self._pending[rank] = cmd_write, reply_read, b""
+            self._channels[rank] = Channel(reply_read, cmd_write)
 
     def log_path(self, rank: int) -> Path:
         return self._logs / f"rank{rank}.log"
@@ -77,12 +74,9 @@ class WorkerGroup:
         raise WorkerError(f"{message}{others}\n--- rank {rank}'s output (tail) ---\n{self.log_tail(rank)}")
 
     def send(self, ranks, message: dict):
-        line = (json.dumps(message) + "\n").encode()
         for rank in ranks:
             try:
-                left = memoryview(line)
-                while left:   # a build spec with the kept plan choices runs to hundreds of kB: maybe several writes
-                    left = left[os.write(self._to[rank], left):]
+                self._channels[rank].send(message)
             except BrokenPipeError:
                 self._fail(f"rank {rank} is gone (exit status {self._procs[rank].poll()}) before {message['op']}",
                            rank)
@@ -92,29 +86,20 @@ class WorkerGroup:
         replies: dict[int, dict] = {}
         deadline = time.monotonic() + self.timeout_s
         while len(replies) < len(ranks):
-            waiting = [r for r in ranks if r not in replies]
-            for rank in waiting:
-                if b"\n" in self._pending[rank]:
-                    line, self._pending[rank] = self._pending[rank].split(b"\n", 1)
-                    replies[rank] = reply = json.loads(line)
-                    if "error" in reply:
-                        self._fail(f"rank {rank} raised during {what}:\n{reply['error']}", rank)
-            if len(replies) == len(ranks):
-                break
-            left = deadline - time.monotonic()
-            if left <= 0:
-                late = [r for r in ranks if r not in replies]
+            waiting = {r: self._channels[r] for r in ranks if r not in replies}
+            try:
+                rank, reply = receive_any(waiting, max(deadline - time.monotonic(), 0.0))
+            except ChannelTimeout:
+                late = list(waiting)
                 self._fail(f"rank(s) {', '.join(map(str, late))} did not finish {what} within {self.timeout_s:g} s",
                            late[0])
-            readable, _, _ = select.select([self._from[r] for r in waiting], [], [], min(left, 1.0))
-            for rank in waiting:
-                if self._from[rank] in readable:
-                    chunk = os.read(self._from[rank], 1 << 16)
-                    if not chunk:   # the pipe closed: the rank exited or was killed
-                        code = self._procs[rank].wait()
-                        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-                        self._fail(f"rank {rank} died during {what} ({how})", rank)
-                    self._pending[rank] += chunk
+            except ChannelClosed as exc:   # the rank exited or was killed
+                code = self._procs[exc.key].wait()
+                how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+                self._fail(f"rank {exc.key} died during {what} ({how})", exc.key)
+            replies[rank] = reply
+            if "error" in reply:
+                self._fail(f"rank {rank} raised during {what}:\n{reply['error']}", rank)
         return replies
 
     def call(self, ranks, message: dict) -> dict[int, dict]:
@@ -138,7 +123,7 @@ class WorkerGroup:
         live = [r for r, p in self._procs.items() if p.poll() is None]
         for rank in live:
             try:
-                os.write(self._to[rank], b'{"op": "exit"}\n')
+                self._channels[rank].send({"op": "exit"})
             except BrokenPipeError:
                 pass
         deadline = time.monotonic() + 30.0
@@ -148,10 +133,9 @@ class WorkerGroup:
             except subprocess.TimeoutExpired:
                 pass
         stop(self._procs, grace_s=3.0)
-        for fd in list(self._to.values()) + list(self._from.values()):
-            os.close(fd)
-        self._to.clear()
-        self._from.clear()
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
         shutil.rmtree(self._logs, ignore_errors=True)   # a failure quoted its rank's log already; none left in /tmp
 
     def __enter__(self):

@@ -17,13 +17,13 @@ Each rank builds the same data from the same seed, and starts its engine
 from the spec's `plans` (autotuned choices by key text, the gate's kept ones)
 so that it does not time again what was timed before. Commands: prepare,
 round (run, drain the device, reply), sync, loss (one more round; this
-rank's last epoch loss), plans (the choices this rank timed itself), exit.
-An exception is sent back as the reply, then the rank exits with status 1.
+rank's last epoch loss), plans (the choices this rank timed itself), exit,
+each a dict over the worker channel (channel.py). An exception is sent back
+as the reply, then the rank exits with status 1.
 """
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import sys
 import traceback
@@ -32,6 +32,7 @@ from ..config import EngineConfig
 from ..ops import autotune
 from ..parallel.sync import data_parallel
 from ..workloads.registry import get_workload
+from .channel import Channel, ChannelClosed
 from .runners import EngineTrainRunner
 
 RUNNERS = ("gpuengine", "gpuengine_1gpu", "torch_ddp")
@@ -123,12 +124,14 @@ def answer(runners: dict, message: dict) -> dict:
 
 
 def main() -> int:
-    commands = os.fdopen(int(os.environ["GPUENGINE_DP_CMD_FD"]), "r")
-    replies = os.fdopen(int(os.environ["GPUENGINE_DP_REPLY_FD"]), "w")
+    channel = Channel(int(os.environ["GPUENGINE_DP_CMD_FD"]), int(os.environ["GPUENGINE_DP_REPLY_FD"]))
     runners: dict = {}
     sync = None
-    for line in commands:
-        message = json.loads(line)
+    while True:
+        try:
+            message = channel.receive()
+        except ChannelClosed:   # the coordinator went away: so does this rank
+            break
         if message["op"] == "exit":
             break
         try:
@@ -140,11 +143,9 @@ def main() -> int:
             else:
                 reply = answer(runners, message)
         except Exception:   # handed to the coordinator, which names this rank
-            replies.write(json.dumps({"error": traceback.format_exc()}) + "\n")
-            replies.flush()
+            channel.send({"error": traceback.format_exc()})
             return 1
-        replies.write(json.dumps(reply) + "\n")
-        replies.flush()
+        channel.send(reply)
     if "torch_ddp" in runners:
         runners["torch_ddp"].close()
     if sync is not None:

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import os
 import pickle
-import select
 import subprocess
 import sys
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
+
+from gpuengine.bench.channel import Channel, ChannelClosed, ChannelTimeout
 
 from .worker import PROGRESS_LOGGERS, PROTOCOL
 from ..progress import new_lines
@@ -86,6 +86,8 @@ class Worker:
                                        else f", {self.interpreter.python}")
         self.progress = progress   # where the engine's progress lines go while a reply is awaited
         self.process = None
+        self.channel: Channel | None = None   # requests and replies (gpuengine/bench/channel.py)
+        self.exit_status: int | None = None   # the last process's, once stopped
         self.info: dict = {}
         self._log_read = 0         # bytes of the log already looked through for progress lines
 
@@ -98,6 +100,7 @@ class Worker:
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=self.env)
         finally:
             log.close()
+        self.channel = Channel(self.process.stdout.fileno(), self.process.stdin.fileno())
         self.info = self._reply("start")
         if self.info.get("protocol") != PROTOCOL:
             raise SideError(f"{self.side} worker speaks protocol {self.info.get('protocol')}, not {PROTOCOL}")
@@ -125,26 +128,23 @@ class Worker:
 
     def _reply(self, what: str):
         """The worker's reply to `what`; waiting in slices of PROGRESS_POLL_S, its progress relayed after each."""
-        out = self.process.stdout
-        deadline, waited = time.monotonic() + REPLY_TIMEOUT_S, False
-        while True:
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([out], [], [], max(0.0, min(PROGRESS_POLL_S, left)))
-            if ready or left <= 0:
-                break
-            waited = True
+        waited = []
+
+        def meanwhile():
+            waited.append(True)
             self.relay_progress()
-        if waited:
-            self.relay_progress()   # the lines logged since the last look, the last one before the reply
+
         try:
-            if not ready:
-                raise SideError(f"no reply in {REPLY_TIMEOUT_S} s")
-            status, value = pickle.load(out)
-        except (EOFError, pickle.UnpicklingError, SideError) as exc:
+            status, value = self.channel.receive(REPLY_TIMEOUT_S, meanwhile, PROGRESS_POLL_S)
+        except (ChannelClosed, ChannelTimeout, pickle.UnpicklingError) as exc:
             self.stop()
-            reason = str(exc) if isinstance(exc, SideError) else f"exit status {self.process.returncode}"
+            reason = f"no reply in {REPLY_TIMEOUT_S} s" if isinstance(exc, ChannelTimeout) \
+                else f"exit status {self.exit_status}"
             raise SideError(f"the {self.side} worker ({self.where}) died during {what}: {reason}; the end of its "
                             f"log {self.log_path}:\n{self.log_tail()}") from None
+        finally:
+            if waited:
+                self.relay_progress()   # the lines logged since the last look, the last one before the reply
         if status != "ok":
             raise SideError(f"{self.side} ({self.where}): {what}: {value}")
         return value
@@ -153,9 +153,8 @@ class Worker:
         if not self.alive:
             self.start()
         try:
-            pickle.dump((op, args), self.process.stdin)
-            self.process.stdin.flush()
-        except (BrokenPipeError, OSError):
+            self.channel.send((op, args))
+        except OSError:
             self.stop()
             raise SideError(f"the {self.side} worker ({self.where}) is gone; its log {self.log_path}:\n"
                             f"{self.log_tail()}") from None
@@ -167,12 +166,12 @@ class Worker:
             return
         if process.poll() is None:
             try:
-                pickle.dump(("quit", ()), process.stdin)
-                process.stdin.flush()
+                self.channel.send(("quit", ()))
                 process.wait(timeout_s)
             except (OSError, subprocess.TimeoutExpired):
                 process.kill()
                 process.wait()
+        self.exit_status = process.returncode
         for stream in (process.stdin, process.stdout):
             try:
                 stream.close()

@@ -8,7 +8,8 @@ once with the base's checkout as ROOT and once with the head's (the working
 tree). ROOT goes first on sys.path, so `gpuengine` and the perf test modules
 whose `ENGINES` recipes build the engine are that checkout's, while this
 script, and so the timing of a round, is the head's for both sides. Requests
-and replies are pickled tuples on stdin and stdout; whatever the engine
+and replies are tuples over the worker channel (gpuengine/bench/channel.py,
+the head's, loaded by its path) on stdin and stdout; whatever the engine
 prints goes to stderr, the worker's log. Only the standard library is
 imported before ROOT is on the path.
 
@@ -28,16 +29,16 @@ from __future__ import annotations
 
 import gc
 import importlib
+import importlib.util
 import logging
 import os
-import pickle
 import sys
 import time
 import traceback
 import types
 from contextlib import contextmanager
 
-PROTOCOL = 1   # sides.py refuses a worker that speaks another
+PROTOCOL = 2   # sides.py refuses a worker that speaks another (2: channel.py's frames)
 TIMING_CPU_ENV = "GATE_TIMING_CPU"   # the session's timing core, set per GPU by gpuengine/gate/spread.py
 PROGRESS_LOGGERS = ("gpuengine.autotune",)   # the engine's progress through long set-ups, at INFO
 PROGRESS_FORMAT = "%(name)s: %(message)s"    # how a progress record reads in the log: sides.py picks it out
@@ -209,19 +210,18 @@ class Side:
             sys.modules["cupy"].get_default_pinned_memory_pool().free_all_blocks()
 
 
-def serve(side: Side, requests, replies):
+def serve(side: Side, channel):
     handlers = {"catalog": side.catalog, "build": side.build, "call": side.call, "timed_round": side.timed_round,
                 "set_delay": side.set_delay, "use_plans": side.use_plans, "add_plans": side.add_plans,
                 "tuned_plans": side.tuned_plans, "drop": side.drop}
     while True:
         try:
-            op, args = pickle.load(requests)
-        except EOFError:   # the session went away: so does the worker
+            op, args = channel.receive()
+        except EOFError:   # the session went away (the channel's ChannelClosed): so does the worker
             return
         if op == "quit":
             side.drop()
-            pickle.dump(("ok", None), replies)
-            replies.flush()
+            channel.send(("ok", None))
             return
         try:
             handler = handlers.get(op)
@@ -233,8 +233,18 @@ def serve(side: Side, requests, replies):
         except Exception as exc:   # the engine failed: the session fails the test with this text
             traceback.print_exc(file=sys.stderr)
             reply = ("error", f"{type(exc).__name__}: {exc}")
-        pickle.dump(reply, replies)
-        replies.flush()
+        channel.send(reply)
+
+
+def load_channel():
+    """The head's gpuengine/bench/channel.py, by its path beside this script: the base checkout's gpuengine,
+    which goes first on sys.path, may predate it."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "bench", "channel.py")
+    spec = importlib.util.spec_from_file_location("_gate_worker_channel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _pin_perf_tests(root: str):
@@ -253,7 +263,7 @@ def main(argv: list[str]) -> int:
         print(f"usage: gpuengine/gate/ab/worker.py ROOT (a checkout folder); got {argv[1:]}", file=sys.stderr)
         return 2
     root = os.path.realpath(argv[1])
-    replies = os.fdopen(os.dup(1), "wb")
+    channel = load_channel().Channel(0, os.dup(1))
     os.dup2(2, 1)                 # prints of the engine and of imported modules go to the log, not the protocol
     sys.stdout = sys.stderr
     sys.path[0] = root            # instead of this script's folder: the checkout's packages come first
@@ -262,8 +272,7 @@ def main(argv: list[str]) -> int:
     try:
         cpu = timing_cpu()
     except ValueError as exc:
-        pickle.dump(("error", f"cannot time rounds: {exc}"), replies)
-        replies.flush()
+        channel.send(("error", f"cannot time rounds: {exc}"))
         return 1
     try:
         import gpuengine
@@ -274,11 +283,10 @@ def main(argv: list[str]) -> int:
                         "timing_cpu": cpu, "python": sys.executable})
     except Exception as exc:
         hello = ("error", f"cannot import gpuengine from {root}: {type(exc).__name__}: {exc}")
-    pickle.dump(hello, replies)
-    replies.flush()
+    channel.send(hello)
     if hello[0] != "ok":
         return 1
-    serve(Side(root, cpu), sys.stdin.buffer, replies)
+    serve(Side(root, cpu), channel)
     return 0
 
 
