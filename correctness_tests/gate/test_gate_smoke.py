@@ -30,7 +30,8 @@ from gpuengine.gate.rules.verdicts import REGRESSED
 
 from correctness_tests.inner_sessions import leave_xdist
 from gpuengine.gate import tiers
-from gpuengine.gate.plugin import GateState, GateTest
+from gpuengine.gate.check import GateTest
+from gpuengine.gate.plugin import GateState
 from gpuengine.gate.harness import record_and_gate
 
 REPO = Path(__file__).resolve().parents[2]
