@@ -46,7 +46,7 @@ def test_each_lock_names_its_tier_python_platform_and_refresh_command(tier, pyth
     text = header(tier)
     assert text.startswith(f"# The {tier} tier's locked stack: Python {python}, x86_64-manylinux_2_28, extras ")
     assert f"Made by `./gate lock {tier}" in text
-    assert (f"uv pip compile pyproject.toml" in text and f"--python-version {python}" in text
+    assert ("uv pip compile pyproject.toml" in text and f"--python-version {python}" in text
             and f"-c locks/constraints/{tier}.txt" in text and f"-o locks/{tier}.txt" in text)
 
 

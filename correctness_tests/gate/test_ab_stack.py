@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from gpuengine.bench import stack_lock
 from gpuengine.gate.stack.env import StackEnv
 from gpuengine.gate.ab import stack as ab_stack
 from gpuengine.gate.ab.sides import BASE, HEAD, Interpreter, Sides

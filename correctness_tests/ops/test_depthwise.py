@@ -8,7 +8,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 
 from gpuengine.layers import Conv2D
 from gpuengine.ops import depthwise

@@ -17,7 +17,6 @@ docstring for what makes a class.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
