@@ -39,7 +39,7 @@ NOISE_FILE = "noise.json"          # ./gate gatepower calibrate's noise levels (
 GATE_FOLDERS = frozenset({GATEPOWER, PLAN_STABILITY, TOGGLE_COST})   # the gate's own records: no results
 MAXBATCH_KEYS = {"workload", "mode", "engine", "reference", "ratio", "engine_search", "reference_search"}
 # Folders inside a tier folder that hold something other than its baselines.
-RESERVED = (HISTORY, "slow", GATEPOWER, "maxbatch", PROFILES)
+RESERVED = (HISTORY, "slow", "maxbatch", PROFILES, *sorted(GATE_FOLDERS))
 RUN_GLOB = "[0-9][0-9][0-9][0-9]_*.json"
 MACHINE_ID = re.compile(r"^[A-Za-z]+-[A-Za-z]+-\d+\.\d+-\d+bit$")  # pytest-benchmark's folder per OS/Python
 
