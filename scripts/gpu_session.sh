@@ -17,8 +17,8 @@
 #   gatepower: `./gate gatepower ARGS` (the power study; trials and logs kept in LOGDIR)
 #   steps:     a device session's plan in one detached job, so no minute is lost between calls; each step's
 #              log is LOGDIR/<step>.log and LOGDIR/steps.txt gets "<step> <status> <seconds>" as each ends
-#              (status 124: stopped at its minutes). A failing step does not stop the next; STEP#N runs a
-#              step again under its own log (ab ab#2). Steps:
+#              (status 124: stopped at its minutes, by SIGINT, so pytest's summary is in the log). A failing
+#              step does not stop the next; STEP#N runs a step again under its own log (ab ab#2). Steps:
 #                kernels  every engine kernel through CuPy (test_gpu_kernels_compile) and NVRTC
 #                zoo      depthwise (both ways), GPU zoo tests without the full-size parity, NCCL on one GPU
 #                gpu      every GPU correctness test
@@ -105,7 +105,7 @@ step_zoo() { python3 -m pytest correctness_tests/ops/test_gpu_depthwise.py corre
     correctness_tests/parallel/test_nccl_one_gpu.py -k "not full_size" -q -p no:cacheprovider -rs --durations=15; }
 step_tests() { python3 -m pytest ${TESTS:?TESTS names the tests} -q -p no:cacheprovider -rs --durations=10; }
 # four workers share the GPU (447 tests in 15 min on an H100 at 8f8a6d7, a single process was cut at 438)
-step_gpu() { python3 -m pytest correctness_tests -m gpu -n 4 --dist loadfile -q -p no:cacheprovider -rs --durations=15; }
+step_gpu() { python3 -m pytest correctness_tests -m gpu -n 4 --dist loadfile -q -p no:cacheprovider -rfEs --durations=15; }
 step_gpu-api() { python3 -m pytest correctness_tests -m gpu -k "attention or transformer or predict or embedding or checks" \
     -q -p no:cacheprovider -rs --durations=10; }
 step_data() { python3 -m pytest correctness_tests -m gpu -k "loader or streamed or memory_plan or gather or sharding" \
@@ -218,7 +218,8 @@ run_steps() {
         name=${step%%#*}   # ab#2: the step ab again, logged as ab#2.log
         began=$(date +%s)
         echo "== step $step (at most $minutes min) at $(date -u +%H:%M:%S)"
-        timeout --kill-after=20 "${minutes}m" bash -c "$(declare -f); logdir='$logdir'; step_$name" \
+        # SIGINT, not SIGTERM: pytest then prints its summary, so a step stopped at its minutes still names its failures
+        timeout -s INT --kill-after=30 "${minutes}m" bash -c "$(declare -f); logdir='$logdir'; step_$name" \
             > "$logdir/$step.log" 2>&1 < /dev/null
         status=$?
         echo "$step $status $(( $(date +%s) - began ))" | tee -a "$logdir/steps.txt"
