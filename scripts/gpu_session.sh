@@ -31,6 +31,9 @@
 #                         build/base, its commit in build/base/COMMIT: `scripts/gpu_session.sh base REV` makes it);
 #                         AB_K, when set, selects its cases (-k)
 #                ab-core  the same for the MLP and CNN cases
+#                stack-ab `./gate perf --against-stack build/old.txt --stack-wheels .whl/old`: the tree on the old lock
+#                         (build/old.txt, its wheels in .whl/old) against the stack this Python runs (the new lock's
+#                         wheels installed by the caller), each side autotuning afresh; STACK_K selects cases (-k)
 #                data     the GPU tests of the data path (streamed and resident gathers, memory plans, sharding)
 #                perf-streamed `./gate perf --full --against none` of the loader, the zoo's TF32 streamed cases and
 #                         ResNet's streamed graph8 case, each streamed case beside the engine on resident data
@@ -162,6 +165,8 @@ step_zoo-compile() { ./gate perf -p no:cacheprovider --durations=0 -rA --full --
 step_nightly() { local k s=0 IFS=';'; for k in ${NIGHTLY_K:?NIGHTLY_K selects the nightly cases}; do
     echo "== nightly -k $k"; ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none -k "$k" || s=1
     done; return $s; }
+step_stack-ab() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against-stack build/old.txt \
+    --stack-wheels .whl/old ${STACK_K:+-k "$STACK_K"}; s=$?; cp -r build/ab "$logdir/stack-ab-logs" 2>/dev/null; return $s; }
 step_ab-core() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against build/base \
     -k "test_mlp_train or test_mlp_infer or test_cnn_train"; s=$?; cp -r build/ab "$logdir/ab-logs" 2>/dev/null; return $s; }
 step_study-ab() { ./gate gatepower --against build/base --sessions 3 --trial-budget 20 \
