@@ -65,20 +65,29 @@ def test_n_ranks_at_global_batch_b_train_like_one_process_at_b(tmp_path, workloa
     assert int(ranks[0]["buckets"]) > 1, "the small bucket cap must split the gradients"
 
 
-def test_torchrun_with_two_node_ranks_trains_like_one_process(tmp_path):
+def torchrun_two_nodes(out: Path, env_extra: dict, size: dict, devices=(None, None), args=()) -> list[str]:
     """torchrun's contract across machines, on one host: two node ranks of one process each, static rendezvous
     at MASTER_ADDR:MASTER_PORT (the agent hosts the store; the engine's rank 0 finds the port taken and, as
-    TORCHELASTIC_USE_AGENT_STORE says, uses the agent's), train like one process at the global batch."""
-    size, port = SIZES["mlp"], free_port()
-    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-                               "-m", "gpuengine.workloads.data_parallel", "mlp", "--out", str(tmp_path),
-                               *[f"--{k}={v}" for k, v in size.items()]],
-                              cwd=REPO, env=dict(os.environ, **CPU), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for node in (0, 1)]
-    outputs = [node.communicate(timeout=180)[0] for node in nodes]
+    TORCHELASTIC_USE_AGENT_STORE says, uses the agent's); node i sees only devices[i] where one is given, as on
+    a machine of its own. Each node's output, after both ended."""
+    port, nodes = free_port(), []
+    for node, device in enumerate(devices):
+        env = dict(os.environ, **env_extra, **({"CUDA_VISIBLE_DEVICES": device} if device is not None else {}))
+        nodes.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+             "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+             "-m", "gpuengine.workloads.data_parallel", "mlp", "--out", str(out), *map(str, args),
+             *[f"--{k}={v}" for k, v in size.items()]],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [node.communicate(timeout=280)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
     assert f"mlp: 2 ranks, global batch {size['batch']}" in outputs[0]
+    return outputs
+
+
+def test_torchrun_with_two_node_ranks_trains_like_one_process(tmp_path):
+    size = SIZES["mlp"]
+    torchrun_two_nodes(tmp_path, CPU, size)
     assert_same_training(tmp_path, 2, *single_process("mlp", CPU, **size))
 
 
@@ -238,4 +247,17 @@ def test_two_gpus_over_nccl_train_like_one_gpu(tmp_path, graph):
     result = launch(["--gpus", 2, "mlp", "--out", tmp_path, "--bucket-bytes", 600, "--stall-limit", 150,
                      *[f"--{k}={v}" for k, v in size.items()]], env, timeout=300)
     assert result.returncode == 0, result.stderr
+    assert_same_training(tmp_path, 2, *single_process("mlp", env, **size))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_count() < 2, reason="NCCL data parallel needs at least 2 visible GPUs")
+def test_torchrun_nodes_of_one_gpu_each_train_over_nccl_like_one_gpu(tmp_path):
+    """Two torchrun node ranks, each seeing one GPU as a machine of its own would, steps in CUDA graphs: NCCL
+    between them needs nothing of the engine beyond torchrun's variables."""
+    env = {"GPUENGINE_DEVICE": "cuda", "GPUENGINE_PRECISION": "fp32", "GPUENGINE_CUDA_GRAPH": "4"}
+    size = dict(samples=512, batch=64, epochs=3)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = visible.split(",")[:2] if visible else ["0", "1"]
+    torchrun_two_nodes(tmp_path, env, size, devices, args=("--bucket-bytes", 600, "--stall-limit", 150))
     assert_same_training(tmp_path, 2, *single_process("mlp", env, **size))
