@@ -92,3 +92,14 @@ def test_a_store_nobody_hosts_is_named_by_address():
     with pytest.raises(RendezvousError, match=r"rank 1 could not reach the rendezvous store at "
                                               r"MASTER_ADDR:MASTER_PORT=127\.0\.0\.1:\d+"):
         Rendezvous(ProcessGroup(1, 2, 1, "127.0.0.1", free_port()), timeout_s=1.0)
+
+
+def test_a_port_another_program_holds_is_named_by_rank_0():
+    import socket
+    with socket.socket() as holder:   # some other program listens on MASTER_PORT
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(RendezvousError, match=rf"rank 0 could not host the rendezvous store at "
+                                                  rf"MASTER_ADDR:MASTER_PORT=127\.0\.0\.1:{port}"):
+            Rendezvous(ProcessGroup(0, 2, 0, "127.0.0.1", port), timeout_s=1.0)
