@@ -1,21 +1,11 @@
 """scripts/plan_rules.py replays choice rules on the stored plan-stability records: the figures docs/gate.md cites."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "plan_rules.py"
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("plan_rules", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from .script_module import load_script
 
 
 def test_the_stored_h100_pairs_give_the_figures_docs_cite(capsys):
-    assert load().main([]) == 0
+    assert load_script("plan_rules").main([]) == 0
     table = capsys.readouterr().out
     assert "260 choices from 2 records" in table
     assert "margin 2%               248/260    95.4%   0.26%   125/130, 123/130" in table
@@ -23,5 +13,5 @@ def test_the_stored_h100_pairs_give_the_figures_docs_cite(capsys):
 
 
 def test_a_folder_without_records_says_so(tmp_path, capsys):
-    assert load().main([str(tmp_path)]) == 2
+    assert load_script("plan_rules").main([str(tmp_path)]) == 2
     assert "no record with two runs' timings" in capsys.readouterr().err
