@@ -72,18 +72,7 @@ class Channel:
     def receive(self, timeout_s: float | None = None, meanwhile=None, every_s: float = 1.0):
         """The next object; waits at most `timeout_s` (None: for ever), calling `meanwhile()` every `every_s`
         while it waits. ChannelTimeout past the deadline, ChannelClosed when the other end closed its pipe."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not self.ready():
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise ChannelTimeout(f"nothing whole arrived in {timeout_s:g} s")
-            wait = every_s if left is None else min(every_s, left)
-            readable, _, _ = select.select([self.read_fd], [], [], max(wait, 0.0))
-            if readable:
-                self.fill()
-            elif meanwhile is not None:
-                meanwhile()
-        return self.take()
+        return receive_any({None: self}, timeout_s, meanwhile, every_s)[1]
 
     def close(self) -> None:
         for fd in {self.read_fd, self.write_fd}:
@@ -93,23 +82,26 @@ class Channel:
                 pass
 
 
-def receive_any(channels: dict, timeout_s: float):
+def receive_any(channels: dict, timeout_s: float | None, meanwhile=None, every_s: float = 1.0):
     """(key, object) from whichever of `channels` ({key: Channel}) has a whole frame first, those already
-    arrived first in the dict's order. ChannelTimeout past `timeout_s`; ChannelClosed carries the key of the
+    arrived first in the dict's order; waits at most `timeout_s` (None: for ever), calling `meanwhile()` every
+    `every_s` while nothing arrives. ChannelTimeout past the deadline; ChannelClosed carries the key of the
     channel that closed as its `key`."""
-    deadline = time.monotonic() + timeout_s
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         for key, channel in channels.items():
             if channel.ready():
                 return key, channel.take()
-        left = deadline - time.monotonic()
-        if left <= 0:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
             raise ChannelTimeout(f"nothing whole arrived in {timeout_s:g} s")
         by_fd = {channel.read_fd: key for key, channel in channels.items()}
-        readable, _, _ = select.select(list(by_fd), [], [], min(left, 1.0))
+        readable, _, _ = select.select(list(by_fd), [], [], every_s if left is None else min(left, every_s))
         for fd in readable:
             try:
                 channels[by_fd[fd]].fill()
             except ChannelClosed as exc:
                 exc.key = by_fd[fd]
                 raise
+        if not readable and meanwhile is not None:
+            meanwhile()
