@@ -89,7 +89,6 @@ class TierFiles:
     """Every result a tier folder holds, read: its runs (baselines and history/, every series; each run's label
     its path relative to the store), kernel profiles and max-batch tables; and each file left out, with why."""
 
-    name: str
     runs: list[StoredRun]
     profiles: list[StoredProfile]
     maxbatch_tables: list[MaxBatchTable]
@@ -107,7 +106,7 @@ def read_tier(folder: Path | str, store: Path | str) -> TierFiles:
     profile and a max-batch table, is left out with its reason; a run's unreadable benchmarks are left out (its
     `left_out`), the rest kept."""
     folder, store = Path(folder), Path(store)
-    tier = TierFiles(folder.name, [], [], [], [])
+    tier = TierFiles([], [], [], [])
     for file in sorted(folder.rglob("*.json")):
         rel = file.relative_to(store)
         if rel.name in (NOISE_FILE, PLAN_FILE) or GATE_FOLDERS & set(rel.parts):
