@@ -9,49 +9,31 @@ records, the share of choices both processes would make alike, and the cost: eac
 process timed them, summed, over the fastest ways' time there (the other's timings, so a choice is not
 judged by the noise that picked it). Rules:
 
-  margin M        autotune.choose: the first way in the heuristic's order within M of the fastest (the engine's
-                  rule at M = autotune.MIN_MARGIN)
-  engine E knobs K  the engine first, then its knobs: each cuDNN engine (eng12 of eng12_k2=4_k3=0) stands for its
-                  fastest variant and the engines are chosen by `choose` at E; then that engine's variants by
-                  `choose` at K. Variants of one engine lie close and swap places between processes; engines
-                  do not (GEMM algorithms and depthwise ways have no knobs: each is its own engine)
+  margin M          one margin between all ways: the first in the heuristic's order within M of the fastest
+  engine E knobs K  autotune.choose: the engine first (each cuDNN engine, eng12 of eng12_k2=4_k3=0, standing
+                    for its fastest variant) at E, then that engine's variants at K; the engine's rule at
+                    E = MIN_MARGIN, K = KNOB_MARGIN (GEMM algorithms and depthwise ways have no knobs: each is
+                    its own engine)
 """
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpuengine.ops.autotune import MIN_MARGIN, choose  # noqa: E402
+from gpuengine.ops.autotune import KNOB_MARGIN, MIN_MARGIN, choose  # noqa: E402
 
 DEFAULT = Path(__file__).resolve().parents[1] / "baselines_store" / "nvidia-h100-80gb-hbm3" / "plan_stability"
 
 
-def engine(way: str) -> str:
-    """A cuDNN plan's engine (eng12 of eng12_k2=4_k3=0); any other way (a GEMM algorithm, a depthwise way) is its
-    own."""
-    match = re.match(r"(eng\d+)_k", way)
-    return match.group(1) if match else way
-
-
-def by_margin(margin: float):
+def by_margin(margin: float, knob_margin: float | None = None):
+    """autotune.choose at `margin` (and `knob_margin` between one engine's variants; None: one margin for all)."""
     def rule(ways: list[tuple[str, float]]) -> str:
-        return choose([w for w, _ in ways], {w: SimpleNamespace(ms=ms) for w, ms in ways}, min_margin=margin)
-    rule.name = f"margin {margin:.0%}"
-    return rule
-
-
-def by_engine(engine_margin: float, knob_margin: float):
-    def rule(ways: list[tuple[str, float]]) -> str:
-        fastest: dict[str, float] = {}
-        for way, ms in ways:   # in the heuristic's order: an engine ranks where its first variant does
-            fastest[engine(way)] = min(ms, fastest.get(engine(way), ms))
-        chosen = by_margin(engine_margin)(list(fastest.items()))
-        return by_margin(knob_margin)([(w, ms) for w, ms in ways if engine(w) == chosen])
-    rule.name = f"engine {engine_margin:.0%} knobs {knob_margin:.0%}"
+        return choose([w for w, _ in ways], {w: SimpleNamespace(ms=ms) for w, ms in ways}, min_margin=margin,
+                      knob_margin=knob_margin)
+    rule.name = f"margin {margin:.0%}" if knob_margin is None else f"engine {margin:.0%} knobs {knob_margin:.0%}"
     return rule
 
 
@@ -90,7 +72,7 @@ def main(argv: list[str]) -> int:
     records = sorted({name for name, _, _ in choices})
     print(f"{len(choices)} choices from {len(records)} records: {', '.join(records)}")
     rules = [by_margin(m) for m in (0.0, MIN_MARGIN, 0.03, 0.05, 0.08)]
-    rules += [by_engine(e, k) for e in (0.01, MIN_MARGIN, 0.03) for k in (MIN_MARGIN, 0.05, 0.08)]
+    rules += [by_margin(e, k) for e in (0.01, MIN_MARGIN, 0.03) for k in (MIN_MARGIN, KNOB_MARGIN, 0.08)]
     print(f"{'rule':<22} {'alike':>9} {'share':>7} {'cost':>7}   per record")
     for rule in rules:
         alike, cost = score(rule, choices)

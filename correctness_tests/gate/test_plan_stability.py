@@ -86,6 +86,16 @@ def test_the_rule_is_replayed_on_recorded_timings_at_other_margins():
     assert "replayed at min_margin 2%: 1 of 1 alike (100.0%)" in text and "0 of 1 alike (0.0%)" in text
 
 
+def test_variants_of_one_engine_are_replayed_at_the_knob_margin():
+    def run(first_ms):   # two variants of eng0, the second 0.97 ms
+        return {"cases": {"resnet tf32": {"timed": {CUDNN: [["eng0_k1=0", first_ms, 0.0], ["eng0_k1=1", 0.97, 0.0]]}}}}
+    runs = [run(1.01), run(0.985)]   # 4% and 1.5% slower: the plain 2% margin flips, the 5% between knobs not
+    plain, knobs = plan_stability.replay(runs, 0.02), plan_stability.replay(runs, 0.02, 0.05)
+    assert plain["same"] == 0 and knobs["same"] == 1 and knobs["knob_margin"] == 0.05
+    text = plan_stability.table(plan_stability.compare([run_record(), run_record()]) | {"replayed": [knobs]})
+    assert "replayed at min_margin 2%, knobs 5%: 1 of 1 alike (100.0%)" in text
+
+
 def test_a_cap_on_cudnn_candidates_is_replayed_with_its_build_cost():
     # eng9 (offered fourth) is 10% faster than the heuristic's first; eng3 failed to build
     graph = {"offered": ["eng0", "eng3", "eng5", "eng9"], "build_ms": [100.0, 50.0, 200.0, 400.0]}

@@ -32,6 +32,40 @@ def test_the_margin_does_not_move_with_the_passes_spread():
     assert autotune.choose(["a", "b"], noisy) == autotune.choose(["a", "b"], steady) == "b"
 
 
+def test_the_engine_is_chosen_first_then_its_knob_variants_at_their_wider_margin():
+    # two variants of eng0 3% apart swap places from process to process: the heuristic's first variant stays
+    assert autotune.choose(["eng0_k1=0", "eng0_k1=1", "eng7_k2=0"],
+                           timings(**{"eng0_k1=0": 1.03, "eng0_k1=1": 1.00, "eng7_k2=0": 1.10})) == "eng0_k1=0"
+    # an engine 3% faster than every variant of the first wins, and its own first close variant is taken
+    assert autotune.choose(["eng0_k1=0", "eng7_k2=0", "eng7_k2=1"],
+                           timings(**{"eng0_k1=0": 1.03, "eng7_k2=0": 1.01, "eng7_k2=1": 1.00})) == "eng7_k2=0"
+    # a variant clearly faster than the engine's first (6%) still replaces it
+    assert autotune.choose(["eng0_k1=0", "eng0_k1=1"], timings(**{"eng0_k1=0": 1.06, "eng0_k1=1": 1.00})) == \
+        "eng0_k1=1"
+    # knob_margin None: one margin between all ways, engines or not
+    assert autotune.choose(["eng0_k1=0", "eng0_k1=1"], timings(**{"eng0_k1=0": 1.03, "eng0_k1=1": 1.00}),
+                           knob_margin=None) == "eng0_k1=1"
+
+
+def test_ways_without_knobs_are_each_their_own_engine():
+    assert autotune.engine_of("eng12_k2=4_k3=0") == "eng12"
+    assert autotune.engine_of("eng70") == "eng70"
+    gemm = "algorithm_id=23,tile=(128, 64),stages=(64, 3),split_k=4,reduction_scheme=2"
+    assert autotune.engine_of(gemm) == gemm
+    assert autotune.choose([gemm, "other"], timings(**{gemm: 1.03, "other": 1.0})) == "other"   # 2% as before
+
+
+def test_tune_groups_cudnn_plans_by_the_engine_their_names_give(monkeypatch):
+    # cuDNN's ways are plan indices: tune reads each one's engine from its name
+    monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices())
+    device = StandInDevice({"p0": 0.0103, "p1": 0.0100, "p2": 0.0200})
+    ways = {0: device.way("p0"), 1: device.way("p1"), 2: device.way("p2")}
+    names = {0: "eng3_k1=0", 1: "eng3_k1=1", 2: "eng9_k4=2"}
+    chosen, _ = autotune.tune(device.xp, device.stream, ("conv_fprop", 1), ways, names)
+    assert chosen == 0   # 3% apart: variants of one engine, so the heuristic's first stays
+    assert autotune.PLAN_CHOICES.chosen_for(("conv_fprop", 1)) == "eng3_k1=0"
+
+
 def test_untimed_ways_are_skipped_and_nothing_timed_is_an_error():
     assert autotune.choose(["pruned", "a"], timings(a=1.0)) == "a"
     with pytest.raises(ValueError, match="no way was timed"):

@@ -14,8 +14,8 @@ set-up time of each case (building, autotuning, capture) is kept beside it.
 Every run also keeps each choice's timings (every way timed, in the
 heuristic's order), so the rule can be replayed offline at other margins
 (`replay`): the table then says how stable, and how much slower than the
-fastest ways, the choices would be at each margin in MARGINS: the
-measurement the margin is chosen from. The table goes to stdout, the whole
+fastest ways, the choices would be under the rule in force and at each
+plain margin in MARGINS: the measurement the margins are chosen from. The table goes to stdout, the whole
 record to --out (JSON); the ones docs/gate.md cites are kept in
 baselines_store/<gpu>/plan_stability/ (not results: the report passes them by).
 """
@@ -75,9 +75,10 @@ def recorded(ways: list) -> dict:
     return {name: Timing(ms, spread, 1) for name, ms, spread in ways}
 
 
-def replay(runs: list[dict], min_margin: float) -> dict:
-    """The rule (autotune.choose) replayed on every run's recorded timings at `min_margin`: how many choices
-    every run would make alike, and the chosen ways' total time over the fastest ways' (summed over runs)."""
+def replay(runs: list[dict], min_margin: float, knob_margin: float | None = None) -> dict:
+    """The rule (autotune.choose) replayed on every run's recorded timings at `min_margin` (and `knob_margin`
+    between one cuDNN engine's variants; None: one margin between all ways): how many choices every run would
+    make alike, and the chosen ways' total time over the fastest ways' (summed over runs)."""
     from ..ops.autotune import choose
     same = choices = 0
     chosen_ms = fastest_ms = 0.0
@@ -89,13 +90,13 @@ def replay(runs: list[dict], min_margin: float) -> dict:
             picks = set()
             for ways in (t[key] for t in timed):
                 timings = recorded(ways)
-                pick = choose([name for name, _, _ in ways], timings, min_margin=min_margin)
+                pick = choose([name for name, _, _ in ways], timings, min_margin=min_margin, knob_margin=knob_margin)
                 picks.add(pick)
                 chosen_ms += timings[pick].ms
                 fastest_ms += min(t.ms for t in timings.values())
             choices += 1
             same += len(picks) == 1
-    return {"min_margin": min_margin, "choices": choices, "same": same,
+    return {"min_margin": min_margin, "knob_margin": knob_margin, "choices": choices, "same": same,
             "stability": same / choices if choices else None,
             "slower_than_fastest": chosen_ms / fastest_ms - 1 if fastest_ms else None}
 
@@ -188,7 +189,8 @@ def table(result: dict) -> str:
     lines.append(f"all: {total['same']} of {total['choices']} choices the same in every run ({share})")
     for margin in result.get("replayed", []):
         if margin["choices"]:
-            lines.append(f"  replayed at min_margin {100 * margin['min_margin']:.0f}%: {margin['same']} of "
+            knobs = "" if margin.get("knob_margin") is None else f", knobs {100 * margin['knob_margin']:.0f}%"
+            lines.append(f"  replayed at min_margin {100 * margin['min_margin']:.0f}%{knobs}: {margin['same']} of "
                          f"{margin['choices']} alike ({100 * margin['stability']:.1f}%), chosen ways "
                          f"{100 * margin['slower_than_fastest']:.2f}% slower than the fastest")
     for cap in result.get("capped", []):
@@ -235,8 +237,10 @@ def run(args) -> int:
                 print(f"plans: run {index + 1} failed (exit status {status})", file=sys.stderr)
                 return 1
             runs.append(json.loads(out.read_text()))
+    from ..ops.autotune import KNOB_MARGIN, MIN_MARGIN
     result = compare(runs) | {"runs": runs, "workloads": args.workloads, "precisions": args.precision,
-                              "replayed": [replay(runs, margin) for margin in MARGINS],
+                              "replayed": [replay(runs, MIN_MARGIN, KNOB_MARGIN)]   # the rule in force first
+                              + [replay(runs, margin) for margin in MARGINS],
                               "capped": [capped(runs, cap) for cap in CAPS]}
     print(table(result))
     write_json(args.out, result)

@@ -14,13 +14,16 @@ autotunings of ResNet-50 kept different plans for 53 of 96 graphs.
 
 The choice is stable by construction: the ways come in their heuristic's
 order, and a later way replaces an earlier one only when it is faster by
-more than MIN_MARGIN (`choose`). Where candidates are that close, the
+more than a margin (`choose`). Where candidates are that close, the
 heuristic order decides, so every machine of a kind keeps the same choice.
 A way's median time repeats within about 1% from process to process, while
 its passes' spread does not (0.3% in one process, 8% in the next): a margin
 widened by the spread moved with it, and two fresh ResNet-50 autotunings
-kept the same plan for 86.9% of choices, against 96.2% with the fixed 2%
-(docs/gate.md, "Plan choices").
+kept the same plan for 86.9% of choices, against 96.2% with the fixed 2%.
+The choices that still differed were all variants of one cuDNN engine
+(its knobs) swapping places, never the engine: so the engine is chosen
+first at MIN_MARGIN, each standing for its fastest variant, then its
+variants at KNOB_MARGIN (docs/gate.md, "Plan choices").
 
 `PLAN_CHOICES` carries choices between processes for whoever sets it (the
 perf gate keeps them with its baselines): a key with a preset takes that
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import statistics
 import time
 from dataclasses import dataclass
@@ -41,6 +45,7 @@ MAX_REPEATS = 512        # executions captured per way: bounds capture time for 
 PASSES = 5               # interleaved timed passes over the ways; a way's time is their median
 PRUNE_FACTOR = 2.0       # a way estimated this much slower than the fastest is out before the careful timing
 MIN_MARGIN = 0.02        # a later way must beat an earlier one by more than this fraction
+KNOB_MARGIN = 0.05       # the same between variants of one cuDNN engine, which swap places between processes
 PROGRESS_EVERY_S = 5.0
 BURST_GAP_S = 30.0
 
@@ -114,14 +119,37 @@ class Timing:
         return cls(median, (max(pass_ms) - min(pass_ms)) / median if median > 0 else math.inf, repeats)
 
 
-def choose(order: list, timings: dict, min_margin: float = MIN_MARGIN) -> object:
-    """The first way in `order` (the heuristic's) whose time is within `min_margin` of the fastest way's:
-    a later way wins only where it is clearly faster."""
+def engine_of(name: str) -> str:
+    """A cuDNN plan's engine (eng12 of eng12_k2=4_k3=0); any other way (a GEMM algorithm, a depthwise way) is its
+    own."""
+    match = re.match(r"(eng\d+)_k", name)
+    return match.group(1) if match else name
+
+
+def _first_close(order: list, ms: dict, margin: float):
+    best = min(ms[way] for way in order)
+    return next(way for way in order if ms[way] <= best * (1 + margin))   # the fastest always is
+
+
+def choose(order: list, timings: dict, min_margin: float = MIN_MARGIN, knob_margin: float | None = KNOB_MARGIN,
+           engine=None) -> object:
+    """The way to keep, from ways in their heuristic's `order`: first the engine (`engine(way)`, by default
+    engine_of its name; each engine stands for its fastest variant and ranks where its first variant does), the
+    first within `min_margin` of the fastest engine; then, among that engine's variants, the first within
+    `knob_margin` of its fastest. A later way wins only where it is clearly faster. knob_margin None: no
+    engines, the first way within `min_margin` of the fastest way."""
     timed = [name for name in order if name in timings]
     if not timed:
         raise ValueError("no way was timed")
-    best = min(timings[name].ms for name in timed)
-    return next(name for name in timed if timings[name].ms <= best * (1 + min_margin))   # the fastest always is
+    ms = {way: timings[way].ms for way in timed}
+    if knob_margin is None:
+        return _first_close(timed, ms, min_margin)
+    engine = engine or (lambda way: engine_of(str(way)))
+    fastest: dict = {}
+    for way in timed:
+        fastest[engine(way)] = min(ms[way], fastest.get(engine(way), math.inf))
+    chosen = _first_close(list(fastest), fastest, min_margin)
+    return _first_close([way for way in timed if engine(way) == chosen], ms, knob_margin)
 
 
 def _capture(stream, run, repeats: int):
@@ -176,8 +204,8 @@ def tune(xp, stream, key: tuple, ways: dict, names: dict | None = None) -> tuple
     """Time `ways` (in the heuristic's order), choose one and record the choice under `key`, each way by its
     name (`names[way]`, else the way itself); returns (the chosen way, every Timing)."""
     timings = time_captured(xp, stream, ways)
-    chosen = choose(list(ways), timings)
     name = names.__getitem__ if names else str
+    chosen = choose(list(ways), timings, engine=lambda way: engine_of(name(way)))
     PLAN_CHOICES.record(key, name(chosen), timings[chosen].ms,
                         [(name(way), timings[way]) for way in ways if way in timings])
     return chosen, timings
