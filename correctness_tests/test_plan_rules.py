@@ -1,7 +1,11 @@
 """scripts/plan_rules.py replays choice rules on the stored plan-stability records: the figures docs/gate.md cites."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from .script_module import load_script
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_stored_h100_pairs_give_the_figures_docs_cite(capsys):
@@ -9,7 +13,17 @@ def test_the_stored_h100_pairs_give_the_figures_docs_cite(capsys):
     table = capsys.readouterr().out
     assert "260 choices from 2 records" in table
     assert "margin 2%               248/260    95.4%   0.26%   125/130, 123/130" in table
-    assert "engine 2% knobs 5%      250/260    96.2%   0.56%   125/130, 125/130" in table
+    assert "margin 5%               249/260    95.8%   0.69%   126/130, 123/130" in table
+    assert "engine 2% knobs 5%      252/260    96.9%   0.64%   127/130, 125/130" in table
+
+
+def test_the_stored_h200_pairs_give_the_figures_docs_cite(capsys):
+    folder = REPO / "baselines_store" / "nvidia-h200" / "plan_stability"
+    assert load_script("plan_rules").main([str(folder)]) == 0
+    table = capsys.readouterr().out
+    assert "260 choices from 2 records" in table
+    assert "margin 2%               237/260    91.2%   0.26%   118/130, 119/130" in table
+    assert "engine 2% knobs 5%      255/260    98.1%   0.68%   128/130, 127/130" in table
 
 
 def test_a_folder_without_records_says_so(tmp_path, capsys):

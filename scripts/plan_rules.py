@@ -10,10 +10,9 @@ process timed them, summed, over the fastest ways' time there (the other's timin
 judged by the noise that picked it). Rules:
 
   margin M          one margin between all ways: the first in the heuristic's order within M of the fastest
-  engine E knobs K  autotune.choose: the engine first (each cuDNN engine, eng12 of eng12_k2=4_k3=0, standing
-                    for its fastest variant) at E, then that engine's variants at K; the engine's rule at
-                    E = MIN_MARGIN, K = KNOB_MARGIN (GEMM algorithms and depthwise ways have no knobs: each is
-                    its own engine)
+  engine E knobs K  autotune.choose: the engine first (autotune.engine_of: eng12 of eng12_k2=4_k3=0, a GEMM's
+                    algorithm id; each standing for its fastest variant) at E, then that engine's variants at K;
+                    the rule in force at E = MIN_MARGIN, K = KNOB_MARGIN
 """
 from __future__ import annotations
 

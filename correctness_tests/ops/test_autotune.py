@@ -47,12 +47,16 @@ def test_the_engine_is_chosen_first_then_its_knob_variants_at_their_wider_margin
                            knob_margin=None) == "eng0_k1=1"
 
 
-def test_ways_without_knobs_are_each_their_own_engine():
+def test_a_gemm_algorithm_is_an_engine_its_tiles_and_splits_knobs_and_other_ways_their_own():
     assert autotune.engine_of("eng12_k2=4_k3=0") == "eng12"
     assert autotune.engine_of("eng70") == "eng70"
-    gemm = "algorithm_id=23,tile=(128, 64),stages=(64, 3),split_k=4,reduction_scheme=2"
-    assert autotune.engine_of(gemm) == gemm
-    assert autotune.choose([gemm, "other"], timings(**{gemm: 1.03, "other": 1.0})) == "other"   # 2% as before
+    first = "algorithm_id=21,tile=(128, 64),stages=(32, 6),split_k=8,reduction_scheme=2"
+    second = "algorithm_id=21,tile=(64, 128),stages=(32, 6),split_k=8,reduction_scheme=2"
+    other = "algorithm_id=23,tile=(64, 64),stages=(16, 6),split_k=16,reduction_scheme=2"
+    assert autotune.engine_of(first) == autotune.engine_of(second) == "algorithm_id=21"
+    assert autotune.choose([first, second], timings(**{first: 1.03, second: 1.0})) == first   # knobs: 5%
+    assert autotune.choose([first, other], timings(**{first: 1.03, other: 1.0})) == other     # engines: 2%
+    assert autotune.engine_of("cudnn") == "cudnn"   # a depthwise way
 
 
 def test_tune_groups_cudnn_plans_by_the_engine_their_names_give(monkeypatch):

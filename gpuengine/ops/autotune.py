@@ -20,10 +20,11 @@ A way's median time repeats within about 1% from process to process, while
 its passes' spread does not (0.3% in one process, 8% in the next): a margin
 widened by the spread moved with it, and two fresh ResNet-50 autotunings
 kept the same plan for 86.9% of choices, against 96.2% with the fixed 2%.
-The choices that still differed were all variants of one cuDNN engine
-(its knobs) swapping places, never the engine: so the engine is chosen
-first at MIN_MARGIN, each standing for its fastest variant, then its
-variants at KNOB_MARGIN (docs/gate.md, "Plan choices").
+The choices that still differed were all variants of one engine (a cuDNN
+engine's knobs, a cuBLASLt algorithm's tiles and splits) swapping places,
+never the engine: so the engine is chosen first at MIN_MARGIN, each
+standing for its fastest variant, then its variants at KNOB_MARGIN
+(docs/gate.md, "Plan choices").
 
 `PLAN_CHOICES` carries choices between processes for whoever sets it (the
 perf gate keeps them with its baselines): a key with a preset takes that
@@ -45,7 +46,7 @@ MAX_REPEATS = 512        # executions captured per way: bounds capture time for 
 PASSES = 5               # interleaved timed passes over the ways; a way's time is their median
 PRUNE_FACTOR = 2.0       # a way estimated this much slower than the fastest is out before the careful timing
 MIN_MARGIN = 0.02        # a later way must beat an earlier one by more than this fraction
-KNOB_MARGIN = 0.05       # the same between variants of one cuDNN engine, which swap places between processes
+KNOB_MARGIN = 0.05       # the same between variants of one engine, which swap places between processes
 PROGRESS_EVERY_S = 5.0
 BURST_GAP_S = 30.0
 
@@ -120,10 +121,11 @@ class Timing:
 
 
 def engine_of(name: str) -> str:
-    """A cuDNN plan's engine (eng12 of eng12_k2=4_k3=0); any other way (a GEMM algorithm, a depthwise way) is its
-    own."""
-    match = re.match(r"(eng\d+)_k", name)
-    return match.group(1) if match else name
+    """A way's engine: a cuDNN plan's (eng12 of eng12_k2=4_k3=0), a cuBLASLt algorithm's id (algorithm_id=21 of
+    algorithm_id=21,tile=(64, 128),...: its tile, split and cluster are its knobs); any other way (a depthwise
+    way) is its own."""
+    match = re.match(r"(eng\d+)_k|(algorithm_id=\d+),", name)
+    return next(group for group in match.groups() if group) if match else name
 
 
 def _first_close(order: list, ms: dict, margin: float):
