@@ -153,6 +153,7 @@ def test_a_stack_ab_runs_the_same_code_in_each_stacks_environment(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "nothing to install, the base runs this Python as it is" in result.stderr
     assert f"A/B against stack {tier} lock " in result.stdout and f"--against-stack {lock}" in result.stdout
+    assert "(the same code on both stacks)" in result.stdout and "an A/A run" not in result.stdout   # stacks differ
     (run,) = saved_runs(tmp_path)
     (bench,) = run["benchmarks"]
     ab = bench["extra_info"]["ab"]

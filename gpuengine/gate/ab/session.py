@@ -63,7 +63,9 @@ class AbState:
 
     @property
     def same_code(self) -> str:
-        return " (the same code: an A/A run)" if self.base_code == self.head_code else ""
+        if self.base_code != self.head_code:
+            return ""
+        return " (the same code on both stacks)" if self.stack is not None else " (the same code: an A/A run)"
 
     def close(self):
         if self.sides is not None:
