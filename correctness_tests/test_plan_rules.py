@@ -15,6 +15,8 @@ def test_the_stored_h100_pairs_give_the_figures_docs_cite(capsys):
     assert "margin 2%               248/260    95.4%   0.26%   125/130, 123/130" in table
     assert "margin 5%               249/260    95.8%   0.69%   126/130, 123/130" in table
     assert "engine 2% knobs 5%      252/260    96.9%   0.64%   127/130, 125/130" in table
+    assert "107 cuDNN graphs from 20261127_1856_76b5946" in table and "built them in 75.6 s" in table
+    assert "4       104/107        12       30.4 s       +0.36%" in table
 
 
 def test_the_stored_h200_pairs_give_the_figures_docs_cite(capsys):
@@ -24,6 +26,7 @@ def test_the_stored_h200_pairs_give_the_figures_docs_cite(capsys):
     assert "260 choices from 2 records" in table
     assert "margin 2%               237/260    91.2%   0.26%   118/130, 119/130" in table
     assert "engine 2% knobs 5%      255/260    98.1%   0.68%   128/130, 127/130" in table
+    assert "built them in 228.1 s" in table and "4       211/214        10       90.7 s       +0.09%" in table
 
 
 def test_a_folder_without_records_says_so(tmp_path, capsys):

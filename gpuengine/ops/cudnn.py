@@ -42,9 +42,10 @@ import numpy as np
 
 from . import autotune
 
-# Building every runtime-compiled batch-norm plan took 189 of ResNet-50's 208 s of set-up on an H100; the
-# first 8 took 63 s and their choices ran the batch norms 1.5-1.8% slower than choices among all (docs/gate.md).
-RUNTIME_COMPILED_CANDIDATES = 8
+# Runtime-compiled plans are most of a cold set-up (ResNet-50's 72 of 80 s on an H100 at 8 of them). Replayed
+# on the recorded timings, the first 4 build in 40% less time than the first 8, their choices' cuDNN time
+# 0.09-0.36% more, and two processes agree more often (docs/gate.md, "Which candidates").
+RUNTIME_COMPILED_CANDIDATES = 4
 CLOCK_WARMUP_S = 0.3  # device busy time before timing after an idle spell: an idle GPU runs at low clocks
 IDLE_S = 1.0
 
