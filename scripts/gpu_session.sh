@@ -61,6 +61,8 @@
 #                autotune the GPU tests of what autotunes (ops/, conv, ResNet, Transformer), four workers
 #                plans    `./gate plans` of PLANS (default: resnet transformer cnn mlp zoo:resnet50) in
 #                         PLAN_PRECISIONS (default: tf32 bf16): two fresh autotunings compared (plan_stability.json)
+#                plan-transfer scripts/cudnn_plan_transfer.py: runtime-compiled plans built in 4 worker processes,
+#                         serialised and deserialised here, against building them here (LOGDIR/plan_transfer.json)
 #                determinism `./gate toggle-cost deterministic=0` of TOGGLE_WORKLOADS (default: cnn resnet
 #                         transformer zoo:resnet50 zoo:mobilenet_v2), every precision (LOGDIR/toggle_cost.json)
 #                bn-engine the engine's own batch norm (batchnorm=engine): its GPU tests, each named as it ends (-v), then
@@ -184,6 +186,7 @@ step_autotune() { python3 -m pytest correctness_tests/ops correctness_tests/laye
     --dist loadfile -q -p no:cacheprovider -rs --durations=15; }
 step_plans() { ./gate plans ${PLANS:-resnet transformer cnn mlp zoo:resnet50} \
     --precision ${PLAN_PRECISIONS:-tf32 bf16} --out "$logdir/plan_stability.json"; }
+step_plan-transfer() { python3 scripts/cudnn_plan_transfer.py --workers 4 > "$logdir/plan_transfer.json"; }
 step_determinism() { ./gate toggle-cost deterministic=0 \
     ${TOGGLE_WORKLOADS:-cnn resnet transformer zoo:resnet50 zoo:mobilenet_v2} --out "$logdir/toggle_cost.json"; }
 step_bn-engine() { local s=0
