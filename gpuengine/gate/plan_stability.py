@@ -77,7 +77,7 @@ def recorded(ways: list) -> dict:
 
 def replay(runs: list[dict], min_margin: float, knob_margin: float | None = None) -> dict:
     """The rule (autotune.choose) replayed on every run's recorded timings at `min_margin` (and `knob_margin`
-    between one cuDNN engine's variants; None: one margin between all ways): how many choices every run would
+    between one engine's variants; None: one margin between all ways): how many choices every run would
     make alike, and the chosen ways' total time over the fastest ways' (summed over runs)."""
     from ..ops.autotune import choose
     same = choices = 0
