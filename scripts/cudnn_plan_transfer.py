@@ -28,7 +28,8 @@ SHAPES = [(128, 16, 16, 64), (128, 16, 16, 256), (128, 8, 8, 128), (128, 8, 8, 5
 
 
 def bound_graph(backend, runtime, precision: str, shape):
-    """The engine's batch-norm training-forward graph (with ReLU) of `shape`, on fresh buffers, built."""
+    """The engine's batch-norm training-forward graph of `shape` (its plain form, which every precision builds),
+    on fresh buffers, built."""
     import numpy as np
     from gpuengine.ops.cudnn_batchnorm import batchnorm_forward
     xp, channels = backend.xp, shape[-1]
@@ -39,7 +40,7 @@ def bound_graph(backend, runtime, precision: str, shape):
         y = xp.zeros(shape, np.float32)
         saved_mean, saved_inv_std = xp.zeros(channels, np.float32), xp.zeros(channels, np.float32)
         return batchnorm_forward(runtime, precision, x, scale, bias, mean, var, y, saved_mean, saved_inv_std,
-                                 1e-5, 0.1, relu=True)
+                                 1e-5, 0.1)
 
 
 def build_elsewhere(job):
