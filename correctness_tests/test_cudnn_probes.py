@@ -9,12 +9,8 @@ from .script_module import load_script
 
 
 @pytest.mark.skipif(gpu_visible(), reason="a GPU is visible: the script measures instead of refusing")
-def test_without_a_gpu_it_is_one_clear_error(capsys):
-    assert load_script("cudnn_execute_cost").main(["--calls", "10"]) == 2
-    assert "needs a GPU with CuPy and the cuDNN frontend; none is visible here" in capsys.readouterr().err
-
-
-@pytest.mark.skipif(gpu_visible(), reason="a GPU is visible: the script measures instead of refusing")
-def test_the_plan_transfer_probe_without_a_gpu_is_one_clear_error(capsys):
-    assert load_script("cudnn_plan_transfer").main(["--workers", "1"]) == 2
+@pytest.mark.parametrize("script,args", [("cudnn_execute_cost", ["--calls", "10"]),
+                                         ("cudnn_plan_transfer", ["--workers", "1"])])
+def test_without_a_gpu_it_is_one_clear_error(script, args, capsys):
+    assert load_script(script).main(args) == 2
     assert "needs a GPU with CuPy and the cuDNN frontend; none is visible here" in capsys.readouterr().err

@@ -88,6 +88,12 @@ def main(argv=None) -> int:
     bound = {tuple(shape): bound_graph(backend, runtime, args.precision, shape) for shape in SHAPES}
     here_s = time.perf_counter() - started
 
+    def output_of(run, y):
+        """`y` on the host after `run()`."""
+        run()
+        backend.synchronize()
+        return backend.to_host(y).copy()
+
     plans = []
     for record in built:
         here = bound[tuple(record["shape"])]
@@ -97,21 +103,17 @@ def main(argv=None) -> int:
         started = time.perf_counter()
         brought.deserialize(runtime.handle, list(record["data"]))
         deserialize_ms = 1e3 * (time.perf_counter() - started)
-        outputs = []
+
         with backend.activate():
             runtime.reserve(max(graph.workspace_bytes.values()) + int(brought.get_workspace_size()))
-            for run in ((lambda: graph.execute(here.pointers, runtime.workspace.data.ptr, index, runtime.handle))
-                        if index is not None else None,
-                        lambda: brought.execute(here.pointers, runtime.workspace.data.ptr, handle=runtime.handle)):
-                if run is None:
-                    outputs.append(None)
-                    continue
-                run()
-                backend.synchronize()
-                outputs.append(backend.to_host(here.buffers["y"]).copy())
+            workspace = runtime.workspace.data.ptr
+            y = here.buffers["y"]
+            brought_y = output_of(lambda: brought.execute(here.pointers, workspace, handle=runtime.handle), y)
+            here_y = None if index is None else output_of(
+                lambda: graph.execute(here.pointers, workspace, index, runtime.handle), y)
         plans.append({k: v for k, v in record.items() if k != "data"} | {
             "build_here_ms": graph.build_ms.get(index), "deserialize_ms": round(deserialize_ms, 2),
-            "same_output": None if outputs[0] is None else bool(np.array_equal(outputs[0], outputs[1]))})
+            "same_output": None if here_y is None else bool(np.array_equal(here_y, brought_y))})
     print(json.dumps({"cudnn_frontend": str(cudnn.__version__), "precision": args.precision,
                       "workers": args.workers, "graphs": len(SHAPES), "runtime_compiled_plans": len(built),
                       "built_elsewhere_s": round(elsewhere_s, 2), "built_here_s": round(here_s, 2),

@@ -95,17 +95,14 @@ def compiled_caps(choices, caps=(2, 3, 4, 6, 8)):
     """Per cap: (cap, alike, graphs, changed, build seconds saved, chosen time over the uncapped choices')."""
     known = [c for c in choices if c.compiled is not None]
     rule = by_margin(MIN_MARGIN, KNOB_MARGIN)
+    processes = [(c, ways, dict(ways), rule(ways)) for c in known for ways in (c.first, c.second)]
+    full_ms = sum(times[full] for _, _, times, full in processes)
     for cap in caps:
-        alike = changed = 0
-        saved_ms = capped_ms = full_ms = 0.0
-        for c in known:
-            picks = [rule(capped(ways, c.compiled, cap)) for ways in (c.first, c.second)]
-            alike += picks[0] == picks[1]
-            saved_ms += sum(c.build_ms.get(name, 0.0) for name in c.compiled[cap:])
-            for pick, ways in zip(picks, (c.first, c.second)):
-                full = rule(ways)
-                changed += pick != full
-                capped_ms, full_ms = capped_ms + dict(ways)[pick], full_ms + dict(ways)[full]
+        picks = [rule(capped(ways, c.compiled, cap)) for c, ways, _, _ in processes]
+        alike = sum(a == b for a, b in zip(picks[::2], picks[1::2]))   # a choice's two processes lie side by side
+        changed = sum(pick != full for pick, (_, _, _, full) in zip(picks, processes))
+        capped_ms = sum(times[pick] for pick, (_, _, times, _) in zip(picks, processes))
+        saved_ms = sum(c.build_ms.get(name, 0.0) for c in known for name in c.compiled[cap:])
         yield cap, alike, len(known), changed, saved_ms / 1e3, capped_ms / full_ms - 1 if full_ms else 0.0
 
 

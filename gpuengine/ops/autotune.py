@@ -147,11 +147,12 @@ def choose(order: list, timings: dict, min_margin: float = MIN_MARGIN, knob_marg
     if knob_margin is None:
         return _first_close(timed, ms, min_margin)
     engine = engine or (lambda way: engine_of(str(way)))
+    engines = {way: engine(way) for way in timed}
     fastest: dict = {}
-    for way in timed:
-        fastest[engine(way)] = min(ms[way], fastest.get(engine(way), math.inf))
+    for way, of in engines.items():
+        fastest[of] = min(ms[way], fastest.get(of, math.inf))
     chosen = _first_close(list(fastest), fastest, min_margin)
-    return _first_close([way for way in timed if engine(way) == chosen], ms, knob_margin)
+    return _first_close([way for way in timed if engines[way] == chosen], ms, knob_margin)
 
 
 def _capture(stream, run, repeats: int):
