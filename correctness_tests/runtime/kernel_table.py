@@ -24,7 +24,7 @@ from gpuengine.layers import (AdaptiveAveragePool2D, BatchNorm2D, Conv2D, MaxPoo
     adaptive_pool, batchnorm, dropout, embedding, layernorm, merge, pooling, positional)
 from gpuengine.losses import cross_entropy, fused_head, mse as losses, token_cross_entropy
 from gpuengine.model.network import INPUT
-from gpuengine.ops import batchnorm as ops_batchnorm, cudnn_attention, depthwise, direct_wgrad, reductions
+from gpuengine.ops import batchnorm as ops_batchnorm, cudnn_attention, depthwise, direct_wgrad, reductions, widen
 from gpuengine.runtime import step_state
 from gpuengine.runtime.kernels import ctype, define_items
 from gpuengine.runtime.precision import policy_for
@@ -110,6 +110,8 @@ def _shape_free_cases():
         for width in (1, 2, 4):
             yield _case(cudnn_attention, "cast", f"attention cast, {width} a thread", "_CAST_SOURCE", SRC_T=src,
                         DST_T=dst, VEC=width)
+    for width in (1, 2, 4):   # bf16 weight gradients into their float masters, by the alignment of the buffers
+        yield _case(widen, "widen_chunks", f"gradient widening, {width} a thread", VEC=width)
     for kernel in ("finish_step", "book_loss"):
         yield _case(step_state, kernel, "step counter")
     yield _case(injected_delay, "spin", "injected delay")

@@ -23,7 +23,8 @@ graph has no fp32 engine), the weight-gradient graph, and the
 data-gradient graph only where the layer below needs it; the weight gradient
 (and a bias gradient without ReLU) is `backward_params()`, run after it. Under bf16 the weight
 gradient lands in a bf16 scratch that is widened into the fp32 master
-gradient, as torch's autocast does: cuDNN's bf16-in/fp32-out wgrad engines
+gradient, as torch's autocast does (in a training program, every
+convolution's at once: ops/widen.py): cuDNN's bf16-in/fp32-out wgrad engines
 exist but are runtime-compiled kernels that took 0.93 ms of ResNet-50's
 3.2 ms bf16 step on an H100, against ~0.3 ms for the bf16-out ones. A first
 layer with few filter taps (no input gradient; MNIST's 3x3x1) replaces all of
@@ -149,6 +150,7 @@ class Conv2D(Layer):
         grad_b = ctx.params.grad_view(f"{self.name}.bias") if self.use_bias else None
         self.dx = ctx.allocator.zeros(self.x.shape, self.x.dtype, "activations") if needs_input_grad else None
         self._direct = self._grad_b = self._grad_w = self._grad_x = self._grad_z = None
+        self._widened_by_program = False
         direct = self._direct_wgrad_fits(self.window, self.x.shape[3])
         if ctx.backend.is_gpu and not needs_input_grad and direct:
             self._direct = direct_wgrad.DirectWeightGrad(ctx, self.window, self.x, self.out, dy, self.grad_w, grad_b,
@@ -168,6 +170,11 @@ class Conv2D(Layer):
                 self.grad_w_compute = ctx.allocator.zeros(self.grad_w.shape, self.dz.dtype, "workspace")
             self._cudnn_grad_w = self._cudnn(lambda: conv_weight_grad(runtime, precision, self.window, self.x, self.dz,
                                                                       self.grad_w_compute, ctx.allocator))
+            # bf16 without a depthwise way to time against: the program widens every such gradient in one launch
+            self._widened_by_program = (self._cudnn_grad_w is not None and not dw and ctx.widening is not None
+                                        and self.grad_w_compute is not self.grad_w)
+            if self._widened_by_program:
+                ctx.widening.add(self.grad_w_compute, self.grad_w)
             self._grad_w = self._faster_of(ctx, "wgrad", self._cudnn_grad_w and self._cudnn_weight_grad,
                                            dw and (lambda: dw.wgrad(self.dz, self.grad_w)))
             if self.dx is not None:
@@ -179,7 +186,7 @@ class Conv2D(Layer):
 
     def _cudnn_weight_grad(self):
         self._cudnn_grad_w.run()
-        if self.grad_w_compute is not self.grad_w:
+        if self.grad_w_compute is not self.grad_w and not self._widened_by_program:
             self.backend.xp.copyto(self.grad_w, self.grad_w_compute)
 
     def forward(self):

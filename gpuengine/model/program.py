@@ -12,6 +12,7 @@ front, so their calls can be captured in a CUDA graph.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from ..layers.base import BuildContext
 from ..layers.dense import Dense
 from ..layers.merge import GradientSum
 from ..losses.fused_head import TanhLinearMSEHead, TanhLinearOutput
+from ..ops.widen import Widening
 from .network import INPUT, Network, NetworkError
 from .passes import tanh_linear_mse_head
 
@@ -62,8 +64,11 @@ class TrainingProgram:
         else:
             self.loss = copy.copy(net.loss)   # a loss holds its buffers: one per program
         grads = {self.nodes[-1].name: [self.loss.build(ctx, wiring.last, batch_t, state)]}
+        self.widening = Widening(ctx.backend, ctx.allocator)
+        ctx = dataclasses.replace(ctx, widening=self.widening)   # the backward layers hand it their bf16 gradients
         self._backward = []   # (gradient sum or None, layer, node name), in the order they run
         for node in reversed(self.nodes):
+            self.widening.step = len(self._backward)
             layer, parts = self.layers[node.name], grads.pop(node.name)
             summed = GradientSum(ctx, parts) if len(parts) > 1 else None
             dy = summed.out if summed else parts[0]
@@ -75,6 +80,7 @@ class TrainingProgram:
                 if need:
                     grads.setdefault(source, []).append(dx)
             self._backward.append((summed, layer, node.name))
+        self.widening.build()
 
     @property
     def backward_nodes(self) -> list[str]:
@@ -91,7 +97,8 @@ class TrainingProgram:
             self.layers[node.name].forward()
 
     def loss_and_backward(self, after_params=None):
-        """after_params(i), if given, runs once backward step i has written its parameters' gradients."""
+        """after_params(i), if given, runs once backward step i has written its parameters' gradients (each
+        step's bf16 weight gradients widened right after it); without it they are widened in one launch."""
         self.loss.forward_backward()
         for index, (summed, layer, _) in enumerate(self._backward):
             if summed is not None:
@@ -99,7 +106,10 @@ class TrainingProgram:
             layer.backward()
             layer.backward_params()
             if after_params is not None:
+                self.widening.run_step(index)
                 after_params(index)
+        if after_params is None:
+            self.widening.run()
 
 
 class InferenceProgram:
