@@ -1,6 +1,6 @@
 """On a GPU: the one launch that widens a training program's bf16 weight gradients into their fp32 masters
-(gpuengine/ops/widen.py) writes exactly what a cast does, eager and replayed, and a bf16 convolution network
-trained through it has the NumPy backend's gradients."""
+(gpuengine/ops/widen.py) writes exactly what a cast does, eager and replayed, and a bf16 convolution network's
+gradients are those of each layer widening its own."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,6 +8,7 @@ import pytest
 
 from gpuengine.layers import Conv2D, Dense, Flatten, ReLU
 from gpuengine.losses import SoftmaxCrossEntropy
+from gpuengine.model import program
 from gpuengine.model.network import Sequential
 from gpuengine.ops import widen
 from gpuengine.ops.widen import Widening
@@ -15,7 +16,6 @@ from gpuengine.runtime.backend import Backend, bfloat16_dtype, gpu_visible
 from gpuengine.runtime.capture import GraphCapturedStep
 from gpuengine.runtime.memory import Allocator
 
-from ..gpu_checks import TOLERANCE, assert_close
 from ..gradient_check import random_weights
 from ..layer_harness import run_network
 
@@ -75,18 +75,28 @@ def test_a_step_widens_its_own_pairs_and_a_replay_widens_them_again():
         np.testing.assert_array_equal(backend.to_host(master), expected)
 
 
-def test_a_bf16_convolution_network_widens_through_the_program_and_matches_numpy(monkeypatch):
-    added = []
-    original = Widening.add
-    monkeypatch.setattr(Widening, "add", lambda self, scratch, master: (added.append(master.shape),
-                                                                       original(self, scratch, master)))
+class EachLayer(Widening):
+    """Takes no pair: every convolution widens its own weight gradient, as outside a training program."""
+
+    def add(self, scratch, master) -> bool:
+        return False
+
+
+def test_a_bf16_convolution_network_widened_in_one_launch_has_each_layers_gradients_bit_for_bit(monkeypatch):
+    taken = []
+    monkeypatch.setattr(Widening, "build", lambda self, build=Widening.build: (taken.append(len(self)),
+                                                                               build(self)))
     net = Sequential([Conv2D(16, name="c1"), ReLU(), Conv2D(16, name="c2"), ReLU(), Flatten(), Dense(10, name="d")],
                      input_shape=(8, 8, 8), loss=SoftmaxCrossEntropy())
     rng = np.random.default_rng(3)
     x = rng.standard_normal((32, 8, 8, 8)).astype(bfloat16_dtype()).astype(np.float64)
     t = np.eye(10)[rng.integers(0, 10, 32)]
     weights = random_weights(net.param_specs(), rng, 0.2)
-    gpu = run_network(net, x, t, device="cuda", precision="bf16", weights=weights)
-    cpu = run_network(net, x, t, precision="fp32", weights=weights)
-    assert len(added) == 2   # both convolutions' weight gradients, in one launch
-    assert_close(gpu, cpu, TOLERANCE["bf16"])
+    batched = run_network(net, x, t, device="cuda", precision="bf16", weights=weights)
+    assert taken == [2]   # both convolutions' weight gradients, in one launch
+    monkeypatch.setattr(program, "Widening", EachLayer)
+    each = run_network(net, x, t, device="cuda", precision="bf16", weights=weights)
+    assert taken == [2, 0]
+    assert batched.keys() == each.keys()
+    for key in batched:
+        np.testing.assert_array_equal(batched[key], each[key], err_msg=key)

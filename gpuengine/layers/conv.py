@@ -172,9 +172,8 @@ class Conv2D(Layer):
                                                                       self.grad_w_compute, ctx.allocator))
             # bf16 without a depthwise way to time against: the program widens every such gradient in one launch
             self._widened_by_program = (self._cudnn_grad_w is not None and not dw and ctx.widening is not None
-                                        and self.grad_w_compute is not self.grad_w)
-            if self._widened_by_program:
-                ctx.widening.add(self.grad_w_compute, self.grad_w)
+                                        and self.grad_w_compute is not self.grad_w
+                                        and ctx.widening.add(self.grad_w_compute, self.grad_w))
             self._grad_w = self._faster_of(ctx, "wgrad", self._cudnn_grad_w and self._cudnn_weight_grad,
                                            dw and (lambda: dw.wgrad(self.dz, self.grad_w)))
             if self.dx is not None:

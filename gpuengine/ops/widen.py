@@ -59,14 +59,16 @@ class Widening:
         self._pairs: list[tuple[int, object, object]] = []   # (backward step, scratch, master)
         self._launches: dict | None = None   # None (every pair) or a backward step -> (kernel, grid, table)
 
-    def add(self, scratch, master):
-        """`scratch` (bf16) is widened into `master` (float32, the same shape) by `run` or `run_step`."""
+    def add(self, scratch, master) -> bool:
+        """`scratch` (bf16) is widened into `master` (float32, the same shape) by `run` or `run_step`; True: the
+        layer leaves the widening to this."""
         if scratch.shape != master.shape or scratch.dtype.itemsize != 2 or master.dtype != np.float32:
             raise ValueError(f"widening takes a bf16 scratch and a float32 master of one shape, got "
                              f"{scratch.dtype} {scratch.shape} and {master.dtype} {master.shape}")
         if self._launches is not None:
             raise RuntimeError("a gradient pair added after the widening was built: add every pair first")
         self._pairs.append((self.step, scratch, master))
+        return True
 
     def __len__(self):
         return len(self._pairs)
