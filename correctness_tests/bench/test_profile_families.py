@@ -48,6 +48,7 @@ REAL_NAMES = {
         "(at::GenericPackedTensorAccessor<float const, 4ul, at::DefaultPtrTraits, int>)",
         "direct_wgrad_partials",
         "depthwise_wgrad_sum",
+        "cudnn_generated_fort_native_sm90_convBwdFilter_knob_2_128x128x64_5_0",
     ],
     "norm": [
         "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512, true, 1>(cudnnTensorStruct, float const*, "

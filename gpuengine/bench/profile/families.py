@@ -49,8 +49,8 @@ RULES = (
     ("gemm", r"^triton_tem_"),
     ("reduction", r"^triton_(red|per)_"),
     ("elementwise", r"^triton_poi_"),
-    ("conv_wgrad", r"wgrad|conv_depthwise2d_grad_weight|bwd_filter"),
-    ("conv_dgrad", r"dgrad|conv_depthwise2d_backward|bwd_data"),
+    ("conv_wgrad", r"wgrad|conv_depthwise2d_grad_weight|bwd_?filter"),
+    ("conv_dgrad", r"dgrad|conv_depthwise2d_backward|bwd_?data"),
     ("conv_fprop", r"fprop|convolve|conv2d_grouped_direct|conv_depthwise2d_forward|depthwise_forward|scudnn"
                    r"|winograd|convolution|conv_fwd|fwd_conv"),
     ("optimizer", r"adam|multi_tensor_apply|fused_?optimizer|foreach"),
@@ -62,7 +62,7 @@ RULES = (
                   r"|^head_(rows|columns|reduce)$|book_loss|count_tokens|pool|adaptive_average"
                   r"|^cupy_(sum|max|min|mean|prod|argmax|argmin)"),
     ("elementwise", r"elementwise|pointwise|^(forward|backward)$|^add2$|^bn_tail$|^add_table$|dropout|^cast$"
-                    r"|^cupy_|fill|relu|gelu|tanh|sigmoid"),
+                    r"|^cupy_|fill|relu|gelu|tanh|sigmoid|^widen_chunks$"),
 )
 _COMPILED = tuple((family, re.compile(pattern, re.IGNORECASE)) for family, pattern in RULES)
 
