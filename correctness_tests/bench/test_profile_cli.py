@@ -62,6 +62,13 @@ def no_build(monkeypatch):
                                      "'bf16')"),
     (["mlp", "--references", "torch_eager"], "argument --references: invalid choice: 'torch_eager' (choose from "
                                              "'torch_graph', 'torch_compile_graph')"),
+    (["mlp", "--toggle", "batchnorm=fast"], "argument --toggle: batchnorm='fast' is not accepted; use one of cudnn, "
+                                            "engine"),
+    (["mlp", "--toggle", "batchnorm"], "argument --toggle: 'batchnorm' is not TOGGLE=VALUE (e.g. deterministic=0)"),
+    (["mlp", "--toggle", "precision=bf16"], "argument --toggle: precision is set per case here (--precision, "
+                                            "--cuda-graph); give another toggle"),
+    (["mlp", "--toggle", "batchnorm=engine", "--toggle", "batchnorm=cudnn"],
+     "argument --toggle: a toggle is given twice in batchnorm=engine batchnorm=cudnn"),
 ])
 def test_a_bad_argument_is_one_usage_error_naming_it(capsys, no_build, argv, message):
     assert refused(capsys, "profile", *argv) == message
@@ -138,6 +145,29 @@ def test_a_profile_is_printed_as_the_family_table_and_written(capsys, on_a_gpu):
     assert rows["gaps (device idle)"][-2:] == ["55.0", "30.0"] and rows["step (device span)"][-2:] == ["700.0", "760.0"]
     assert f"{ENGINE}: in 'other' (no family rule knows them): mystery_kernel 5.0 µs" in out
     assert out[-1] == f"profile: written to {path}"
+
+
+def test_a_toggled_engine_is_profiled_and_written_under_its_own_name(capsys, on_a_gpu):
+    store, asked = on_a_gpu
+    assert cli_main(["profile", "resnet", "--precision", "bf16", "--toggle", "batchnorm=engine", "--toggle",
+                     "deterministic=0", "--references", "torch_graph", "--store", str(store)]) == 0
+    assert asked["case"] == ProfileCase("resnet", "bf16", 128, 1, (("batchnorm", "engine"), ("deterministic", False)))
+    path = store / H100.name / "profiles" / "resnet-bf16-b128-graph1-batchnorm-engine-deterministic-0.json"
+    record = json.loads(path.read_text())
+    assert record["toggles"] == {"precision": "bf16", "batch": 128, "cuda_graph": 1, "batchnorm": "engine",
+                                 "deterministic": False}
+    assert record["command"][-6:] == ["--toggle", "batchnorm=engine", "--toggle", "deterministic=0", "--references",
+                                      "torch_graph"]
+    title = capsys.readouterr().out.splitlines()[0]
+    assert title.startswith("resnet (bf16, batch 128, cuda_graph 1, batchnorm engine, deterministic False) on ")
+    assert read_profile(record, path).title == "resnet (bf16, batch 128, cuda_graph 1, batchnorm engine, " \
+                                               "deterministic False)"
+
+
+def test_a_toggle_goes_without_against(capsys, no_build):
+    assert refused(capsys, "profile", "mlp", "--toggle", "batchnorm=engine", "--against", "HEAD") == (
+        "argument --toggle: --against profiles base and head with their default toggles (./gate toggle-cost "
+        "compares a toggle)")
 
 
 def test_a_profile_on_a_copy_of_the_tree_names_the_commit_the_gate_was_told(capsys, on_a_gpu, monkeypatch):

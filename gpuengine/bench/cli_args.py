@@ -15,6 +15,8 @@ import math
 import os
 from pathlib import Path
 
+from ..config import ConfigError, EngineConfig
+
 
 class UsageError(ValueError):
     """The arguments of a command cannot run; the message names the argument, its value and what is allowed."""
@@ -151,3 +153,18 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str], engine_command
     except (UsageError, ConfigError) as exc:
         args.parser.error(str(exc))   # exits 2
     return args.run(args)
+
+
+def parse_toggle(text: str, option: str = "toggle") -> tuple[str, object]:
+    """'deterministic=0' -> ('deterministic', False), checked as EngineConfig checks it. The settings a command
+    sets per case itself (precision, CUDA graphs, device, resident data) are refused."""
+    name, equals, raw = text.partition("=")
+    if not equals or not name:
+        raise UsageError(f"argument {option}: {text!r} is not TOGGLE=VALUE (e.g. deterministic=0)")
+    if name in ("precision", "cuda_graph", "device", "resident_data"):
+        raise UsageError(f"argument {option}: {name} is set per case here (--precision, --cuda-graph); "
+                         "give another toggle")
+    try:
+        return name, getattr(EngineConfig.from_env({}, **{name: raw}), name)
+    except ConfigError as exc:
+        raise UsageError(f"argument {option}: {exc}") from None

@@ -21,25 +21,11 @@ import statistics
 from pathlib import Path
 
 from gpuengine.bench.benchmarking import interleave, ratio
-from gpuengine.bench.cli_args import UsageError, gpu_workloads, whole, workload_arguments
+from gpuengine.bench.cli_args import gpu_workloads, parse_toggle, whole, workload_arguments
 from gpuengine.bench.json_files import write_json
-from gpuengine.config import CUDA_GRAPH_RANGE, PRECISIONS, ConfigError, EngineConfig
+from gpuengine.config import CUDA_GRAPH_RANGE, PRECISIONS, EngineConfig
 
 DEFAULT_WORKLOADS = ("cnn", "resnet", "transformer", "zoo:resnet50", "zoo:mobilenet_v2")
-
-
-def parse_toggle(text: str) -> tuple[str, object]:
-    """'deterministic=0' -> ('deterministic', False), checked as EngineConfig checks it."""
-    name, equals, raw = text.partition("=")
-    if not equals or not name:
-        raise UsageError(f"argument toggle: {text!r} is not TOGGLE=VALUE (e.g. deterministic=0)")
-    if name in ("precision", "cuda_graph", "device", "resident_data"):
-        raise UsageError(f"argument toggle: {name} is set per case here (--precision, --cuda-graph); "
-                         "give another toggle")
-    try:
-        return name, getattr(EngineConfig.from_env({}, **{name: raw}), name)
-    except ConfigError as exc:
-        raise UsageError(f"argument toggle: {exc}") from None
 
 
 class _Named:

@@ -1,7 +1,8 @@
 """`python -m gpuengine profile WORKLOAD`: one training step's kernels by op family, the engine beside PyTorch.
 
     python -m gpuengine profile resnet --precision bf16 [--batch 128] [--cuda-graph 1] [--replays 5]
-                                [--references torch_graph torch_compile_graph] [--store baselines_store]
+                                [--toggle batchnorm=engine] [--references torch_graph torch_compile_graph]
+                                [--store baselines_store]
     python -m gpuengine profile resnet --against REV|DIR [...]     the base's engine and the head's, diffed
     python -m gpuengine profile-diff BASE.json HEAD.json [--runner gpuengine] [--top 10]
 
@@ -16,6 +17,9 @@ baselines_store/<gpu>/profiles/<workload>-<toggles>.json, which the report
 shows. --precision and --cuda-graph default to GPUENGINE_PRECISION and
 GPUENGINE_CUDA_GRAPH, else tf32 and 1 (one captured step per launch);
 --batch to the perf tests' batch of the workload. The data stay resident.
+The engine runs with its default toggles, or with each `--toggle NAME=VALUE`
+(as `./gate toggle-cost` takes them; the profile's file name and title
+carry them); the references are the same either way.
 
 Every argument is checked before anything is built (`check`). Exit status: 0
 profiled and written; 1 the profile failed (the profiler saw no kernels,
@@ -41,7 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ...config import CUDA_GRAPH_RANGE, PRECISIONS, EngineConfig
-from ..cli_args import UsageError, output_folder, whole
+from ..cli_args import UsageError, output_folder, parse_toggle, whole
 from ..json_files import JsonFileError
 from . import diff as profile_diff
 from .diff import DEFAULT_TOP, diff_profiles, format_diff, load_profile
@@ -67,6 +71,8 @@ def add_parser(commands, check_out=None) -> None:
                              "GPUENGINE_CUDA_GRAPH, else 1)")
     parser.add_argument("--replays", type=whole(1, MAX_REPLAYS), default=DEFAULT_REPLAYS,
                         help=f"profiled replays, each of one epoch; the median is kept (default {DEFAULT_REPLAYS})")
+    parser.add_argument("--toggle", action="append", default=[], metavar="NAME=VALUE",
+                        help="an engine toggle other than its default, e.g. batchnorm=engine (repeatable)")
     parser.add_argument("--references", nargs="*", choices=REFERENCE_CANDIDATES,
                         help="the PyTorch references to profile (default: those torch_common.py offers; the option "
                              "with no name profiles the engine alone)")
@@ -127,6 +133,12 @@ def check(args) -> None:
     if importlib.util.find_spec("torch") is None:
         raise UsageError(f"{PROG} profiles with torch.profiler and compares with PyTorch, and PyTorch is not "
                          "installed (the torch extra; ./gate installs it)")
+    toggles = dict(parse_toggle(text, "--toggle") for text in args.toggle)
+    if len(toggles) < len(args.toggle):
+        raise UsageError(f"argument --toggle: a toggle is given twice in {' '.join(args.toggle)}")
+    if args.against is not None and toggles:
+        raise UsageError("argument --toggle: --against profiles base and head with their default toggles "
+                         "(./gate toggle-cost compares a toggle)")
     if args.against is not None and args.references:
         raise UsageError(f"argument --references: --against profiles the engine alone (base and head); "
                          f"{' '.join(args.references)} goes without it")
@@ -144,7 +156,8 @@ def check(args) -> None:
                          "tier's NumPy backend launches none")
     config = EngineConfig.from_env(precision=args.precision, cuda_graph=args.cuda_graph)
     args.case = ProfileCase(args.workload_entry.name, config.precision,
-                            args.batch or args.workload_entry.default_batch(), config.cuda_graph)
+                            args.batch or args.workload_entry.default_batch(), config.cuda_graph,
+                            tuple(toggles.items()))
     if args.against is not None:   # last: a checkout is made only once everything else is known to be right
         from ..machine_info import REPO
         args.references = []
@@ -156,7 +169,7 @@ def command_line(args) -> list[str]:
     case = args.case
     return ["python", "-m", "gpuengine", "profile", case.workload, "--precision", case.precision, "--batch",
             str(case.batch), "--cuda-graph", str(case.cuda_graph), "--replays", str(args.replays),
-            "--references", *args.references]
+            *[word for text in args.toggle for word in ("--toggle", text)], "--references", *args.references]
 
 
 def _error(message: str, status: int) -> int:
@@ -204,7 +217,8 @@ def run(args) -> int:
         runners = measure(case, args.workload_entry, args.references, args.replays, _log)
     except ProfileError as exc:
         return _error(f"{case.describe()}: {exc}; nothing written", 1)
-    config = EngineConfig(precision=case.precision, cuda_graph=case.cuda_graph, resident_data=True, device="cuda")
+    config = EngineConfig(precision=case.precision, cuda_graph=case.cuda_graph, resident_data=True, device="cuda",
+                          **dict(case.engine_toggles))
     record = make_record(case, runners, collect_machine_info(tier, config), *checkout_commit(), args.replays, plans,
                          command_line(args), datetime.now(timezone.utc))
     print(format_text_table(record))

@@ -52,6 +52,7 @@ class ProfileCase:
     precision: str
     batch: int
     cuda_graph: int
+    engine_toggles: tuple = ()   # (name, value) pairs the engine runs with beyond its defaults: ("batchnorm", "engine")
 
     @property
     def steps_per_replay(self) -> int:
@@ -60,17 +61,29 @@ class ProfileCase:
 
     @property
     def toggles(self) -> dict:
-        return {"precision": self.precision, "batch": self.batch, "cuda_graph": self.cuda_graph}
+        return {"precision": self.precision, "batch": self.batch, "cuda_graph": self.cuda_graph,
+                **dict(self.engine_toggles)}
 
     @property
     def slug(self) -> str:
-        """The file name's stem: 'resnet-bf16-b128-graph1', 'zoo-alexnet-tf32-b16-graph1'."""
-        return f"{self.workload.replace(':', '-')}-{self.precision}-b{self.batch}-graph{self.cuda_graph}"
+        """The file name's stem: 'resnet-bf16-b128-graph1', 'zoo-alexnet-tf32-b16-graph1',
+        'resnet-bf16-b128-graph1-batchnorm-engine'."""
+        toggled = "".join(f"-{name}-{int(value) if isinstance(value, bool) else value}"
+                          for name, value in self.engine_toggles)
+        return f"{self.workload.replace(':', '-')}-{self.precision}-b{self.batch}-graph{self.cuda_graph}{toggled}"
 
     def describe(self) -> str:
-        return f"{self.workload} ({self.precision}, batch {self.batch}, cuda_graph {self.cuda_graph})"
+        return f"{self.workload} ({describe_toggles(self.toggles)})"
 
 
+
+
+def describe_toggles(toggles: dict) -> str:
+    """'bf16, batch 128, cuda_graph 1' and any other toggle after them ('..., batchnorm engine')."""
+    others = "".join(f", {name} {value}" for name, value in toggles.items()
+                     if name not in ("precision", "batch", "cuda_graph"))
+    return (f"{toggles.get('precision', '?')}, batch {toggles.get('batch', '?')}, "
+            f"cuda_graph {toggles.get('cuda_graph', '?')}{others}")
 
 
 def profile_path(store: Path | str, tier_name: str, case: ProfileCase) -> Path:
@@ -112,9 +125,7 @@ class StoredProfile:
 
     @property
     def title(self) -> str:
-        t = self.toggles
-        return (f"{self.workload} ({t.get('precision', '?')}, batch {t.get('batch', '?')}, "
-                f"cuda_graph {t.get('cuda_graph', '?')})")
+        return f"{self.workload} ({describe_toggles(self.toggles)})"
 
     def unavailable(self) -> dict[str, str]:
         return {name: runner[UNAVAILABLE] for name, runner in self.runners.items() if UNAVAILABLE in runner}
@@ -197,8 +208,7 @@ def format_text_table(record: dict) -> str:
     rows = family_rows(runners)
     width = max(len(r[0]) for r in rows) + 2
     columns = [max(len(n), 10) + 2 for n in names]
-    t = record["toggles"]
-    lines = [f"{record['workload']} ({t['precision']}, batch {t['batch']}, cuda_graph {t['cuda_graph']}) on "
+    lines = [f"{record['workload']} ({describe_toggles(record['toggles'])}) on "
              f"{record['machine'].get('gpu', '?')}: µs per training step, median of {record['replays']} replays "
              f"of {record['steps_per_replay']} steps",
              "family".ljust(width) + "".join(n.rjust(c) for n, c in zip(names, columns))]

@@ -46,11 +46,11 @@ class ProfileWorkload:
         return self.smoke_batch if smoke else self.batch
 
     def engine_runner(self, case: ProfileCase, device: str = "cuda", smoke: bool = False, **toggles):
-        """The engine on a data set of `case.steps_per_replay` batches, data resident, one epoch a round;
-        `toggles`: other engine toggles than the case's (deterministic=False)."""
+        """The engine on a data set of `case.steps_per_replay` batches, data resident, one epoch a round, with
+        the case's toggles and `toggles` (deterministic=False) over them."""
         x, t = self.arrays(case.batch * case.steps_per_replay, smoke)
         config = EngineConfig(precision=case.precision, cuda_graph=case.cuda_graph, resident_data=True, device=device,
-                              **toggles)
+                              **{**dict(case.engine_toggles), **toggles})
         return EngineTrainRunner(self.network(smoke), x, t, case.batch, config, epochs_per_round=1, lr=self.lr)
 
     def reference_runner(self, mode: str, case: ProfileCase, weights: dict, buffers: dict | None,
