@@ -76,8 +76,6 @@ class ProfileCase:
         return f"{self.workload} ({describe_toggles(self.toggles)})"
 
 
-
-
 def describe_toggles(toggles: dict) -> str:
     """'bf16, batch 128, cuda_graph 1' and any other toggle after them ('..., batchnorm engine')."""
     others = "".join(f", {name} {value}" for name, value in toggles.items()
