@@ -22,6 +22,9 @@ ENV_PREFIX = "GPUENGINE_"
 CUDA_GRAPH_RANGE = (0, 1024)
 # Streamed data's batch buffers on the device: 1 (the step gathers its own) or 2 (the next one staged; streamed.py).
 BATCH_POOL_RANGE = (1, 2)
+# Processes building runtime-compiled cuDNN plans (ops/plan_pool.py): each holds a CUDA context of its own.
+PLAN_WORKERS_RANGE = (0, 32)
+SET_UP_TOGGLES = ("plan_workers",)   # how fast the engine is set up, not what its steps run
 
 
 class ConfigError(ValueError):
@@ -85,6 +88,7 @@ _PARSERS = {
     "profile": _parse_bool,
     "deterministic": _parse_bool,
     "batchnorm": lambda label, raw: _parse_choice(label, raw, BATCHNORMS),
+    "plan_workers": lambda label, raw: _parse_int(label, raw, PLAN_WORKERS_RANGE),
     "device": _parse_device,
     "vram_cap_gib": _parse_cap,
 }
@@ -101,6 +105,7 @@ class EngineConfig:
     profile: bool = False           # per-phase device-event timings of a step
     deterministic: bool = True      # only cuDNN engines (SDPA backward included) that give the same bits every run
     batchnorm: str = "cudnn"        # batch norm's training kernels: cudnn (frontend graphs) | engine (its own)
+    plan_workers: int = 0           # processes building cuDNN's runtime-compiled plans at set-up (0: built here)
     device: str | None = None       # cuda | cpu; None picks cuda when a GPU is visible
     vram_cap_gib: float | None = None  # cap the engine's device memory pool
 
@@ -153,5 +158,7 @@ class EngineConfig:
         return config
 
     def describe(self) -> str:
+        """Every toggle that shapes what a step runs, with its value (plan_workers only speeds the set-up)."""
         shown = {"device": self.device or "auto", "vram_cap_gib": self.vram_cap_gib or "full"}
-        return " ".join(f"{name}={shown.get(name, getattr(self, name))}" for name in self.toggles())
+        return " ".join(f"{name}={shown.get(name, getattr(self, name))}" for name in self.toggles()
+                        if name not in SET_UP_TOGGLES)

@@ -25,6 +25,7 @@ from .data.streamed import StreamedDataset
 from .layers.base import BuildContext
 from .model.network import Network, checked_network
 from .model.program import TrainingProgram
+from .ops import cudnn
 from .optim import Adam
 from .runtime.backend import GIB, get_backend
 from .runtime.capture import GraphCapturedStep
@@ -76,6 +77,8 @@ class Trainer:
             extra = {} if self.config.resident_data else {"pool": self.config.batch_pool}
             self.data = source(backend, self.allocator, self.policy, self.state, x, t, local_batch, seed,
                                **extra, **shard)
+            if backend.is_gpu:   # a process-wide pool: the first trainer's setting sizes it
+                cudnn.PLAN_WORKERS = self.config.plan_workers
             ctx = BuildContext(backend, self.policy, self.allocator, self.params, local_batch,
                                deterministic=self.config.deterministic,
                                batchnorm=self.config.batchnorm)

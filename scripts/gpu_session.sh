@@ -63,6 +63,8 @@
 #                         PLAN_PRECISIONS (default: tf32 bf16): two fresh autotunings compared (plan_stability.json)
 #                plan-transfer scripts/cudnn_plan_transfer.py: runtime-compiled plans built in 4 worker processes,
 #                         serialised and deserialised here, against building them here (LOGDIR/plan_transfer.json)
+#                plan-pool the plan pool (plan_workers): its GPU test, then scripts/setup_time.py of ResNet-50 TF32 with
+#                         no kept plans at plan_workers 0, 4 and 8, each in a fresh process (LOGDIR/setup_time.jsonl)
 #                determinism `./gate toggle-cost deterministic=0` of TOGGLE_WORKLOADS (default: cnn resnet
 #                         transformer zoo:resnet50 zoo:mobilenet_v2), every precision (LOGDIR/toggle_cost.json)
 #                bn-engine the engine's own batch norm (batchnorm=engine): its GPU tests, each named as it ends (-v), then
@@ -187,6 +189,10 @@ step_autotune() { python3 -m pytest correctness_tests/ops correctness_tests/laye
 step_plans() { ./gate plans ${PLANS:-resnet transformer cnn mlp zoo:resnet50} \
     --precision ${PLAN_PRECISIONS:-tf32 bf16} --out "$logdir/plan_stability.json"; }
 step_plan-transfer() { python3 scripts/cudnn_plan_transfer.py --workers 4 > "$logdir/plan_transfer.json"; }
+step_plan-pool() { local n s=0
+    python3 -m pytest correctness_tests/ops/test_gpu_plan_pool.py -q -p no:cacheprovider -rfE || s=1
+    for n in 0 4 8; do python3 scripts/setup_time.py resnet --precision tf32 --toggle plan_workers=$n \
+        >> "$logdir/setup_time.jsonl" || s=1; done; return $s; }
 step_determinism() { ./gate toggle-cost deterministic=0 \
     ${TOGGLE_WORKLOADS:-cnn resnet transformer zoo:resnet50 zoo:mobilenet_v2} --out "$logdir/toggle_cost.json"; }
 step_bn-engine() { local s=0

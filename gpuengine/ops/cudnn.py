@@ -40,12 +40,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import autotune
+from . import autotune, plan_pool
 
 # Runtime-compiled plans are most of a cold set-up (ResNet-50's 72 of 80 s on an H100 at 8 of them). Replayed
 # on the recorded timings, the first 4 build in 40% less time than the first 8, their choices' cuDNN time
 # 0.09-0.36% more, and two processes agree more often (docs/gate.md, "Which candidates").
 RUNTIME_COMPILED_CANDIDATES = 4
+PLAN_WORKERS = 0   # processes building runtime-compiled plans (plan_pool.py); the trainer sets its config's
 CLOCK_WARMUP_S = 0.3  # device busy time before timing after an idle spell: an idle GPU runs at low clocks
 IDLE_S = 1.0
 
@@ -107,34 +108,53 @@ def excluded_notes(precision: str, deterministic: bool = True) -> list:
     return excluded
 
 
-class CudnnGraph:
-    """One built graph: the uid of each named tensor, its candidate plans, and the plan autotuning chose."""
+def define_graph(handle: int, io_dtype, precision: str, deterministic: bool, define, key: tuple = ("graph",)):
+    """(the frontend graph, its tensors by name): defined, validated, its candidates offered (heuristics A, then
+    FALLBACK) and deselected by the precision's notes; CudnnUnsupported where no engine supports it."""
+    cudnn = _cudnn()
+    graph = cudnn.pygraph(io_data_type=_data_type(io_dtype), intermediate_data_type=cudnn.data_type.FLOAT,
+                          compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+    tensors = define(graph)   # name -> cudnn tensor
+    try:
+        graph.validate()
+        graph.build_operation_graph()
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        graph.deselect_numeric_notes(excluded_notes(precision, deterministic))
+        graph.check_support()
+    except Exception as exc:   # the frontend raises several types for "no engine supports this"
+        raise CudnnUnsupported(f"cuDNN cannot run {key[0]} {key[1:]}: {exc}") from exc
+    return graph, tensors
 
-    def __init__(self, key: tuple, handle: int, io_dtype, precision: str, define, deterministic: bool = True):
-        cudnn = _cudnn()
-        self.key = key
+
+class CudnnGraph:
+    """One built graph: the uid of each named tensor, its candidate plans, and the plan autotuning chose.
+
+    With `workers` (ops/plan_pool.py) and a definition that can travel, the runtime-compiled candidates are
+    built in worker processes and brought in (`bring_plans`) before the graph's first execution."""
+
+    def __init__(self, key: tuple, handle: int, io_dtype, precision: str, define, deterministic: bool = True,
+                 workers: int = 0, device: int = 0):
+        self.key, self.handle = key, handle
         started = time.perf_counter()
-        graph = cudnn.pygraph(io_data_type=_data_type(io_dtype), intermediate_data_type=cudnn.data_type.FLOAT,
-                              compute_data_type=cudnn.data_type.FLOAT, handle=handle)
-        tensors = define(graph)   # name -> cudnn tensor
-        try:
-            graph.validate()
-            graph.build_operation_graph()
-            graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-            graph.deselect_numeric_notes(excluded_notes(precision, deterministic))
-            graph.check_support()
-        except Exception as exc:   # the frontend raises several types for "no engine supports this"
-            raise CudnnUnsupported(f"cuDNN cannot run {key[0]} {key[1:]}: {exc}") from exc
-        names = _plan_names(graph)
+        graph, tensors = define_graph(handle, io_dtype, precision, deterministic, define, key)
+        names = plan_names(graph)
         preset = autotune.PLAN_CHOICES.chosen_for(key)
         self.plans, self.build_ms = [], {}   # build_ms: plan index -> milliseconds its build took
         if preset in names.values():   # a choice of an earlier process: that plan alone, if it still builds
             self.plans = _build_plans(graph, [i for i, name in names.items() if name == preset], self.build_ms)
         self.preset = bool(self.plans)
         compiled = _runtime_compiled(graph, names)
+        self.brought: dict = {}    # plan index -> a graph deserialised from a worker's build of that plan
+        self._coming = None        # (future, {name: index}) of the plans workers build
         if not self.plans:
-            self.plans = _build_plans(graph, _worth_building(names, compiled), self.build_ms)
-        if not self.plans:
+            wanted = _worth_building(names, compiled)
+            sent = [i for i in wanted if i in compiled] if workers and plan_pool.picklable(define) else []
+            if sent:
+                future = plan_pool.submit(device, workers, define, np.dtype(io_dtype).name, precision, deterministic,
+                                          [names[i] for i in sent])
+                self._coming = (future, {names[i]: i for i in sent})
+            self.plans = _build_plans(graph, [i for i in wanted if i not in sent], self.build_ms)
+        if not self.plans and self._coming is None:
             raise CudnnUnsupported(f"cuDNN built no plan for {key[0]} {key[1:]} under {precision}")
         self.graph = graph
         self.uids = {name: t.get_uid() for name, t in tensors.items()}
@@ -147,11 +167,36 @@ class CudnnGraph:
         self.build_s = time.perf_counter() - started   # set-up cost: building is the slow part
         self.tune_s = 0.0
 
+    def bring_plans(self):
+        """The workers' plans, waited for and deserialised on this graph's handle (once; before timing)."""
+        if self._coming is None:
+            return
+        future, index_of = self._coming
+        self._coming = None
+        started = time.perf_counter()
+        try:
+            built = future.result()
+        except Exception:   # noqa: BLE001  a worker that died builds nothing: the plans built here remain
+            built = {}
+        for name, (data, build_ms) in built.items():
+            index, brought = index_of[name], _cudnn().pygraph(handle=self.handle)
+            brought.deserialize(self.handle, list(data))
+            self.brought[index] = brought
+            self.plan_names[index], self.build_ms[index] = name, build_ms
+            self.workspace_bytes[index] = int(brought.get_workspace_size())
+        self.plans = sorted(set(self.plans) | set(self.brought))   # the heuristics' order, as built here
+        self.build_s += time.perf_counter() - started
+        if not self.plans:
+            raise CudnnUnsupported(f"cuDNN built no plan for {self.key[0]} {self.key[1:]}")
+
     def execute(self, pointers: dict, workspace_ptr: int, plan: int, handle: int):
-        self.graph.execute_plan_at_index(pointers, workspace_ptr, plan, handle=handle)
+        if plan in self.brought:
+            self.brought[plan].execute(pointers, workspace_ptr, handle=handle)
+        else:
+            self.graph.execute_plan_at_index(pointers, workspace_ptr, plan, handle=handle)
 
 
-def _plan_names(graph) -> dict[int, str]:
+def plan_names(graph) -> dict[int, str]:
     """Each candidate's index and name in heuristic order; a name the two heuristics both return counts once."""
     names: dict[int, str] = {}
     for index in range(graph.get_execution_plan_count()):
@@ -229,7 +274,8 @@ class CudnnRuntime:
             key += (("deterministic", False),)
         key = (self.backend.xp.cuda.Device().id,) + key
         if key not in _GRAPHS:
-            _GRAPHS[key] = CudnnGraph(key[1:], self.handle, io_dtype, precision, define, self.deterministic)
+            _GRAPHS[key] = CudnnGraph(key[1:], self.handle, io_dtype, precision, define, self.deterministic,
+                                      PLAN_WORKERS, key[0])
             _BUILDING.step()
         return _GRAPHS[key]
 
@@ -255,6 +301,7 @@ class CudnnRuntime:
         The GPU is first kept busy for a moment when it has been idle: a GPU ramping up from idle clocks made
         whichever plans were timed first look slow."""
         started = time.perf_counter()
+        graph.bring_plans()
         candidates = []
         for plan in graph.plans:
             self.reserve(graph.workspace_bytes[plan])
@@ -318,7 +365,7 @@ class BoundGraph:
         self.pointers.update({graph.uids[name]: int(a.ctypes.data) for name, a in host_scalars.items()})
         self.buffers = buffers | host_scalars   # keeps the memory behind the pointers alive
         self.preserve = preserve   # buffers the graph updates in place (running statistics)
-        runtime.reserve(max(graph.workspace_bytes.values()), allocator)
+        runtime.reserve(max(graph.workspace_bytes.values(), default=0), allocator)   # brought plans: at autotune
 
     def run(self):
         if self.graph.plan is None and self.preserve:

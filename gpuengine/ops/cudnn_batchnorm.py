@@ -20,6 +20,8 @@ memory that lives as long as the bound graph.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .cudnn import BoundGraph, TensorSpec, _cudnn, _data_type, graph_key
@@ -36,9 +38,10 @@ def mask_shape(x_shape) -> tuple:
     return (n, h, w, c // 8)
 
 
-def _mask_tensor(g, mask):
-    """cuDNN's view of the bit mask: the logical (N, C, H, W) map of booleans, NHWC-packed."""
-    n, h, w, c8 = mask.shape
+def _mask_tensor(g, spec: TensorSpec):
+    """cuDNN's view of the bit mask (its uint8 buffer's spec): the logical (N, C, H, W) map of booleans,
+    NHWC-packed."""
+    n, c8, h, w = spec.dims
     c = 8 * c8
     return g.tensor(name="mask", dim=[n, c, h, w], stride=[h * w * c, 1, w * c, c],
                     data_type=_cudnn().data_type.BOOLEAN)
@@ -72,32 +75,8 @@ def batchnorm_forward(runtime, precision: str, x, scale, bias, running_mean, run
         outputs["mask"] = mask
         scalars["zero"] = _zero_of(y.dtype)
 
-    def define(g):
-        t = {name: TensorSpec.of(a).make(g, name) for name, a in inputs.items()}
-        t.update({name: g.tensor(name=name, data_type=_data_type(y.dtype) if name == "zero" else
-                                 _cudnn().data_type.FLOAT, is_pass_by_value=True, **_SCALAR) for name in scalars})
-        out, mean, inv_std, next_mean, next_var = g.batchnorm(
-            name="bn", input=t["x"], scale=t["scale"], bias=t["bias"], in_running_mean=t["running_mean"],
-            in_running_var=t["running_var"], epsilon=t["epsilon"], momentum=t["momentum"])
-        if residual is not None:
-            out = g.add(name="residual_add", a=out, b=t["residual"])
-        if relu:
-            out = g.relu(name="relu", input=out)
-        TensorSpec.of(y).mark_output(out)
-        bits = None
-        if mask is not None:
-            bits = g.cmp_gt(name="mask", input=out, comparison=t["zero"])
-            n, h, w, c8 = mask.shape
-            bits.set_output(True).set_data_type(_cudnn().data_type.BOOLEAN)
-            bits.set_dim([n, 8 * c8, h, w]).set_stride([h * w * 8 * c8, 1, w * 8 * c8, 8 * c8])
-        for name, tensor in (("saved_mean", mean), ("saved_inv_std", inv_std)):
-            TensorSpec.of(outputs[name]).mark_output(tensor)
-        # The next running statistics overwrite the previous ones: both names point at one buffer.
-        TensorSpec.of(running_mean).mark_output(next_mean)
-        TensorSpec.of(running_var).mark_output(next_var)
-        return t | {"y": out, "saved_mean": mean, "saved_inv_std": inv_std, "next_running_mean": next_mean,
-                    "next_running_var": next_var} | ({"mask": bits} if bits is not None else {})
-
+    specs = {name: TensorSpec.of(a) for name, a in (inputs | outputs).items()}
+    define = functools.partial(_forward_graph, specs=specs, scalars=tuple(scalars), relu=relu)
     buffers = inputs | outputs | {"next_running_mean": running_mean, "next_running_var": running_var}
     scalar_key = tuple((name, float(a[0])) for name, a in sorted(scalars.items()) if name != "zero")
     key = graph_key("batchnorm_fwd", precision, None, **inputs, **outputs) + (("relu", relu),) + scalar_key
@@ -121,24 +100,57 @@ def batchnorm_backward(runtime, precision: str, dy, x, scale, saved_mean, saved_
         inputs["mask"] = mask
     outputs = {"dx": dx, "dscale": dscale, "dbias": dbias} | ({"dz": dz} if dz is not None else {})
 
-    def define(g):
-        t = {name: (_mask_tensor(g, a) if name == "mask" else TensorSpec.of(a).make(g, name))
-             for name, a in inputs.items()}
-        grad = t["dy"]
-        if mask is not None:
-            grad = g.mul(name="drelu", a=t["dy"], b=t["mask"])
-            grad.set_data_type(_data_type(dy.dtype))
-        if y is not None:
-            grad = g.relu_backward(name="drelu", loss=t["dy"], input=t["y"])
-            grad.set_data_type(_data_type(dy.dtype))
-        if dz is not None:
-            TensorSpec.of(dz).mark_output(grad)
-        d_x, d_scale, d_bias = g.batchnorm_backward(name="dbn", grad=grad, input=t["x"], scale=t["scale"],
-                                                    mean=t["saved_mean"], inv_variance=t["saved_inv_std"])
-        for name, tensor in (("dx", d_x), ("dscale", d_scale), ("dbias", d_bias)):
-            TensorSpec.of(outputs[name]).mark_output(tensor)
-        return t | {"dx": d_x, "dscale": d_scale, "dbias": d_bias} | ({"dz": grad} if dz is not None else {})
-
     buffers = inputs | outputs
+    define = functools.partial(_backward_graph, specs={name: TensorSpec.of(a) for name, a in buffers.items()})
     graph = runtime.graph(graph_key("batchnorm_bwd", precision, None, **buffers), dy.dtype, precision, define)
     return BoundGraph(runtime, graph, buffers, allocator)
+
+
+def _forward_graph(g, specs: dict, scalars: tuple, relu: bool) -> dict:
+    """batchnorm_forward's graph from its buffers' specs alone (picklable: a worker process can define it too)."""
+    io_type = _data_type(specs["y"].dtype)
+    inputs = ("x", "scale", "bias", "running_mean", "running_var") + (("residual",) if "residual" in specs else ())
+    t = {name: specs[name].make(g, name) for name in inputs}
+    t.update({name: g.tensor(name=name, data_type=io_type if name == "zero" else _cudnn().data_type.FLOAT,
+                             is_pass_by_value=True, **_SCALAR) for name in scalars})
+    out, mean, inv_std, next_mean, next_var = g.batchnorm(
+        name="bn", input=t["x"], scale=t["scale"], bias=t["bias"], in_running_mean=t["running_mean"],
+        in_running_var=t["running_var"], epsilon=t["epsilon"], momentum=t["momentum"])
+    if "residual" in specs:
+        out = g.add(name="residual_add", a=out, b=t["residual"])
+    if relu:
+        out = g.relu(name="relu", input=out)
+    specs["y"].mark_output(out)
+    bits = None
+    if "mask" in specs:
+        bits = g.cmp_gt(name="mask", input=out, comparison=t["zero"])
+        n, c8, h, w = specs["mask"].dims   # the uint8 buffer's (N, C/8, H, W) view
+        bits.set_output(True).set_data_type(_cudnn().data_type.BOOLEAN)
+        bits.set_dim([n, 8 * c8, h, w]).set_stride([h * w * 8 * c8, 1, w * 8 * c8, 8 * c8])
+    for name, tensor in (("saved_mean", mean), ("saved_inv_std", inv_std)):
+        specs[name].mark_output(tensor)
+    # The next running statistics overwrite the previous ones: both names point at one buffer.
+    specs["running_mean"].mark_output(next_mean)
+    specs["running_var"].mark_output(next_var)
+    return t | {"y": out, "saved_mean": mean, "saved_inv_std": inv_std, "next_running_mean": next_mean,
+                "next_running_var": next_var} | ({"mask": bits} if bits is not None else {})
+
+
+def _backward_graph(g, specs: dict) -> dict:
+    """batchnorm_backward's graph from its buffers' specs alone (picklable, as _forward_graph)."""
+    inputs = [name for name in ("dy", "x", "scale", "saved_mean", "saved_inv_std", "y", "mask") if name in specs]
+    t = {name: (_mask_tensor(g, specs[name]) if name == "mask" else specs[name].make(g, name)) for name in inputs}
+    grad = t["dy"]
+    if "mask" in specs:
+        grad = g.mul(name="drelu", a=t["dy"], b=t["mask"])
+        grad.set_data_type(_data_type(specs["dy"].dtype))
+    if "y" in specs:
+        grad = g.relu_backward(name="drelu", loss=t["dy"], input=t["y"])
+        grad.set_data_type(_data_type(specs["dy"].dtype))
+    if "dz" in specs:
+        specs["dz"].mark_output(grad)
+    d_x, d_scale, d_bias = g.batchnorm_backward(name="dbn", grad=grad, input=t["x"], scale=t["scale"],
+                                                mean=t["saved_mean"], inv_variance=t["saved_inv_std"])
+    for name, tensor in (("dx", d_x), ("dscale", d_scale), ("dbias", d_bias)):
+        specs[name].mark_output(tensor)
+    return t | {"dx": d_x, "dscale": d_scale, "dbias": d_bias} | ({"dz": grad} if "dz" in specs else {})
