@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gpuengine.ops import cudnn, cudnn_batchnorm, plan_pool
+from gpuengine.layers.geometry import Window
 from gpuengine.ops.cudnn import TensorSpec
 
 FRONTEND = SimpleNamespace(data_type=SimpleNamespace(FLOAT="float", BFLOAT16="bf16", BOOLEAN="bool"))
@@ -75,3 +76,21 @@ def test_the_backward_defines_its_tensors_in_the_order_of_its_buffers(no_fronten
     assert [name for op, name in g.calls if op == "tensor"] == ["dy", "x", "scale", "saved_mean", "saved_inv_std",
                                                                  "y"]
     assert [op for op, _ in g.calls if op != "tensor"] == ["relu_backward", "batchnorm_backward"]
+
+
+def test_the_convolutions_define_their_tensors_in_the_order_of_their_buffers_and_travel(no_frontend):
+    window = Window((8, 8), (3, 3), (1, 1), (1, 1, 1, 1))
+    act, w = np.zeros((2, 8, 8, 16), np.float32), np.zeros((32, 3, 3, 16), np.float32)
+    fprop = functools.partial(cudnn._conv_graph, specs={name: TensorSpec.of(a) for name, a in
+                                                        {"x": act, "w": w, "y": act, "bias": act[0, 0, 0]}.items()},
+                              window=window, relu=True)
+    wgrad = functools.partial(cudnn._op_graph, specs={name: TensorSpec.of(a) for name, a in
+                                                      {"x": act, "dy": act, "dw": w}.items()},
+                              window=window, op="conv_wgrad", args=(("image", "x"), ("loss", "dy")), out="dw")
+    for define, tensors, ops in ((fprop, ["x", "w", "bias"], ["conv_fprop", "bias", "relu"]),
+                                 (wgrad, ["x", "dy"], ["conv_wgrad"])):
+        assert plan_pool.picklable(define)
+        g = Recorder()
+        pickle.loads(pickle.dumps(define))(g)
+        assert [name for op, name in g.calls if op == "tensor"] == tensors
+        assert [op for op, _ in g.calls if op != "tensor"] == ops

@@ -392,35 +392,41 @@ def graph_key(op: str, precision: str, window, **buffers) -> tuple:
 def conv_forward(runtime, precision: str, window, x, w, y, bias=None, relu: bool = False, allocator=None):
     """y = [relu](conv(x, w) [+ bias]) as one graph; CudnnUnsupported where cuDNN cannot fuse it."""
     buffers = {"x": x, "w": w, "y": y} | ({"bias": bias} if bias is not None else {})
-
-    def define(g):
-        tensors = {name: TensorSpec.of(a).make(g, name) for name, a in buffers.items() if name != "y"}
-        out = g.conv_fprop(image=tensors["x"], weight=tensors["w"], **_conv_args(window))
-        if bias is not None:
-            out = g.bias(input=out, bias=tensors["bias"])
-        if relu:
-            out = g.relu(input=out)
-        TensorSpec.of(y).mark_output(out)
-        return tensors | {"y": out}
-
+    define = functools.partial(_conv_graph, specs={name: TensorSpec.of(a) for name, a in buffers.items()},
+                               window=window, relu=relu)
     graph = runtime.graph(graph_key("conv_fprop", precision, window, **buffers) + (("relu", relu),), x.dtype, precision,
                           define)
     return BoundGraph(runtime, graph, buffers, allocator)
 
 
+def _conv_graph(g, specs: dict, window, relu: bool) -> dict:
+    """conv_forward's graph from its buffers' specs alone (picklable: a plan_pool worker can define it too)."""
+    tensors = {name: spec.make(g, name) for name, spec in specs.items() if name != "y"}
+    out = g.conv_fprop(image=tensors["x"], weight=tensors["w"], **_conv_args(window))
+    if "bias" in specs:
+        out = g.bias(input=out, bias=tensors["bias"])
+    if relu:
+        out = g.relu(input=out)
+    specs["y"].mark_output(out)
+    return tensors | {"y": out}
+
+
 def _single_op(runtime, precision: str, window, op: str, args: dict, out: str, buffers: dict, allocator):
     """A graph of one cuDNN convolution op; `args` maps the op's keywords to input buffer names, the
     first input's dtype is the graph's I/O dtype."""
-
-    def define(g):
-        tensors = {name: TensorSpec.of(buffers[name]).make(g, name) for name in args.values()}
-        result = getattr(g, op)(**{kw: tensors[name] for kw, name in args.items()}, **_conv_args(window))
-        TensorSpec.of(buffers[out]).mark_output(result)
-        return tensors | {out: result}
-
+    define = functools.partial(_op_graph, specs={name: TensorSpec.of(a) for name, a in buffers.items()},
+                               window=window, op=op, args=tuple(args.items()), out=out)
     io_dtype = buffers[next(iter(args.values()))].dtype
     graph = runtime.graph(graph_key(op, precision, window, **buffers), io_dtype, precision, define)
     return BoundGraph(runtime, graph, buffers, allocator)
+
+
+def _op_graph(g, specs: dict, window, op: str, args: tuple, out: str) -> dict:
+    """_single_op's graph from its buffers' specs alone (picklable, as _conv_graph)."""
+    tensors = {name: specs[name].make(g, name) for _, name in args}
+    result = getattr(g, op)(**{kw: tensors[name] for kw, name in args}, **_conv_args(window))
+    specs[out].mark_output(result)
+    return tensors | {out: result}
 
 
 def conv_data_grad(runtime, precision: str, window, dy, w, dx, allocator=None):

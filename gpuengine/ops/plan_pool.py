@@ -5,7 +5,7 @@ knob variants: about 200 ms each, one after another, the frontend holding the
 GIL while it builds; docs/gate.md, "Tier time"). cuDNN serialises a built
 plan, and a serialised runtime-compiled plan deserialises in about 17 ms with
 the same output (scripts/cudnn_plan_transfer.py on an H200). So where a graph's
-definition can travel (a picklable `define`, as the batch norms' are), its
+definition can travel (a picklable `define`: the batch norms' and convolutions'), its
 runtime-compiled candidates are built by a pool of worker processes, each
 with a CUDA context and a cuDNN handle of its own on the same GPU, and the
 graph brings them in when it is first executed; the layers' set-up builds the
