@@ -150,8 +150,8 @@ class CudnnGraph:
             wanted = _worth_building(names, compiled)
             sent = [i for i in wanted if i in compiled] if workers and plan_pool.picklable(define) else []
             if sent:
-                future = plan_pool.submit(device, workers, define, np.dtype(io_dtype).name, precision, deterministic,
-                                          [names[i] for i in sent])
+                future = plan_pool.submit(device, workers, define_graph, plan_names, define, np.dtype(io_dtype).name,
+                                          precision, deterministic, [names[i] for i in sent])
                 self._coming = (future, {names[i]: i for i in sent})
             self.plans = _build_plans(graph, [i for i in wanted if i not in sent], self.build_ms)
         if not self.plans and self._coming is None:

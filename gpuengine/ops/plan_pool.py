@@ -49,10 +49,12 @@ def pool(device: int, workers: int) -> ProcessPoolExecutor:
     return _POOL[key]
 
 
-def submit(device: int, workers: int, define, io_dtype: str, precision: str, deterministic: bool,
-           names: list[str]) -> Future:
-    """A future of {plan name: (serialised plan, build milliseconds)} for those of `names` that built."""
-    return pool(device, workers).submit(build_serialised, define, io_dtype, precision, deterministic, names)
+def submit(device: int, workers: int, define_graph, plan_names, define, io_dtype: str, precision: str,
+           deterministic: bool, names: list[str]) -> Future:
+    """A future of {plan name: (serialised plan, build milliseconds)} for those of `names` that built;
+    `define_graph` and `plan_names` are ops/cudnn.py's (module functions travel by name)."""
+    return pool(device, workers).submit(build_serialised, define_graph, plan_names, define, io_dtype, precision,
+                                        deterministic, names)
 
 
 def _start_worker(device: int):
@@ -63,9 +65,9 @@ def _start_worker(device: int):
     _WORKER["handle"] = cudnn.create_handle()
 
 
-def build_serialised(define, io_dtype: str, precision: str, deterministic: bool, names: list[str]) -> dict:
+def build_serialised(define_graph, plan_names, define, io_dtype: str, precision: str, deterministic: bool,
+                     names: list[str]) -> dict:
     """In a worker: the graph defined again, each named plan built and serialised."""
-    from .cudnn import define_graph, plan_names
     graph = define_graph(_WORKER["handle"], io_dtype, precision, deterministic, define)[0]
     index_of = {name: index for index, name in plan_names(graph).items()}
     built = {}
