@@ -77,7 +77,7 @@ class Trainer:
             extra = {} if self.config.resident_data else {"pool": self.config.batch_pool}
             self.data = source(backend, self.allocator, self.policy, self.state, x, t, local_batch, seed,
                                **extra, **shard)
-            if backend.is_gpu:   # a process-wide pool: the first trainer's setting sizes it
+            if backend.is_gpu:   # the graphs built from here on use this setting; those built before keep theirs
                 cudnn.PLAN_WORKERS = self.config.plan_workers
             ctx = BuildContext(backend, self.policy, self.allocator, self.params, local_batch,
                                deterministic=self.config.deterministic,
