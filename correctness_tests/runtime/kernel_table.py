@@ -149,7 +149,7 @@ def _node_cases(net, node, dtype, where):
                       layer.kernel_defines(shapes[0], dtype)))
     elif isinstance(layer, BatchNorm2D):
         found.append((batchnorm, "_SOURCE", ("bn_inference", "bn_tail"), layer.kernel_defines(shapes[0], dtype)))
-        found.append((ops_batchnorm, "_SOURCE", ("bn_stats", "bn_apply", "bn_grad_sums", "bn_dx"),
+        found.append((ops_batchnorm, "_SOURCE", ("bn_forward", "bn_backward"),
                       layer.kernel_defines(shapes[0], dtype)))   # batchnorm=engine
     elif isinstance(layer, Conv2D) and layer.depthwise_defines(shapes[0], dtype) is not None:
         found.append((depthwise, "_SOURCE", ("depthwise_forward", "depthwise_dgrad", "depthwise_wgrad_partials",
