@@ -112,6 +112,11 @@ def _shape_free_cases():
                         DST_T=dst, VEC=width)
     for width in (1, 2, 4):   # bf16 weight gradients into their float masters, by the alignment of the buffers
         yield _case(widen, "widen_chunks", f"gradient widening, {width} a thread", VEC=width)
+    # The engine's batch norm a channel a lane (VEC 1: channels not a multiple of 8, or an unaligned buffer).
+    for elem, act, mask, residual, channels in (("bf16_t", 1, 1, 1, 24), ("float", 2, 0, 0, 12)):
+        for kernel in ("bn_forward", "bn_backward"):
+            yield _case(ops_batchnorm, kernel, f"batch norm, {channels} channels a lane each", ELEM_T=elem,
+                        HAS_RESIDUAL=residual, ACT=act, MASK=mask, CHANNELS=channels, VEC=1)
     for kernel in ("finish_step", "book_loss"):
         yield _case(step_state, kernel, "step counter")
     yield _case(injected_delay, "spin", "injected delay")
@@ -149,8 +154,8 @@ def _node_cases(net, node, dtype, where):
                       layer.kernel_defines(shapes[0], dtype)))
     elif isinstance(layer, BatchNorm2D):
         found.append((batchnorm, "_SOURCE", ("bn_inference", "bn_tail"), layer.kernel_defines(shapes[0], dtype)))
-        found.append((ops_batchnorm, "_SOURCE", ("bn_forward", "bn_backward"),
-                      layer.kernel_defines(shapes[0], dtype)))   # batchnorm=engine
+        found.append((ops_batchnorm, "_SOURCE", ("bn_forward", "bn_backward"),   # batchnorm=engine
+                      {**layer.kernel_defines(shapes[0], dtype), "VEC": ops_batchnorm.pack_width(shapes[0][2])}))
     elif isinstance(layer, Conv2D) and layer.depthwise_defines(shapes[0], dtype) is not None:
         found.append((depthwise, "_SOURCE", ("depthwise_forward", "depthwise_dgrad", "depthwise_wgrad_partials",
                                             "depthwise_wgrad_sum"), layer.depthwise_defines(shapes[0], dtype)))

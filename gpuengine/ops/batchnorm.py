@@ -10,7 +10,10 @@ then every block computes y = act((x - mean) gamma / std + beta [+ residual])
 over its own rows, mostly still in L2, and, where the activation's gradient is
 needed later, its bit mask (8 channels a byte, as cuDNN's fused backward reads
 it). Where |mean| is large against the std, shifting by one sample of the
-channel keeps the variance's digits, and the centred form keeps y's.
+channel keeps the variance's digits, and the centred form keeps y's. A thread
+moves a pack of VEC = 8 channels in one vector access (16 bytes of bf16; one
+byte of the mask), or one channel where the channels or a buffer's alignment
+do not allow 8 (`pack_width`; its lanes' mask bits then meet by ballot).
 
 Backward, one launch (`bn_backward`): dz = dy where the activation passed the
 gradient (the mask, or y without one; written where a residual's gradient
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime.kernels import get_kernel
+from ..runtime.kernels import get_kernel, vector_width
 from .reductions import COLUMN_TILE_SOURCE, plan_chunks
 
 # The activations batch norm fuses and the bit mask of their gradient; the layer's element-wise kernels share it.
@@ -83,6 +86,18 @@ __device__ __forceinline__ void write_mask_byte(unsigned char* mask, long long i
     const unsigned int bits = __ballot_sync(lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u, passes && valid);
     if ((lane & 7) == 0 && valid) mask[i >> 3] = (unsigned char)(bits >> lane);
 }
+// Channel c's sums sit at sums[j * PACKS + c / VEC] for its j = 2 (c % VEC) and 2 (c % VEC) + 1: a column-sum
+// "column" is a pack of VEC channels, so each thread adds 2 VEC sums (finish_column_sums<2 VEC>).
+#define PACKS (CHANNELS / VEC)
+typedef Pack<ELEM_T, VEC> Elems;
+// The mask's bits of one pack: with VEC 8 the pack is one byte; one channel a lane takes the warp's ballot.
+__device__ __forceinline__ void write_mask(unsigned char* mask, long long i, bool valid, unsigned int bits) {
+    if (VEC == 8) {
+        if (valid) mask[i >> 3] = (unsigned char)bits;
+    } else {
+        write_mask_byte(mask, i, valid, bits != 0u);
+    }
+}
 // BN training forward in one launch: per channel of x (rows x CHANNELS) the shifted sums, the batch mean and
 // inverse std (running statistics moved toward them, the variance unbiased as torch's), then over the block's
 // own rows y = act((x - mean) scale + beta [+ residual]) and, with MASK, where act passes the gradient.
@@ -91,121 +106,201 @@ bn_forward(const ELEM_T* x, const float* gamma, const float* beta, float* runnin
            float* saved_mean, float* saved_inv_std, float* sums, const ELEM_T* residual, ELEM_T* y,
            unsigned char* mask, float* partials, unsigned int* counters, unsigned int* generations, int rows,
            int rows_per_chunk, int tile_cols, float eps, float momentum) {
-    extern __shared__ float lane_sums[];   // shifted sums, then their squares: blockDim.x each
+    extern __shared__ float lane_sums[];   // 2 VEC sums a thread: blockDim.x each
     const int cols = CHANNELS;
     const ColumnTile t = column_tile(rows, rows_per_chunk, tile_cols);
     const unsigned int seen = tile_generation(generations);
-    const float shift = t.col < cols ? load_f(x, t.col) : 0.f;
-    float s[2] = {0.f, 0.f};
-    if (t.col < cols) {
-        #pragma unroll 4
+    const bool own = t.col < PACKS;
+    float shift[VEC], s[2 * VEC];
+    const long long c0 = (long long)t.col * VEC;   // the pack's first channel
+    #pragma unroll
+    for (int v = 0; v < 2 * VEC; ++v) s[v] = 0.f;
+    if (own) {
+        const Elems first = load_pack<ELEM_T, VEC>(x, c0);
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) shift[v] = load_f(first.v, v);
+        #pragma unroll 2
         for (long long r = t.first; r < t.stop; r += t.step) {
-            const float d = load_f(x, r * cols + t.col) - shift;
-            s[0] += d;
-            s[1] += d * d;
+            const Elems e = load_pack<ELEM_T, VEC>(x, r * cols + c0);
+            #pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const float d = load_f(e.v, v) - shift[v];
+                s[2 * v] += d;
+                s[2 * v + 1] += d * d;
+            }
         }
     }
-    float* const out[2] = {sums, sums + cols};
-    const bool last = finish_column_sums<2>(t, cols, tile_cols, s, lane_sums, partials, counters, out);
-    if (last && threadIdx.x < tile_cols && t.col < cols) {   // the owners: each just wrote its column's sums
-        const int c = t.col;
-        const float n = (float)rows, d_mean = sums[c] / n;
-        const float var = fmaxf(sums[cols + c] / n - d_mean * d_mean, 0.f);
-        const float mean = shift + d_mean, inv_std = 1.f / sqrtf(var + eps);
-        saved_mean[c] = mean;
-        saved_inv_std[c] = inv_std;
-        running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * mean;
-        running_var[c] = (1.f - momentum) * running_var[c] + momentum * var * n / fmaxf(n - 1.f, 1.f);
+    float* out[2 * VEC];
+    #pragma unroll
+    for (int j = 0; j < 2 * VEC; ++j) out[j] = sums + j * PACKS;
+    const bool last = finish_column_sums<2 * VEC>(t, PACKS, tile_cols, s, lane_sums, partials, counters, out);
+    if (last && threadIdx.x < tile_cols && own) {   // the owners: each just wrote its pack's sums
+        const float n = (float)rows;
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const long long c = c0 + v;
+            const float d_mean = sums[2 * v * PACKS + t.col] / n;
+            const float var = fmaxf(sums[(2 * v + 1) * PACKS + t.col] / n - d_mean * d_mean, 0.f);
+            const float mean = shift[v] + d_mean;
+            saved_mean[c] = mean;
+            saved_inv_std[c] = 1.f / sqrtf(var + eps);
+            running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * mean;
+            running_var[c] = (1.f - momentum) * running_var[c] + momentum * var * n / fmaxf(n - 1.f, 1.f);
+        }
     }
     if (gridDim.y > 1) tile_barrier(generations, seen, last);
     else __syncthreads();
-    const bool own = t.col < cols;
-    const float scale = own ? gamma[t.col] * *(volatile const float*)(saved_inv_std + t.col) : 0.f;
-    const float mean = own ? *(volatile const float*)(saved_mean + t.col) : 0.f;
-    const float b = own ? beta[t.col] : 0.f;
+    float scale[VEC], mean[VEC], b[VEC];
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        scale[v] = own ? gamma[c0 + v] * *(volatile const float*)(saved_inv_std + c0 + v) : 0.f;
+        mean[v] = own ? *(volatile const float*)(saved_mean + c0 + v) : 0.f;
+        b[v] = own ? beta[c0 + v] : 0.f;
+    }
     const long long start = t.first - threadIdx.x / tile_cols;
     for (long long r0 = start; r0 < t.stop; r0 += t.step) {   // the same trips in every thread: MASK's ballot
-        const long long r = r0 + threadIdx.x / tile_cols, i = r * cols + t.col;
+        const long long r = r0 + threadIdx.x / tile_cols, i = r * cols + c0;
         const bool valid = own && r < t.stop;
-        bool passes = false;
+        unsigned int bits = 0u;
         if (valid) {
-            float v = (load_f(x, i) - mean) * scale + b;
-            if (HAS_RESIDUAL) v += load_f(residual, i);
-            v = activate(v);
-            store_f(y, i, v);
-            passes = passes_gradient(v);
+            const Elems e = load_pack<ELEM_T, VEC>(x, i);
+            Elems res, o;
+            if (HAS_RESIDUAL) res = load_pack<ELEM_T, VEC>(residual, i);
+            #pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                float value = (load_f(e.v, v) - mean[v]) * scale[v] + b[v];
+                if (HAS_RESIDUAL) value += load_f(res.v, v);
+                value = activate(value);
+                store_f(o.v, v, value);
+                bits |= (unsigned int)passes_gradient(value) << v;
+            }
+            store_pack<ELEM_T, VEC>(y, i, o);
         }
-        if (MASK) write_mask_byte(mask, i, valid, passes);
+        if (MASK) write_mask(mask, i, valid, bits);
     }
 }
-// The gradient after the activation: dy where it passed (its mask bit, or y without a mask), else 0.
-__device__ __forceinline__ float through_activation(const ELEM_T* dy, const ELEM_T* y, const unsigned char* mask,
-                                                    long long i) {
-    const float d = load_f(dy, i);
-    if (ACT == 0) return d;
-    const bool passes = MASK ? (mask[i >> 3] >> (i & 7)) & 1 : passes_gradient(load_f(y, i));
-    return passes ? d : 0.f;
+// The gradient after the activation of one pack: dy where it passed (the mask's bits, or y without a mask).
+__device__ __forceinline__ void through_activation(const ELEM_T* dy, const ELEM_T* y, const unsigned char* mask,
+                                                   long long i, float (&d)[VEC]) {
+    const Elems g = load_pack<ELEM_T, VEC>(dy, i);
+    unsigned int bits = 0xffu;
+    Elems out;
+    if (ACT != 0 && MASK) bits = VEC == 8 ? mask[i >> 3] : (mask[i >> 3] >> (i & 7)) & 1u;
+    if (ACT != 0 && !MASK) out = load_pack<ELEM_T, VEC>(y, i);
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const bool passes = ACT == 0 || (MASK ? (bits >> v) & 1u : passes_gradient(load_f(out.v, v)));
+        d[v] = passes ? load_f(g.v, v) : 0.f;
+    }
 }
 // BN backward in one launch: dgamma = sum dz x^ and dbeta = sum dz per channel (dz = act'(dy), written to dz
 // where write_dz: a residual reads it), then, where dx is wanted, over the block's own rows
 // dx = gamma / std (dz - (dbeta + x^ dgamma) / M), M = rows (the batch statistics' count).
 extern "C" __global__ void __launch_bounds__(256, 2)
 bn_backward(const ELEM_T* dy, const ELEM_T* x, const ELEM_T* y, const unsigned char* mask, const float* gamma,
-            const float* mean, const float* inv_std, float* dgamma, float* dbeta, ELEM_T* dz, int write_dz,
-            ELEM_T* dx, int write_dx, float* partials, unsigned int* counters, unsigned int* generations, int rows,
-            int rows_per_chunk, int tile_cols) {
-    extern __shared__ float lane_sums[];   // dz x^ sums, then dz sums: blockDim.x each
+            const float* mean, const float* inv_std, float* dgamma, float* dbeta, float* sums, ELEM_T* dz,
+            int write_dz, ELEM_T* dx, int write_dx, float* partials, unsigned int* counters,
+            unsigned int* generations, int rows, int rows_per_chunk, int tile_cols) {
+    extern __shared__ float lane_sums[];   // 2 VEC sums a thread: blockDim.x each
     const int cols = CHANNELS;
     const ColumnTile t = column_tile(rows, rows_per_chunk, tile_cols);
     const unsigned int seen = tile_generation(generations);
-    const bool own = t.col < cols;
-    const float m = own ? mean[t.col] : 0.f, r_std = own ? inv_std[t.col] : 0.f;
-    float s[2] = {0.f, 0.f};
+    const bool own = t.col < PACKS;
+    const long long c0 = (long long)t.col * VEC;
+    float m[VEC], r_std[VEC], s[2 * VEC], d[VEC];
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        m[v] = own ? mean[c0 + v] : 0.f;
+        r_std[v] = own ? inv_std[c0 + v] : 0.f;
+        s[2 * v] = s[2 * v + 1] = 0.f;
+    }
     if (own) {
-        #pragma unroll 4
+        #pragma unroll 2
         for (long long r = t.first; r < t.stop; r += t.step) {
-            const long long i = r * cols + t.col;
-            const float d = through_activation(dy, y, mask, i);
-            if (write_dz) store_f(dz, i, d);
-            s[0] += d * ((load_f(x, i) - m) * r_std);
-            s[1] += d;
+            const long long i = r * cols + c0;
+            through_activation(dy, y, mask, i, d);
+            const Elems e = load_pack<ELEM_T, VEC>(x, i);
+            Elems z;
+            #pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                s[2 * v] += d[v] * ((load_f(e.v, v) - m[v]) * r_std[v]);
+                s[2 * v + 1] += d[v];
+                store_f(z.v, v, d[v]);
+            }
+            if (write_dz) store_pack<ELEM_T, VEC>(dz, i, z);
         }
     }
-    float* const out[2] = {dgamma, dbeta};
-    const bool last = finish_column_sums<2>(t, cols, tile_cols, s, lane_sums, partials, counters, out);
+    float* out[2 * VEC];
+    #pragma unroll
+    for (int j = 0; j < 2 * VEC; ++j) out[j] = sums + j * PACKS;
+    const bool last = finish_column_sums<2 * VEC>(t, PACKS, tile_cols, s, lane_sums, partials, counters, out);
+    if (last && threadIdx.x < tile_cols && own) {   // the owners: the parameters' gradients of their pack
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            dgamma[c0 + v] = sums[2 * v * PACKS + t.col];
+            dbeta[c0 + v] = sums[(2 * v + 1) * PACKS + t.col];
+        }
+    }
     if (!write_dx) return;   // no block waits: the sums are all this launch owes
     if (gridDim.y > 1) tile_barrier(generations, seen, last);
     else __syncthreads();
     if (!own) return;
-    const float g = *(volatile const float*)(dgamma + t.col), bsum = *(volatile const float*)(dbeta + t.col);
-    const float k = gamma[t.col] * r_std, inv_count = 1.f / (float)rows;
+    float g[VEC], bsum[VEC], k[VEC];
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        g[v] = *(volatile const float*)(dgamma + c0 + v);
+        bsum[v] = *(volatile const float*)(dbeta + c0 + v);
+        k[v] = gamma[c0 + v] * r_std[v];
+    }
+    const float inv_count = 1.f / (float)rows;
     for (long long r = t.first; r < t.stop; r += t.step) {
-        const long long i = r * cols + t.col;
-        const float x_hat = (load_f(x, i) - m) * r_std;
-        store_f(dx, i, k * (through_activation(dy, y, mask, i) - (bsum + x_hat * g) * inv_count));
+        const long long i = r * cols + c0;
+        through_activation(dy, y, mask, i, d);
+        const Elems e = load_pack<ELEM_T, VEC>(x, i);
+        Elems o;
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const float x_hat = (load_f(e.v, v) - m[v]) * r_std[v];
+            store_f(o.v, v, k[v] * (d[v] - (bsum[v] + x_hat * g[v]) * inv_count));
+        }
+        store_pack<ELEM_T, VEC>(dx, i, o);
     }
 }
 """
 
 
-class _Sums:
-    """What both directions share: the grid of their column sums over x (rows x channels), its workspace and each
-    tile's generation (tile_barrier), fixed at build so that a step only launches."""
+def pack_width(channels: int, *arrays) -> int:
+    """Channels a thread moves in one vector access, VEC: 8 (one byte of the mask, 16 bytes of bf16) where the
+    channels and every array allow it, else 1 (a lane a channel, the mask by ballot)."""
+    return 8 if vector_width(channels, *arrays, widest=8) == 8 else 1
 
-    def __init__(self, backend, allocator, who: str, defines: dict, x, mask):
+
+class _Sums:
+    """What both directions share: the grid of their column sums over x (rows x packs of VEC channels), its
+    workspace and each tile's generation (tile_barrier), and the kernels' defines, fixed at build so that a step
+    only launches."""
+
+    def __init__(self, backend, allocator, who: str, defines: dict, x, mask, arrays: tuple):
         if bool(defines["MASK"]) != (mask is not None):
             raise ValueError(f"{who}: MASK={defines['MASK']} but mask is {'given' if mask is not None else None}")
         channels = x.shape[-1]
+        vec = pack_width(channels, x, *(a for a in arrays if a is not None))
+        self.defines = {**defines, "VEC": vec}
         self.rows = x.size // channels   # M = N*H*W, the batch statistics' count
-        self.plan = plan_chunks(backend, self.rows, channels)
-        self.partials, self.counters = self.plan.workspace(allocator, channels, sums=2)
+        self.plan = plan_chunks(backend, self.rows, channels // vec)
+        self.sums = 2 * vec   # a thread's sums: two per channel of its pack
+        self.partials, self.counters = self.plan.workspace(allocator, channels // vec, sums=self.sums)
         self.generations = allocator.zeros((self.plan.tiles,), np.uint32, "workspace")
+        self.scratch = allocator.zeros((2 * channels,), np.float32, "workspace")   # the tiles' finished sums
 
     def tail(self) -> tuple:
         """The kernels' last arguments but their own: workspace, generations, rows, chunk rows, tile width."""
         plan = self.plan
         return (self.partials, self.counters, self.generations, np.int32(self.rows), np.int32(plan.rows_per_chunk),
                 np.int32(plan.tile_cols))
+
+    def launch(self, kernel, args: tuple):
+        self.plan.launch(kernel, args, sums=self.sums)
 
 
 class BatchNormForward:
@@ -215,15 +310,14 @@ class BatchNormForward:
 
     def __init__(self, backend, allocator, defines: dict, x, gamma, beta, running_mean, running_var, y, saved_mean,
                  saved_inv_std, epsilon: float, momentum: float, residual=None, mask=None):
-        self.sums = _Sums(backend, allocator, "BatchNormForward", defines, x, mask)
-        scratch = allocator.zeros((2 * x.shape[-1],), np.float32, "workspace")   # the tile's sums
-        self._args = (x, gamma, beta, running_mean, running_var, saved_mean, saved_inv_std, scratch,
-                      x if residual is None else residual, y, y if mask is None else mask, *self.sums.tail(),
+        self.sums = sums = _Sums(backend, allocator, "BatchNormForward", defines, x, mask, (y, residual))
+        self._args = (x, gamma, beta, running_mean, running_var, saved_mean, saved_inv_std, sums.scratch,
+                      x if residual is None else residual, y, y if mask is None else mask, *sums.tail(),
                       np.float32(epsilon), np.float32(momentum))
-        self._kernel = get_kernel(_SOURCE, "bn_forward", **defines)
+        self._kernel = get_kernel(_SOURCE, "bn_forward", **sums.defines)
 
     def run(self):
-        self.sums.plan.launch(self._kernel, self._args, sums=2)
+        self.sums.launch(self._kernel, self._args)
 
 
 class BatchNormBackward:
@@ -234,11 +328,11 @@ class BatchNormBackward:
 
     def __init__(self, backend, allocator, defines: dict, dy, x, y, gamma, saved_mean, saved_inv_std, dx, dgamma,
                  dbeta, mask=None, dz=None):
-        self.sums = _Sums(backend, allocator, "BatchNormBackward", defines, x, mask)
+        self.sums = sums = _Sums(backend, allocator, "BatchNormBackward", defines, x, mask, (dy, y, dx, dz))
         self._args = (dy, x, y, y if mask is None else mask, gamma, saved_mean, saved_inv_std, dgamma, dbeta,
-                      dy if dz is None else dz, np.int32(dz is not None), x if dx is None else dx,
-                      np.int32(dx is not None), *self.sums.tail())
-        self._kernel = get_kernel(_SOURCE, "bn_backward", **defines)
+                      sums.scratch, dy if dz is None else dz, np.int32(dz is not None), x if dx is None else dx,
+                      np.int32(dx is not None), *sums.tail())
+        self._kernel = get_kernel(_SOURCE, "bn_backward", **sums.defines)
 
     def run(self):
-        self.sums.plan.launch(self._kernel, self._args, sums=2)
+        self.sums.launch(self._kernel, self._args)
