@@ -44,7 +44,7 @@ LABELS = dict(FAMILIES)
 # (family, pattern searched in the demangled kernel name, case ignored): the first that matches names the family.
 RULES = (
     ("attention", r"sdpa|flash|fmha|attention|attn"),
-    ("norm", r"batch_?norm|bn_(fw|bw|inference)|^bn_(stats|apply|grad_sums|dx|forward|backward)$|layer_?norm"
+    ("norm", r"batch_?norm|bn_(fw|bw|inference)|^bn_(forward|backward)$|layer_?norm"
              r"|group_?norm|rms_?norm|gammabetabackward|rowwisemoments"),
     ("gemm", r"^triton_tem_"),
     ("reduction", r"^triton_(red|per)_"),
