@@ -92,7 +92,8 @@ __device__ __forceinline__ bool finish_column_sums(const ColumnTile& t, int cols
     float f[N];
     for (int j = 0; j < N; ++j) f[j] = 0.f;
     if (t.col < cols) {
-        for (int k = threadIdx.x / tile_cols; k < chunks; k += t.step) {
+        #pragma unroll 4
+        for (int k = threadIdx.x / tile_cols; k < chunks; k += t.step) {   // unrolled: 4 chunks' loads in flight
             const volatile float* chunk = partials + (long long)k * N * cols;   // volatile: from L2, never a stale L1
             for (int j = 0; j < N; ++j) f[j] += chunk[j * cols + t.col];
         }
@@ -146,9 +147,9 @@ class ChunkPlan:
 
 
 def plan_chunks(backend, rows: int, cols: int, rows_per_chunk: int | None = None,
-                blocks_per_sm: int = _BLOCKS_PER_SM) -> ChunkPlan:
-    """Tiles of up to 32 columns; enough row chunks for about `blocks_per_sm` blocks on every SM."""
-    tile_cols = min(cols, _TILE_COLS)
+                blocks_per_sm: int = _BLOCKS_PER_SM, widest_tile: int = _TILE_COLS) -> ChunkPlan:
+    """Tiles of up to `widest_tile` columns; enough row chunks for about `blocks_per_sm` blocks on every SM."""
+    tile_cols = min(cols, widest_tile)
     threads = tile_cols * (_THREADS // tile_cols)   # narrow tiles: several rows per warp
     tiles = -(-cols // tile_cols)
     if rows_per_chunk is None:
