@@ -15,9 +15,9 @@ Why one launch: the output gradient was just written and usually sits in L2,
 so the sum is short and a second, latency-bound launch over the partials would
 cost about as much again (a Transformer step makes ~70 of these sums). Why
 deterministic: the last block adds the chunks in a fixed assignment (lane l
-takes chunks l, l + lanes, ...) and then the lanes in order, so whichever block
-finishes last the result is the same, bit for bit, run to run; no float
-atomics. The last block resets its counter, so the next launch and every
+takes chunks l, l + lanes, ...) and then the lanes by a fixed tree, so
+whichever block finishes last the result is the same, bit for bit, run to run;
+no float atomics. The last block resets its counter, so the next launch and every
 CUDA-graph replay start from zero.
 
 Other column-sum kernels (LayerNorm's two parameter gradients side by side)
@@ -51,17 +51,26 @@ __device__ __forceinline__ ColumnTile column_tile(int rows, int rows_per_chunk, 
     t.stop = min((long long)rows, start + rows_per_chunk);
     return t;
 }
-// The thread's column summed over the block's row lanes in lane order (after __syncthreads, in row lane 0).
-__device__ __forceinline__ float lanes_total(const float* lane_sums, const ColumnTile& t, int tile_cols) {
-    float s = 0.f;
-    for (int l = 0; l < t.step; ++l) s += lane_sums[l * tile_cols + t.tc];
-    return s;
+// Each column's N sums added over the block's row lanes, into row lane 0's slots (lane_sums[j * blockDim.x + tc]),
+// by a fixed tree (lanes [half, h) onto [0, h - half), halving h), every thread taking a share of each level's
+// adds: a lane's sums in one thread's chain would be step x N dependent shared-memory adds (1,024 with 64 lanes
+// and 16 sums, about 16 us). blockDim.x is tile_cols x step. Called by every thread; ends at a barrier.
+__device__ __forceinline__ void reduce_lanes(float* lane_sums, int n, const ColumnTile& t, int tile_cols) {
+    for (int h = t.step; h > 1;) {
+        const int half = (h + 1) / 2, span = (h - half) * tile_cols;   // span: the slots that receive, per sum
+        for (int k = threadIdx.x; k < n * span; k += blockDim.x) {
+            float* slots = lane_sums + (k / span) * blockDim.x;
+            slots[k % span] += slots[k % span + half * tile_cols];
+        }
+        __syncthreads();
+        h = half;
+    }
 }
 // The end of a column-sum kernel, every thread of the block calling it with its N sums s of column t.col.
 // The block's lane totals go to partials[chunk][j * cols + col]; the block drawing its tile's last ticket adds
-// all chunks of partials (lane l: chunks l, l + step, ...; then lanes in order) into dst[j][col] and resets the
-// tile's counter. lane_sums holds N * blockDim.x floats. gridDim.y is the number of chunks. True in the block
-// that wrote dst (its owner threads may read back their columns' sums), false in the others.
+// all chunks of partials (lane l: chunks l, l + step, ...; then lanes by a fixed tree) into dst[j][col] and
+// resets the tile's counter. lane_sums holds N * blockDim.x floats. gridDim.y is the number of chunks. True in
+// the block that wrote dst (its owner threads may read back their columns' sums), false in the others.
 template <int N>
 __device__ __forceinline__ bool finish_column_sums(const ColumnTile& t, int cols, int tile_cols, const float (&s)[N],
                                                    float* lane_sums, float* partials, unsigned int* counters,
@@ -71,14 +80,15 @@ __device__ __forceinline__ bool finish_column_sums(const ColumnTile& t, int cols
     const bool owner = threadIdx.x < tile_cols && t.col < cols;   // row lane 0: one thread per column
     for (int j = 0; j < N; ++j) lane_sums[j * blockDim.x + threadIdx.x] = s[j];
     __syncthreads();
+    reduce_lanes(lane_sums, N, t, tile_cols);
     if (chunks == 1) {   // one chunk: the block's totals are the sums, no partials or ticket needed
         if (owner)
-            for (int j = 0; j < N; ++j) dst[j][t.col] = lanes_total(lane_sums + j * blockDim.x, t, tile_cols);
+            for (int j = 0; j < N; ++j) dst[j][t.col] = lane_sums[j * blockDim.x + t.tc];
         return true;
     }
     if (owner) {
         float* chunk = partials + (long long)blockIdx.y * N * cols;
-        for (int j = 0; j < N; ++j) chunk[j * cols + t.col] = lanes_total(lane_sums + j * blockDim.x, t, tile_cols);
+        for (int j = 0; j < N; ++j) chunk[j * cols + t.col] = lane_sums[j * blockDim.x + t.tc];
         __threadfence();   // the partials reach every SM before this block's ticket is taken
     }
     __syncthreads();
@@ -100,8 +110,9 @@ __device__ __forceinline__ bool finish_column_sums(const ColumnTile& t, int cols
     }
     for (int j = 0; j < N; ++j) lane_sums[j * blockDim.x + threadIdx.x] = f[j];   // earlier reads ended at a barrier
     __syncthreads();
+    reduce_lanes(lane_sums, N, t, tile_cols);
     if (owner)
-        for (int j = 0; j < N; ++j) dst[j][t.col] = lanes_total(lane_sums + j * blockDim.x, t, tile_cols);
+        for (int j = 0; j < N; ++j) dst[j][t.col] = lane_sums[j * blockDim.x + t.tc];
     return true;
 }
 """
