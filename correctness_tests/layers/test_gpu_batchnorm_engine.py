@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.gpu,
 
 # (batch, sample shape): one row chunk (32 rows, 64 column tiles), tens and a hundred chunks (the tiles'
 # barriers), 12 channels (no mask: the gradient from y), 8 channels in 360 values (the mask's last word one byte),
-# 24 channels (240 threads a block: the last warp half full) in 5 chunks
+# 24 channels (three packs of 8 in a tile of four: an idle column) in 5 chunks
 SHAPES = {"1x1x2048": (32, (1, 1, 2048)), "8x8x64": (32, (8, 8, 64)), "16x16x64": (32, (16, 16, 64)),
           "4x4x256": (32, (4, 4, 256)), "5x4x12": (5, (4, 4, 12)), "3x5x8": (3, (3, 5, 8)),
           "7x7x24": (8, (7, 7, 24))}

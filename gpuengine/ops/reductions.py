@@ -6,8 +6,9 @@ often tall and narrow (seed note 001: 100,352 x 16 at batch 128). One kernel
 does it: the grid is (column tile, row chunk) blocks, about _BLOCKS_PER_SM per
 SM. Inside a block, row lanes of tile_cols threads read consecutive columns of
 consecutive rows (tiles of 32 columns: a 128-byte row segment per warp in fp32;
-narrower matrices put several rows in one warp, so 16 columns stay coalesced)
-and the lanes' sums meet in shared memory. Each block writes its chunk's
+narrower matrices put several rows in one warp, so 16 columns stay coalesced;
+a tile's width is a power of two) and the lanes' sums meet by warp shuffles,
+then in shared memory. Each block writes its chunk's
 partial sums, fences, and takes a ticket on its tile's counter; the block that
 draws the last ticket adds all of the tile's chunks and writes dst.
 
@@ -15,10 +16,10 @@ Why one launch: the output gradient was just written and usually sits in L2,
 so the sum is short and a second, latency-bound launch over the partials would
 cost about as much again (a Transformer step makes ~70 of these sums). Why
 deterministic: the last block adds the chunks in a fixed assignment (lane l
-takes chunks l, l + lanes, ...) and then the lanes by a fixed tree, so
-whichever block finishes last the result is the same, bit for bit, run to run;
-no float atomics. The last block resets its counter, so the next launch and every
-CUDA-graph replay start from zero.
+takes chunks l, l + lanes, ...), then a warp's lanes by shuffles and the
+warps in order, so whichever block finishes last the result is the same, bit
+for bit, run to run; no float atomics. The last block resets its counter, so
+the next launch and every CUDA-graph replay start from zero.
 
 Other column-sum kernels (LayerNorm's two parameter gradients side by side)
 reuse the block layout and the ending (`COLUMN_TILE_SOURCE`, `plan_chunks`):
@@ -51,26 +52,38 @@ __device__ __forceinline__ ColumnTile column_tile(int rows, int rows_per_chunk, 
     t.stop = min((long long)rows, start + rows_per_chunk);
     return t;
 }
-// Each column's N sums added over the block's row lanes, into row lane 0's slots (lane_sums[j * blockDim.x + tc]),
-// by a fixed tree (lanes [half, h) onto [0, h - half), halving h), every thread taking a share of each level's
-// adds: a lane's sums in one thread's chain would be step x N dependent shared-memory adds (1,024 with 64 lanes
-// and 16 sums, about 16 us). blockDim.x is tile_cols x step. Called by every thread; ends at a barrier.
-__device__ __forceinline__ void reduce_lanes(float* lane_sums, int n, const ColumnTile& t, int tile_cols) {
-    for (int h = t.step; h > 1;) {
-        const int half = (h + 1) / 2, span = (h - half) * tile_cols;   // span: the slots that receive, per sum
-        for (int k = threadIdx.x; k < n * span; k += blockDim.x) {
-            float* slots = lane_sums + (k / span) * blockDim.x;
-            slots[k % span] += slots[k % span + half * tile_cols];
-        }
-        __syncthreads();
-        h = half;
+// Each column's N sums s added over the block's row lanes in a fixed order: a warp's row lanes by shuffles
+// (tile_cols apart, tile_cols a power of two), then the warps in order, one thread per (sum, column) adding
+// its own slots and leaving the total in the first (block_total). Every thread calls it; it ends at a barrier.
+// Why not one owner thread per column: its chain of step x N dependent shared-memory adds (1,024 with the
+// batch norm's 64 lanes and 16 sums) held up the whole tile.
+template <int N>
+__device__ __forceinline__ void add_lanes(const float (&s)[N], float* lane_sums, const ColumnTile& t, int tile_cols) {
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
+    #pragma unroll
+    for (int j = 0; j < N; ++j) {
+        float v = s[j];
+        for (int o = tile_cols; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if ((threadIdx.x & 31) < tile_cols) lane_sums[(j * warps + warp) * tile_cols + t.tc] = v;
     }
+    __syncthreads();
+    for (int k = threadIdx.x; k < N * tile_cols; k += blockDim.x) {   // slots (j, w, tc): read by thread k alone
+        float* slots = lane_sums + (k / tile_cols) * warps * tile_cols + k % tile_cols;
+        float total = 0.f;
+        for (int w = 0; w < warps; ++w) total += slots[w * tile_cols];
+        slots[0] = total;
+    }
+    __syncthreads();
+}
+// Column tc's j-th total after add_lanes.
+__device__ __forceinline__ float block_total(const float* lane_sums, int j, int tc, int tile_cols) {
+    return lane_sums[j * (blockDim.x >> 5) * tile_cols + tc];
 }
 // The end of a column-sum kernel, every thread of the block calling it with its N sums s of column t.col.
-// The block's lane totals go to partials[chunk][j * cols + col]; the block drawing its tile's last ticket adds
-// all chunks of partials (lane l: chunks l, l + step, ...; then lanes by a fixed tree) into dst[j][col] and
-// resets the tile's counter. lane_sums holds N * blockDim.x floats. gridDim.y is the number of chunks. True in
-// the block that wrote dst (its owner threads may read back their columns' sums), false in the others.
+// The block's totals go to partials[chunk][j * cols + col]; the block drawing its tile's last ticket adds all
+// chunks of partials (lane l: chunks l, l + step, ...; then add_lanes) into dst[j][col] and resets the tile's
+// counter. lane_sums holds N * blockDim.x floats. gridDim.y is the number of chunks. True in the block that
+// wrote dst (its owner threads may read back their columns' sums), false in the others.
 template <int N>
 __device__ __forceinline__ bool finish_column_sums(const ColumnTile& t, int cols, int tile_cols, const float (&s)[N],
                                                    float* lane_sums, float* partials, unsigned int* counters,
@@ -78,20 +91,18 @@ __device__ __forceinline__ bool finish_column_sums(const ColumnTile& t, int cols
     __shared__ bool last;
     const int chunks = gridDim.y;
     const bool owner = threadIdx.x < tile_cols && t.col < cols;   // row lane 0: one thread per column
-    for (int j = 0; j < N; ++j) lane_sums[j * blockDim.x + threadIdx.x] = s[j];
-    __syncthreads();
-    reduce_lanes(lane_sums, N, t, tile_cols);
+    add_lanes<N>(s, lane_sums, t, tile_cols);
     if (chunks == 1) {   // one chunk: the block's totals are the sums, no partials or ticket needed
         if (owner)
-            for (int j = 0; j < N; ++j) dst[j][t.col] = lane_sums[j * blockDim.x + t.tc];
+            for (int j = 0; j < N; ++j) dst[j][t.col] = block_total(lane_sums, j, t.tc, tile_cols);
         return true;
     }
     if (owner) {
         float* chunk = partials + (long long)blockIdx.y * N * cols;
-        for (int j = 0; j < N; ++j) chunk[j * cols + t.col] = lane_sums[j * blockDim.x + t.tc];
+        for (int j = 0; j < N; ++j) chunk[j * cols + t.col] = block_total(lane_sums, j, t.tc, tile_cols);
         __threadfence();   // the partials reach every SM before this block's ticket is taken
     }
-    __syncthreads();
+    __syncthreads();   // also: the owners' reads end before add_lanes writes lane_sums again
     if (threadIdx.x == 0) {
         last = atomicAdd(counters + blockIdx.x, 1u) == (unsigned int)(chunks - 1);
         if (last) counters[blockIdx.x] = 0u;   // all tickets drawn: zero for the next launch or graph replay
@@ -100,19 +111,19 @@ __device__ __forceinline__ bool finish_column_sums(const ColumnTile& t, int cols
     if (!last) return false;
     __threadfence();   // pairs with the writers' fences before the partials are read
     float f[N];
+    #pragma unroll
     for (int j = 0; j < N; ++j) f[j] = 0.f;
     if (t.col < cols) {
         #pragma unroll 4
         for (int k = threadIdx.x / tile_cols; k < chunks; k += t.step) {   // unrolled: 4 chunks' loads in flight
             const volatile float* chunk = partials + (long long)k * N * cols;   // volatile: from L2, never a stale L1
+            #pragma unroll
             for (int j = 0; j < N; ++j) f[j] += chunk[j * cols + t.col];
         }
     }
-    for (int j = 0; j < N; ++j) lane_sums[j * blockDim.x + threadIdx.x] = f[j];   // earlier reads ended at a barrier
-    __syncthreads();
-    reduce_lanes(lane_sums, N, t, tile_cols);
+    add_lanes<N>(f, lane_sums, t, tile_cols);
     if (owner)
-        for (int j = 0; j < N; ++j) dst[j][t.col] = lane_sums[j * blockDim.x + t.tc];
+        for (int j = 0; j < N; ++j) dst[j][t.col] = block_total(lane_sums, j, t.tc, tile_cols);
     return true;
 }
 """
@@ -159,9 +170,12 @@ class ChunkPlan:
 
 def plan_chunks(backend, rows: int, cols: int, rows_per_chunk: int | None = None,
                 blocks_per_sm: int = _BLOCKS_PER_SM, widest_tile: int = _TILE_COLS) -> ChunkPlan:
-    """Tiles of up to `widest_tile` columns; enough row chunks for about `blocks_per_sm` blocks on every SM."""
-    tile_cols = min(cols, widest_tile)
-    threads = tile_cols * (_THREADS // tile_cols)   # narrow tiles: several rows per warp
+    """Tiles of up to `widest_tile` columns (a power of two: a warp's row lanes meet by shuffles); enough row
+    chunks for about `blocks_per_sm` blocks on every SM."""
+    if widest_tile < 1 or widest_tile & (widest_tile - 1) or widest_tile > 32:
+        raise ValueError(f"plan_chunks: widest_tile {widest_tile} is not a power of two up to 32")
+    tile_cols = min(1 << (cols - 1).bit_length(), widest_tile)   # the power of two at or above cols
+    threads = _THREADS   # a multiple of tile_cols: narrow tiles put several rows in a warp
     tiles = -(-cols // tile_cols)
     if rows_per_chunk is None:
         target_chunks = max(1, blocks_per_sm * (multiprocessor_count() if backend.is_gpu else 1) // tiles)
