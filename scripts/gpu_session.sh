@@ -70,6 +70,8 @@
 #                bn-engine the engine's own batch norm (batchnorm=engine): its GPU tests, each named as it ends (-v), then
 #                         `./gate toggle-cost batchnorm=engine` of BN_WORKLOADS (default: resnet zoo:resnet50
 #                         zoo:mobilenet_v2) in tf32 and bf16 (LOGDIR/toggle_cost_batchnorm.json)
+#                bn-layers scripts/bn_layers.py: every batch norm of BN_LAYER_WORKLOAD (default resnet) timed alone in
+#                         BN_PRECISION (default bf16), cuDNN's graphs against the engine's kernels (LOGDIR/bn_layers.json)
 #                dp       issue 39 on 2 GPUs: `launch --gpus 2 mlp` with and without CUDA graphs, in build/base and the
 #                         tree (DP_TREES), each rank's stacks printed when it stalls (45 s a stage) or the launcher stops
 #                         it (100 s), NCCL_DEBUG=WARN; then the parallel GPU tests (-v)
@@ -201,6 +203,8 @@ step_bn-engine() { local s=0
     ./gate toggle-cost batchnorm=engine ${BN_WORKLOADS:-resnet zoo:resnet50 zoo:mobilenet_v2} --precision tf32 bf16 \
         --rounds 11 --out "$logdir/toggle_cost_batchnorm.json" || s=1
     return $s; }
+step_bn-layers() { python3 scripts/bn_layers.py ${BN_LAYER_WORKLOAD:-resnet} --precision ${BN_PRECISION:-bf16} \
+    --out "$logdir/bn_layers.json"; }
 step_dp() { local diag="$logdir/dp-diag" where graph s=0   # SIGTERM (the launcher's --timeout) prints each rank's stacks
     mkdir -p "$diag" && printf 'import faulthandler, signal\nfaulthandler.register(signal.SIGTERM, all_threads=True, chain=True)\n' \
         > "$diag/sitecustomize.py" || return 1
