@@ -7,9 +7,9 @@ adds them in a fixed order, so the result is the same bits every run). That
 block writes the batch mean and inverse standard deviation and moves the
 running statistics; the tile's other blocks wait for it (`tile_barrier`),
 then every block computes y = act((x - mean) gamma / std + beta [+ residual])
-over its own rows, mostly still in L2, and, where the activation's gradient is
-needed later, its bit mask (8 channels a byte, as cuDNN's fused backward reads
-it). Where |mean| is large against the std, shifting by one sample of the
+over its own rows, last first (the likeliest still in L2), and, where the
+activation's gradient is needed later, its bit mask (8 channels a byte, as
+cuDNN's fused backward reads it). Where |mean| is large against the std, shifting by one sample of the
 channel keeps the variance's digits, and the centred form keeps y's. A thread
 moves a pack of VEC = 8 channels in one vector access (16 bytes of bf16; one
 byte of the mask), or one channel where the channels or a buffer's alignment
@@ -52,6 +52,10 @@ __device__ __forceinline__ void write_mask_bit(unsigned char* mask, long long i,
 """
 
 _SOURCE = COLUMN_TILE_SOURCE + ACTIVATION_SOURCE + r"""
+// Row steps from row `from` of the block's chunk to its end (t.stop), t.step rows a step.
+__device__ __forceinline__ long long trips(long long from, const ColumnTile& t) {
+    return from < t.stop ? (t.stop - from + t.step - 1) / t.step : 0;
+}
 // Blocks of one column tile meet here after its sums: the block that drew the last ticket (`last`, it wrote the
 // tile's statistics) publishes them by moving the tile's generation on; the others wait for that. The grid is
 // at most two blocks an SM (plan_chunks) and __launch_bounds__ keeps two resident, so no block waits on one that
@@ -158,9 +162,11 @@ bn_forward(const ELEM_T* x, const float* gamma, const float* beta, float* runnin
         b[v] = own ? beta[c0 + v] : 0.f;
     }
     const long long start = t.first - threadIdx.x / tile_cols;
+    // The rows backwards: the first pass's last rows are the likeliest still in L2 (a map larger than L2, read
+    // forwards twice, would miss every time). The same trips in every thread: MASK's ballot.
     #pragma unroll 2
-    for (long long r0 = start; r0 < t.stop; r0 += t.step) {   // the same trips in every thread: MASK's ballot
-        const long long r = r0 + threadIdx.x / tile_cols, i = r * cols + c0;
+    for (long long k = trips(start, t) - 1; k >= 0; --k) {
+        const long long r = start + k * t.step + threadIdx.x / tile_cols, i = r * cols + c0;
         const bool valid = own && r < t.stop;
         unsigned int bits = 0u;
         if (valid) {
@@ -255,7 +261,7 @@ bn_backward(const ELEM_T* dy, const ELEM_T* x, const ELEM_T* y, const unsigned c
     }
     const float inv_count = 1.f / (float)rows;
     #pragma unroll 2
-    for (long long r = t.first; r < t.stop; r += t.step) {
+    for (long long r = t.first + (trips(t.first, t) - 1) * t.step; r >= t.first; r -= t.step) {   // backwards
         const long long i = r * cols + c0;
         through_activation(dy, y, mask, i, d);
         const Elems e = load_pack<ELEM_T, VEC>(x, i);
