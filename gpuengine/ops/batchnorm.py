@@ -138,28 +138,39 @@ bn_forward(const ELEM_T* x, const float* gamma, const float* beta, float* runnin
     #pragma unroll
     for (int j = 0; j < 2 * VEC; ++j) out[j] = sums + j * PACKS;
     const bool last = finish_column_sums<2 * VEC>(t, PACKS, tile_cols, s, lane_sums, partials, counters, out);
-    if (last && threadIdx.x < tile_cols && own) {   // the owners: each just wrote its pack's sums
-        const float n = (float)rows;
+    float g[VEC], b[VEC], batch_mean[VEC], batch_var[VEC];   // gamma and beta loaded while the tile waits
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        g[v] = own ? gamma[c0 + v] : 0.f;
+        b[v] = own ? beta[c0 + v] : 0.f;
+    }
+    const bool owner = last && threadIdx.x < tile_cols && own;   // the owners: each just wrote its pack's sums
+    const float n = (float)rows;
+    if (owner) {
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
-            const long long c = c0 + v;
             const float d_mean = sums[2 * v * PACKS + t.col] / n;
-            const float var = fmaxf(sums[(2 * v + 1) * PACKS + t.col] / n - d_mean * d_mean, 0.f);
-            const float mean = shift[v] + d_mean;
-            saved_mean[c] = mean;
-            saved_inv_std[c] = 1.f / sqrtf(var + eps);
-            running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * mean;
-            running_var[c] = (1.f - momentum) * running_var[c] + momentum * var * n / fmaxf(n - 1.f, 1.f);
+            batch_var[v] = fmaxf(sums[(2 * v + 1) * PACKS + t.col] / n - d_mean * d_mean, 0.f);
+            batch_mean[v] = shift[v] + d_mean;
+            saved_mean[c0 + v] = batch_mean[v];
+            saved_inv_std[c0 + v] = 1.f / sqrtf(batch_var[v] + eps);
         }
     }
     if (gridDim.y > 1) tile_barrier(generations, seen, last);
     else __syncthreads();
-    float scale[VEC], mean[VEC], b[VEC];
+    if (owner) {   // after the barrier: no block waits for the running statistics
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const long long c = c0 + v;
+            running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * batch_mean[v];
+            running_var[c] = (1.f - momentum) * running_var[c] + momentum * batch_var[v] * n / fmaxf(n - 1.f, 1.f);
+        }
+    }
+    float scale[VEC], mean[VEC];
     #pragma unroll
     for (int v = 0; v < VEC; ++v) {
-        scale[v] = own ? gamma[c0 + v] * *(volatile const float*)(saved_inv_std + c0 + v) : 0.f;
+        scale[v] = own ? g[v] * *(volatile const float*)(saved_inv_std + c0 + v) : 0.f;
         mean[v] = own ? *(volatile const float*)(saved_mean + c0 + v) : 0.f;
-        b[v] = own ? beta[c0 + v] : 0.f;
     }
     const long long start = t.first - threadIdx.x / tile_cols;
     // The rows backwards: the first pass's last rows are the likeliest still in L2 (a map larger than L2, read
@@ -249,15 +260,17 @@ bn_backward(const ELEM_T* dy, const ELEM_T* x, const ELEM_T* y, const unsigned c
         }
     }
     if (!write_dx) return;   // no block waits: the sums are all this launch owes
+    float k[VEC];   // loaded while the tile waits
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) k[v] = own ? gamma[c0 + v] * r_std[v] : 0.f;
     if (gridDim.y > 1) tile_barrier(generations, seen, last);
     else __syncthreads();
     if (!own) return;
-    float g[VEC], bsum[VEC], k[VEC];
+    float g[VEC], bsum[VEC];
     #pragma unroll
     for (int v = 0; v < VEC; ++v) {
         g[v] = *(volatile const float*)(dgamma + c0 + v);
         bsum[v] = *(volatile const float*)(dbeta + c0 + v);
-        k[v] = gamma[c0 + v] * r_std[v];
     }
     const float inv_count = 1.f / (float)rows;
     #pragma unroll 2
