@@ -9,11 +9,12 @@ running statistics; the tile's other blocks wait for it (`tile_barrier`),
 then every block computes y = act((x - mean) gamma / std + beta [+ residual])
 over its own rows, last first (the likeliest still in L2), and, where the
 activation's gradient is needed later, its bit mask (8 channels a byte, as
-cuDNN's fused backward reads it). Where |mean| is large against the std, shifting by one sample of the
-channel keeps the variance's digits, and the centred form keeps y's. A thread
-moves a pack of VEC = 8 channels in one vector access (16 bytes of bf16; one
-byte of the mask), or one channel where the channels or a buffer's alignment
-do not allow 8 (`pack_width`; its lanes' mask bits then meet by ballot).
+cuDNN's fused backward reads it). Where |mean| is large against the std,
+shifting by one sample of the channel keeps the variance's digits, and the
+centred form keeps y's. A thread moves a pack of VEC = 8 channels in one
+vector access (16 bytes of bf16; one byte of the mask), or one channel where
+the channels or a buffer's alignment do not allow 8 (`pack_width`; its
+lanes' mask bits then meet by ballot).
 
 Backward, one launch (`bn_backward`): dz = dy where the activation passed the
 gradient (the mask, or y without one; written where a residual's gradient
