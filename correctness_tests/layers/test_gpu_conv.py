@@ -87,6 +87,7 @@ FIRST_LAYER_CASES = {
     "mnist-fused-relu": CONV_CASES["mnist-fused-relu"],
     "rgb-stride2-no-bias": (64, (32, 32, 3), dict(filters=32, stride=2, use_bias=False)),
     "5x5-valid": (32, (28, 28, 1), dict(filters=8, kernel_size=5, padding="valid")),
+    "one-chunk": (2, (4, 4, 1), dict(filters=8)),   # 32 pixels, one chunk: 31 lanes of each summing warp idle
 }
 FIRST_LAYER_RUNS = [("mnist", p) for p in PRECISIONS] + [(c, "fp32") for c in list(FIRST_LAYER_CASES)[1:]]
 
