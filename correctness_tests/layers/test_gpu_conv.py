@@ -279,6 +279,21 @@ def test_training_matches_numpy():
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
+def test_pool_read_by_the_direct_weight_gradient_trains_bit_for_bit_like_the_pool_writing_its_gradient(precision):
+    """model/passes.py: the max pool writes no input gradient, the first convolution's direct kernels read its
+    output gradient and argmax; each pixel's gradient is the same value either way, so the same bits."""
+    net = build_cnn(SHAPE)
+    x, t = cnn_data(512, SHAPE)
+    fused = Trainer(net, x, t, 128, EngineConfig(precision=precision, cuda_graph=0))
+    plain = Trainer(net, x, t, 128, EngineConfig(precision=precision, cuda_graph=0), fuse=False)
+    assert fused.program.layers["pool"].dx is None and plain.program.layers["pool"].dx is not None
+    assert fused.train(2) == plain.train(2)
+    a, b = fused.params.state_dict(), plain.params.state_dict()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
 def test_captured_replay_equals_eager(precision):
     net = build_cnn(SHAPE)
     x, t = cnn_data(4096, SHAPE)

@@ -22,7 +22,7 @@ from ..layers.merge import GradientSum
 from ..losses.fused_head import TanhLinearMSEHead, TanhLinearOutput
 from ..ops.widen import Widening
 from .network import INPUT, Network, NetworkError
-from .passes import tanh_linear_mse_head
+from .passes import pools_over_direct_wgrad, tanh_linear_mse_head
 
 __all__ = ["InferenceProgram", "TrainingProgram"]
 
@@ -63,6 +63,7 @@ class TrainingProgram:
             self.loss = TanhLinearMSEHead(wiring.tail[-1].name, head_input.name)
         else:
             self.loss = copy.copy(net.loss)   # a loss holds its buffers: one per program
+        pooled = pools_over_direct_wgrad(net, self.layers, ctx.backend.is_gpu) if fuse else set()
         grads = {self.nodes[-1].name: [self.loss.build(ctx, wiring.last, batch_t, state)]}
         self.widening = Widening(ctx.backend, ctx.allocator)
         ctx = dataclasses.replace(ctx, widening=self.widening)   # the backward layers hand it their bf16 gradients
@@ -73,7 +74,10 @@ class TrainingProgram:
             summed = GradientSum(ctx, parts) if len(parts) > 1 else None
             dy = summed.out if summed else parts[0]
             needs = tuple(i != INPUT for i in node.inputs)
-            result = layer.build_backward(ctx, dy, needs[0] if layer.arity == 1 else needs)
+            if node.name in pooled:   # the convolution below reads dy itself
+                result = layer.build_backward_pooled(ctx, dy)
+            else:
+                result = layer.build_backward(ctx, dy, needs[0] if layer.arity == 1 else needs)
             for source, need, dx in zip(node.inputs, needs, (result,) if layer.arity == 1 else result):
                 if need and dx is None:
                     raise NetworkError(f"node {node.name!r} returned no gradient for its input {source!r}")
