@@ -13,6 +13,8 @@ the weight gradient (direct_wgrad.py with a pool) reads those, so the
 full-size output is never needed. A thread's filter is fixed over its
 grid-stride loop (the stride is a multiple of FILTERS), so its taps load once.
 Windows must not overlap and carry no padding (direct_wgrad.pool_fits).
+The convolution layer still builds its own output buffer and cuDNN graph,
+unused in a training program: the fusion is found after the layers are built.
 """
 from __future__ import annotations
 
