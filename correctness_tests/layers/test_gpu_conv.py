@@ -17,6 +17,7 @@ from gpuengine.config import EngineConfig
 from gpuengine.inference import Predictor, ResidentPredictor
 from gpuengine.layers import Conv2D, MaxPool2D, ReLU
 from gpuengine.losses import SoftmaxCrossEntropy
+from gpuengine.ops.conv_pool import ConvPoolForward
 from gpuengine.ops.reductions import ColumnSum
 from gpuengine.runtime.backend import Backend, bfloat16_dtype, gpu_visible
 from gpuengine.runtime.memory import Allocator
@@ -26,7 +27,7 @@ from gpuengine.workloads.cnn import CNNShape, build_cnn, cnn_data
 from ..gpu_checks import (TOLERANCE, assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group,
     rel_err)
 from ..gradient_check import random_weights
-from ..layer_harness import run_layer, run_loss
+from ..layer_harness import make_context, run_layer, run_loss
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
@@ -87,6 +88,7 @@ FIRST_LAYER_CASES = {
     "mnist-fused-relu": CONV_CASES["mnist-fused-relu"],
     "rgb-stride2-no-bias": (64, (32, 32, 3), dict(filters=32, stride=2, use_bias=False)),
     "5x5-valid": (32, (28, 28, 1), dict(filters=8, kernel_size=5, padding="valid")),
+    "one-chunk": (2, (4, 4, 1), dict(filters=8)),   # 32 pixels, one chunk: 31 lanes of each summing warp idle
 }
 FIRST_LAYER_RUNS = [("mnist", p) for p in PRECISIONS] + [(c, "fp32") for c in list(FIRST_LAYER_CASES)[1:]]
 
@@ -275,6 +277,54 @@ def test_training_matches_numpy():
     a, b = cpu.params.state_dict(), gpu.params.state_dict()
     for name in a:
         assert rel_err(b[name], a[name]) < 1e-4, name
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_first_convolution_fused_with_its_pool_trains_like_the_unfused_step(precision):
+    """model/passes.py: the convolution and the max pool run forward as one kernel and the pool hands its output
+    gradient to the direct weight gradient, writing none of its own; the step trains as the unfused one."""
+    net = build_cnn(SHAPE)
+    x, t = cnn_data(512, SHAPE)
+    fused = Trainer(net, x, t, 128, EngineConfig(precision=precision, cuda_graph=0))
+    plain = Trainer(net, x, t, 128, EngineConfig(precision=precision, cuda_graph=0), fuse=False)
+    assert fused.program.layers["pool"].dx is None and plain.program.layers["pool"].dx is not None
+    tolerance = max(TOLERANCE[precision], 1e-4)
+    np.testing.assert_allclose(fused.train(2), plain.train(2), rtol=tolerance)
+    a, b = fused.params.state_dict(), plain.params.state_dict()
+    for name in a:
+        assert rel_err(a[name], b[name]) < tolerance, name
+
+
+@pytest.mark.parametrize("relu", [True, False], ids=["relu", "no-relu"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_conv_pool_forward_matches_the_convolution_then_the_pool(precision, relu):
+    """ops/conv_pool.py against cuDNN's convolution and maxpool_forward on the same input: the pooled values, and
+    the argmax wherever a window's two largest differ by more than rounding. 29 rows: the last in no window."""
+    batch, shape = 16, (29, 28, 1)
+    conv, pool = Conv2D(8, activation="relu" if relu else None, name="conv"), MaxPool2D(2, name="pool")
+    weights = {k: representable(v, precision) for k, v in
+               random_weights(conv.param_specs(shape), np.random.default_rng(3), 0.5).items()}
+    ctx = make_context("cuda", precision, batch, conv.param_specs(shape), weights)
+    be = ctx.backend
+    with be.activate():
+        x = ctx.allocator.zeros((batch,) + shape, ctx.policy.compute_dtype, "batch")
+        x[...] = be.xp.asarray(normal(5, (batch,) + shape, precision).astype(x.dtype))
+        pool.build_forward(ctx, conv.build_forward(ctx, x))
+        conv.forward()
+        pool.forward()
+        be.synchronize()
+        conv_out, want, want_arg = (be.to_host(a).astype(np.float64) for a in (conv.out, pool.out, pool.argmax))
+        pool.out[...], pool.argmax[...] = 0, -7
+        ConvPoolForward(conv, pool).run()
+        be.synchronize()
+        got, got_arg = be.to_host(pool.out).astype(np.float64), be.to_host(pool.argmax)
+    tolerance = TOLERANCE[precision]
+    np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+    windows = conv_out[:, :28].reshape(batch, 14, 2, 14, 2, 8).transpose(0, 1, 3, 5, 2, 4).reshape(-1, 4)
+    top = np.sort(windows, axis=1)
+    clear = (top[:, 3] - top[:, 2]) > 4 * tolerance * np.maximum(1.0, np.abs(top[:, 3]))
+    assert clear.mean() > 0.5   # most windows decide their argmax beyond rounding
+    np.testing.assert_array_equal(got_arg.reshape(-1)[clear], want_arg.reshape(-1)[clear])
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

@@ -24,7 +24,8 @@ from gpuengine.layers import (AdaptiveAveragePool2D, BatchNorm2D, Conv2D, MaxPoo
     adaptive_pool, batchnorm, dropout, embedding, layernorm, merge, pooling, positional)
 from gpuengine.losses import cross_entropy, fused_head, mse as losses, token_cross_entropy
 from gpuengine.model.network import INPUT
-from gpuengine.ops import batchnorm as ops_batchnorm, cudnn_attention, depthwise, direct_wgrad, reductions, widen
+from gpuengine.ops import (batchnorm as ops_batchnorm, conv_pool, cudnn_attention, depthwise, direct_wgrad, reductions,
+                           widen)
 from gpuengine.runtime import step_state
 from gpuengine.runtime.kernels import ctype, define_items
 from gpuengine.runtime.precision import policy_for
@@ -162,6 +163,14 @@ def _node_cases(net, node, dtype, where):
     elif isinstance(layer, Conv2D) and node.inputs == (INPUT,):   # only a first layer needs no input gradient
         found.append((direct_wgrad, "_SOURCE", ("direct_wgrad_partials", "direct_wgrad_sum"),
                       layer.direct_wgrad_defines(shapes[0], dtype)))
+        readers = net.readers(node.name)   # a max pool alone above it: the kernels read its gradient (passes.py)
+        if len(readers) == 1 and isinstance(readers[0].layer, MaxPool2D):
+            pool = readers[0].layer.window_of(net.shapes[node.name])
+            if direct_wgrad.pool_fits(pool):
+                found.append((direct_wgrad, "_SOURCE", ("direct_wgrad_partials", "direct_wgrad_sum"),
+                              layer.direct_wgrad_defines(shapes[0], dtype, pool)))
+                found.append((conv_pool, "_SOURCE", ("conv_pool_forward",),
+                              layer.conv_pool_defines(shapes[0], dtype, pool)))
     elif isinstance(layer, TokenEmbedding):   # ids travel in the compute dtype
         found.append((embedding, "_SOURCE", ("embed", "embed_grad"), layer.kernel_defines(dtype, dtype)))
     for module, source_expr, kernels, defines in found:

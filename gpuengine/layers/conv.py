@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import checks
-from ..ops import autotune, depthwise, direct_wgrad
+from ..ops import autotune, conv_pool, depthwise, direct_wgrad
 from ..ops.cudnn import CudnnUnsupported, conv_data_grad, conv_forward, conv_weight_grad, graph_key, runtime_for
 from ..ops.reductions import ColumnSum
 from ..runtime.backend import widen
@@ -93,13 +93,28 @@ class Conv2D(Layer):
     def _direct_wgrad_fits(self, window, channels: int) -> bool:
         return self.groups == 1 and direct_wgrad.fits(window, channels, self.filters)
 
-    def direct_wgrad_defines(self, input_shape, dtype) -> dict | None:
-        """The direct weight-gradient kernels' defines (a first layer on a GPU); None where that path is not taken."""
+    def takes_direct_wgrad(self) -> bool:
+        """Built: whether its weight gradient fits the direct kernels (taken on a GPU where no input gradient
+        is needed)."""
+        return self._direct_wgrad_fits(self.window, self.x.shape[3])
+
+    def direct_wgrad_defines(self, input_shape, dtype, pool=None) -> dict | None:
+        """The direct weight-gradient kernels' defines (a first layer on a GPU; `pool`: the window of a max pool
+        whose gradient they read); None where that path is not taken."""
         window = self._window(tuple(input_shape))
         if not self._direct_wgrad_fits(window, input_shape[2]):
             return None
         return direct_wgrad.kernel_defines(window, input_shape, self.filters, dtype, self.activation == "relu",
-                                           self.use_bias)
+                                           self.use_bias, pool)
+
+    def conv_pool_defines(self, input_shape, dtype, pool) -> dict | None:
+        """The defines of the forward kernel fused with the max pool over it (`pool`: its window); None where the
+        direct weight gradient, which that fusion needs, is not taken."""
+        window = self._window(tuple(input_shape))
+        if not self._direct_wgrad_fits(window, input_shape[2]):
+            return None
+        return conv_pool.kernel_defines(window, pool, input_shape, self.filters, dtype, self.activation == "relu",
+                                        self.use_bias)
 
     def depthwise_defines(self, input_shape, dtype) -> dict | None:
         """The depthwise kernels' defines (a depthwise layer on a GPU); None where the layer is not depthwise."""
@@ -152,6 +167,9 @@ class Conv2D(Layer):
         self._direct = self._grad_b = self._grad_w = self._grad_x = self._grad_z = None
         self._widened_by_program = False
         direct = self._direct_wgrad_fits(self.window, self.x.shape[3])
+        if isinstance(dy, direct_wgrad.PooledGradient) and not (ctx.backend.is_gpu and not needs_input_grad and direct):
+            raise ValueError(f"{self.name}: a max pool's gradient is read directly only by the direct weight "
+                             "gradient (a GPU, no input gradient, few taps)")
         if ctx.backend.is_gpu and not needs_input_grad and direct:
             self._direct = direct_wgrad.DirectWeightGrad(ctx, self.window, self.x, self.out, dy, self.grad_w, grad_b,
                                                          self.activation == "relu")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ops.direct_wgrad import PooledGradient
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel, launch_shape, vector_width
 from .base import BuildContext, Layer
@@ -105,6 +106,10 @@ class MaxPool2D(Layer):
                              "a window could hold padding only")
         return window
 
+    def window_of(self, input_shape):
+        """The pool's resolved window over (H, W, C) samples."""
+        return self._window(tuple(input_shape))
+
     def output_shape(self, input_shape):
         return self._window(input_shape).output_hw + (input_shape[2],)
 
@@ -138,6 +143,12 @@ class MaxPool2D(Layer):
             self._backward_defines = self.kernel_defines(self.x.shape[1:], self.x.dtype, dy, self.argmax, self.dx)
             self._backward = get_kernel(_SOURCE, "maxpool_backward", **self._backward_defines)
         return self.dx
+
+    def build_backward_pooled(self, ctx: BuildContext, dy) -> PooledGradient:
+        """Backward fused into the direct weight gradient of the convolution below (model/passes.py): this layer
+        writes nothing; the convolution's kernel reads dy, the output and argmax itself."""
+        self.dy, self.dx = dy, None
+        return PooledGradient(dy, self.out, self.argmax, self.window)
 
     def forward(self):
         if self.backend.is_gpu:

@@ -6,14 +6,27 @@ an MSE loss (seed note 000's regression MLP) trains through
 the loss and their gradients in two passes instead of five kernels; inference
 uses its forward pass alone. A pass only finds its pattern: the programs
 (`program.py`) decide whether to apply it (`fuse=True`, the default).
+
+`pools_over_direct_wgrad`: a max pool right after a network's first
+convolution (seed note 001's CNN), where that convolution's weight gradient
+takes the direct kernels (ops/direct_wgrad.py, a GPU only). The two run
+forward as one kernel (ops/conv_pool.py) writing only the pooled output and
+argmax, the weight-gradient kernel reads the pool's output gradient and
+argmax itself, and the pool writes no input gradient: at batch 128 the
+convolution's output and its gradient are 6.4 MB each in fp32, written
+(cuDNN's convolution 13.6 us, maxpool_backward 8.2 us on an H100) and read
+again.
 """
 from __future__ import annotations
 
 from ..layers.activations import Activation
+from ..layers.conv import Conv2D
 from ..layers.dense import Dense
+from ..layers.pooling import MaxPool2D
 from ..losses.fused_head import fits
 from ..losses.mse import MSELoss
-from .network import Network, Node
+from ..ops.direct_wgrad import pool_fits
+from .network import INPUT, Network, Node
 
 
 def tanh_linear_mse_head(net: Network) -> list[Node] | None:
@@ -27,3 +40,20 @@ def tanh_linear_mse_head(net: Network) -> list[Node] | None:
     fused = (isinstance(prev, Dense) and isinstance(act, Activation) and act.kind == "tanh"
              and isinstance(last, Dense) and last.units == 1 and fits(prev.units))
     return tail if fused else None
+
+
+def pools_over_direct_wgrad(net: Network, layers: dict, is_gpu: bool) -> set[str]:
+    """Names of the max pools whose input gradient only a first convolution's direct weight gradient would read,
+    among `layers` (the program's, built forward), on a GPU; else none."""
+    found = set()
+    for node in net.nodes if is_gpu else ():
+        pool = layers.get(node.name)
+        if not isinstance(pool, MaxPool2D) or len(node.inputs) != 1 or node.inputs[0] == INPUT:
+            continue
+        below = node.inputs[0]
+        conv = layers.get(below)
+        conv_node = next(n for n in net.nodes if n.name == below)
+        if (isinstance(conv, Conv2D) and tuple(conv_node.inputs) == (INPUT,) and net.readers(below) == [node]
+                and conv.takes_direct_wgrad() and pool_fits(pool.window)):
+            found.add(node.name)
+    return found

@@ -6,6 +6,9 @@ at the network's end), then the backward pass in reverse order: each node's outp
 gradient is the sum of what its readers hand back. One reader's gradient is
 used as it is; several (a residual block's input, read by the branch and the
 shortcut) are added by one `GradientSum` pass just before the node's backward.
+A max pool over the first convolution (`passes.py`) runs with it as one
+forward kernel and hands its output gradient to that convolution's weight
+gradient (ops/conv_pool.py, ops/direct_wgrad.py), on a GPU.
 `InferenceProgram` wires the forward pass alone. Both allocate everything up
 front, so their calls can be captured in a CUDA graph.
 """
@@ -20,9 +23,10 @@ from ..layers.base import BuildContext
 from ..layers.dense import Dense
 from ..layers.merge import GradientSum
 from ..losses.fused_head import TanhLinearMSEHead, TanhLinearOutput
+from ..ops.conv_pool import ConvPoolForward
 from ..ops.widen import Widening
 from .network import INPUT, Network, NetworkError
-from .passes import tanh_linear_mse_head
+from .passes import pools_over_direct_wgrad, tanh_linear_mse_head
 
 __all__ = ["InferenceProgram", "TrainingProgram"]
 
@@ -63,6 +67,8 @@ class TrainingProgram:
             self.loss = TanhLinearMSEHead(wiring.tail[-1].name, head_input.name)
         else:
             self.loss = copy.copy(net.loss)   # a loss holds its buffers: one per program
+        pooled = pools_over_direct_wgrad(net, self.layers, ctx.backend.is_gpu) if fuse else set()
+        self._forward_runs = self._forward_calls(pooled)
         grads = {self.nodes[-1].name: [self.loss.build(ctx, wiring.last, batch_t, state)]}
         self.widening = Widening(ctx.backend, ctx.allocator)
         ctx = dataclasses.replace(ctx, widening=self.widening)   # the backward layers hand it their bf16 gradients
@@ -73,7 +79,10 @@ class TrainingProgram:
             summed = GradientSum(ctx, parts) if len(parts) > 1 else None
             dy = summed.out if summed else parts[0]
             needs = tuple(i != INPUT for i in node.inputs)
-            result = layer.build_backward(ctx, dy, needs[0] if layer.arity == 1 else needs)
+            if node.name in pooled:   # the convolution below reads dy itself
+                result = layer.build_backward_pooled(ctx, dy)
+            else:
+                result = layer.build_backward(ctx, dy, needs[0] if layer.arity == 1 else needs)
             for source, need, dx in zip(node.inputs, needs, (result,) if layer.arity == 1 else result):
                 if need and dx is None:
                     raise NetworkError(f"node {node.name!r} returned no gradient for its input {source!r}")
@@ -92,9 +101,16 @@ class TrainingProgram:
         """The layers run one by one in the forward pass, in order."""
         return [self.layers[n.name] for n in self.nodes]
 
+    def _forward_calls(self, pooled: set[str]) -> list:
+        """Each node's forward in order; a pool in `pooled` and the convolution below it as one ConvPoolForward
+        (the convolution's own output is then never written: nothing reads it)."""
+        below = {node.inputs[0]: node.name for node in self.nodes if node.name in pooled}
+        return [ConvPoolForward(self.layers[node.inputs[0]], self.layers[node.name]).run if node.name in pooled
+                else self.layers[node.name].forward for node in self.nodes if node.name not in below]
+
     def forward(self):
-        for node in self.nodes:
-            self.layers[node.name].forward()
+        for run in self._forward_runs:
+            run()
 
     def loss_and_backward(self, after_params=None):
         """after_params(i), if given, runs once backward step i has written its parameters' gradients (each

@@ -1,0 +1,60 @@
+"""The fusion passes' patterns (model/passes.py), found on networks built on the CPU."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from gpuengine.layers import Conv2D, Dense, Flatten, MaxPool2D
+from gpuengine.losses import SoftmaxCrossEntropy
+from gpuengine.model.network import INPUT, Sequential
+from gpuengine.model.passes import pools_over_direct_wgrad
+from gpuengine.workloads.cnn import build_cnn
+
+from ..layer_harness import make_context
+
+
+def _built_layers(net, batch: int = 2) -> dict:
+    """Copies of the network's layers, each built forward on the CPU, as a program holds them."""
+    ctx = make_context("cpu", "fp32", batch, net.param_specs(), None, net.buffer_specs())
+    outputs, layers = {INPUT: np.zeros((batch,) + net.input_shape, np.float32)}, {}
+    for node in net.nodes:
+        layers[node.name] = copy.copy(node.layer)
+        outputs[node.name] = layers[node.name].build_forward(ctx, *(outputs[i] for i in node.inputs))
+    return layers
+
+
+def _net(*layers):
+    return Sequential([*layers, Flatten(name="flatten"), Dense(10, name="dense")], SoftmaxCrossEntropy(),
+                      (28, 28, 1))
+
+
+def test_the_seed_cnn_pool_is_read_by_the_direct_weight_gradient_on_a_gpu_only():
+    net = build_cnn()
+    layers = _built_layers(net)
+    assert pools_over_direct_wgrad(net, layers, is_gpu=True) == {"pool"}
+    assert pools_over_direct_wgrad(net, layers, is_gpu=False) == set()
+
+
+def test_a_pool_over_a_relu_layer_is_left_alone():
+    net = build_cnn(fused_relu=False)
+    assert pools_over_direct_wgrad(net, _built_layers(net), is_gpu=True) == set()
+
+
+def test_overlapping_or_padded_windows_are_left_alone():
+    for pool in (MaxPool2D(3, stride=2, name="pool"), MaxPool2D(2, stride=1, name="pool"),
+                 MaxPool2D(3, stride=3, padding="same", name="pool")):
+        net = _net(Conv2D(8, 3, padding="same", activation="relu", name="conv"), pool)
+        assert pools_over_direct_wgrad(net, _built_layers(net), is_gpu=True) == set(), pool.__dict__
+
+
+def test_a_pool_over_a_convolution_that_needs_its_input_gradient_is_left_alone():
+    net = _net(Conv2D(4, 3, padding="same", name="first"), Conv2D(8, 3, padding="same", activation="relu",
+                                                                  name="conv"), MaxPool2D(2, name="pool"))
+    assert pools_over_direct_wgrad(net, _built_layers(net), is_gpu=True) == set()
+
+
+def test_a_convolution_with_many_taps_is_left_alone():
+    net = Sequential([Conv2D(8, 5, padding="same", activation="relu", name="conv"), MaxPool2D(2, name="pool"),
+                      Flatten(name="flatten"), Dense(10, name="dense")], SoftmaxCrossEntropy(), (28, 28, 3))
+    assert pools_over_direct_wgrad(net, _built_layers(net), is_gpu=True) == set()   # 75 taps: cuDNN's wgrad
