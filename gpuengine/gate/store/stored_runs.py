@@ -7,7 +7,7 @@ stays readable by its tools):
     <folder>/history/<machine id>/NNNN_*.json   every other saved run (failed): kept, never compared
     <tier>/<series>/...                         a series (`slow`, `config-<toggles>`): runs with a history of their own
     <tier>/maxbatch/*.json, <tier>/profiles/    max-batch tables, kernel profiles
-    <tier>/gatepower|plan_stability|toggle_cost/, noise.json, cudnn_plans.json   the gate's own records: no results
+    <tier>/gatepower|plan_stability|toggle_cost|logs/, noise.json, cudnn_plans.json   records: no results
 
 The gate (plugin.py), the A/A noise (aa_noise.py), the spread and the
 change points read a folder's baselines through `scan`; the report reads
@@ -35,11 +35,12 @@ HISTORY = "history"
 GATEPOWER = "gatepower"            # ./gate gatepower's studies
 PLAN_STABILITY = "plan_stability"  # ./gate plans' records
 TOGGLE_COST = "toggle_cost"        # ./gate toggle-cost's records
+LOGS = "logs"                      # GPU sessions' logs and the records of scripts/ (bn_layers.py, setup_time.py)
 NOISE_FILE = "noise.json"          # ./gate gatepower calibrate's noise levels (gate/rules/noise.py)
-GATE_FOLDERS = frozenset({GATEPOWER, PLAN_STABILITY, TOGGLE_COST})   # the gate's own records: no results
+RECORD_FOLDERS = frozenset({GATEPOWER, PLAN_STABILITY, TOGGLE_COST, LOGS})   # records, not results
 MAXBATCH_KEYS = {"workload", "mode", "engine", "reference", "ratio", "engine_search", "reference_search"}
 # Folders inside a tier folder that hold something other than its baselines.
-RESERVED = (HISTORY, "slow", "maxbatch", PROFILES, *sorted(GATE_FOLDERS))
+RESERVED = (HISTORY, "slow", "maxbatch", PROFILES, *sorted(RECORD_FOLDERS))
 RUN_GLOB = "[0-9][0-9][0-9][0-9]_*.json"
 MACHINE_ID = re.compile(r"^[A-Za-z]+-[A-Za-z]+-\d+\.\d+-\d+bit$")  # pytest-benchmark's folder per OS/Python
 
@@ -109,7 +110,7 @@ def read_tier(folder: Path | str, store: Path | str) -> TierFiles:
     tier = TierFiles([], [], [], [])
     for file in sorted(folder.rglob("*.json")):
         rel = file.relative_to(store)
-        if rel.name in (NOISE_FILE, PLAN_FILE) or GATE_FOLDERS & set(rel.parts):
+        if rel.name in (NOISE_FILE, PLAN_FILE) or RECORD_FOLDERS & set(rel.parts):
             continue
         try:
             data = load_json(file, str(rel))
