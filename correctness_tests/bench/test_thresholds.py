@@ -186,7 +186,7 @@ def test_default_path_is_read_at_call_time(tmp_path, monkeypatch):
     (H100, "test_mlp_infer[fp32-resident-b8000]", STRONGER, 1.4, TARGET),         # issue 21: 1.4x from b2000
     (H100, "test_mlp_train[bf16-graph8-resident-bpe1]", STRONGER, 2.4, CLAIM),    # held: 2.69x (0017)
     ("NVIDIA H200", "test_mlp_train[fp32-graph8-resident-bpe4]", STRONGER, 1.05, TARGET),   # over torch_graph: 1.2
-    ("NVIDIA H200", "test_cnn_train[bf16-graph8-resident-b128]", STRONGER, 2.0, TARGET),   # issue 21: keeps 2x
+    ("NVIDIA H200", "test_cnn_train[bf16-graph8-resident-b128]", STRONGER, 2.0, CLAIM),   # issue 38: held at a8d04cd
     ("NVIDIA H200", "test_cnn_train[tf32-graph1-resident-b128]", STRONGER, 1.85, TARGET),
     (H100, "test_transformer_train[seq64-tf32-graph8-b16]", STRONGER, 1.3, TARGET),    # over torch_graph: 1.40
     (H100, "test_transformer_train[seq384-tf32-graph8-b16]", STRONGER, 1.6, CLAIM),    # held: 1.79x (0028)
