@@ -3,16 +3,16 @@
 The Transformer's feed-forward layers and its projection to the vocabulary act
 on every position alike (Vaswani et al. 2017, section 3.3), so a batch of
 (T, in) samples is one (B*T, in) matrix: one cuBLASLt GEMM with the bias in its
-epilogue forward, two GEMMs and a column sum backward, as in dense.py (which
-takes flat samples only).
+epilogue forward, two GEMMs backward with the bias gradient as a column sum or
+in the weight gradient's epilogue (bias_grad), as in dense.py (which takes flat
+samples only).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import checks
-from ..ops.gemm import Gemm
-from ..ops.reductions import ColumnSum
+from ..ops.gemm import Gemm, weight_gradients
 from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
 
@@ -46,9 +46,9 @@ class Linear(Layer):
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         dy = dy.reshape(-1, self.units)
-        self._grad_w = Gemm(ctx.backend, ctx.policy, ctx.params.grad_view(f"{self.name}.weight"), dy.T, self.x,
-                            allocator=ctx.allocator)
-        self._grad_b = ColumnSum(ctx.backend, ctx.allocator, dy, ctx.params.grad_view(f"{self.name}.bias"))
+        self._grad_w, self._grad_b = weight_gradients(
+            ctx.backend, ctx.policy, ctx.allocator, ctx.params.grad_view(f"{self.name}.weight"),
+            ctx.params.grad_view(f"{self.name}.bias"), dy, self.x, ctx.bias_grad == "epilogue")
         if not needs_input_grad:
             return None
         dx = ctx.allocator.zeros(self._input_shape, ctx.policy.compute_dtype, "activations")
@@ -61,7 +61,8 @@ class Linear(Layer):
 
     def backward(self):
         self._grad_w.run()
-        self._grad_b.run()
+        if self._grad_b is not None:
+            self._grad_b.run()
         if self._grad_x is not None:
             self._grad_x.run()
 
