@@ -19,6 +19,7 @@ class Dense(Layer):
         self.units = checks.whole("Dense units", units)
         self.name = name
         self.bias_grad_fused = False   # set by a fusion that computes db itself
+        self.relu_epilogue = False     # set by a program whose ReLU after this layer runs in the GEMM's epilogue
 
     def _in_features(self, input_shape):
         if len(input_shape) != 1:
@@ -42,7 +43,8 @@ class Dense(Layer):
         self.weight = ctx.params.compute_view(f"{self.name}.weight")
         bias = ctx.params.compute_view(f"{self.name}.bias")
         self.out = ctx.allocator.zeros((ctx.batch, self.units), ctx.policy.compute_dtype, "activations")
-        self._forward = Gemm(ctx.backend, ctx.policy, self.out, x, self.weight.T, bias, ctx.allocator)
+        self._forward = Gemm(ctx.backend, ctx.policy, self.out, x, self.weight.T, bias, ctx.allocator,
+                             relu=self.relu_epilogue)
         self._grad_w = self._grad_b = self._grad_x = None   # an inference program builds no backward
         return self.out
 

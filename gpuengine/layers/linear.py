@@ -20,6 +20,7 @@ from .base import BuildContext, Layer
 class Linear(Layer):
     def __init__(self, units: int, name: str = ""):
         self.units, self.name = checks.whole("Linear units", units), name
+        self.relu_epilogue = False   # set by a program whose ReLU after this layer runs in the GEMM's epilogue
 
     def param_specs(self, input_shape):
         fan_in = input_shape[-1]
@@ -39,7 +40,7 @@ class Linear(Layer):
         self.weight = ctx.params.compute_view(f"{self.name}.weight")
         self.out = ctx.allocator.zeros(x.shape[:-1] + (self.units,), ctx.policy.compute_dtype, "activations")
         self._forward = Gemm(ctx.backend, ctx.policy, self.out.reshape(-1, self.units), self.x, self.weight.T,
-                             ctx.params.compute_view(f"{self.name}.bias"), ctx.allocator)
+                             ctx.params.compute_view(f"{self.name}.bias"), ctx.allocator, relu=self.relu_epilogue)
         self._grad_w = self._grad_b = self._grad_x = None
         self._input_shape = x.shape
         return self.out

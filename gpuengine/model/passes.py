@@ -16,12 +16,19 @@ argmax itself, and the pool writes no input gradient: at batch 128 the
 convolution's output and its gradient are 6.4 MB each in fp32, written
 (cuDNN's convolution 13.6 us, maxpool_backward 8.2 us on an H100) and read
 again.
+
+`relus_after_gemms`: a ReLU right after a Dense or Linear layer that nothing
+else reads (the Transformer's feed-forward, the zoo's classifiers) runs in
+that layer's GEMM epilogue (cuBLASLt's RELU_BIAS): the pre-activation is
+never written and the activation kernel never launched. The ReLU keeps its
+backward, which reads only its output.
 """
 from __future__ import annotations
 
 from ..layers.activations import Activation
 from ..layers.conv import Conv2D
 from ..layers.dense import Dense
+from ..layers.linear import Linear
 from ..layers.pooling import MaxPool2D
 from ..losses.fused_head import fits
 from ..losses.mse import MSELoss
@@ -56,4 +63,16 @@ def pools_over_direct_wgrad(net: Network, layers: dict, is_gpu: bool) -> set[str
         if (isinstance(conv, Conv2D) and tuple(conv_node.inputs) == (INPUT,) and net.readers(below) == [node]
                 and conv.takes_direct_wgrad() and pool_fits(pool.window)):
             found.add(node.name)
+    return found
+
+
+def relus_after_gemms(net: Network) -> dict[str, str]:
+    """{ReLU node: the Dense or Linear node below it} for every ReLU whose input layer only it reads."""
+    found = {}
+    for node in net.nodes:
+        if not (isinstance(node.layer, Activation) and node.layer.kind == "relu") or node.inputs[0] == INPUT:
+            continue
+        below = next(n for n in net.nodes if n.name == node.inputs[0])
+        if isinstance(below.layer, (Dense, Linear)) and net.readers(below.name) == [node]:
+            found[node.name] = below.name
     return found

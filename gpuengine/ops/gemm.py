@@ -4,6 +4,7 @@
 on every `run()`, where a and b may be transposed views of row-major arrays.
 With `a_sums` it also writes a's row sums there (cuBLASLt's BGRADB epilogue):
 a weight gradient dW = dy^T x then yields the bias gradient in the same kernel.
+With `relu` the epilogue applies ReLU to the result (a layer's fused activation).
 cuBLASLt is column-major and its bias epilogue runs along the result's first
 (M) dimension, so we ask it for out^T = b^T a^T written in place into the
 transposed view of `out`: the bias then runs along `out`'s columns, which is
@@ -23,6 +24,8 @@ the hungriest candidate algorithm) and booked with the allocator, so the
 engine's memory report covers it before anything runs.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from ..runtime.backend import widen
 from . import autotune
@@ -54,9 +57,10 @@ def workspace_bytes(mm) -> int:
 
 
 class Gemm:
-    """out = a @ b (+ bias broadcast over rows; or a's row sums into a_sums), planned once, run many times."""
+    """out = a @ b (+ bias broadcast over rows, then ReLU if relu; or a's row sums into a_sums), planned once,
+    run many times."""
 
-    def __init__(self, backend, policy, out, a, b, bias=None, allocator=None, a_sums=None):
+    def __init__(self, backend, policy, out, a, b, bias=None, allocator=None, a_sums=None, relu: bool = False):
         if a.ndim != 2 or b.ndim != 2 or out.ndim != 2:
             raise ValueError("Gemm takes 2-D operands")
         m, k = a.shape
@@ -65,6 +69,8 @@ class Gemm:
             raise ValueError(f"Gemm shapes do not chain: {a.shape} @ {b.shape} -> {out.shape}")
         if bias is not None and bias.shape != (n,):
             raise ValueError(f"Gemm bias shape {bias.shape}, expected ({n},)")
+        if relu and a_sums is not None:
+            raise ValueError("Gemm takes relu or a_sums, not both (one epilogue)")
         if a_sums is not None:
             if bias is not None:
                 raise ValueError("Gemm takes a bias or a_sums, not both (cuBLASLt has one bias pointer)")
@@ -74,10 +80,11 @@ class Gemm:
                 raise ValueError(f"Gemm a_sums {a_sums.shape} {a_sums.dtype} strides {a_sums.strides}: expected a "
                                  f"contiguous ({m},) vector of the output's dtype {out.dtype}, 16-byte aligned")
         self.backend, self.policy = backend, policy
-        self.out, self.a, self.b, self.bias, self.a_sums = out, a, b, bias, a_sums
+        self.out, self.a, self.b, self.bias, self.a_sums, self.relu = out, a, b, bias, a_sums, bool(relu)
         self.flops = 2 * m * n * k
+        epilogues = (("a_sums",) if a_sums is not None else ()) + (("relu",) if relu else ())   # a plain key as before
         self.key = ("gemm", policy.name, a.shape, a.strides, b.shape, b.strides, out.strides, a.dtype.name,
-                    out.dtype.name, bias is not None) + (("a_sums",) if a_sums is not None else ())
+                    out.dtype.name, bias is not None) + epilogues
         self._mm, self._algorithms = self._plan() if backend.is_gpu else (None, [])
         self._algorithm = None   # chosen at the first eager run; None with one candidate: the heuristic's first
         self._chosen = len(self._algorithms) <= 1
@@ -98,10 +105,12 @@ class Gemm:
         mm = Matmul(self.b.T, self.a.T, c=self.out.T, beta=0.0, options=options, stream=stream)
         preferences = {"limit": CANDIDATES}
         if self.bias is not None:
-            algorithms = mm.plan(preferences=preferences, epilog=MatmulEpilog.BIAS,
-                                 epilog_inputs={"bias": self.bias}, stream=stream)
+            algorithms = mm.plan(preferences=preferences, epilog=MatmulEpilog.RELU_BIAS if self.relu else
+                                 MatmulEpilog.BIAS, epilog_inputs={"bias": self.bias}, stream=stream)
         elif self.a_sums is not None:   # BGRADB sums nvmath's b (= a^T here) over k: a's row sums
             algorithms = mm.plan(preferences=preferences, epilog=MatmulEpilog.BGRADB, stream=stream)
+        elif self.relu:
+            algorithms = mm.plan(preferences=preferences, epilog=MatmulEpilog.RELU, stream=stream)
         else:
             algorithms = mm.plan(preferences=preferences, stream=stream)
         return mm, list(algorithms)
@@ -154,6 +163,8 @@ class Gemm:
         result = widen(self.a) @ widen(self.b)
         if self.bias is not None:
             result += widen(self.bias)
+        if self.relu:
+            result = np.maximum(result, 0.0)
         if self.a_sums is not None:
             self.a_sums[...] = widen(self.a).sum(axis=1).astype(self.a_sums.dtype, copy=False)
         self.out[...] = result.astype(self.out.dtype, copy=False)
