@@ -11,7 +11,7 @@ from gpuengine.config import EngineConfig
 from gpuengine.layers import Conv2D, Dense, Dropout, Flatten, MaxPool2D, ReLU, Tanh
 from gpuengine.losses import MSELoss, SoftmaxCrossEntropy
 from gpuengine.model.network import INPUT, Sequential
-from gpuengine.model.passes import pools_over_direct_wgrad, relus_after_gemms
+from gpuengine.model.passes import adds_into_layernorms, pools_over_direct_wgrad, relus_after_gemms
 from gpuengine.trainer import Trainer
 from gpuengine.workloads import transformer
 from gpuengine.workloads.cnn import build_cnn
@@ -80,14 +80,23 @@ def test_a_relu_over_a_layer_read_elsewhere_or_over_another_activation_is_left_a
     assert relus_after_gemms(dropped) == {}
 
 
+def test_the_transformers_residual_sums_are_summed_by_their_layernorms():
+    found = adds_into_layernorms(transformer.build_transformer(transformer.SMOKE_SHAPE))
+    norms = [f"transformer.encoder.layers.0.norm{i}" for i in (1, 2)] + \
+        [f"transformer.decoder.layers.0.norm{i}" for i in (1, 2, 3)]
+    assert found == {norm: f"{norm}.residual" for norm in norms}   # not the stacks' final norms: no Add below
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_a_relu_in_the_gemm_epilogue_trains_the_transformer_as_the_relu_layer_does(precision):
+def test_the_fused_transformer_trains_as_the_unfused_one(precision):
     runs = {}
     for fuse in (True, False):
         net = transformer.build_transformer(transformer.SMOKE_SHAPE)
         x, t = transformer.transformer_data(32, transformer.SMOKE_SHAPE, seed=5)
         trainer = Trainer(net, x, t, 16, EngineConfig(device="cpu", precision=precision), fuse=fuse)
-        applied = [name for name, layer in trainer.program.layers.items() if getattr(layer, "applied_by_input", 0)]
-        assert len(applied) == (2 if fuse else 0)
+        layers = trainer.program.layers.values()
+        relus = [layer for layer in layers if getattr(layer, "applied_by_input", False)]
+        sums = [layer for layer in layers if getattr(layer, "summed_by_reader", False)]
+        assert (len(relus), len(sums)) == ((2, 5) if fuse else (0, 0))
         runs[fuse] = trainer.train(3)
     assert runs[True] == runs[False]   # the same sums in the same order, on the CPU

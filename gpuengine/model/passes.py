@@ -22,13 +22,20 @@ else reads (the Transformer's feed-forward, the zoo's classifiers) runs in
 that layer's GEMM epilogue (cuBLASLt's RELU_BIAS): the pre-activation is
 never written and the activation kernel never launched. The ReLU keeps its
 backward, which reads only its output.
+
+`adds_into_layernorms`: a residual Add that only a LayerNorm reads (the
+post-LN Transformer's LayerNorm(x + sublayer(x))) is summed by that
+LayerNorm's forward kernel, which writes the sum for its backward as it
+starts the statistics: one launch and one read of the sum fewer.
 """
 from __future__ import annotations
 
 from ..layers.activations import Activation
 from ..layers.conv import Conv2D
 from ..layers.dense import Dense
+from ..layers.layernorm import LayerNorm
 from ..layers.linear import Linear
+from ..layers.merge import Add
 from ..layers.pooling import MaxPool2D
 from ..losses.fused_head import fits
 from ..losses.mse import MSELoss
@@ -74,5 +81,17 @@ def relus_after_gemms(net: Network) -> dict[str, str]:
             continue
         below = next(n for n in net.nodes if n.name == node.inputs[0])
         if isinstance(below.layer, (Dense, Linear)) and net.readers(below.name) == [node]:
+            found[node.name] = below.name
+    return found
+
+
+def adds_into_layernorms(net: Network) -> dict[str, str]:
+    """{LayerNorm node: the Add node below it} for every LayerNorm whose input is an Add that only it reads."""
+    found = {}
+    for node in net.nodes:
+        if not isinstance(node.layer, LayerNorm) or node.inputs[0] == INPUT:
+            continue
+        below = next(n for n in net.nodes if n.name == node.inputs[0])
+        if isinstance(below.layer, Add) and net.readers(below.name) == [node]:
             found[node.name] = below.name
     return found
