@@ -166,11 +166,11 @@ class LayerNorm(Layer):
         self.mean = ctx.allocator.zeros((self.rows,), np.float32, "activations")
         self.rstd = ctx.allocator.zeros((self.rows,), np.float32, "activations")
         self._blocks = (-(-self.rows // _ROWS_PER_BLOCK),)
+        self._addends = () if self.residual is None else (self.residual.a, self.residual.b)
         if ctx.backend.is_gpu:
-            addends = () if self.residual is None else (self.residual.a, self.residual.b)
-            width = vector_width(self.dim, self.x, self.gamma, self.beta, self.out, *addends)
-            self._fwd = get_kernel(_SOURCE, "layernorm_add_fwd" if addends else "layernorm_fwd", ELEM_T=ctype(x.dtype),
-                                   VEC=width)
+            width = vector_width(self.dim, self.x, self.gamma, self.beta, self.out, *self._addends)
+            self._fwd = get_kernel(_SOURCE, "layernorm_add_fwd" if self._addends else "layernorm_fwd",
+                                   ELEM_T=ctype(x.dtype), VEC=width)
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
@@ -190,8 +190,8 @@ class LayerNorm(Layer):
 
     def forward(self):
         if not self.backend.is_gpu:
-            if self.residual is not None:
-                add_into(self.backend, self.residual.a, self.residual.b, self.residual.out)
+            if self._addends:
+                add_into(self.backend, *self._addends, self.residual.out)
             x = widen(self.x)
             mean = x.mean(axis=1, keepdims=True)
             rstd = 1.0 / np.sqrt(((x - mean) ** 2).mean(axis=1, keepdims=True) + self.epsilon)
@@ -200,8 +200,7 @@ class LayerNorm(Layer):
             self.mean[...], self.rstd[...] = mean[:, 0], rstd[:, 0]
             self._rstd_exact = rstd   # float64 under the gradient checks
             return
-        addends = () if self.residual is None else (self.residual.a, self.residual.b)
-        self._fwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (*addends, self.x, self.gamma, self.beta, self.out, self.mean,
+        self._fwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (*self._addends, self.x, self.gamma, self.beta, self.out, self.mean,
                                                           self.rstd, np.int32(self.rows), np.int32(self.dim),
                                                           np.float32(self.epsilon)))
 
