@@ -11,14 +11,14 @@ import pytest
 
 from gpuengine.config import EngineConfig
 from gpuengine.ops import autotune
-from gpuengine.ops.gemm import Gemm, algorithm_name
+from gpuengine.ops.gemm import Gemm
 from gpuengine.runtime.backend import Backend, gpu_visible
 from gpuengine.runtime.capture import GraphCapturedStep
 from gpuengine.runtime.precision import policy_for
 from gpuengine.trainer import Trainer
 from gpuengine.workloads import cnn, transformer
 
-from ..gpu_checks import TOLERANCE, rel_err
+from ..gpu_checks import TOLERANCE, check_every_candidate, rel_err
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
@@ -43,25 +43,18 @@ def operands(backend, precision: str, rows: int, units: int, fan_in: int, seed: 
 @pytest.mark.parametrize("shape", SHAPES, ids=list(SHAPES))
 def test_every_candidate_algorithm_writes_the_weight_and_bias_gradients(shape, precision, monkeypatch):
     backend = Backend("cuda")
-    monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices())
     with backend.activate():
         dy, x, grad_w, grad_b, dw, db = operands(backend, precision, *SHAPES[shape], seed=len(shape))
-        gemm = Gemm(backend, policy_for(precision), grad_w, dy.T, x, a_sums=grad_b)
-        gemm.run()
-        backend.synchronize()
-    assert rel_err(grad_w.get().astype(np.float64), dw) < TOLERANCE[precision]
-    assert rel_err(grad_b.get().astype(np.float64), db) < TOLERANCE[precision]
-    for name in [algorithm_name(algorithm) for algorithm in gemm._algorithms]:
-        monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices({autotune.key_text(gemm.key): name}))
+
+    def reset():
         grad_w[...], grad_b[...] = np.nan, np.nan
-        with backend.activate():
-            pinned = Gemm(backend, policy_for(precision), grad_w, dy.T, x, a_sums=grad_b)
-            pinned.run()
-            backend.synchronize()
+
+    def check(name):
         assert rel_err(grad_w.get().astype(np.float64), dw) < TOLERANCE[precision], name
         assert rel_err(grad_b.get().astype(np.float64), db) < TOLERANCE[precision], name
-        pinned.free()
-    gemm.free()
+
+    check_every_candidate(monkeypatch, backend, lambda: Gemm(backend, policy_for(precision), grad_w, dy.T, x,
+                                                             a_sums=grad_b), reset, check)
 
 
 def test_a_captured_replay_writes_the_sums_in_place_and_runs_allocate_nothing(monkeypatch):

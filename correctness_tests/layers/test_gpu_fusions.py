@@ -14,13 +14,13 @@ import pytest
 from gpuengine.config import EngineConfig
 from gpuengine.layers import Add, LayerNorm
 from gpuengine.ops import autotune
-from gpuengine.ops.gemm import Gemm, algorithm_name
+from gpuengine.ops.gemm import Gemm
 from gpuengine.runtime.backend import Backend, gpu_visible
 from gpuengine.runtime.precision import policy_for
 from gpuengine.trainer import Trainer
 from gpuengine.workloads import transformer
 
-from ..gpu_checks import TOLERANCE, rel_err
+from ..gpu_checks import TOLERANCE, check_every_candidate, rel_err
 from ..layer_harness import make_context
 
 pytestmark = [pytest.mark.gpu,
@@ -36,22 +36,15 @@ def test_every_candidate_algorithm_applies_the_relu(precision, monkeypatch):
     x, w, bias = (v.astype(dtype) for v in (x, w, bias))
     expected = np.maximum(x.astype(np.float64) @ w.astype(np.float64).T + bias.astype(np.float64), 0.0)
     x, w, bias, out = xp.asarray(x), xp.asarray(w), xp.asarray(bias), xp.full((2048, 2048), np.nan, dtype=dtype)
-    monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices())
-    with backend.activate():
-        gemm = Gemm(backend, policy_for(precision), out, x, w.T, bias, relu=True)
-        gemm.run()
-        backend.synchronize()
-    assert rel_err(out.get().astype(np.float64), expected) < TOLERANCE[precision]
-    for name in [algorithm_name(algorithm) for algorithm in gemm._algorithms]:
-        monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices({autotune.key_text(gemm.key): name}))
+
+    def reset():
         out[...] = np.nan
-        with backend.activate():
-            pinned = Gemm(backend, policy_for(precision), out, x, w.T, bias, relu=True)
-            pinned.run()
-            backend.synchronize()
+
+    def check(name):
         assert rel_err(out.get().astype(np.float64), expected) < TOLERANCE[precision], name
-        pinned.free()
-    gemm.free()
+
+    check_every_candidate(monkeypatch, backend, lambda: Gemm(backend, policy_for(precision), out, x, w.T, bias,
+                                                             relu=True), reset, check)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
