@@ -169,8 +169,10 @@ class LayerNorm(Layer):
         self._addends = () if self.residual is None else (self.residual.a, self.residual.b)
         if ctx.backend.is_gpu:
             width = vector_width(self.dim, self.x, self.gamma, self.beta, self.out, *self._addends)
-            self._fwd = get_kernel(_SOURCE, "layernorm_add_fwd" if self._addends else "layernorm_fwd",
-                                   ELEM_T=ctype(x.dtype), VEC=width)
+            if self._addends:
+                self._fwd = get_kernel(_SOURCE, "layernorm_add_fwd", ELEM_T=ctype(x.dtype), VEC=width)
+            else:
+                self._fwd = get_kernel(_SOURCE, "layernorm_fwd", ELEM_T=ctype(x.dtype), VEC=width)
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
