@@ -5,8 +5,8 @@ which shapes the engine's one-launch batch norm loses on, where a step's profile
 
 Builds the workload's engine as a profile builds it (perf tests' network, batch, resident data, kept plans),
 once with batchnorm=cudnn and once with batchnorm=engine, warms each up, then times every BatchNorm2D's
-forward and backward (its launches as the step makes them) with device events around `reps` calls, after 5
-untimed ones. Prints a table by layer and one JSON object (per layer: shape, fused parts, microseconds a call).
+forward and backward (its launches as the step makes them) with device events on the engine stream around
+`reps` calls, after 5 untimed ones. Prints a table by layer and one JSON object (per layer: shape, fused parts, microseconds a call).
 """
 from __future__ import annotations
 
@@ -20,17 +20,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 _WARM = 5
 
 
-def _time_us(call, reps: int) -> float:
-    import cupy
-    for _ in range(_WARM):
-        call()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(reps):
-        call()
-    stop.record()
-    stop.synchronize()
-    return cupy.cuda.get_elapsed_time(start, stop) * 1000.0 / reps
+def _time_us(backend, call, reps: int) -> float:
+    """Device microseconds a call, on the engine stream: the engine's kernels launch on the current stream and
+    cuDNN's on its handle's (the engine stream), so both run, and are timed, there."""
+    with backend.activate():
+        for _ in range(_WARM):
+            call()
+        timer = backend.timer()
+        timer.start()
+        for _ in range(reps):
+            call()
+        return timer.stop() * 1000.0 / reps
 
 
 def layer_times(workload, precision: str, batchnorm: str, reps: int) -> list[dict]:
@@ -46,12 +46,13 @@ def layer_times(workload, precision: str, batchnorm: str, reps: int) -> list[dic
             continue
         rows.append({"layer": name, "shape": list(layer.x.shape), "activation": layer.activation,
                      "residual": layer.res is not None, "mask": layer.mask is not None,
-                     "forward_us": round(_time_us(layer.forward, reps), 2),
-                     "backward_us": round(_time_us(layer.backward, reps), 2)})
+                     "forward_us": round(_time_us(runner.trainer.backend, layer.forward, reps), 2),
+                     "backward_us": round(_time_us(runner.trainer.backend, layer.backward, reps), 2)})
     return rows
 
 
 def main(argv=None) -> int:
+    from gpuengine.bench.json_files import write_json
     from gpuengine.bench.profile.workloads import get_workload
     from gpuengine.config import PRECISIONS
     from gpuengine.runtime.backend import gpu_visible
@@ -81,12 +82,9 @@ def main(argv=None) -> int:
     record = {"workload": args.workload, "precision": args.precision, "reps": args.reps, "totals": totals,
               "layers": [{**c, "engine_forward_us": e["forward_us"], "engine_backward_us": e["backward_us"]}
                          for c, e in zip(cudnn, engine)]}
-    text = json.dumps(record)
-    print(text)
+    print(json.dumps(record))
     if args.out is not None:
-        part = args.out.with_name(args.out.name + ".part")
-        part.write_text(text + "\n", encoding="utf-8")
-        part.replace(args.out)
+        write_json(args.out, record)
     return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpuengine.gate.store.stored_runs import history_folder, newest_per_test, run_files, scan
+from gpuengine.gate.store.stored_runs import history_folder, newest_per_test, read_tier, run_files, scan
 
 MACHINE = "Linux-CPython-3.12-64bit"
 A, B = "perf_tests/test_x.py::test_a", "perf_tests/test_x.py::test_b"
@@ -49,6 +49,16 @@ def test_history_and_other_folders_are_never_baselines(tmp_path):
     assert [p.name for p in run_files(tmp_path)] == ["0001_pass.json"]
     assert history_folder(tmp_path) == tmp_path / "history"
     assert set(newest_per_test(scan(tmp_path)[0])) == {A}
+
+
+def test_the_report_reads_no_record_folder_as_a_result(tmp_path):
+    tier = tmp_path / "nvidia-x"
+    write_run(tier, "0001_pass.json", "2026-11-21T06:00:00+00:00", [A])
+    for folder in ("logs", "toggle_cost", "plan_stability", "gatepower"):   # a session's or a command's records
+        (tier / folder).mkdir()
+        (tier / folder / "record.json").write_text('{"layers": []}')
+    read = read_tier(tier, tmp_path)
+    assert [run.label for run in read.runs] == [f"nvidia-x/{MACHINE}/0001_pass.json"] and read.skipped == []
 
 
 def test_newest_is_by_date_across_python_versions(tmp_path):

@@ -167,10 +167,9 @@ def _node_cases(net, node, dtype, where):
         if len(readers) == 1 and isinstance(readers[0].layer, MaxPool2D):
             pool = readers[0].layer.window_of(net.shapes[node.name])
             if direct_wgrad.pool_fits(pool):
-                found.append((direct_wgrad, "_SOURCE", ("direct_wgrad_partials", "direct_wgrad_sum"),
-                              layer.direct_wgrad_defines(shapes[0], dtype, pool)))
-                found.append((conv_pool, "_SOURCE", ("conv_pool_forward",),
-                              layer.conv_pool_defines(shapes[0], dtype, pool)))
+                pooled = layer.direct_wgrad_defines(shapes[0], dtype, pool)
+                found.append((direct_wgrad, "_SOURCE", ("direct_wgrad_partials", "direct_wgrad_sum"), pooled))
+                found.append((conv_pool, "_SOURCE", ("conv_pool_forward",), pooled))
     elif isinstance(layer, TokenEmbedding):   # ids travel in the compute dtype
         found.append((embedding, "_SOURCE", ("embed", "embed_grad"), layer.kernel_defines(dtype, dtype)))
     for module, source_expr, kernels, defines in found:

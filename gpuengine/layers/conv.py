@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import checks
-from ..ops import autotune, conv_pool, depthwise, direct_wgrad
+from ..ops import autotune, depthwise, direct_wgrad
 from ..ops.cudnn import CudnnUnsupported, conv_data_grad, conv_forward, conv_weight_grad, graph_key, runtime_for
 from ..ops.reductions import ColumnSum
 from ..runtime.backend import widen
@@ -100,21 +100,13 @@ class Conv2D(Layer):
 
     def direct_wgrad_defines(self, input_shape, dtype, pool=None) -> dict | None:
         """The direct weight-gradient kernels' defines (a first layer on a GPU; `pool`: the window of a max pool
-        whose gradient they read); None where that path is not taken."""
+        whose gradient they read, and the forward kernel fused with that pool compiles with the same); None where
+        that path is not taken."""
         window = self._window(tuple(input_shape))
         if not self._direct_wgrad_fits(window, input_shape[2]):
             return None
         return direct_wgrad.kernel_defines(window, input_shape, self.filters, dtype, self.activation == "relu",
                                            self.use_bias, pool)
-
-    def conv_pool_defines(self, input_shape, dtype, pool) -> dict | None:
-        """The defines of the forward kernel fused with the max pool over it (`pool`: its window); None where the
-        direct weight gradient, which that fusion needs, is not taken."""
-        window = self._window(tuple(input_shape))
-        if not self._direct_wgrad_fits(window, input_shape[2]):
-            return None
-        return conv_pool.kernel_defines(window, pool, input_shape, self.filters, dtype, self.activation == "relu",
-                                        self.use_bias)
 
     def depthwise_defines(self, input_shape, dtype) -> dict | None:
         """The depthwise kernels' defines (a depthwise layer on a GPU); None where the layer is not depthwise."""

@@ -49,7 +49,7 @@ class Network:
         self.loss = checks.has_methods("loss", loss, LOSS_METHODS, "a loss such as gpuengine.losses.MSELoss() "
                                        "(an object with build() and forward_backward())", NetworkError)
         self.input_shape = checks.shape("input_shape", input_shape, error=NetworkError)
-        by_name = self._index(nodes)
+        self._by_name = by_name = self._index(nodes)
         self.output = nodes[-1].name if output is None else output
         if self.output not in by_name:
             raise NetworkError(f"output {self.output!r} is not a node of the network")
@@ -149,6 +149,9 @@ class Network:
     def input_shapes(self, node: Node) -> list[tuple]:
         return [self.shapes[i] for i in node.inputs]
 
+    def node(self, name: str) -> Node:
+        return self._by_name[name]
+
     def readers(self, name: str) -> list[Node]:
         """The nodes that read `name`'s output (once per input slot)."""
         return [n for n in self.nodes for i in n.inputs if i == name]
@@ -181,7 +184,7 @@ class Network:
             (source,) = tail[0].inputs if len(tail[0].inputs) == 1 else (None,)
             if source in (None, INPUT) or len(self.readers(source)) != 1:
                 return None
-            tail.insert(0, next(n for n in self.nodes if n.name == source))
+            tail.insert(0, self.node(source))
         return tail
 
     def summary(self) -> str:

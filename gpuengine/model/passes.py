@@ -66,8 +66,7 @@ def pools_over_direct_wgrad(net: Network, layers: dict, is_gpu: bool) -> set[str
             continue
         below = node.inputs[0]
         conv = layers.get(below)
-        conv_node = next(n for n in net.nodes if n.name == below)
-        if (isinstance(conv, Conv2D) and tuple(conv_node.inputs) == (INPUT,) and net.readers(below) == [node]
+        if (isinstance(conv, Conv2D) and tuple(net.node(below).inputs) == (INPUT,) and net.readers(below) == [node]
                 and conv.takes_direct_wgrad() and pool_fits(pool.window)):
             found.add(node.name)
     return found

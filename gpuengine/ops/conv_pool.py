@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime.kernels import ctype, get_kernel, multiprocessor_count
-from .direct_wgrad import pool_fits
+from ..runtime.kernels import get_kernel, multiprocessor_count
+from .direct_wgrad import kernel_defines, pool_fits
 
 _SOURCE = r"""
 // The geometry is compiled in: the convolution's (IN_H, IN_W, CHANNELS, WIN_H, WIN_W, STRIDE_H, STRIDE_W,
@@ -73,17 +73,6 @@ _THREADS = 256
 _BLOCKS_PER_SM = 4
 
 
-def kernel_defines(conv_window, pool_window, input_shape, filters: int, dtype, relu: bool, has_bias: bool) -> dict:
-    """The kernel's compile-time defines: the convolution's window over (H, W, C) samples of `dtype` and the
-    pool's window over its output."""
-    h, w, channels = input_shape
-    (kh, kw), (pool_h, pool_w), (pooled_h, pooled_w) = conv_window.kernel, pool_window.kernel, pool_window.output_hw
-    return dict(ELEM_T=ctype(dtype), IN_H=h, IN_W=w, CHANNELS=channels, WIN_H=kh, WIN_W=kw,
-                STRIDE_H=conv_window.stride[0], STRIDE_W=conv_window.stride[1], PAD_TOP=conv_window.pads[0],
-                PAD_LEFT=conv_window.pads[2], FILTERS=filters, HAS_RELU=int(relu), HAS_BIAS=int(has_bias),
-                POOL_H=pool_h, POOL_W=pool_w, POOLED_H=pooled_h, POOLED_W=pooled_w)
-
-
 class ConvPoolForward:
     """pooled, argmax = maxpool([relu](conv(x, w) + b)) in one launch, for a built Conv2D and the MaxPool2D over it
     (the pool's own `out` and `argmax` buffers are written); `run()`."""
@@ -97,8 +86,9 @@ class ConvPoolForward:
                       np.int32(self.outputs))
         self.threads = filters * (_THREADS // filters)
         self.blocks = max(1, min(_BLOCKS_PER_SM * multiprocessor_count(), -(-self.outputs // self.threads)))
-        defines = kernel_defines(conv.window, pool.window, conv.x.shape[1:], filters, conv.x.dtype,
-                                 conv.activation == "relu", conv.bias is not None)
+        # the direct weight gradient's defines with the pool: the same geometry, compiled in
+        defines = kernel_defines(conv.window, conv.x.shape[1:], filters, conv.x.dtype, conv.activation == "relu",
+                                 conv.bias is not None, pool.window)
         self._kernel = get_kernel(_SOURCE, "conv_pool_forward", **defines)
 
     def run(self):

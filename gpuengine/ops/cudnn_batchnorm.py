@@ -38,13 +38,17 @@ def mask_shape(x_shape) -> tuple:
     return (n, h, w, c // 8)
 
 
-def _mask_tensor(g, spec: TensorSpec):
-    """cuDNN's view of the bit mask (its uint8 buffer's spec): the logical (N, C, H, W) map of booleans,
-    NHWC-packed."""
+def _mask_layout(spec: TensorSpec) -> tuple[list, list]:
+    """(dim, stride) of cuDNN's view of the bit mask (its uint8 buffer's (N, C/8, H, W) spec): the logical
+    (N, C, H, W) map of booleans, NHWC-packed."""
     n, c8, h, w = spec.dims
     c = 8 * c8
-    return g.tensor(name="mask", dim=[n, c, h, w], stride=[h * w * c, 1, w * c, c],
-                    data_type=_cudnn().data_type.BOOLEAN)
+    return [n, c, h, w], [h * w * c, 1, w * c, c]
+
+
+def _mask_tensor(g, spec: TensorSpec):
+    dim, stride = _mask_layout(spec)
+    return g.tensor(name="mask", dim=dim, stride=stride, data_type=_cudnn().data_type.BOOLEAN)
 
 
 def _zero_of(dtype) -> np.ndarray:
@@ -124,9 +128,9 @@ def _forward_graph(g, specs: dict, scalars: tuple, relu: bool) -> dict:
     bits = None
     if "mask" in specs:
         bits = g.cmp_gt(name="mask", input=out, comparison=t["zero"])
-        n, c8, h, w = specs["mask"].dims   # the uint8 buffer's (N, C/8, H, W) view
+        dim, stride = _mask_layout(specs["mask"])
         bits.set_output(True).set_data_type(_cudnn().data_type.BOOLEAN)
-        bits.set_dim([n, 8 * c8, h, w]).set_stride([h * w * 8 * c8, 1, w * 8 * c8, 8 * c8])
+        bits.set_dim(dim).set_stride(stride)
     for name, tensor in (("saved_mean", mean), ("saved_inv_std", inv_std)):
         specs[name].mark_output(tensor)
     # The next running statistics overwrite the previous ones: both names point at one buffer.
