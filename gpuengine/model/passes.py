@@ -72,25 +72,25 @@ def pools_over_direct_wgrad(net: Network, layers: dict, is_gpu: bool) -> set[str
     return found
 
 
-def relus_after_gemms(net: Network) -> dict[str, str]:
-    """{ReLU node: the Dense or Linear node below it} for every ReLU whose input layer only it reads."""
+def _over_sole_input(net: Network, upper, lower) -> dict[str, str]:
+    """{node: the node below it} for every node whose layer passes `upper` and whose one input is a node whose
+    layer passes `lower` and that only it reads."""
     found = {}
     for node in net.nodes:
-        if not (isinstance(node.layer, Activation) and node.layer.kind == "relu") or node.inputs[0] == INPUT:
+        if not upper(node.layer) or len(node.inputs) != 1 or node.inputs[0] == INPUT:
             continue
-        below = next(n for n in net.nodes if n.name == node.inputs[0])
-        if isinstance(below.layer, (Dense, Linear)) and net.readers(below.name) == [node]:
+        below = net.node(node.inputs[0])
+        if lower(below.layer) and net.readers(below.name) == [node]:
             found[node.name] = below.name
     return found
+
+
+def relus_after_gemms(net: Network) -> dict[str, str]:
+    """{ReLU node: the Dense or Linear node below it} for every ReLU whose input layer only it reads."""
+    return _over_sole_input(net, lambda layer: isinstance(layer, Activation) and layer.kind == "relu",
+                            lambda layer: isinstance(layer, (Dense, Linear)))
 
 
 def adds_into_layernorms(net: Network) -> dict[str, str]:
     """{LayerNorm node: the Add node below it} for every LayerNorm whose input is an Add that only it reads."""
-    found = {}
-    for node in net.nodes:
-        if not isinstance(node.layer, LayerNorm) or node.inputs[0] == INPUT:
-            continue
-        below = next(n for n in net.nodes if n.name == node.inputs[0])
-        if isinstance(below.layer, Add) and net.readers(below.name) == [node]:
-            found[node.name] = below.name
-    return found
+    return _over_sole_input(net, lambda layer: isinstance(layer, LayerNorm), lambda layer: isinstance(layer, Add))
