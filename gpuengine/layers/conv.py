@@ -158,7 +158,7 @@ class Conv2D(Layer):
         self.dx = ctx.allocator.zeros(self.x.shape, self.x.dtype, "activations") if needs_input_grad else None
         self._direct = self._grad_b = self._grad_w = self._grad_x = self._grad_z = None
         self._widened_by_program = False
-        direct = self._direct_wgrad_fits(self.window, self.x.shape[3])
+        direct = self.takes_direct_wgrad()
         if isinstance(dy, direct_wgrad.PooledGradient) and not (ctx.backend.is_gpu and not needs_input_grad and direct):
             raise ValueError(f"{self.name}: a max pool's gradient is read directly only by the direct weight "
                              "gradient (a GPU, no input gradient, few taps)")

@@ -60,7 +60,9 @@ def pools_over_direct_wgrad(net: Network, layers: dict, is_gpu: bool) -> set[str
     """Names of the max pools whose input gradient only a first convolution's direct weight gradient would read,
     among `layers` (the program's, built forward), on a GPU; else none."""
     found = set()
-    for node in net.nodes if is_gpu else ():
+    if not is_gpu:
+        return found
+    for node in net.nodes:
         pool = layers.get(node.name)
         if not isinstance(pool, MaxPool2D) or len(node.inputs) != 1 or node.inputs[0] == INPUT:
             continue

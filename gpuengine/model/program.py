@@ -124,9 +124,9 @@ class TrainingProgram:
     def _forward_calls(self, pooled: set[str]) -> list:
         """Each node's forward in order; a pool in `pooled` and the convolution below it as one ConvPoolForward
         (the convolution's own output is then never written: nothing reads it)."""
-        below = {node.inputs[0]: node.name for node in self.nodes if node.name in pooled}
+        convs = {node.inputs[0] for node in self.nodes if node.name in pooled}   # run by their pool's call
         return [ConvPoolForward(self.layers[node.inputs[0]], self.layers[node.name]).run if node.name in pooled
-                else self.layers[node.name].forward for node in self.nodes if node.name not in below]
+                else self.layers[node.name].forward for node in self.nodes if node.name not in convs]
 
     def forward(self):
         for run in self._forward_runs:
