@@ -53,6 +53,8 @@ TOGGLE_HELP = {
     "profile": "1 = per-phase device timings of a step",
     "deterministic": "1 = cuDNN's deterministic engines only (the default); 0 = any engine, the fastest",
     "batchnorm": "cudnn = batch norm as cuDNN frontend graphs (the default); engine = the engine's own kernels",
+    "bias_grad": "sum = dense layers' bias gradients by the engine's column sum (the default); epilogue = in the "
+                 "weight-gradient GEMM (cuBLASLt's BGRADB)",
     "plan_workers": "processes building cuDNN's runtime-compiled plans at set-up (0, the default: built here)",
     "device": "cuda | cpu (default: cuda when a GPU is visible)",
     "vram_cap_gib": "cap of the engine's device memory pool in GiB, or 'full'",

@@ -1,10 +1,12 @@
-"""Shared checks for the GPU-vs-NumPy tests: tolerances, relative error, steady-state allocation."""
+"""Shared checks for the GPU-vs-NumPy tests: tolerances, relative error, steady-state allocation, every
+candidate algorithm of a GEMM."""
 from __future__ import annotations
 
 import numpy as np
 
 from gpuengine.config import EngineConfig
 from gpuengine.ops import autotune
+from gpuengine.ops.gemm import algorithm_name
 from gpuengine.trainer import Trainer
 
 # fp32 kernels vs NumPy float32: rounding only. tf32/bf16: tensor-core rounding.
@@ -52,3 +54,28 @@ def assert_steady_state_allocates_nothing(net, x, t, batch: int, configs):
         trainer.run_epochs(3)
         trainer.synchronize()
         assert pool.used_bytes() == before, config.describe()
+
+
+def check_every_candidate(monkeypatch, backend, build, reset, check):
+    """A GEMM from build() run with the algorithm its first run chooses, then with each candidate pinned in turn
+    through the plan choices a gate run would preset; reset() refills its outputs (NaN) before each pinned run,
+    check(name) judges them after it ("chosen" first). Returns the first GEMM (freed) and the plan choices its
+    run recorded."""
+    choices = autotune.PlanChoices()
+    monkeypatch.setattr(autotune, "PLAN_CHOICES", choices)
+    with backend.activate():
+        gemm = build()
+        gemm.run()
+        backend.synchronize()
+    check("chosen")
+    for name in [algorithm_name(algorithm) for algorithm in gemm._algorithms]:
+        monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices({autotune.key_text(gemm.key): name}))
+        reset()
+        with backend.activate():
+            pinned = build()
+            pinned.run()
+            backend.synchronize()
+        check(name)
+        pinned.free()
+    gemm.free()
+    return gemm, choices

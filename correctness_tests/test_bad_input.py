@@ -128,6 +128,7 @@ BAD_TOGGLES = [("precision", "fp16", "use one of fp32, tf32, bf16"),
                ("plan_workers", "33", "use a whole number from 0 to 32"),
                ("profile", "2", "use one of 0, 1, true, false"),
                ("batchnorm", "apex", "use one of cudnn, engine"),
+               ("bias_grad", "atomic", "use one of sum, epilogue"),
                ("device", "tpu", "use one of cuda, cpu"),
                ("vram_cap_gib", "0", "use a positive number of GiB, or 'full'"),
                ("vram_cap_gib", "-2", "use a positive number of GiB, or 'full'"),
@@ -175,8 +176,8 @@ def test_bad_value_through_replace_leaves_the_original():
 
 
 def test_unknown_toggle_name():
-    with pytest.raises(ConfigError,
-                       match=r"unknown toggle 'presicion'; the toggles are batch_pool, batchnorm, cuda_graph, "):
+    with pytest.raises(ConfigError, match=r"unknown toggle 'presicion'; the toggles are batch_pool, batchnorm, "
+                                          "bias_grad, cuda_graph, "):
         EngineConfig.from_env(environ={}, presicion="bf16")
     with pytest.raises(ConfigError, match=r"unknown toggle\(s\) \['graphs'\]; the toggles are precision, cuda_graph"):
         CPU.replace(graphs=2)

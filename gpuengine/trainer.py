@@ -81,7 +81,7 @@ class Trainer:
                 cudnn.PLAN_WORKERS = self.config.plan_workers
             ctx = BuildContext(backend, self.policy, self.allocator, self.params, local_batch,
                                deterministic=self.config.deterministic,
-                               batchnorm=self.config.batchnorm)
+                               batchnorm=self.config.batchnorm, bias_grad=self.config.bias_grad)
             self.program = TrainingProgram(net, ctx, self.data.batch_x, self.data.batch_t, self.state, fuse)
             self.optimizer = Adam(backend, self.allocator, self.params, self.state, lr)
         self.sync, self.step_hook = sync, step_hook

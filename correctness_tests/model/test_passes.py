@@ -5,10 +5,15 @@ import copy
 
 import numpy as np
 
-from gpuengine.layers import Conv2D, Dense, Flatten, MaxPool2D
-from gpuengine.losses import SoftmaxCrossEntropy
+import pytest
+
+from gpuengine.config import EngineConfig
+from gpuengine.layers import Conv2D, Dense, Dropout, Flatten, MaxPool2D, ReLU, Tanh
+from gpuengine.losses import MSELoss, SoftmaxCrossEntropy
 from gpuengine.model.network import INPUT, Sequential
-from gpuengine.model.passes import pools_over_direct_wgrad
+from gpuengine.model.passes import adds_into_layernorms, pools_over_direct_wgrad, relus_after_gemms
+from gpuengine.trainer import Trainer
+from gpuengine.workloads import transformer
 from gpuengine.workloads.cnn import build_cnn
 
 from ..layer_harness import make_context
@@ -58,3 +63,40 @@ def test_a_convolution_with_many_taps_is_left_alone():
     net = Sequential([Conv2D(8, 5, padding="same", activation="relu", name="conv"), MaxPool2D(2, name="pool"),
                       Flatten(name="flatten"), Dense(10, name="dense")], SoftmaxCrossEntropy(), (28, 28, 3))
     assert pools_over_direct_wgrad(net, _built_layers(net), is_gpu=True) == set()   # 75 taps: cuDNN's wgrad
+
+
+def test_the_transformers_feed_forward_relus_run_in_their_first_linear_layer():
+    found = relus_after_gemms(transformer.build_transformer(transformer.SMOKE_SHAPE))
+    assert found == {f"transformer.{side}.layers.0.relu": f"transformer.{side}.layers.0.linear1"
+                     for side in ("encoder", "decoder")}
+
+
+def test_a_relu_over_a_layer_read_elsewhere_or_over_another_activation_is_left_alone():
+    shared = Sequential([Dense(8, name="dense"), ReLU(name="relu"), Tanh(name="tanh"), Dense(1, name="out")],
+                        MSELoss(), (4,))
+    assert relus_after_gemms(shared) == {"relu": "dense"}
+    dropped = Sequential([Dense(8, name="dense"), Dropout(0.5, name="drop"), ReLU(name="relu"),
+                          Dense(1, name="out")], MSELoss(), (4,))
+    assert relus_after_gemms(dropped) == {}
+
+
+def test_the_transformers_residual_sums_are_summed_by_their_layernorms():
+    found = adds_into_layernorms(transformer.build_transformer(transformer.SMOKE_SHAPE))
+    norms = [f"transformer.encoder.layers.0.norm{i}" for i in (1, 2)] + \
+        [f"transformer.decoder.layers.0.norm{i}" for i in (1, 2, 3)]
+    assert found == {norm: f"{norm}.residual" for norm in norms}   # not the stacks' final norms: no Add below
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_fused_transformer_trains_as_the_unfused_one(precision):
+    runs = {}
+    for fuse in (True, False):
+        net = transformer.build_transformer(transformer.SMOKE_SHAPE)
+        x, t = transformer.transformer_data(32, transformer.SMOKE_SHAPE, seed=5)
+        trainer = Trainer(net, x, t, 16, EngineConfig(device="cpu", precision=precision), fuse=fuse)
+        layers = trainer.program.layers.values()
+        relus = [layer for layer in layers if getattr(layer, "applied_by_input", False)]
+        sums = [layer for layer in layers if getattr(layer, "summed_by_reader", False)]
+        assert (len(relus), len(sums)) == ((2, 5) if fuse else (0, 0))
+        runs[fuse] = trainer.train(3)
+    assert runs[True] == runs[False]   # the same sums in the same order, on the CPU

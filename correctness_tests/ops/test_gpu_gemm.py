@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from gpuengine.ops import autotune
-from gpuengine.ops.gemm import Gemm, algorithm_name
+from gpuengine.ops.gemm import Gemm
 from gpuengine.runtime.backend import Backend, gpu_visible
 from gpuengine.runtime.capture import GraphCapturedStep
 from gpuengine.runtime.precision import policy_for
 
-from ..gpu_checks import TOLERANCE, rel_err
+from ..gpu_checks import TOLERANCE, check_every_candidate, rel_err
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
@@ -38,25 +38,16 @@ def operands(backend, precision: str, m: int, k: int, n: int, seed: int):
 def test_every_candidate_algorithm_computes_the_product(shape, precision, monkeypatch):
     backend = Backend("cuda")
     (a, w, bias), out, expected = operands(backend, precision, *SHAPES[shape], seed=len(shape))
-    choices = autotune.PlanChoices()
-    monkeypatch.setattr(autotune, "PLAN_CHOICES", choices)
-    with backend.activate():
-        gemm = Gemm(backend, policy_for(precision), out, a, w.T, bias)
-        gemm.run()
-        backend.synchronize()
-    assert rel_err(out.get().astype(np.float64), expected) < TOLERANCE[precision]
-    names = [algorithm_name(algorithm) for algorithm in gemm._algorithms]
-    assert len(gemm._algorithms) == 1 or list(choices.tuned) == [autotune.key_text(gemm.key)]
-    for name in names:
-        monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices({autotune.key_text(gemm.key): name}))
+
+    def reset():
         out[...] = np.nan
-        with backend.activate():
-            pinned = Gemm(backend, policy_for(precision), out, a, w.T, bias)
-            pinned.run()
-            backend.synchronize()
+
+    def check(name):
         assert rel_err(out.get().astype(np.float64), expected) < TOLERANCE[precision], name
-        pinned.free()
-    gemm.free()
+
+    gemm, choices = check_every_candidate(monkeypatch, backend, lambda: Gemm(backend, policy_for(precision), out, a,
+                                                                             w.T, bias), reset, check)
+    assert len(gemm._algorithms) == 1 or list(choices.tuned) == [autotune.key_text(gemm.key)]
 
 
 def test_a_captured_replay_runs_the_chosen_algorithm(monkeypatch):

@@ -94,7 +94,7 @@ def _shape_free_cases():
                                 kind, ELEM_T=elem, VEC=width)
             yield _case(merge, "add2", f"{where}, {width} a thread", ELEM_T=elem, VEC=width)
             if width <= 4:   # LayerNorm's lanes take up to 4 features
-                for kernel in ("layernorm_fwd", "layernorm_bwd", "layernorm_param_grads"):
+                for kernel in ("layernorm_fwd", "layernorm_add_fwd", "layernorm_bwd", "layernorm_param_grads"):
                     yield _case(layernorm, kernel, f"{where}, {width} a lane", ELEM_T=elem, VEC=width)
         # ColumnSum reads the compute dtype and sums in float, in one launch; fused with an activation's gradient too.
         yield _case(reductions, "column_sum", where, ELEM_T=elem)

@@ -139,10 +139,12 @@ class Activation(Layer):
     def __init__(self, kind: str, name: str = ""):
         _check_kind(kind)
         self.kind, self.name = kind, name
+        self.applied_by_input = False   # set by a program whose layer below applies it (a GEMM's ReLU epilogue)
 
     def build_forward(self, ctx: BuildContext, x):
         self.backend, self.x = ctx.backend, x
-        self.out = ctx.allocator.zeros(x.shape, x.dtype, "activations")
+        # applied below: x already holds act(z), and backward needs only that output
+        self.out = x if self.applied_by_input else ctx.allocator.zeros(x.shape, x.dtype, "activations")
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
@@ -154,7 +156,8 @@ class Activation(Layer):
         return self.dx
 
     def forward(self):
-        activation_forward(self.backend, self.kind, self.x, self.out)
+        if not self.applied_by_input:
+            activation_forward(self.backend, self.kind, self.x, self.out)
 
     def backward(self):
         if self.dx is not None:

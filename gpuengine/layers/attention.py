@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from .. import checks
 from ..ops.attention import Heads, NumpyAttention, attention_flops
-from ..ops.gemm import Gemm
-from ..ops.reductions import ColumnSum
+from ..ops.gemm import Gemm, weight_gradients
 from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
 
@@ -42,8 +41,8 @@ class _Projection:
         ctx = self.ctx
         # Gradient views are taken here, not in __init__: inference-only parameters have none.
         grad_w, grad_b = (ctx.params.grad_view(n)[self.rows] for n in self.names)
-        self._gw = Gemm(ctx.backend, ctx.policy, grad_w, d_out.T, self.x, allocator=ctx.allocator)
-        self._gb = ColumnSum(ctx.backend, ctx.allocator, d_out, grad_b)
+        self._gw, self._gb = weight_gradients(ctx.backend, ctx.policy, ctx.allocator, grad_w, grad_b, d_out,
+                                              self.x, ctx.bias_grad == "epilogue")
         self.dx = ctx.allocator.zeros(self.x.shape, ctx.policy.compute_dtype, "activations") if needs_input_grad else None
         self._gx = (Gemm(ctx.backend, ctx.policy, self.dx, d_out, self.weight, allocator=ctx.allocator)
                     if needs_input_grad else None)
@@ -51,7 +50,8 @@ class _Projection:
 
     def backward(self):
         self._gw.run()
-        self._gb.run()
+        if self._gb is not None:
+            self._gb.run()
         if self._gx is not None:
             self._gx.run()
 

@@ -38,6 +38,7 @@ class BuildContext:
     training: bool = True   # False: an inference program (BatchNorm then uses its running statistics)
     deterministic: bool = True   # the config's toggle: cuDNN graphs keep to engines that give the same bits
     batchnorm: str = "cudnn"     # the config's toggle: batch norm as cuDNN graphs or the engine's own kernels
+    bias_grad: str = "sum"       # the config's toggle: bias gradients by a column sum or the wgrad GEMM's epilogue
     widening: object = None      # a training program's ops.widen.Widening: bf16 weight gradients widened at once
 
 

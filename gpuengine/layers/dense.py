@@ -2,14 +2,14 @@
 
 Forward is one cuBLASLt GEMM with the bias added in its epilogue. Backward is
 two GEMMs (dW = dy^T x, dx = dy W; dx only where the layer below needs it) and
-a column sum for db, unless a fused consumer already produced db (see
-`fused_head.py`), in which case `bias_grad_fused` skips the extra pass.
+db as a column sum, or in the dW GEMM's epilogue (bias_grad=epilogue), unless a
+fused consumer already produced db (see `fused_head.py`), in which case
+`bias_grad_fused` skips it.
 """
 from __future__ import annotations
 
 from .. import checks
-from ..ops.gemm import Gemm
-from ..ops.reductions import ColumnSum
+from ..ops.gemm import Gemm, weight_gradients
 from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
 
@@ -19,6 +19,7 @@ class Dense(Layer):
         self.units = checks.whole("Dense units", units)
         self.name = name
         self.bias_grad_fused = False   # set by a fusion that computes db itself
+        self.relu_epilogue = False     # set by a program whose ReLU after this layer runs in the GEMM's epilogue
 
     def _in_features(self, input_shape):
         if len(input_shape) != 1:
@@ -42,15 +43,16 @@ class Dense(Layer):
         self.weight = ctx.params.compute_view(f"{self.name}.weight")
         bias = ctx.params.compute_view(f"{self.name}.bias")
         self.out = ctx.allocator.zeros((ctx.batch, self.units), ctx.policy.compute_dtype, "activations")
-        self._forward = Gemm(ctx.backend, ctx.policy, self.out, x, self.weight.T, bias, ctx.allocator)
+        self._forward = Gemm(ctx.backend, ctx.policy, self.out, x, self.weight.T, bias, ctx.allocator,
+                             relu=self.relu_epilogue)
         self._grad_w = self._grad_b = self._grad_x = None   # an inference program builds no backward
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         grad_w = ctx.params.grad_view(f"{self.name}.weight")
-        self._grad_w = Gemm(ctx.backend, ctx.policy, grad_w, dy.T, self.x, allocator=ctx.allocator)
-        if not self.bias_grad_fused:
-            self._grad_b = ColumnSum(ctx.backend, ctx.allocator, dy, ctx.params.grad_view(f"{self.name}.bias"))
+        grad_b = None if self.bias_grad_fused else ctx.params.grad_view(f"{self.name}.bias")
+        self._grad_w, self._grad_b = weight_gradients(ctx.backend, ctx.policy, ctx.allocator, grad_w, grad_b, dy,
+                                                      self.x, ctx.bias_grad == "epilogue")
         if needs_input_grad:
             dx = ctx.allocator.zeros(self.x.shape, ctx.policy.compute_dtype, "activations")
             self._grad_x = Gemm(ctx.backend, ctx.policy, dx, dy, self.weight, allocator=ctx.allocator)

@@ -9,7 +9,9 @@ input gradient is wanted, that kernel is not launched). dgamma and dbeta are col
 sums in reductions.py's one-launch deterministic scheme (fixed order, no float
 atomics): one kernel recomputes xhat from x and sums dy * xhat and dy side by side, so
 dy * xhat never goes to memory, and its last block per column tile adds the row chunks
-into both gradients. On the NumPy backend all of it is array arithmetic.
+into both gradients. Where a program gives it the residual Add below (post-LN:
+LayerNorm(x + sublayer(x))), the forward also computes that sum, in the same
+pass that starts the statistics. On the NumPy backend all of it is array arithmetic.
 """
 from __future__ import annotations
 
@@ -21,22 +23,16 @@ from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel, vector_width
 from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
+from .merge import add_into
 
 _SOURCE = COLUMN_TILE_SOURCE + r"""
 // A lane takes VEC neighbouring features at a time (dim % VEC == 0), one vector load or store each.
-extern "C" __global__ void layernorm_fwd(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* beta, ELEM_T* y,
-                                         float* mean, float* rstd, int rows, int dim, float eps) {
+// The row's variance and output once the first pass has its sum s; x is read again (the warp's own row).
+__device__ __forceinline__ void normalize_row(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* beta, ELEM_T* y,
+                                              float* mean, float* rstd, long long row, int dim, float eps, float s) {
     typedef Pack<ELEM_T, VEC> P;
     const int lane = threadIdx.x & 31;
-    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;
     const long long base = row * dim;
-    float s = 0.f;
-    for (int c = lane * VEC; c < dim; c += 32 * VEC) {
-        const P a = load_pack<ELEM_T, VEC>(x, base + c);
-        #pragma unroll
-        for (int k = 0; k < VEC; ++k) s += load_f(a.v, k);
-    }
     const float m = warp_sum(s) / dim;
     float q = 0.f;
     for (int c = lane * VEC; c < dim; c += 32 * VEC) {
@@ -55,6 +51,39 @@ extern "C" __global__ void layernorm_fwd(const ELEM_T* x, const ELEM_T* gamma, c
         store_pack(y, base + c, out);
     }
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
+}
+extern "C" __global__ void layernorm_fwd(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* beta, ELEM_T* y,
+                                         float* mean, float* rstd, int rows, int dim, float eps) {
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    float s = 0.f;
+    for (int c = (threadIdx.x & 31) * VEC; c < dim; c += 32 * VEC) {
+        const Pack<ELEM_T, VEC> a = load_pack<ELEM_T, VEC>(x, row * dim + c);
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) s += load_f(a.v, k);
+    }
+    normalize_row(x, gamma, beta, y, mean, rstd, row, dim, eps, s);
+}
+// A residual sum and the LayerNorm of it: x = r1 + r2 is written (backward reads it), rounded to ELEM_T as the
+// Add layer rounds it, and the statistics are taken of the rounded values, so the output is the unfused one's.
+extern "C" __global__ void layernorm_add_fwd(const ELEM_T* r1, const ELEM_T* r2, ELEM_T* x, const ELEM_T* gamma,
+                                             const ELEM_T* beta, ELEM_T* y, float* mean, float* rstd, int rows,
+                                             int dim, float eps) {
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    float s = 0.f;
+    for (int c = (threadIdx.x & 31) * VEC; c < dim; c += 32 * VEC) {
+        const Pack<ELEM_T, VEC> a = load_pack<ELEM_T, VEC>(r1, row * dim + c),
+                                b = load_pack<ELEM_T, VEC>(r2, row * dim + c);
+        Pack<ELEM_T, VEC> sum;
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            store_f(sum.v, k, load_f(a.v, k) + load_f(b.v, k));
+            s += load_f(sum.v, k);
+        }
+        store_pack(x, row * dim + c, sum);
+    }
+    normalize_row(x, gamma, beta, y, mean, rstd, row, dim, eps, s);
 }
 extern "C" __global__ void layernorm_bwd(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* dy, const float* mean,
                                          const float* rstd, ELEM_T* dx, int rows, int dim) {
@@ -118,6 +147,7 @@ class LayerNorm(Layer):
     def __init__(self, epsilon: float = EPSILON, name: str = ""):
         epsilon = checks.number("LayerNorm epsilon", epsilon, above=0.0)
         self.epsilon, self.name = epsilon, name
+        self.residual = None   # set by a program: the Add below, whose sum this layer's forward computes
 
     def param_specs(self, input_shape):
         d = input_shape[-1]
@@ -136,9 +166,13 @@ class LayerNorm(Layer):
         self.mean = ctx.allocator.zeros((self.rows,), np.float32, "activations")
         self.rstd = ctx.allocator.zeros((self.rows,), np.float32, "activations")
         self._blocks = (-(-self.rows // _ROWS_PER_BLOCK),)
+        self._addends = () if self.residual is None else (self.residual.a, self.residual.b)
         if ctx.backend.is_gpu:
-            width = vector_width(self.dim, self.x, self.gamma, self.beta, self.out)
-            self._fwd = get_kernel(_SOURCE, "layernorm_fwd", ELEM_T=ctype(x.dtype), VEC=width)
+            width = vector_width(self.dim, self.x, self.gamma, self.beta, self.out, *self._addends)
+            if self._addends:
+                self._fwd = get_kernel(_SOURCE, "layernorm_add_fwd", ELEM_T=ctype(x.dtype), VEC=width)
+            else:
+                self._fwd = get_kernel(_SOURCE, "layernorm_fwd", ELEM_T=ctype(x.dtype), VEC=width)
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
@@ -158,6 +192,8 @@ class LayerNorm(Layer):
 
     def forward(self):
         if not self.backend.is_gpu:
+            if self._addends:
+                add_into(self.backend, *self._addends, self.residual.out)
             x = widen(self.x)
             mean = x.mean(axis=1, keepdims=True)
             rstd = 1.0 / np.sqrt(((x - mean) ** 2).mean(axis=1, keepdims=True) + self.epsilon)
@@ -166,8 +202,8 @@ class LayerNorm(Layer):
             self.mean[...], self.rstd[...] = mean[:, 0], rstd[:, 0]
             self._rstd_exact = rstd   # float64 under the gradient checks
             return
-        self._fwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (self.x, self.gamma, self.beta, self.out, self.mean, self.rstd,
-                                                          np.int32(self.rows), np.int32(self.dim),
+        self._fwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (*self._addends, self.x, self.gamma, self.beta, self.out, self.mean,
+                                                          self.rstd, np.int32(self.rows), np.int32(self.dim),
                                                           np.float32(self.epsilon)))
 
     def backward(self):

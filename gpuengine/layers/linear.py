@@ -3,16 +3,16 @@
 The Transformer's feed-forward layers and its projection to the vocabulary act
 on every position alike (Vaswani et al. 2017, section 3.3), so a batch of
 (T, in) samples is one (B*T, in) matrix: one cuBLASLt GEMM with the bias in its
-epilogue forward, two GEMMs and a column sum backward, as in dense.py (which
-takes flat samples only).
+epilogue forward, two GEMMs backward with the bias gradient as a column sum or
+in the weight gradient's epilogue (bias_grad), as in dense.py (which takes flat
+samples only).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import checks
-from ..ops.gemm import Gemm
-from ..ops.reductions import ColumnSum
+from ..ops.gemm import Gemm, weight_gradients
 from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
 
@@ -20,6 +20,7 @@ from .base import BuildContext, Layer
 class Linear(Layer):
     def __init__(self, units: int, name: str = ""):
         self.units, self.name = checks.whole("Linear units", units), name
+        self.relu_epilogue = False   # set by a program whose ReLU after this layer runs in the GEMM's epilogue
 
     def param_specs(self, input_shape):
         fan_in = input_shape[-1]
@@ -39,16 +40,16 @@ class Linear(Layer):
         self.weight = ctx.params.compute_view(f"{self.name}.weight")
         self.out = ctx.allocator.zeros(x.shape[:-1] + (self.units,), ctx.policy.compute_dtype, "activations")
         self._forward = Gemm(ctx.backend, ctx.policy, self.out.reshape(-1, self.units), self.x, self.weight.T,
-                             ctx.params.compute_view(f"{self.name}.bias"), ctx.allocator)
+                             ctx.params.compute_view(f"{self.name}.bias"), ctx.allocator, relu=self.relu_epilogue)
         self._grad_w = self._grad_b = self._grad_x = None
         self._input_shape = x.shape
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         dy = dy.reshape(-1, self.units)
-        self._grad_w = Gemm(ctx.backend, ctx.policy, ctx.params.grad_view(f"{self.name}.weight"), dy.T, self.x,
-                            allocator=ctx.allocator)
-        self._grad_b = ColumnSum(ctx.backend, ctx.allocator, dy, ctx.params.grad_view(f"{self.name}.bias"))
+        self._grad_w, self._grad_b = weight_gradients(
+            ctx.backend, ctx.policy, ctx.allocator, ctx.params.grad_view(f"{self.name}.weight"),
+            ctx.params.grad_view(f"{self.name}.bias"), dy, self.x, ctx.bias_grad == "epilogue")
         if not needs_input_grad:
             return None
         dx = ctx.allocator.zeros(self._input_shape, ctx.policy.compute_dtype, "activations")
@@ -61,7 +62,8 @@ class Linear(Layer):
 
     def backward(self):
         self._grad_w.run()
-        self._grad_b.run()
+        if self._grad_b is not None:
+            self._grad_b.run()
         if self._grad_x is not None:
             self._grad_x.run()
 

@@ -16,12 +16,26 @@ argmax itself, and the pool writes no input gradient: at batch 128 the
 convolution's output and its gradient are 6.4 MB each in fp32, written
 (cuDNN's convolution 13.6 us, maxpool_backward 8.2 us on an H100) and read
 again.
+
+`relus_after_gemms`: a ReLU right after a Dense or Linear layer that nothing
+else reads (the Transformer's feed-forward, the zoo's classifiers) runs in
+that layer's GEMM epilogue (cuBLASLt's RELU_BIAS): the pre-activation is
+never written and the activation kernel never launched. The ReLU keeps its
+backward, which reads only its output.
+
+`adds_into_layernorms`: a residual Add that only a LayerNorm reads (the
+post-LN Transformer's LayerNorm(x + sublayer(x))) is summed by that
+LayerNorm's forward kernel, which writes the sum for its backward as it
+starts the statistics: one launch and one read of the sum fewer.
 """
 from __future__ import annotations
 
 from ..layers.activations import Activation
 from ..layers.conv import Conv2D
 from ..layers.dense import Dense
+from ..layers.layernorm import LayerNorm
+from ..layers.linear import Linear
+from ..layers.merge import Add
 from ..layers.pooling import MaxPool2D
 from ..losses.fused_head import fits
 from ..losses.mse import MSELoss
@@ -58,3 +72,27 @@ def pools_over_direct_wgrad(net: Network, layers: dict, is_gpu: bool) -> set[str
                 and conv.takes_direct_wgrad() and pool_fits(pool.window)):
             found.add(node.name)
     return found
+
+
+def _over_sole_input(net: Network, upper, lower) -> dict[str, str]:
+    """{node: the node below it} for every node whose layer passes `upper` and whose one input is a node whose
+    layer passes `lower` and that only it reads."""
+    found = {}
+    for node in net.nodes:
+        if not upper(node.layer) or len(node.inputs) != 1 or node.inputs[0] == INPUT:
+            continue
+        below = net.node(node.inputs[0])
+        if lower(below.layer) and net.readers(below.name) == [node]:
+            found[node.name] = below.name
+    return found
+
+
+def relus_after_gemms(net: Network) -> dict[str, str]:
+    """{ReLU node: the Dense or Linear node below it} for every ReLU whose input layer only it reads."""
+    return _over_sole_input(net, lambda layer: isinstance(layer, Activation) and layer.kind == "relu",
+                            lambda layer: isinstance(layer, (Dense, Linear)))
+
+
+def adds_into_layernorms(net: Network) -> dict[str, str]:
+    """{LayerNorm node: the Add node below it} for every LayerNorm whose input is an Add that only it reads."""
+    return _over_sole_input(net, lambda layer: isinstance(layer, LayerNorm), lambda layer: isinstance(layer, Add))

@@ -8,7 +8,9 @@ used as it is; several (a residual block's input, read by the branch and the
 shortcut) are added by one `GradientSum` pass just before the node's backward.
 A max pool over the first convolution (`passes.py`) runs with it as one
 forward kernel and hands its output gradient to that convolution's weight
-gradient (ops/conv_pool.py, ops/direct_wgrad.py), on a GPU.
+gradient (ops/conv_pool.py, ops/direct_wgrad.py), on a GPU. A ReLU that
+only reads a Dense or Linear layer runs in that layer's GEMM epilogue, and a
+residual Add that only a LayerNorm reads is summed by that LayerNorm.
 `InferenceProgram` wires the forward pass alone. Both allocate everything up
 front, so their calls can be captured in a CUDA graph.
 """
@@ -19,14 +21,17 @@ import dataclasses
 
 import numpy as np
 
+from ..layers.activations import Activation
 from ..layers.base import BuildContext
 from ..layers.dense import Dense
-from ..layers.merge import GradientSum
+from ..layers.layernorm import LayerNorm
+from ..layers.linear import Linear
+from ..layers.merge import Add, GradientSum
 from ..losses.fused_head import TanhLinearMSEHead, TanhLinearOutput
 from ..ops.conv_pool import ConvPoolForward
 from ..ops.widen import Widening
 from .network import INPUT, Network, NetworkError
-from .passes import pools_over_direct_wgrad, tanh_linear_mse_head
+from .passes import adds_into_layernorms, pools_over_direct_wgrad, relus_after_gemms, tanh_linear_mse_head
 
 __all__ = ["InferenceProgram", "TrainingProgram"]
 
@@ -36,6 +41,14 @@ def _fresh_copy(layer):
     fresh = copy.copy(layer)
     if isinstance(fresh, Dense):
         fresh.bias_grad_fused = False
+    if isinstance(fresh, (Dense, Linear)):
+        fresh.relu_epilogue = False
+    if isinstance(fresh, Activation):
+        fresh.applied_by_input = False
+    if isinstance(fresh, Add):
+        fresh.summed_by_reader = False
+    if isinstance(fresh, LayerNorm):
+        fresh.residual = None
     return fresh
 
 
@@ -48,6 +61,13 @@ class _ForwardWiring:
         skipped = {n.name for n in self.tail[1:]} if self.fused else set()
         self.nodes = [n for n in net.nodes if n.name not in skipped]
         self.layers = {n.name: _fresh_copy(n.layer) for n in self.nodes}
+        for relu, below in (relus_after_gemms(net) if fuse else {}).items():
+            if relu in self.layers and below in self.layers:
+                self.layers[below].relu_epilogue = self.layers[relu].applied_by_input = True
+        for norm, below in (adds_into_layernorms(net) if fuse else {}).items():
+            if norm in self.layers and below in self.layers:
+                self.layers[below].summed_by_reader = True
+                self.layers[norm].residual = self.layers[below]
         self.outputs = {INPUT: batch_x}
         for node in self.nodes:
             inputs = [self.outputs[i] for i in node.inputs]

@@ -52,13 +52,15 @@ __device__ __forceinline__ ColumnTile column_tile(int rows, int rows_per_chunk, 
     t.stop = min((long long)rows, start + rows_per_chunk);
     return t;
 }
-// Each column's N sums s added over the block's row lanes in a fixed order: a warp's row lanes by shuffles
-// (tile_cols apart, tile_cols a power of two), then the warps in order, one thread per (sum, column) adding
-// its own slots and leaving the total in the first (block_total). Every thread calls it; it ends at a barrier.
-// Why not one owner thread per column: its chain of step x N dependent shared-memory adds (1,024 with the
-// batch norm's 64 lanes and 16 sums) held up the whole tile.
+// Each column's N sums s added over the block's row lanes in a fixed order, into total (valid in the column's
+// owner, row lane 0): a warp's row lanes by shuffles (tile_cols apart, tile_cols a power of two), then the warps
+// in order. Few sums (N <= 2: bias and LayerNorm gradients): the owner adds the warps' slots itself, with no
+// second barrier. Many (the batch norm's 16): one thread per (sum, column) adds them, since an owner's chain
+// of warps x N shared-memory loads held up the whole tile. Every thread calls it; the caller's next write of
+// lane_sums must come after a barrier.
 template <int N>
-__device__ __forceinline__ void add_lanes(const float (&s)[N], float* lane_sums, const ColumnTile& t, int tile_cols) {
+__device__ __forceinline__ void lane_totals(const float (&s)[N], float* lane_sums, const ColumnTile& t, int tile_cols,
+                                            float (&total)[N]) {
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
     #pragma unroll
     for (int j = 0; j < N; ++j) {
@@ -67,21 +69,30 @@ __device__ __forceinline__ void add_lanes(const float (&s)[N], float* lane_sums,
         if ((threadIdx.x & 31) < tile_cols) lane_sums[(j * warps + warp) * tile_cols + t.tc] = v;
     }
     __syncthreads();
-    for (int k = threadIdx.x; k < N * tile_cols; k += blockDim.x) {   // slots (j, w, tc): read by thread k alone
-        float* slots = lane_sums + (k / tile_cols) * warps * tile_cols + k % tile_cols;
-        float total = 0.f;
-        for (int w = 0; w < warps; ++w) total += slots[w * tile_cols];
-        slots[0] = total;
+    if (N > 2) {
+        for (int k = threadIdx.x; k < N * tile_cols; k += blockDim.x) {   // slots (j, w, tc): read by thread k alone
+            float* slots = lane_sums + (k / tile_cols) * warps * tile_cols + k % tile_cols;
+            float sum = 0.f;
+            for (int w = 0; w < warps; ++w) sum += slots[w * tile_cols];
+            slots[0] = sum;
+        }
+        __syncthreads();
     }
-    __syncthreads();
-}
-// Column tc's j-th total after add_lanes.
-__device__ __forceinline__ float block_total(const float* lane_sums, int j, int tc, int tile_cols) {
-    return lane_sums[j * (blockDim.x >> 5) * tile_cols + tc];
+    if (threadIdx.x >= tile_cols) return;
+    #pragma unroll
+    for (int j = 0; j < N; ++j) {
+        const float* slots = lane_sums + j * warps * tile_cols + t.tc;
+        if (N > 2) {
+            total[j] = slots[0];
+        } else {
+            total[j] = 0.f;
+            for (int w = 0; w < warps; ++w) total[j] += slots[w * tile_cols];
+        }
+    }
 }
 // The end of a column-sum kernel, every thread of the block calling it with its N sums s of column t.col.
 // The block's totals go to partials[chunk][j * cols + col]; the block drawing its tile's last ticket adds all
-// chunks of partials (lane l: chunks l, l + step, ...; then add_lanes) into dst[j][col] and resets the tile's
+// chunks of partials (lane l: chunks l, l + step, ...; then lane_totals) into dst[j][col] and resets the tile's
 // counter. lane_sums holds N * blockDim.x floats. gridDim.y is the number of chunks. True in the block that
 // wrote dst (its owner threads may read back their columns' sums), false in the others.
 template <int N>
@@ -91,18 +102,19 @@ __device__ __forceinline__ bool finish_column_sums(const ColumnTile& t, int cols
     __shared__ bool last;
     const int chunks = gridDim.y;
     const bool owner = threadIdx.x < tile_cols && t.col < cols;   // row lane 0: one thread per column
-    add_lanes<N>(s, lane_sums, t, tile_cols);
+    float total[N];
+    lane_totals<N>(s, lane_sums, t, tile_cols, total);
     if (chunks == 1) {   // one chunk: the block's totals are the sums, no partials or ticket needed
         if (owner)
-            for (int j = 0; j < N; ++j) dst[j][t.col] = block_total(lane_sums, j, t.tc, tile_cols);
+            for (int j = 0; j < N; ++j) dst[j][t.col] = total[j];
         return true;
     }
     if (owner) {
         float* chunk = partials + (long long)blockIdx.y * N * cols;
-        for (int j = 0; j < N; ++j) chunk[j * cols + t.col] = block_total(lane_sums, j, t.tc, tile_cols);
+        for (int j = 0; j < N; ++j) chunk[j * cols + t.col] = total[j];
         __threadfence();   // the partials reach every SM before this block's ticket is taken
     }
-    __syncthreads();   // also: the owners' reads end before add_lanes writes lane_sums again
+    __syncthreads();   // also: the owners' reads end before lane_totals writes lane_sums again
     if (threadIdx.x == 0) {
         last = atomicAdd(counters + blockIdx.x, 1u) == (unsigned int)(chunks - 1);
         if (last) counters[blockIdx.x] = 0u;   // all tickets drawn: zero for the next launch or graph replay
@@ -121,9 +133,9 @@ __device__ __forceinline__ bool finish_column_sums(const ColumnTile& t, int cols
             for (int j = 0; j < N; ++j) f[j] += chunk[j * cols + t.col];
         }
     }
-    add_lanes<N>(f, lane_sums, t, tile_cols);
+    lane_totals<N>(f, lane_sums, t, tile_cols, total);
     if (owner)
-        for (int j = 0; j < N; ++j) dst[j][t.col] = block_total(lane_sums, j, t.tc, tile_cols);
+        for (int j = 0; j < N; ++j) dst[j][t.col] = total[j];
     return true;
 }
 """

@@ -1,0 +1,83 @@
+"""On a GPU: the fusions a program makes of a Transformer (model/passes.py). A ReLU after a Dense or Linear
+layer runs in that layer's GEMM epilogue (cuBLASLt's RELU_BIAS), and a residual Add read only by a LayerNorm is
+summed by the LayerNorm's forward kernel.
+
+Every candidate algorithm of the fused GEMM computes relu(a @ b + bias) against float64; the fused LayerNorm
+writes the sum and normalises it as NumPy does; the Transformer trains with both fusions as without them,
+repeating bit for bit.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuengine.config import EngineConfig
+from gpuengine.layers import Add, LayerNorm
+from gpuengine.ops import autotune
+from gpuengine.ops.gemm import Gemm
+from gpuengine.runtime.backend import Backend, gpu_visible
+from gpuengine.runtime.precision import policy_for
+from gpuengine.trainer import Trainer
+from gpuengine.workloads import transformer
+
+from ..gpu_checks import TOLERANCE, check_every_candidate, rel_err
+from ..layer_harness import make_context
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_every_candidate_algorithm_applies_the_relu(precision, monkeypatch):
+    backend = Backend("cuda")
+    rng = np.random.default_rng(7)
+    dtype, xp = policy_for(precision).compute_dtype, backend.xp
+    x, w, bias = rng.standard_normal((2048, 512)), rng.standard_normal((2048, 512)) / 23, rng.standard_normal(2048)
+    x, w, bias = (v.astype(dtype) for v in (x, w, bias))
+    expected = np.maximum(x.astype(np.float64) @ w.astype(np.float64).T + bias.astype(np.float64), 0.0)
+    x, w, bias, out = xp.asarray(x), xp.asarray(w), xp.asarray(bias), xp.full((2048, 2048), np.nan, dtype=dtype)
+
+    def reset():
+        out[...] = np.nan
+
+    def check(name):
+        assert rel_err(out.get().astype(np.float64), expected) < TOLERANCE[precision], name
+
+    check_every_candidate(monkeypatch, backend, lambda: Gemm(backend, policy_for(precision), out, x, w.T, bias,
+                                                             relu=True), reset, check)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_a_layernorm_over_a_residual_sum_writes_the_sum_and_normalises_it(precision):
+    rng = np.random.default_rng(9)
+    dtype = policy_for(precision).compute_dtype
+    r1, r2 = (rng.standard_normal((64, 32, 256)).astype(dtype) for _ in range(2))
+    add, norm = Add(name="res"), LayerNorm(name="norm")
+    ctx = make_context("cuda", precision, 64, norm.param_specs((32, 256)), None)
+    xp = ctx.backend.xp
+    with ctx.backend.activate():
+        s = add.build_forward(ctx, xp.asarray(r1), xp.asarray(r2))
+        add.summed_by_reader, norm.residual = True, add
+        y = norm.build_forward(ctx, s)
+        add.forward()   # summed by the LayerNorm: nothing runs
+        norm.forward()
+        ctx.backend.synchronize()
+    summed = (r1.astype(np.float32) + r2.astype(np.float32)).astype(dtype)
+    np.testing.assert_array_equal(s.get().astype(np.float32), summed.astype(np.float32))
+    x = summed.astype(np.float64)
+    expected = (x - x.mean(axis=-1, keepdims=True)) / np.sqrt(x.var(axis=-1, keepdims=True) + 1e-5)
+    assert rel_err(y.get().astype(np.float64), expected) < TOLERANCE[precision]
+
+
+def losses(precision: str, fuse: bool) -> list[float]:
+    shape = transformer.SMOKE_SHAPE.with_length(64)
+    net, (x, t) = transformer.build_transformer(shape), transformer.transformer_data(128, shape, seed=8)
+    return Trainer(net, x, t, 16, EngineConfig(precision=precision, cuda_graph=1), fuse=fuse).train(3)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_the_transformer_trains_alike_fused_and_unfused_and_repeats(precision, monkeypatch):
+    monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices())
+    fused, again = losses(precision, True), losses(precision, True)
+    assert fused == again and fused[-1] < fused[0]
+    np.testing.assert_allclose(fused, losses(precision, False), rtol=0.02)
