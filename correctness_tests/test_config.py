@@ -14,7 +14,7 @@ from gpuengine.config import ENV_PREFIX, ConfigError, EngineConfig
 from gpuengine.runtime.backend import Backend, get_backend
 
 DEFAULTS = {"precision": "tf32", "cuda_graph": 1, "resident_data": True, "batch_pool": 2, "profile": False,
-            "deterministic": True, "batchnorm": "cudnn", "bias_grad": "sum", "plan_workers": 0, "device": None,
+            "deterministic": True, "batchnorm": "cudnn", "bias_grad": "auto", "plan_workers": 0, "device": None,
             "vram_cap_gib": None}
 
 # (toggle, raw spelling, normal value): what code, the command line or tox may write.
@@ -115,7 +115,7 @@ def test_describe_names_every_toggle_with_its_value():
     config = EngineConfig(precision="bf16", cuda_graph=4, resident_data=False, batch_pool=2, profile=True,
                           device="cpu", vram_cap_gib=6)
     assert config.describe() == ("precision=bf16 cuda_graph=4 resident_data=False batch_pool=2 profile=True "
-                                 "deterministic=True batchnorm=cudnn bias_grad=sum device=cpu vram_cap_gib=6.0")
+                                 "deterministic=True batchnorm=cudnn bias_grad=auto device=cpu vram_cap_gib=6.0")
     shown = DEFAULTS | {"device": "auto", "vram_cap_gib": "full"}   # None is spelled as from_env accepts it
     assert EngineConfig().describe().split() == [f"{name}={value}" for name, value in shown.items()
                                                  if name != "plan_workers"]   # the set-up's speed only

@@ -67,9 +67,10 @@
 #                         no kept plans at plan_workers 0, 4 and 8, each in a fresh process (LOGDIR/setup_time.jsonl)
 #                determinism `./gate toggle-cost deterministic=0` of TOGGLE_WORKLOADS (default: cnn resnet
 #                         transformer zoo:resnet50 zoo:mobilenet_v2), every precision (LOGDIR/toggle_cost.json)
-#                bias-grad bias gradients in the weight-gradient GEMM's epilogue (bias_grad=epilogue): its GPU tests, then
-#                         `./gate toggle-cost bias_grad=epilogue` of BIAS_WORKLOADS (default: transformer cnn) in fp32,
-#                         tf32 and bf16 (LOGDIR/toggle_cost_bias_grad.json)
+#                bias-grad bias gradients in the weight-gradient GEMM's epilogue: its GPU tests, then, in fp32, tf32 and
+#                         bf16, `./gate toggle-cost bias_grad=sum` of the Transformer (what the default auto's epilogue
+#                         gains) and `bias_grad=epilogue` of the CNN (what auto's column sum saves its dense head)
+#                         (LOGDIR/toggle_cost_bias_grad_{sum,epilogue}.json)
 #                bn-engine the engine's own batch norm (batchnorm=engine): its GPU tests, each named as it ends (-v), then
 #                         `./gate toggle-cost batchnorm=engine` of BN_WORKLOADS (default: resnet zoo:resnet50
 #                         zoo:mobilenet_v2) in tf32 and bf16 (LOGDIR/toggle_cost_batchnorm.json)
@@ -209,8 +210,10 @@ step_bn-engine() { local s=0
 step_bias-grad() { local s=0
     python3 -m pytest correctness_tests/layers/test_gpu_bias_grad.py correctness_tests/ops/test_gpu_gemm.py -n 4 -v \
         -p no:cacheprovider -rfE --durations=5 || s=1
-    ./gate toggle-cost bias_grad=epilogue ${BIAS_WORKLOADS:-transformer cnn} --precision fp32 tf32 bf16 \
-        --rounds 11 --out "$logdir/toggle_cost_bias_grad.json" || s=1
+    ./gate toggle-cost bias_grad=sum transformer --precision fp32 tf32 bf16 \
+        --rounds 11 --out "$logdir/toggle_cost_bias_grad_sum.json" || s=1
+    ./gate toggle-cost bias_grad=epilogue cnn --precision fp32 tf32 bf16 \
+        --rounds 11 --out "$logdir/toggle_cost_bias_grad_epilogue.json" || s=1
     return $s; }
 step_bn-layers() { python3 scripts/bn_layers.py ${BN_LAYER_WORKLOAD:-resnet} --precision ${BN_PRECISION:-bf16} \
     --out "$logdir/bn_layers.json"; }

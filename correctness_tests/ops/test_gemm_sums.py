@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from gpuengine.config import EngineConfig
+from gpuengine.layers import Dense, Linear
+from gpuengine.layers.base import BuildContext
 from gpuengine.ops.gemm import Gemm, weight_gradients
 from gpuengine.ops.reductions import ColumnSum
 from gpuengine.runtime.backend import Backend
@@ -72,3 +74,24 @@ def test_either_bias_gradient_trains_the_same(name):
                                                                bias_grad=bias_grad)).train(3)
     assert runs["epilogue"][-1] < runs["epilogue"][0]
     np.testing.assert_allclose(runs["epilogue"], runs["sum"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("bias_grad, token_major, epilogue", [
+    ("auto", True, True), ("auto", False, False), ("sum", True, False), ("sum", False, False),
+    ("epilogue", True, True), ("epilogue", False, True)])
+def test_the_toggle_picks_the_epilogue_by_layer_under_auto(bias_grad, token_major, epilogue):
+    context = BuildContext(CPU, policy_for("fp32"), None, None, 16, bias_grad=bias_grad)
+    assert context.bias_grad_in_epilogue(token_major) is epilogue
+
+
+@pytest.mark.parametrize("name, layer_type, epilogue", [("transformer", Linear, True), ("mlp", Dense, False)])
+def test_the_default_sums_token_layers_biases_in_the_gemm_and_dense_ones_after_it(name, layer_type, epilogue):
+    net, x, t = NETWORKS[name]()
+    trainer = Trainer(net, x, t, 16, EngineConfig(device="cpu", precision="fp32"))
+    trainer.train(1)
+    layers = [layer for layer in trainer.program.layers.values()
+              if type(layer) is layer_type and getattr(layer, "_grad_w", None) is not None]
+    assert layers
+    for layer in layers:
+        assert (layer._grad_w.a_sums is not None) is epilogue
+        assert isinstance(layer._grad_b, type(None) if epilogue else ColumnSum) or layer.bias_grad_fused

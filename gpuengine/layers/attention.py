@@ -8,8 +8,8 @@ with the weight's first block and its last two. The heads are column blocks of
 those buffers (ops/attention.py's Heads), so no transpose is ever made; the
 attention core is the backend's strategy (`make_attention` below), and
 `out_proj` maps the heads' concatenation back to d. All projections are
-cuBLASLt GEMMs (ops/gemm.py), biases in the epilogue forward and column sums
-backward. The causal mask belongs to the decoder's self-attention.
+cuBLASLt GEMMs (ops/gemm.py), biases in the epilogue forward and their
+gradients in the weight gradients' epilogues backward (bias_grad). The causal mask belongs to the decoder's self-attention.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class _Projection:
         # Gradient views are taken here, not in __init__: inference-only parameters have none.
         grad_w, grad_b = (ctx.params.grad_view(n)[self.rows] for n in self.names)
         self._gw, self._gb = weight_gradients(ctx.backend, ctx.policy, ctx.allocator, grad_w, grad_b, d_out,
-                                              self.x, ctx.bias_grad == "epilogue")
+                                              self.x, ctx.bias_grad_in_epilogue(token_major=True))
         self.dx = ctx.allocator.zeros(self.x.shape, ctx.policy.compute_dtype, "activations") if needs_input_grad else None
         self._gx = (Gemm(ctx.backend, ctx.policy, self.dx, d_out, self.weight, allocator=ctx.allocator)
                     if needs_input_grad else None)

@@ -38,8 +38,14 @@ class BuildContext:
     training: bool = True   # False: an inference program (BatchNorm then uses its running statistics)
     deterministic: bool = True   # the config's toggle: cuDNN graphs keep to engines that give the same bits
     batchnorm: str = "cudnn"     # the config's toggle: batch norm as cuDNN graphs or the engine's own kernels
-    bias_grad: str = "sum"       # the config's toggle: bias gradients by a column sum or the wgrad GEMM's epilogue
+    bias_grad: str = "auto"      # the config's toggle: bias gradients by layer, by a column sum or in the wgrad GEMM
     widening: object = None      # a training program's ops.widen.Widening: bf16 weight gradients widened at once
+
+    def bias_grad_in_epilogue(self, token_major: bool) -> bool:
+        """Whether a bias gradient comes from the weight-gradient GEMM's epilogue: as toggled, or under auto for the
+        token-major layers (Linear, attention), where it measured faster and a flat Dense head slower (docs/seeds.md,
+        'Bias gradients')."""
+        return self.bias_grad == "epilogue" or (self.bias_grad == "auto" and token_major)
 
 
 class Layer:

@@ -2,7 +2,8 @@
 
 Forward is one cuBLASLt GEMM with the bias added in its epilogue. Backward is
 two GEMMs (dW = dy^T x, dx = dy W; dx only where the layer below needs it) and
-db as a column sum, or in the dW GEMM's epilogue (bias_grad=epilogue), unless a
+db as a column sum (bias_grad auto or sum), or in the dW GEMM's epilogue
+(bias_grad=epilogue, slower on the CNN's head in bf16), unless a
 fused consumer already produced db (see `fused_head.py`), in which case
 `bias_grad_fused` skips it.
 """
@@ -52,7 +53,7 @@ class Dense(Layer):
         grad_w = ctx.params.grad_view(f"{self.name}.weight")
         grad_b = None if self.bias_grad_fused else ctx.params.grad_view(f"{self.name}.bias")
         self._grad_w, self._grad_b = weight_gradients(ctx.backend, ctx.policy, ctx.allocator, grad_w, grad_b, dy,
-                                                      self.x, ctx.bias_grad == "epilogue")
+                                                      self.x, ctx.bias_grad_in_epilogue(token_major=False))
         if needs_input_grad:
             dx = ctx.allocator.zeros(self.x.shape, ctx.policy.compute_dtype, "activations")
             self._grad_x = Gemm(ctx.backend, ctx.policy, dx, dy, self.weight, allocator=ctx.allocator)

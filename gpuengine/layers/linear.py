@@ -3,9 +3,9 @@
 The Transformer's feed-forward layers and its projection to the vocabulary act
 on every position alike (Vaswani et al. 2017, section 3.3), so a batch of
 (T, in) samples is one (B*T, in) matrix: one cuBLASLt GEMM with the bias in its
-epilogue forward, two GEMMs backward with the bias gradient as a column sum or
-in the weight gradient's epilogue (bias_grad), as in dense.py (which takes flat
-samples only).
+epilogue forward, two GEMMs backward with the bias gradient in the weight
+gradient's epilogue (bias_grad auto or epilogue) or as a column sum (sum), as in
+dense.py (which takes flat samples only).
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class Linear(Layer):
         dy = dy.reshape(-1, self.units)
         self._grad_w, self._grad_b = weight_gradients(
             ctx.backend, ctx.policy, ctx.allocator, ctx.params.grad_view(f"{self.name}.weight"),
-            ctx.params.grad_view(f"{self.name}.bias"), dy, self.x, ctx.bias_grad == "epilogue")
+            ctx.params.grad_view(f"{self.name}.bias"), dy, self.x, ctx.bias_grad_in_epilogue(token_major=True))
         if not needs_input_grad:
             return None
         dx = ctx.allocator.zeros(self._input_shape, ctx.policy.compute_dtype, "activations")
