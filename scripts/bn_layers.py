@@ -5,8 +5,10 @@ which shapes the engine's one-launch batch norm loses on, where a step's profile
 
 Builds the workload's engine as a profile builds it (perf tests' network, batch, resident data, kept plans),
 once with batchnorm=cudnn and once with batchnorm=engine, warms each up, then times every BatchNorm2D's
-forward and backward (its launches as the step makes them) with device events on the engine stream around
-`reps` calls, after 5 untimed ones. Prints a table by layer and one JSON object (per layer: shape, fused parts, microseconds a call).
+forward and backward (its launches as the step makes them): `reps` calls captured in one CUDA graph on the
+engine stream, one replay between device events, as a step's graph runs them. Eager calls would time the host's
+launches (13-23 us a call at a8d04cd, where the kernels of a 2x2 map take a few). Prints a table by layer and
+one JSON object (per layer: shape, fused parts, microseconds a call).
 """
 from __future__ import annotations
 
@@ -21,15 +23,18 @@ _WARM = 5
 
 
 def _time_us(backend, call, reps: int) -> float:
-    """Device microseconds a call, on the engine stream: the engine's kernels launch on the current stream and
-    cuDNN's on its handle's (the engine stream), so both run, and are timed, there."""
+    """Device microseconds a call, replayed from a graph of `reps` calls on the engine stream: the engine's kernels
+    launch on the current stream and cuDNN's on its handle's (the engine stream), so both are captured there."""
+    from gpuengine.runtime.capture import GraphCapturedStep
     with backend.activate():
         for _ in range(_WARM):
             call()
+        graph = GraphCapturedStep(backend, call, reps, {})
+        graph.capture()
+        graph.launch()   # the first replay uploads the graph: not timed
         timer = backend.timer()
         timer.start()
-        for _ in range(reps):
-            call()
+        graph.launch()
         return timer.stop() * 1000.0 / reps
 
 
