@@ -144,10 +144,12 @@ EPSILON = 1e-5   # torch.nn.LayerNorm's default
 class LayerNorm(Layer):
     """Normalizes each sample's last axis; weight (gamma) starts at one, bias (beta) at zero, torch's names."""
 
+    residual = None   # set by a program: the Add below, whose sum this layer's forward computes
+    wiring = ("residual",)
+
     def __init__(self, epsilon: float = EPSILON, name: str = ""):
         epsilon = checks.number("LayerNorm epsilon", epsilon, above=0.0)
         self.epsilon, self.name = epsilon, name
-        self.residual = None   # set by a program: the Add below, whose sum this layer's forward computes
 
     def param_specs(self, input_shape):
         d = input_shape[-1]
@@ -202,9 +204,9 @@ class LayerNorm(Layer):
             self.mean[...], self.rstd[...] = mean[:, 0], rstd[:, 0]
             self._rstd_exact = rstd   # float64 under the gradient checks
             return
-        self._fwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (*self._addends, self.x, self.gamma, self.beta, self.out, self.mean,
-                                                          self.rstd, np.int32(self.rows), np.int32(self.dim),
-                                                          np.float32(self.epsilon)))
+        self._fwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (*self._addends, self.x, self.gamma, self.beta, self.out,
+                                                          self.mean, self.rstd, np.int32(self.rows),
+                                                          np.int32(self.dim), np.float32(self.epsilon)))
 
     def backward(self):
         if not self.backend.is_gpu:
