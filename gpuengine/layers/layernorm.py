@@ -238,9 +238,10 @@ _FUSED_BLOCKS = 64     # its grid: warps enough to cover a row's latency, partia
 
 
 def fused_grid(rows: int, dim: int) -> tuple[int, int, int]:
-    """(warps a block, rows a block, blocks) of layernorm_bwd_grads: 16 warps (8 above 384 features, so the warps'
-    column sums fit 48 KB of shared memory), each taking a row at a time, about _FUSED_BLOCKS blocks."""
-    warps = 16 if dim <= 384 else 8
+    """(warps a block, rows a block, blocks) of layernorm_bwd_grads: 16 warps (8 above 320 features, so the warps'
+    column sums and the kernel's own flag fit 48 KB of shared memory), each taking a row at a time, about
+    _FUSED_BLOCKS blocks."""
+    warps = 16 if dim <= 320 else 8
     rows_per_block = warps * max(1, -(-rows // (warps * _FUSED_BLOCKS)))
     return warps, rows_per_block, -(-rows // rows_per_block)
 
