@@ -145,9 +145,11 @@ _FUSED_SOURCE = r"""
 // row at a time as layernorm_bwd does (the same dx, bit for bit) and adds dy * xhat and dy into its lanes' column
 // sums; the block's warps meet in shared memory in order and the block writes its rows' sums to partials; the
 // block drawing the last ticket adds the blocks' sums in order (the same bits every run, no float atomics) and
-// resets the counter for the next launch or graph replay. warp_sums holds warps x 2 dim floats.
+// resets the counter for the next launch or graph replay. warp_sums holds warps x 2 dim floats. With DY_PARTS 2,
+// dy is the sum of dy and dy2 (the gradients of the output's two readers), rounded to ELEM_T as add2 rounds it.
 extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* dy,
-                                               const float* mean, const float* rstd, ELEM_T* dx, float* dgamma,
+                                               const ELEM_T* dy2, const float* mean, const float* rstd, ELEM_T* dx,
+                                               float* dgamma,
                                                float* dbeta, float* partials, unsigned int* counter, int rows,
                                                int dim, int rows_per_block) {
     typedef Pack<ELEM_T, VEC> P;
@@ -171,6 +173,11 @@ extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* ga
             if (c >= dim) continue;
             a[p] = load_pack<ELEM_T, VEC>(x, base + c);
             d[p] = load_pack<ELEM_T, VEC>(dy, base + c);
+            if (DY_PARTS == 2) {
+                const P e = load_pack<ELEM_T, VEC>(dy2, base + c);
+                #pragma unroll
+                for (int k = 0; k < VEC; ++k) store_f(d[p].v, k, load_f(d[p].v, k) + load_f(e.v, k));
+            }
             w[p] = load_pack<ELEM_T, VEC>(gamma, c);
             #pragma unroll
             for (int k = 0; k < VEC; ++k) {
@@ -253,6 +260,7 @@ class LayerNorm(Layer):
         epsilon = checks.number("LayerNorm epsilon", epsilon, above=0.0)
         self.epsilon, self.name = epsilon, name
         self.residual = None   # set by a program: the Add below, whose sum this layer's forward computes
+        self.gradient_sum = None   # set by a training program: the GradientSum of dy, which backward may do itself
 
     def param_specs(self, input_shape):
         d = input_shape[-1]
@@ -286,17 +294,23 @@ class LayerNorm(Layer):
         self.dgamma = ctx.params.grad_view(f"{self.name}.weight")
         self.dbeta = ctx.params.grad_view(f"{self.name}.bias")
         self.fused = None   # (warps, rows a block, blocks) where dx and the parameter gradients take one launch
+        self._dy_parts = (self.dy, self.dy)   # the one launch's dy and dy2; the same buffer twice: dy alone
         if ctx.backend.is_gpu:
             arrays = (self.x, self.gamma, self.dy) + ((self.dx,) if self.dx is not None else ())
-            width = vector_width(self.dim, *arrays)
+            parts = self.gradient_sum.parts if self.gradient_sum is not None else ()
+            width = vector_width(self.dim, *arrays, *parts)
             defines = dict(ELEM_T=ctype(dy.dtype), VEC=width)
             if self.dx is not None and self.dim <= _FUSED_MAX_DIM:
                 self.fused = fused_grid(self.rows, self.dim)
+                if len(parts) == 2:   # dy's two parts are added here, as they are loaded: no add2 launch
+                    self._dy_parts = tuple(part.reshape(-1, self.dim) for part in parts)
+                    self.gradient_sum.summed_by_reader = True
                 # each block's dy * xhat sums in columns [0, dim) of its row, its dy sums in [dim, 2 dim)
                 self.partials = ctx.allocator.zeros((self.fused[2], 2 * self.dim), np.float32, "workspace")
                 self.counters = ctx.allocator.zeros((1,), np.uint32, "workspace")
                 packs = -(-self.dim // (32 * width))
-                self._bwd = get_kernel(_FUSED_SOURCE, "layernorm_bwd_grads", PACKS=packs, **defines)
+                self._bwd = get_kernel(_FUSED_SOURCE, "layernorm_bwd_grads", PACKS=packs,
+                                       DY_PARTS=2 if len(parts) == 2 else 1, **defines)
                 return self.dx
             self._bwd = get_kernel(_SOURCE, "layernorm_bwd", **defines)
             self.plan = plan_chunks(ctx.backend, self.rows, self.dim)
@@ -335,7 +349,7 @@ class LayerNorm(Layer):
             return
         if self.fused is not None:
             warps, rows_per_block, blocks = self.fused
-            self._bwd((blocks,), (32 * warps,), (self.x, self.gamma, self.dy, self.mean, self.rstd, self.dx,
+            self._bwd((blocks,), (32 * warps,), (self.x, self.gamma, *self._dy_parts, self.mean, self.rstd, self.dx,
                                                  self.dgamma, self.dbeta, self.partials, self.counters,
                                                  np.int32(self.rows), np.int32(self.dim), np.int32(rows_per_block)),
                       shared_mem=4 * warps * 2 * self.dim)
