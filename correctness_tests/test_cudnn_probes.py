@@ -29,3 +29,9 @@ def test_bn_layers_refuses_no_repetitions(capsys):
     with pytest.raises(SystemExit):
         load_script("bn_layers").main(["resnet", "--reps", "0"])
     assert "--reps 0: at least 1" in capsys.readouterr().err
+
+
+def test_bn_layers_refuses_a_bad_layer_pattern_by_name(capsys):
+    with pytest.raises(SystemExit):
+        load_script("bn_layers").main(["resnet", "--only", "layer1.(", "--batchnorm", "engine"])
+    assert "--only 'layer1.(': not a regular expression" in capsys.readouterr().err

@@ -2,6 +2,9 @@
 which shapes the engine's one-launch batch norm loses on, where a step's profile only sums them.
 
     python3 scripts/bn_layers.py resnet --precision bf16 [--reps 50] [--out FILE]
+                                 [--batchnorm cudnn|engine] [--only REGEX]
+
+--batchnorm times one side alone and --only the layers whose names match: a few launches for `ncu` to read.
 
 Builds the workload's engine as a profile builds it (perf tests' network, batch, resident data, kept plans),
 once with batchnorm=cudnn and once with batchnorm=engine, warms each up, then times every BatchNorm2D's
@@ -14,12 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 _WARM = 5
+SIDES = ("cudnn", "engine")
+LABELS = {"cudnn": "cuDNN", "engine": "engine"}
 
 
 def _time_us(backend, call, reps: int) -> float:
@@ -38,8 +44,9 @@ def _time_us(backend, call, reps: int) -> float:
         return timer.stop() * 1000.0 / reps
 
 
-def layer_times(workload, precision: str, batchnorm: str, reps: int) -> list[dict]:
-    """Per BatchNorm2D of the workload's network under `batchnorm`: its shape, fused parts and times."""
+def layer_times(workload, precision: str, batchnorm: str, reps: int, only: str = "") -> list[dict]:
+    """Per BatchNorm2D of the workload's network under `batchnorm` (those named to match `only`): its shape, fused
+    parts and times."""
     from gpuengine.bench.profile.record import ProfileCase
     from gpuengine.layers import BatchNorm2D
     case = ProfileCase(workload.name, precision, workload.batch, 1, (("batchnorm", batchnorm),))
@@ -48,6 +55,8 @@ def layer_times(workload, precision: str, batchnorm: str, reps: int) -> list[dic
     rows = []
     for name, layer in runner.trainer.program.layers.items():
         if not isinstance(layer, BatchNorm2D) or getattr(layer, "x", None) is None:   # not built: fused away
+            continue
+        if not re.search(only, name):
             continue
         rows.append({"layer": name, "shape": list(layer.x.shape), "activation": layer.activation,
                      "residual": layer.res is not None, "mask": layer.mask is not None,
@@ -66,27 +75,37 @@ def main(argv=None) -> int:
     parser.add_argument("--precision", choices=PRECISIONS, default="bf16")
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--out", type=Path, help="also write the JSON object here (written aside, renamed)")
+    parser.add_argument("--batchnorm", choices=SIDES, help="time this side alone (default: both)")
+    parser.add_argument("--only", default="", help="the layers whose names match this regular expression")
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error(f"--reps {args.reps}: at least 1")
+    try:
+        re.compile(args.only)
+    except re.error as error:
+        parser.error(f"--only {args.only!r}: not a regular expression ({error})")
     if not gpu_visible():
         print("bn_layers: needs a GPU with CuPy and the cuDNN frontend; none is visible here", file=sys.stderr)
         return 2
     workload = get_workload(args.workload)
-    cudnn, engine = (layer_times(workload, args.precision, bn, args.reps) for bn in ("cudnn", "engine"))
-    print(f"{'layer':<28} {'shape':<20} {'fused':<14} {'cuDNN fwd':>9} {'engine fwd':>10} {'cuDNN bwd':>9} "
-          f"{'engine bwd':>10}")
-    for c, e in zip(cudnn, engine):
-        fused = "+".join(p for p, on in (("res", c["residual"]), (c["activation"] or "", True), ("mask", c["mask"]))
-                         if on and p)
-        print(f"{c['layer']:<28} {'x'.join(map(str, c['shape'])):<20} {fused:<14} {c['forward_us']:>9.1f} "
-              f"{e['forward_us']:>10.1f} {c['backward_us']:>9.1f} {e['backward_us']:>10.1f}")
-    totals = {f"{bn}_{d}_us": round(sum(r[f"{d}_us"] for r in rows), 1)
-              for bn, rows in (("cudnn", cudnn), ("engine", engine)) for d in ("forward", "backward")}
+    sides = SIDES if args.batchnorm is None else (args.batchnorm,)
+    times = {side: layer_times(workload, args.precision, side, args.reps, args.only) for side in sides}
+    rows = times[sides[0]]
+    print(f"{'layer':<28} {'shape':<20} {'fused':<14}" + "".join(f" {LABELS[s] + ' fwd':>10} {LABELS[s] + ' bwd':>10}"
+                                                                  for s in sides))
+    for index, row in enumerate(rows):
+        fused = "+".join(p for p, on in (("res", row["residual"]), (row["activation"] or "", True),
+                                         ("mask", row["mask"])) if on and p)
+        print(f"{row['layer']:<28} {'x'.join(map(str, row['shape'])):<20} {fused:<14}" + "".join(
+            f" {times[s][index]['forward_us']:>10.1f} {times[s][index]['backward_us']:>10.1f}" for s in sides))
+    totals = {f"{side}_{d}_us": round(sum(r[f"{d}_us"] for r in times[side]), 1)
+              for side in sides for d in ("forward", "backward")}
     print("totals:", totals)
-    record = {"workload": args.workload, "precision": args.precision, "reps": args.reps, "totals": totals,
-              "layers": [{**c, "engine_forward_us": e["forward_us"], "engine_backward_us": e["backward_us"]}
-                         for c, e in zip(cudnn, engine)]}
+    record = {"workload": args.workload, "precision": args.precision, "reps": args.reps, "only": args.only,
+              "totals": totals, "layers": [{**{key: v for key, v in row.items() if not key.endswith("_us")},
+                                            **{f"{side}_{d}_us": times[side][index][f"{d}_us"]
+                                               for side in sides for d in ("forward", "backward")}}
+                                           for index, row in enumerate(rows)]}
     print(json.dumps(record))
     if args.out is not None:
         write_json(args.out, record)

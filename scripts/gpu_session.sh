@@ -76,6 +76,10 @@
 #                         zoo:mobilenet_v2) in tf32 and bf16 (LOGDIR/toggle_cost_batchnorm.json)
 #                bn-layers scripts/bn_layers.py: every batch norm of BN_LAYER_WORKLOAD (default resnet) timed alone in
 #                         BN_PRECISION (default bf16), cuDNN's graphs against the engine's kernels (LOGDIR/bn_layers.json)
+#                ncu-bn   Nsight Compute over the engine's batch-norm kernels (bn_forward, bn_backward) of NCU_BN_LAYERS
+#                         (a regular expression of ResNet's layer names; default: one of each map size) in
+#                         BN_PRECISION (default bf16), one timed call each (bn_layers.py --reps 1): speed of light,
+#                         occupancy, warp stalls and memory, where their time goes (ncu --clock-control none)
 #                dp       issue 39 on 2 GPUs: `launch --gpus 2 mlp` with and without CUDA graphs, in build/base and the
 #                         tree (DP_TREES), each rank's stacks printed when it stalls (45 s a stage) or the launcher stops
 #                         it (100 s), NCCL_DEBUG=WARN; then the parallel GPU tests (-v)
@@ -217,6 +221,13 @@ step_bias-grad() { local s=0
     return $s; }
 step_bn-layers() { python3 scripts/bn_layers.py ${BN_LAYER_WORKLOAD:-resnet} --precision ${BN_PRECISION:-bf16} \
     --out "$logdir/bn_layers.json"; }
+step_ncu-bn() { local ncu
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+    [ -n "$ncu" ] || { echo "ncu-bn: no ncu on this machine"; return 1; }
+    "$ncu" --clock-control none -k 'regex:^bn_(forward|backward)$' --section SpeedOfLight --section LaunchStats \
+        --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+        python3 scripts/bn_layers.py resnet --precision "${BN_PRECISION:-bf16}" --batchnorm engine --reps 1 \
+        --only "${NCU_BN_LAYERS:-^(bn1|layer1\.0\.bn3|layer2\.0\.bn3|layer3\.0\.bn3|layer4\.0\.bn3)$}"; }
 step_dp() { local diag="$logdir/dp-diag" where graph s=0   # SIGTERM (the launcher's --timeout) prints each rank's stacks
     mkdir -p "$diag" && printf 'import faulthandler, signal\nfaulthandler.register(signal.SIGTERM, all_threads=True, chain=True)\n' \
         > "$diag/sitecustomize.py" || return 1
