@@ -16,7 +16,7 @@ from typing import Mapping
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 BATCHNORMS = ("cudnn", "engine")   # whose kernels train batch norm: cuDNN's graphs or the engine's own
-BIAS_GRADS = ("auto", "sum", "epilogue")   # bias gradients: by layer (base.BuildContext), a column sum, or in the wgrad GEMM
+BIAS_GRADS = ("auto", "sum", "epilogue")   # bias gradients: by layer (BuildContext), a column sum, in the GEMM
 DEVICES = ("cuda", "cpu")
 ENV_PREFIX = "GPUENGINE_"
 # Steps per graph launch: launch overhead is already negligible at tens of steps; capture time grows with each.
@@ -107,7 +107,7 @@ class EngineConfig:
     profile: bool = False           # per-phase device-event timings of a step
     deterministic: bool = True      # only cuDNN engines (SDPA backward included) that give the same bits every run
     batchnorm: str = "cudnn"        # batch norm's training kernels: cudnn (frontend graphs) | engine (its own)
-    bias_grad: str = "auto"         # bias gradients: auto (by layer) | sum (a column-sum kernel) | epilogue (cuBLASLt's)
+    bias_grad: str = "auto"         # bias gradients: auto (by layer) | sum (a column-sum kernel) | epilogue (cuBLASLt)
     plan_workers: int = 0           # processes building cuDNN's runtime-compiled plans at set-up (0: built here)
     device: str | None = None       # cuda | cpu; None picks cuda when a GPU is visible
     vram_cap_gib: float | None = None  # cap the engine's device memory pool

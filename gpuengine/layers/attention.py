@@ -9,7 +9,8 @@ those buffers (ops/attention.py's Heads), so no transpose is ever made; the
 attention core is the backend's strategy (`make_attention` below), and
 `out_proj` maps the heads' concatenation back to d. All projections are
 cuBLASLt GEMMs (ops/gemm.py), biases in the epilogue forward and their
-gradients in the weight gradients' epilogues backward (bias_grad). The causal mask belongs to the decoder's self-attention.
+gradients in the weight gradients' epilogues backward (bias_grad). The causal
+mask belongs to the decoder's self-attention.
 """
 from __future__ import annotations
 
