@@ -240,7 +240,7 @@ extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* ga
 """
 _ROWS_PER_BLOCK = 8
 EPSILON = 1e-5   # torch.nn.LayerNorm's default
-_FUSED_MAX_DIM = 512   # the one-launch backward: a lane keeps at most 16 features of its row, and their sums, in registers
+_FUSED_MAX_DIM = 512   # the one-launch backward: a lane keeps at most 16 features of its row and their sums
 _FUSED_BLOCKS = 64     # its grid: warps enough to cover a row's latency, partials few enough for the last block to add
 
 
