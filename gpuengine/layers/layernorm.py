@@ -149,9 +149,8 @@ _FUSED_SOURCE = r"""
 // dy is the sum of dy and dy2 (the gradients of the output's two readers), rounded to ELEM_T as add2 rounds it.
 extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* dy,
                                                const ELEM_T* dy2, const float* mean, const float* rstd, ELEM_T* dx,
-                                               float* dgamma,
-                                               float* dbeta, float* partials, unsigned int* counter, int rows,
-                                               int dim, int rows_per_block) {
+                                               float* dgamma, float* dbeta, float* partials, unsigned int* counter,
+                                               int rows, int dim, int rows_per_block) {
     typedef Pack<ELEM_T, VEC> P;
     extern __shared__ float warp_sums[];   // [warp][2 dim]: the warp's dy * xhat sums, then its dy sums
     __shared__ bool last;
