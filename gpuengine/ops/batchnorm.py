@@ -363,8 +363,8 @@ FORWARD_CACHE_BYTES, BACKWARD_CACHE_BYTES = 128, 64
 
 
 def cache_trips(vec: int, itemsize: int, cache_bytes: int) -> int:
-    """CACHE: the trips a thread keeps, 1 to 8 (plan_chunks gives a chunk 8 trips of its row lanes, or the whole
-    map where it has fewer rows)."""
+    """CACHE: the trips a thread keeps, 1 to 8 (plan_chunks gives a chunk at least 8 trips of its row lanes, or the
+    whole map where it has fewer rows)."""
     return max(1, min(8, cache_bytes // (vec * itemsize)))
 
 
