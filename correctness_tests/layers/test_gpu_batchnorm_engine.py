@@ -14,6 +14,7 @@ import pytest
 
 from gpuengine.config import EngineConfig
 from gpuengine.layers import BatchNorm2D
+from gpuengine.ops import batchnorm as ops_batchnorm
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.trainer import Trainer
 from gpuengine.workloads import resnet, zoo
@@ -78,6 +79,22 @@ def test_engine_batchnorm_gives_the_same_bits_every_run(precision):
     for other in runs[1:]:
         for key, value in runs[0].items():
             np.testing.assert_array_equal(other[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize("case", ["add-relu", "relu"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_trips_kept_in_registers_change_no_bit(precision, case, monkeypatch):
+    """Kept trips (CACHE: up to 8 forward, 4 backward) against one kept trip: the same sums in the same order and
+    the same output and gradient of every value, bit for bit; 8 trips a thread at 16x16x64 and batch 32."""
+    kept = _engine_and_numpy(case, precision, 32, (16, 16, 64))
+    layer = kept[2]
+    assert layer._fwd_graph.sums.defines["CACHE"] > 1 and layer._bwd_graph.sums.defines["CACHE"] > 1
+    monkeypatch.setattr(ops_batchnorm, "FORWARD_CACHE_BYTES", 1)
+    monkeypatch.setattr(ops_batchnorm, "BACKWARD_CACHE_BYTES", 1)
+    one = _engine_and_numpy(case, precision, 32, (16, 16, 64))
+    assert one[2]._fwd_graph.sums.defines["CACHE"] == one[2]._bwd_graph.sums.defines["CACHE"] == 1
+    for key, value in kept[0].items():
+        np.testing.assert_array_equal(one[0][key], value, err_msg=key)
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-block-end", "unfused-block-end"])
