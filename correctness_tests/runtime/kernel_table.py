@@ -119,9 +119,10 @@ def _shape_free_cases():
         yield _case(widen, "widen_chunks", f"gradient widening, {width} a thread", VEC=width)
     # The engine's batch norm a channel a lane (VEC 1: channels not a multiple of 8, or an unaligned buffer).
     for elem, act, mask, residual, channels in (("bf16_t", 1, 1, 1, 24), ("float", 2, 0, 0, 12)):
-        for kernel, cache in (("bn_forward", 8), ("bn_backward", 1)):   # the most trips kept, and the fewest
-            yield _case(ops_batchnorm, kernel, f"batch norm, {channels} channels a lane each, {cache} trips kept",
-                        ELEM_T=elem, HAS_RESIDUAL=residual, ACT=act, MASK=mask, CHANNELS=channels, VEC=1, CACHE=cache)
+        for kernel, cache, parts in (("bn_forward", 8, 1), ("bn_backward", 1, 2)):   # most and fewest trips kept
+            yield _case(ops_batchnorm, kernel, f"batch norm, {channels} channels a lane each, {cache} trips kept, "
+                        f"dy in {parts}", ELEM_T=elem, HAS_RESIDUAL=residual, ACT=act, MASK=mask, CHANNELS=channels,
+                        VEC=1, CACHE=cache, DY_PARTS=parts)
     for kernel in ("finish_step", "book_loss"):
         yield _case(step_state, kernel, "step counter")
     yield _case(injected_delay, "spin", "injected delay")
@@ -163,7 +164,7 @@ def _node_cases(net, node, dtype, where):
         for kernel, cache_bytes in (("bn_forward", ops_batchnorm.FORWARD_CACHE_BYTES),
                                     ("bn_backward", ops_batchnorm.BACKWARD_CACHE_BYTES)):
             found.append((ops_batchnorm, "_SOURCE", (kernel,), {
-                **layer.kernel_defines(shapes[0], dtype), "VEC": vec,
+                **layer.kernel_defines(shapes[0], dtype), "VEC": vec, "DY_PARTS": 1,
                 "CACHE": ops_batchnorm.cache_trips(vec, np.dtype(dtype).itemsize, cache_bytes)}))
     elif isinstance(layer, Conv2D) and layer.depthwise_defines(shapes[0], dtype) is not None:
         found.append((depthwise, "_SOURCE", ("depthwise_forward", "depthwise_dgrad", "depthwise_wgrad_partials",

@@ -77,6 +77,7 @@ class BatchNorm2D(Layer):
         self.activation, self.residual, self.momentum, self.epsilon = activation, residual, momentum, epsilon
         self.arity = 2 if residual else 1
         self.name = name
+        self.gradient_sum = None   # set by a training program: the GradientSum of dy, which the engine's kernel may do
 
     def _channels(self, x_shape, residual_shape=None) -> int:
         if len(x_shape) != 3:
@@ -187,11 +188,17 @@ class BatchNorm2D(Layer):
             self.dz = ctx.allocator.zeros(dy.shape, dy.dtype, "activations")
         if ctx.backend.is_gpu and self._engine:
             self._activation_here = False
+            # dy's two parts added as the kernel loads them, unless the residual reads dy itself (no activation)
+            parts = self.gradient_sum.parts if self.gradient_sum is not None else ()
+            reads_parts = len(parts) == 2 and (self.activation is not None or not needs_res)
+            if reads_parts:
+                self.gradient_sum.summed_by_reader = True
             self._bwd_graph = BatchNormBackward(ctx.backend, ctx.allocator, self.kernel_defines(self.x.shape[1:],
-                                                self.x.dtype), dy, self.x, self.out, self.gamma, self.saved_mean,
-                                                self.saved_inv_std, self.dx if needs_x else None, self.dgamma,
-                                                self.dbeta, mask=self.mask,
-                                                dz=self.dz if self.activation and needs_res else None)
+                                                self.x.dtype), parts[0] if reads_parts else dy, self.x, self.out,
+                                                self.gamma, self.saved_mean, self.saved_inv_std,
+                                                self.dx if needs_x else None, self.dgamma, self.dbeta, mask=self.mask,
+                                                dz=self.dz if self.activation and needs_res else None,
+                                                dy2=parts[1] if reads_parts else None)
         elif ctx.backend.is_gpu:
             self._build_gpu_backward(ctx, needs_res)
         grads = (self.dx if needs_x else None, self.dz if needs_res else None)

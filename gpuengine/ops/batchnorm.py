@@ -233,10 +233,16 @@ bn_forward(const ELEM_T* x, const float* gamma, const float* beta, float* runnin
         if (MASK) write_mask(mask, i, valid, bits);
     }
 }
-// The gradient after the activation of one pack: dy where it passed (the mask's bits, or y without a mask).
-__device__ __forceinline__ Elems through_activation(const ELEM_T* dy, const ELEM_T* y, const unsigned char* mask,
-                                                    long long i) {
-    const Elems g = load_pack<ELEM_T, VEC>(dy, i);
+// The gradient after the activation of one pack: dy where it passed (the mask's bits, or y without a mask). With
+// DY_PARTS 2, dy is the sum of dy and dy2 (the gradients of the output's two readers), rounded as add2 rounds it.
+__device__ __forceinline__ Elems through_activation(const ELEM_T* dy, const ELEM_T* dy2, const ELEM_T* y,
+                                                    const unsigned char* mask, long long i) {
+    Elems g = load_pack<ELEM_T, VEC>(dy, i);
+    if (DY_PARTS == 2) {
+        const Elems h = load_pack<ELEM_T, VEC>(dy2, i);
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) store_f(g.v, v, load_f(g.v, v) + load_f(h.v, v));
+    }
     unsigned int bits = 0xffu;
     Elems out, z;
     if (ACT != 0 && MASK) bits = VEC == 8 ? mask[i >> 3] : (mask[i >> 3] >> (i & 7)) & 1u;
@@ -273,9 +279,9 @@ __device__ __forceinline__ Elems input_gradient(const Elems& e, const Elems& z, 
 // where write_dz: a residual reads it), then, where dx is wanted, over the block's own rows
 // dx = gamma / std (dz - (dbeta + x^ dgamma) / M), M = rows (the batch statistics' count).
 extern "C" __global__ void __launch_bounds__(256, 2)
-bn_backward(const ELEM_T* dy, const ELEM_T* x, const ELEM_T* y, const unsigned char* mask, const float* gamma,
-            const float* mean, const float* inv_std, float* dgamma, float* dbeta, float* sums, ELEM_T* dz,
-            int write_dz, ELEM_T* dx, int write_dx, float* partials, unsigned int* counters,
+bn_backward(const ELEM_T* dy, const ELEM_T* dy2, const ELEM_T* x, const ELEM_T* y, const unsigned char* mask,
+            const float* gamma, const float* mean, const float* inv_std, float* dgamma, float* dbeta, float* sums,
+            ELEM_T* dz, int write_dz, ELEM_T* dx, int write_dx, float* partials, unsigned int* counters,
             unsigned int* generations, int rows, int rows_per_chunk, int tile_cols) {
     extern __shared__ float lane_sums[];   // 2 VEC sums a thread: blockDim.x each
     const int cols = CHANNELS;
@@ -296,7 +302,7 @@ bn_backward(const ELEM_T* dy, const ELEM_T* x, const ELEM_T* y, const unsigned c
         for (int k = 0; k < CACHE; ++k) {   // every load in flight before the first add
             const long long i = (t.first + k * t.step) * cols + c0;
             if (t.first + k * t.step >= t.stop) continue;
-            kept_z[k] = through_activation(dy, y, mask, i);
+            kept_z[k] = through_activation(dy, dy2, y, mask, i);
             kept_x[k] = load_pack<ELEM_T, VEC>(x, i);
         }
         #pragma unroll
@@ -308,7 +314,7 @@ bn_backward(const ELEM_T* dy, const ELEM_T* x, const ELEM_T* y, const unsigned c
         #pragma unroll 4
         for (long long r = t.first + CACHE * t.step; r < t.stop; r += t.step) {   // the rows beyond the cache
             const long long i = r * cols + c0;
-            const Elems z = through_activation(dy, y, mask, i);
+            const Elems z = through_activation(dy, dy2, y, mask, i);
             add_gradient_sums(z, load_pack<ELEM_T, VEC>(x, i), m, r_std, s);
             if (write_dz) store_pack<ELEM_T, VEC>(dz, i, z);
         }
@@ -342,8 +348,9 @@ bn_backward(const ELEM_T* dy, const ELEM_T* x, const ELEM_T* y, const unsigned c
     #pragma unroll 2
     for (long long r = t.first + (trips(t.first, t) - 1) * t.step; r >= t.first + CACHE * t.step; r -= t.step) {
         const long long i = r * cols + c0;
-        store_pack<ELEM_T, VEC>(dx, i, input_gradient(load_pack<ELEM_T, VEC>(x, i), through_activation(dy, y, mask, i),
-                                                      m, r_std, k, g, bsum, inv_count));
+        store_pack<ELEM_T, VEC>(dx, i, input_gradient(load_pack<ELEM_T, VEC>(x, i),
+                                                      through_activation(dy, dy2, y, mask, i), m, r_std, k, g, bsum,
+                                                      inv_count));
     }
     #pragma unroll
     for (int j = 0; j < CACHE; ++j) {
@@ -379,12 +386,14 @@ class _Sums:
     workspace and each tile's generation (tile_barrier), and the kernels' defines, fixed at build so that a step
     only launches."""
 
-    def __init__(self, backend, allocator, who: str, defines: dict, x, mask, arrays: tuple, cache_bytes: int):
+    def __init__(self, backend, allocator, who: str, defines: dict, x, mask, arrays: tuple, cache_bytes: int,
+                 dy_parts: int = 1):
         if bool(defines["MASK"]) != (mask is not None):
             raise ValueError(f"{who}: MASK={defines['MASK']} but mask is {'given' if mask is not None else None}")
         channels = x.shape[-1]
         vec = pack_width(channels, x, *(a for a in arrays if a is not None))
-        self.defines = {**defines, "VEC": vec, "CACHE": cache_trips(vec, x.dtype.itemsize, cache_bytes)}
+        self.defines = {**defines, "VEC": vec, "CACHE": cache_trips(vec, x.dtype.itemsize, cache_bytes),
+                        "DY_PARTS": dy_parts}
         self.rows = x.size // channels   # M = N*H*W, the batch statistics' count
         # 32 channels a tile whatever VEC: wider tiles leave fewer, longer tiles whose last block adds 2 VEC
         # sums of every chunk while the tile's other blocks wait (3x slower on an H200 with 32 packs a tile)
@@ -426,15 +435,15 @@ class BatchNormBackward:
     """[dz = act'(dy)] -> BN backward into dx, dgamma, dbeta in one launch; `run()`.
 
     The activation's gradient comes from `mask` (MASK) or from the forward's output `y`; `dz` given: written;
-    `dx` None: only the parameters' gradients."""
+    `dx` None: only the parameters' gradients; `dy2` given: dy is the sum of dy and dy2, added as they load."""
 
     def __init__(self, backend, allocator, defines: dict, dy, x, y, gamma, saved_mean, saved_inv_std, dx, dgamma,
-                 dbeta, mask=None, dz=None):
-        self.sums = sums = _Sums(backend, allocator, "BatchNormBackward", defines, x, mask, (dy, y, dx, dz),
-                                 BACKWARD_CACHE_BYTES)
-        self._args = (dy, x, y, y if mask is None else mask, gamma, saved_mean, saved_inv_std, dgamma, dbeta,
-                      sums.scratch, dy if dz is None else dz, np.int32(dz is not None), x if dx is None else dx,
-                      np.int32(dx is not None), *sums.tail())
+                 dbeta, mask=None, dz=None, dy2=None):
+        self.sums = sums = _Sums(backend, allocator, "BatchNormBackward", defines, x, mask, (dy, dy2, y, dx, dz),
+                                 BACKWARD_CACHE_BYTES, dy_parts=1 if dy2 is None else 2)
+        self._args = (dy, dy if dy2 is None else dy2, x, y, y if mask is None else mask, gamma, saved_mean,
+                      saved_inv_std, dgamma, dbeta, sums.scratch, dy if dz is None else dz, np.int32(dz is not None),
+                      x if dx is None else dx, np.int32(dx is not None), *sums.tail())
         self._kernel = get_kernel(_SOURCE, "bn_backward", **sums.defines)
 
     def run(self):
