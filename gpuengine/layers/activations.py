@@ -136,10 +136,12 @@ class BackwardColumnSum:
 
 
 class Activation(Layer):
+    applied_by_input = False   # set by a program whose layer below applies it (a GEMM's ReLU epilogue)
+    wiring = ("applied_by_input",)
+
     def __init__(self, kind: str, name: str = ""):
         _check_kind(kind)
         self.kind, self.name = kind, name
-        self.applied_by_input = False   # set by a program whose layer below applies it (a GEMM's ReLU epilogue)
 
     def build_forward(self, ctx: BuildContext, x):
         self.backend, self.x = ctx.backend, x

@@ -21,6 +21,7 @@ stream, so everything runs on the engine stream.)
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from ..runtime.params import FlatParameters, ParamSpec
@@ -53,6 +54,16 @@ class Layer:
 
     name: str = ""
     arity: int = 1   # how many earlier outputs the layer reads
+    # Attributes a program sets on its own copy when it fuses the layer with a neighbour (model/passes.py); their
+    # unfused values are class attributes of the layer.
+    wiring: tuple[str, ...] = ()
+
+    def unwired_copy(self) -> "Layer":
+        """A shallow copy with every wiring attribute at its class's unfused value: each program wires its own."""
+        fresh = copy.copy(self)
+        for name in self.wiring:
+            fresh.__dict__.pop(name, None)
+        return fresh
 
     def param_specs(self, *input_shapes: tuple) -> list[ParamSpec]:
         return []

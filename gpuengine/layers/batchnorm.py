@@ -68,6 +68,9 @@ _ACT_CODES = {None: 0, "relu": 1, "relu6": 2}
 class BatchNorm2D(Layer):
     """BN over (H, W, C) samples; `residual=True` makes it a two-input node: relu(BN(x) + residual)."""
 
+    gradient_sum = None   # set by a training program: the GradientSum of dy, which the engine's kernel may do
+    wiring = ("gradient_sum",)
+
     def __init__(self, activation: str | None = None, residual: bool = False, momentum: float = 0.1,
                  epsilon: float = 1e-5, name: str = ""):
         checks.choice("BatchNorm2D activation", activation, ACTIVATIONS, "the activations it fuses")
@@ -77,7 +80,6 @@ class BatchNorm2D(Layer):
         self.activation, self.residual, self.momentum, self.epsilon = activation, residual, momentum, epsilon
         self.arity = 2 if residual else 1
         self.name = name
-        self.gradient_sum = None   # set by a training program: the GradientSum of dy, which the engine's kernel may do
 
     def _channels(self, x_shape, residual_shape=None) -> int:
         if len(x_shape) != 3:

@@ -16,11 +16,13 @@ from .base import BuildContext, Layer
 
 
 class Dense(Layer):
+    bias_grad_fused = False   # set by a fusion that computes db itself
+    relu_epilogue = False     # set by a program whose ReLU after this layer runs in the GEMM's epilogue
+    wiring = ("bias_grad_fused", "relu_epilogue")
+
     def __init__(self, units: int, name: str = ""):
         self.units = checks.whole("Dense units", units)
         self.name = name
-        self.bias_grad_fused = False   # set by a fusion that computes db itself
-        self.relu_epilogue = False     # set by a program whose ReLU after this layer runs in the GEMM's epilogue
 
     def _in_features(self, input_shape):
         if len(input_shape) != 1:

@@ -255,11 +255,13 @@ def fused_grid(rows: int, dim: int) -> tuple[int, int, int]:
 class LayerNorm(Layer):
     """Normalizes each sample's last axis; weight (gamma) starts at one, bias (beta) at zero, torch's names."""
 
+    residual = None   # set by a program: the Add below, whose sum this layer's forward computes
+    gradient_sum = None   # set by a training program: the GradientSum of dy, which backward may do itself
+    wiring = ("residual", "gradient_sum")
+
     def __init__(self, epsilon: float = EPSILON, name: str = ""):
         epsilon = checks.number("LayerNorm epsilon", epsilon, above=0.0)
         self.epsilon, self.name = epsilon, name
-        self.residual = None   # set by a program: the Add below, whose sum this layer's forward computes
-        self.gradient_sum = None   # set by a training program: the GradientSum of dy, which backward may do itself
 
     def param_specs(self, input_shape):
         d = input_shape[-1]
@@ -330,9 +332,9 @@ class LayerNorm(Layer):
             self.mean[...], self.rstd[...] = mean[:, 0], rstd[:, 0]
             self._rstd_exact = rstd   # float64 under the gradient checks
             return
-        self._fwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (*self._addends, self.x, self.gamma, self.beta, self.out, self.mean,
-                                                          self.rstd, np.int32(self.rows), np.int32(self.dim),
-                                                          np.float32(self.epsilon)))
+        self._fwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (*self._addends, self.x, self.gamma, self.beta, self.out,
+                                                          self.mean, self.rstd, np.int32(self.rows),
+                                                          np.int32(self.dim), np.float32(self.epsilon)))
 
     def backward(self):
         if not self.backend.is_gpu:

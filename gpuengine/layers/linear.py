@@ -18,9 +18,11 @@ from .base import BuildContext, Layer
 
 
 class Linear(Layer):
+    relu_epilogue = False   # set by a program whose ReLU after this layer runs in the GEMM's epilogue
+    wiring = ("relu_epilogue",)
+
     def __init__(self, units: int, name: str = ""):
         self.units, self.name = checks.whole("Linear units", units), name
-        self.relu_epilogue = False   # set by a program whose ReLU after this layer runs in the GEMM's epilogue
 
     def param_specs(self, input_shape):
         fan_in = input_shape[-1]

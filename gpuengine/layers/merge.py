@@ -42,10 +42,11 @@ class Add(Layer):
     """y = a + b for two inputs of one shape."""
 
     arity = 2
+    summed_by_reader = False   # set by a program whose LayerNorm above computes this sum in its forward
+    wiring = ("summed_by_reader",)
 
     def __init__(self, name: str = ""):
         self.name = name
-        self.summed_by_reader = False   # set by a program whose LayerNorm above computes this sum in its forward
 
     def output_shape(self, a_shape, b_shape):
         if tuple(a_shape) != tuple(b_shape):

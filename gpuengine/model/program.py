@@ -23,12 +23,8 @@ import dataclasses
 
 import numpy as np
 
-from ..layers.activations import Activation
 from ..layers.base import BuildContext
-from ..layers.dense import Dense
-from ..layers.layernorm import LayerNorm
-from ..layers.linear import Linear
-from ..layers.merge import Add, GradientSum
+from ..layers.merge import GradientSum
 from ..losses.fused_head import TanhLinearMSEHead, TanhLinearOutput
 from ..ops.conv_pool import ConvPoolForward
 from ..ops.widen import Widening
@@ -36,22 +32,6 @@ from .network import INPUT, Network, NetworkError
 from .passes import adds_into_layernorms, pools_over_direct_wgrad, relus_after_gemms, tanh_linear_mse_head
 
 __all__ = ["InferenceProgram", "TrainingProgram"]
-
-
-def _fresh_copy(layer):
-    """Each program wires its own shallow copies, so training and inference can coexist."""
-    fresh = copy.copy(layer)
-    if isinstance(fresh, Dense):
-        fresh.bias_grad_fused = False
-    if isinstance(fresh, (Dense, Linear)):
-        fresh.relu_epilogue = False
-    if isinstance(fresh, Activation):
-        fresh.applied_by_input = False
-    if isinstance(fresh, Add):
-        fresh.summed_by_reader = False
-    if isinstance(fresh, LayerNorm):
-        fresh.residual = None
-    return fresh
 
 
 class _ForwardWiring:
@@ -62,7 +42,7 @@ class _ForwardWiring:
         self.fused = self.tail is not None
         skipped = {n.name for n in self.tail[1:]} if self.fused else set()
         self.nodes = [n for n in net.nodes if n.name not in skipped]
-        self.layers = {n.name: _fresh_copy(n.layer) for n in self.nodes}
+        self.layers = {n.name: n.layer.unwired_copy() for n in self.nodes}   # training and inference coexist
         for relu, below in (relus_after_gemms(net) if fuse else {}).items():
             if relu in self.layers and below in self.layers:
                 self.layers[below].relu_epilogue = self.layers[relu].applied_by_input = True
@@ -100,7 +80,7 @@ class TrainingProgram:
             layer, parts = self.layers[node.name], grads.pop(node.name)
             summed = GradientSum(ctx, parts) if len(parts) > 1 else None
             dy = summed.out if summed else parts[0]
-            if fuse and hasattr(layer, "gradient_sum"):   # LayerNorm, BatchNorm2D: may add dy's parts themselves
+            if fuse and "gradient_sum" in layer.wiring:   # LayerNorm, BatchNorm2D: may add dy's parts themselves
                 layer.gradient_sum = summed
             needs = tuple(i != INPUT for i in node.inputs)
             if node.name in pooled:   # the convolution below reads dy itself
