@@ -14,12 +14,14 @@ import pytest
 
 from gpuengine.config import EngineConfig
 from gpuengine.layers import BatchNorm2D
+from gpuengine.layers.merge import GradientSum
+from gpuengine.ops import batchnorm as ops_batchnorm
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.trainer import Trainer
 from gpuengine.workloads import resnet, zoo
 
 from ..gpu_checks import assert_close, assert_steady_state_allocates_nothing, losses_by_graph_group
-from ..layer_harness import run_layer, run_network
+from ..layer_harness import make_context, run_layer, run_network
 from ..workloads.test_gpu_zoo import reduced_batch
 from ..workloads.test_gpu_resnet import (BN_CASES, BN_TOLERANCE, PRECISIONS, assert_step_close, bn_weights, numeric,
                                          smoke_batch, smoke_weights)
@@ -78,6 +80,50 @@ def test_engine_batchnorm_gives_the_same_bits_every_run(precision):
     for other in runs[1:]:
         for key, value in runs[0].items():
             np.testing.assert_array_equal(other[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize("case", ["add-relu", "relu"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_trips_kept_in_registers_change_no_bit(precision, case, monkeypatch):
+    """Kept trips (CACHE: up to 8 forward, 4 backward) against one kept trip: the same sums in the same order and
+    the same output and gradient of every value, bit for bit; 8 trips a thread at 16x16x64 and batch 32."""
+    kept = _engine_and_numpy(case, precision, 32, (16, 16, 64))
+    layer = kept[2]
+    assert layer._fwd_graph.sums.defines["CACHE"] > 1 and layer._bwd_graph.sums.defines["CACHE"] > 1
+    monkeypatch.setattr(ops_batchnorm, "FORWARD_CACHE_BYTES", 1)
+    monkeypatch.setattr(ops_batchnorm, "BACKWARD_CACHE_BYTES", 1)
+    one = _engine_and_numpy(case, precision, 32, (16, 16, 64))
+    assert one[2]._fwd_graph.sums.defines["CACHE"] == one[2]._bwd_graph.sums.defines["CACHE"] == 1
+    for key, value in kept[0].items():
+        np.testing.assert_array_equal(one[0][key], value, err_msg=key)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_engine_batchnorm_adds_its_output_gradients_as_their_sum_would(precision):
+    """A block end's output is read by the next block's branch and shortcut: its kernel adds dy's two parts as it
+    loads them, rounded as add2 rounds them, so dx, the residual's gradient, dgamma and dbeta are the bits of
+    GradientSum's add2 followed by the kernel on the sum."""
+    batch, shape = 32, (16, 16, 64)
+    x, res, dy1, dy2 = (representable(normal(seed, (batch,) + shape, precision), precision) for seed in (5, 6, 7, 8))
+    results = []
+    for reads_parts in (True, False):
+        layer = BatchNorm2D(name="bn", activation="relu", residual=True)
+        ctx = make_context("cuda", precision, batch, layer.param_specs(shape, shape), bn_weights(shape[2], precision),
+                           layer.buffer_specs(shape, shape), batchnorm="engine")
+        xp, dtype = ctx.backend.xp, ctx.policy.compute_dtype
+        with ctx.backend.activate():
+            layer.build_forward(ctx, xp.asarray(x.astype(dtype)), xp.asarray(res.astype(dtype)))
+            summed = GradientSum(ctx, [xp.asarray(dy1.astype(dtype)), xp.asarray(dy2.astype(dtype))])
+            layer.gradient_sum = summed if reads_parts else None
+            dx, d_res = layer.build_backward(ctx, summed.out, (True, True))
+            assert summed.summed_by_reader == reads_parts
+            layer.forward()
+            summed.run()
+            layer.backward()
+            ctx.backend.synchronize()
+            results.append([a.get() for a in (dx, d_res, layer.dgamma, layer.dbeta)])
+    for name, fused, unfused in zip(("dx", "residual", "dgamma", "dbeta"), *results):
+        np.testing.assert_array_equal(fused, unfused, err_msg=name)
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-block-end", "unfused-block-end"])

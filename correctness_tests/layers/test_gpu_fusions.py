@@ -1,6 +1,6 @@
 """On a GPU: the fusions a program makes of a Transformer (model/passes.py). A ReLU after a Dense or Linear
-layer runs in that layer's GEMM epilogue (cuBLASLt's RELU_BIAS), and a residual Add read only by a LayerNorm is
-summed by the LayerNorm's forward kernel.
+layer runs in that layer's GEMM epilogue (cuBLASLt's RELU_BIAS), a residual Add read only by a LayerNorm is
+summed by the LayerNorm's forward kernel, and the two gradients of a LayerNorm's output by its backward kernel.
 
 Every candidate algorithm of the fused GEMM computes relu(a @ b + bias) against float64; the fused LayerNorm
 writes the sum and normalises it as NumPy does; the Transformer trains with both fusions as without them,
@@ -13,6 +13,7 @@ import pytest
 
 from gpuengine.config import EngineConfig
 from gpuengine.layers import Add, LayerNorm
+from gpuengine.layers.merge import GradientSum
 from gpuengine.ops import autotune
 from gpuengine.ops.gemm import Gemm
 from gpuengine.runtime.backend import Backend, gpu_visible
@@ -67,6 +68,33 @@ def test_a_layernorm_over_a_residual_sum_writes_the_sum_and_normalises_it(precis
     x = summed.astype(np.float64)
     expected = (x - x.mean(axis=-1, keepdims=True)) / np.sqrt(x.var(axis=-1, keepdims=True) + 1e-5)
     assert rel_err(y.get().astype(np.float64), expected) < TOLERANCE[precision]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_a_layernorm_adds_its_output_gradients_as_their_sum_would(precision):
+    """dy's two parts added in the one-launch backward, rounded as add2 rounds them: dx, dgamma and dbeta are the
+    bits of GradientSum's add2 followed by the one-launch backward of its sum."""
+    rng = np.random.default_rng(10)
+    dtype = policy_for(precision).compute_dtype
+    x, dy1, dy2 = (rng.standard_normal((64, 32, 256)).astype(dtype) for _ in range(3))
+    ctx = make_context("cuda", precision, 64, LayerNorm(name="norm").param_specs((32, 256)), None)
+    xp, results = ctx.backend.xp, []
+    with ctx.backend.activate():
+        x, parts = xp.asarray(x), [xp.asarray(dy1), xp.asarray(dy2)]
+        for reads_parts in (True, False):
+            norm = LayerNorm(name="norm")
+            norm.build_forward(ctx, x)
+            summed = GradientSum(ctx, parts)
+            norm.gradient_sum = summed if reads_parts else None
+            dx = norm.build_backward(ctx, summed.out, True)
+            assert summed.summed_by_reader == reads_parts and norm.fused is not None
+            norm.forward()
+            summed.run()
+            norm.backward()
+            ctx.backend.synchronize()
+            results.append([dx.get(), norm.dgamma.get(), norm.dbeta.get()])
+    for fused, unfused in zip(*results):
+        np.testing.assert_array_equal(fused, unfused)
 
 
 def losses(precision: str, fuse: bool) -> list[float]:

@@ -96,6 +96,10 @@ def _shape_free_cases():
             if width <= 4:   # LayerNorm's lanes take up to 4 features
                 for kernel in ("layernorm_fwd", "layernorm_add_fwd", "layernorm_bwd", "layernorm_param_grads"):
                     yield _case(layernorm, kernel, f"{where}, {width} a lane", ELEM_T=elem, VEC=width)
+                for packs, parts in ((1, 1), (16 // width, 2)):   # a lane's packs of its row; dy's parts
+                    yield _case(layernorm, "layernorm_bwd_grads", f"{where}, {width} a lane, {packs} packs, "
+                                f"dy in {parts}", "_FUSED_SOURCE", ELEM_T=elem, VEC=width, PACKS=packs,
+                                DY_PARTS=parts)
         # ColumnSum reads the compute dtype and sums in float, in one launch; fused with an activation's gradient too.
         yield _case(reductions, "column_sum", where, ELEM_T=elem)
         for kind, text in activations.SUM_SOURCES.items():
@@ -115,9 +119,10 @@ def _shape_free_cases():
         yield _case(widen, "widen_chunks", f"gradient widening, {width} a thread", VEC=width)
     # The engine's batch norm a channel a lane (VEC 1: channels not a multiple of 8, or an unaligned buffer).
     for elem, act, mask, residual, channels in (("bf16_t", 1, 1, 1, 24), ("float", 2, 0, 0, 12)):
-        for kernel in ("bn_forward", "bn_backward"):
-            yield _case(ops_batchnorm, kernel, f"batch norm, {channels} channels a lane each", ELEM_T=elem,
-                        HAS_RESIDUAL=residual, ACT=act, MASK=mask, CHANNELS=channels, VEC=1)
+        for kernel, cache, parts in (("bn_forward", 8, 1), ("bn_backward", 1, 2)):   # most and fewest trips kept
+            yield _case(ops_batchnorm, kernel, f"batch norm, {channels} channels a lane each, {cache} trips kept, "
+                        f"dy in {parts}", ELEM_T=elem, HAS_RESIDUAL=residual, ACT=act, MASK=mask, CHANNELS=channels,
+                        VEC=1, CACHE=cache, DY_PARTS=parts)
     for kernel in ("finish_step", "book_loss"):
         yield _case(step_state, kernel, "step counter")
     yield _case(injected_delay, "spin", "injected delay")
@@ -155,8 +160,12 @@ def _node_cases(net, node, dtype, where):
                       layer.kernel_defines(shapes[0], dtype)))
     elif isinstance(layer, BatchNorm2D):
         found.append((batchnorm, "_SOURCE", ("bn_inference", "bn_tail"), layer.kernel_defines(shapes[0], dtype)))
-        found.append((ops_batchnorm, "_SOURCE", ("bn_forward", "bn_backward"),   # batchnorm=engine
-                      {**layer.kernel_defines(shapes[0], dtype), "VEC": ops_batchnorm.pack_width(shapes[0][2])}))
+        vec = ops_batchnorm.pack_width(shapes[0][2])   # batchnorm=engine: each direction keeps its own trips
+        for kernel, cache_bytes in (("bn_forward", ops_batchnorm.FORWARD_CACHE_BYTES),
+                                    ("bn_backward", ops_batchnorm.BACKWARD_CACHE_BYTES)):
+            found.append((ops_batchnorm, "_SOURCE", (kernel,), {
+                **layer.kernel_defines(shapes[0], dtype), "VEC": vec, "DY_PARTS": 1,
+                "CACHE": ops_batchnorm.cache_trips(vec, np.dtype(dtype).itemsize, cache_bytes)}))
     elif isinstance(layer, Conv2D) and layer.depthwise_defines(shapes[0], dtype) is not None:
         found.append((depthwise, "_SOURCE", ("depthwise_forward", "depthwise_dgrad", "depthwise_wgrad_partials",
                                             "depthwise_wgrad_sum"), layer.depthwise_defines(shapes[0], dtype)))

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from gpuengine.config import EngineConfig
-from gpuengine.layers import LayerNorm, MultiHeadAttention, SinusoidalPositionalEncoding, TokenEmbedding
+from gpuengine.layers import LayerNorm, MultiHeadAttention, SinusoidalPositionalEncoding, TokenEmbedding, layernorm
 from gpuengine.losses import TokenCrossEntropy
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.workloads import transformer
@@ -93,17 +93,26 @@ def layernorm_float64(x, dy, gamma, beta, epsilon):
             "grad:ln.weight": (dy2 * xhat).sum(axis=0), "grad:ln.bias": dy2.sum(axis=0)}
 
 
-# (batch, length, dim): 999 rows end in a partial row chunk, and 300 columns in a partial tile of 32; 30 and 17
-# features give a lane pairs and single values to move.
+# (batch, length, dim): 999 rows end in a partial row chunk (or block of the one-launch backward), and 300 columns
+# in a partial tile of 32; 30 and 17 features give a lane pairs and single values to move; 512 features are the
+# one-launch backward's widest (8 warps a block), 640 take its two-kernel form with dx.
 LAYERNORM_SHAPES = {"999x300": (27, 37, 300), "2048x512": (16, 128, 512), "363x30": (11, 33, 30),
-                    "999x17": (27, 37, 17)}
+                    "999x17": (27, 37, 17), "333x640": (9, 37, 640)}
+
+
+def row_blocks(layer) -> tuple[int, int]:
+    """(rows a block or chunk, blocks or chunks) of the layer's parameter gradients, whichever form it took."""
+    if layer.fused is not None:
+        return layer.fused[1], layer.fused[2]
+    return layer.plan.rows_per_chunk, layer.plan.chunks
 
 
 @pytest.mark.parametrize("needs_input_grad", [True, False], ids=["dx", "first-layer"])
 @pytest.mark.parametrize("shape", LAYERNORM_SHAPES)
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_layernorm_parameter_gradients_match_the_float64_formula(precision, shape, needs_input_grad):
-    """dgamma and dbeta from the one-launch column sums, and dx unless the LayerNorm is first (no dx kernel)."""
+    """dgamma and dbeta with dx in one launch up to 512 features, from a second launch's column sums above that
+    and where the LayerNorm is first (no dx kernel)."""
     dims = LAYERNORM_SHAPES[shape]
     x, dy = normal(17, dims, precision, scale=2.0) + 1, normal(18, dims, precision)
     rng = np.random.default_rng(19)
@@ -117,23 +126,24 @@ def test_layernorm_parameter_gradients_match_the_float64_formula(precision, shap
     if not needs_input_grad:
         del expected["dx"]
         assert layer.dx is None
+    assert (layer.fused is not None) == (needs_input_grad and dims[-1] <= 512)
     if shape == "999x300":
-        assert layer.rows % layer.plan.rows_per_chunk != 0, layer.plan   # the last chunk is partial
+        assert layer.rows % row_blocks(layer)[0] != 0, row_blocks(layer)   # the last chunk or block is partial
     assert_close(gpu, expected, TOLERANCE[precision])
 
 
 @pytest.mark.parametrize("shape", LAYERNORM_SHAPES)
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_layernorm_parameter_gradients_repeat_bit_for_bit(precision, shape):
-    """Backward again and again: the one-launch column sums leave their tickets at zero and add the row chunks in a
-    fixed order, so dgamma and dbeta come out identical, whichever block of a column tile ends last."""
+    """Backward again and again: the column sums leave their tickets at zero and add the row chunks (or blocks) in a
+    fixed order, so dgamma and dbeta come out identical, whichever block ends last."""
     dims = LAYERNORM_SHAPES[shape]
     x, dy = representable(normal(21, dims, precision, scale=2.0) + 1, precision), normal(22, dims, precision)
     weights = {"ln.weight": representable(1 + 0.2 * np.random.default_rng(23).standard_normal(dims[-1]), precision),
                "ln.bias": representable(0.2 * np.random.default_rng(24).standard_normal(dims[-1]), precision)}
     layer = LayerNorm(name="ln")
     first = run_layer(layer, x, dy, device="cuda", precision=precision, weights=weights)
-    assert layer.plan.chunks > 1, layer.plan   # the ticket path, not the one-chunk shortcut
+    assert row_blocks(layer)[1] > 1, row_blocks(layer)   # the ticket path, not the one-block shortcut
     backend = layer.backend
     for _ in range(2):
         with backend.activate():
@@ -144,6 +154,25 @@ def test_layernorm_parameter_gradients_repeat_bit_for_bit(precision, shape):
         assert not backend.to_host(layer.counters).any()
         np.testing.assert_array_equal(backend.to_host(layer.dgamma).astype(np.float64), first["grad:ln.weight"])
         np.testing.assert_array_equal(backend.to_host(layer.dbeta).astype(np.float64), first["grad:ln.bias"])
+
+
+@pytest.mark.parametrize("shape", ["999x300", "363x30"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_one_launch_backward_gives_the_two_launch_dx_bit_for_bit(precision, shape, monkeypatch):
+    """Its warps take dx's row sums in the order layernorm_bwd does, so dx is the same bits; dgamma and dbeta add
+    their rows in another order, so they agree to rounding."""
+    dims = LAYERNORM_SHAPES[shape]
+    x, dy = representable(normal(25, dims, precision, scale=2.0) + 1, precision), normal(26, dims, precision)
+    weights = {"ln.weight": representable(1 + 0.2 * np.random.default_rng(27).standard_normal(dims[-1]), precision),
+               "ln.bias": representable(0.2 * np.random.default_rng(28).standard_normal(dims[-1]), precision)}
+    fused_layer, split_layer = LayerNorm(name="ln"), LayerNorm(name="ln")
+    fused = run_layer(fused_layer, x, dy, device="cuda", precision=precision, weights=weights)
+    monkeypatch.setattr(layernorm, "_FUSED_MAX_DIM", 0)
+    split = run_layer(split_layer, x, dy, device="cuda", precision=precision, weights=weights)
+    assert fused_layer.fused is not None and split_layer.fused is None
+    np.testing.assert_array_equal(fused["dx"], split["dx"])
+    assert_close({k: fused[k] for k in ("grad:ln.weight", "grad:ln.bias")},
+                 {k: split[k] for k in ("grad:ln.weight", "grad:ln.bias")}, TOLERANCE[precision])
 
 
 @pytest.mark.parametrize("pad_id", [None, 0])

@@ -68,6 +68,9 @@ _ACT_CODES = {None: 0, "relu": 1, "relu6": 2}
 class BatchNorm2D(Layer):
     """BN over (H, W, C) samples; `residual=True` makes it a two-input node: relu(BN(x) + residual)."""
 
+    gradient_sum = None   # set by a training program: the GradientSum of dy, which the engine's kernel may do
+    wiring = ("gradient_sum",)
+
     def __init__(self, activation: str | None = None, residual: bool = False, momentum: float = 0.1,
                  epsilon: float = 1e-5, name: str = ""):
         checks.choice("BatchNorm2D activation", activation, ACTIVATIONS, "the activations it fuses")
@@ -187,11 +190,17 @@ class BatchNorm2D(Layer):
             self.dz = ctx.allocator.zeros(dy.shape, dy.dtype, "activations")
         if ctx.backend.is_gpu and self._engine:
             self._activation_here = False
+            # dy's two parts added as the kernel loads them, unless the residual reads dy itself (no activation)
+            parts = self.gradient_sum.parts if self.gradient_sum is not None else ()
+            reads_parts = len(parts) == 2 and (self.activation is not None or not needs_res)
+            if reads_parts:
+                self.gradient_sum.summed_by_reader = True
             self._bwd_graph = BatchNormBackward(ctx.backend, ctx.allocator, self.kernel_defines(self.x.shape[1:],
-                                                self.x.dtype), dy, self.x, self.out, self.gamma, self.saved_mean,
-                                                self.saved_inv_std, self.dx if needs_x else None, self.dgamma,
-                                                self.dbeta, mask=self.mask,
-                                                dz=self.dz if self.activation and needs_res else None)
+                                                self.x.dtype), parts[0] if reads_parts else dy, self.x, self.out,
+                                                self.gamma, self.saved_mean, self.saved_inv_std,
+                                                self.dx if needs_x else None, self.dgamma, self.dbeta, mask=self.mask,
+                                                dz=self.dz if self.activation and needs_res else None,
+                                                dy2=parts[1] if reads_parts else None)
         elif ctx.backend.is_gpu:
             self._build_gpu_backward(ctx, needs_res)
         grads = (self.dx if needs_x else None, self.dz if needs_res else None)

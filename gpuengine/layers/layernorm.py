@@ -4,14 +4,16 @@ y = (x - mean) * rstd * gamma + beta per row of d features, rstd = 1/sqrt(var + 
 (biased variance, as torch). Backward, with xhat = (x - mean) * rstd and g = dy * gamma:
 dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dgamma = sum over rows of dy * xhat,
 dbeta = sum of dy. On a GPU one warp owns a row in the forward and in dx, each lane
-moving up to 4 features in one access (mean and rstd saved for backward; where no
-input gradient is wanted, that kernel is not launched). dgamma and dbeta are column
-sums in reductions.py's one-launch deterministic scheme (fixed order, no float
-atomics): one kernel recomputes xhat from x and sums dy * xhat and dy side by side, so
-dy * xhat never goes to memory, and its last block per column tile adds the row chunks
-into both gradients. Where a program gives it the residual Add below (post-LN:
-LayerNorm(x + sublayer(x))), the forward also computes that sum, in the same
-pass that starts the statistics. On the NumPy backend all of it is array arithmetic.
+moving up to 4 features in one access (mean and rstd saved for backward). Where a
+lane can keep its part of a row in registers (up to 512 features), dx, dgamma and
+dbeta take one launch (`layernorm_bwd_grads`): the warps add dy * xhat and dy into
+their lanes' column sums as they go, the blocks' sums meet in the last block, in a
+fixed order (no float atomics). Wider rows, and a first LayerNorm (no dx), take
+dgamma and dbeta from a second kernel in reductions.py's one-launch column-sum
+scheme, which recomputes xhat from x and sums dy * xhat and dy side by side.
+Where a program gives it the residual Add below (post-LN: LayerNorm(x +
+sublayer(x))), the forward also computes that sum, in the same pass that starts
+the statistics. On the NumPy backend all of it is array arithmetic.
 """
 from __future__ import annotations
 
@@ -137,15 +139,125 @@ extern "C" __global__ void layernorm_param_grads(const ELEM_T* x, const ELEM_T* 
     finish_column_sums<2>(t, dim, tile_cols, s, lane_sums, partials, counters, out);
 }
 """
+# The one-launch backward, compiled with PACKS (a lane's packs of its row) beside ELEM_T and VEC.
+_FUSED_SOURCE = r"""
+// dx, dgamma and dbeta in one launch, where a lane keeps its PACKS packs of the row in registers: a warp takes a
+// row at a time as layernorm_bwd does (the same dx, bit for bit) and adds dy * xhat and dy into its lanes' column
+// sums; the block's warps meet in shared memory in order and the block writes its rows' sums to partials; the
+// block drawing the last ticket adds the blocks' sums in order (the same bits every run, no float atomics) and
+// resets the counter for the next launch or graph replay. warp_sums holds warps x 2 dim floats. With DY_PARTS 2,
+// dy is the sum of dy and dy2 (the gradients of the output's two readers), rounded to ELEM_T as add2 rounds it.
+extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* dy,
+                                               const ELEM_T* dy2, const float* mean, const float* rstd, ELEM_T* dx,
+                                               float* dgamma, float* dbeta, float* partials, unsigned int* counter,
+                                               int rows, int dim, int rows_per_block) {
+    typedef Pack<ELEM_T, VEC> P;
+    extern __shared__ float warp_sums[];   // [warp][2 dim]: the warp's dy * xhat sums, then its dy sums
+    __shared__ bool last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5, sums = 2 * dim;
+    float col_gx[PACKS][VEC], col_g[PACKS][VEC];
+    #pragma unroll
+    for (int p = 0; p < PACKS; ++p)
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) col_gx[p][k] = col_g[p][k] = 0.f;
+    const long long stop = min((long long)rows, (long long)(blockIdx.x + 1) * rows_per_block);
+    for (long long row = (long long)blockIdx.x * rows_per_block + warp; row < stop; row += warps) {   // warp-uniform
+        const long long base = row * dim;
+        const float m = mean[row], r = rstd[row];
+        P a[PACKS], d[PACKS], w[PACKS];
+        float sg = 0.f, sgx = 0.f;
+        #pragma unroll
+        for (int p = 0; p < PACKS; ++p) {
+            const int c = (p * 32 + lane) * VEC;
+            if (c >= dim) continue;
+            a[p] = load_pack<ELEM_T, VEC>(x, base + c);
+            d[p] = load_pack<ELEM_T, VEC>(dy, base + c);
+            if (DY_PARTS == 2) {
+                const P e = load_pack<ELEM_T, VEC>(dy2, base + c);
+                #pragma unroll
+                for (int k = 0; k < VEC; ++k) store_f(d[p].v, k, load_f(d[p].v, k) + load_f(e.v, k));
+            }
+            w[p] = load_pack<ELEM_T, VEC>(gamma, c);
+            #pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                const float xhat = (load_f(a[p].v, k) - m) * r, dyk = load_f(d[p].v, k), g = dyk * load_f(w[p].v, k);
+                sg += g;
+                sgx += g * xhat;
+                col_gx[p][k] += dyk * xhat;
+                col_g[p][k] += dyk;
+            }
+        }
+        const float mg = warp_sum(sg) / dim, mgx = warp_sum(sgx) / dim;
+        #pragma unroll
+        for (int p = 0; p < PACKS; ++p) {
+            const int c = (p * 32 + lane) * VEC;
+            if (c >= dim) continue;
+            P out;
+            #pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                const float xhat = (load_f(a[p].v, k) - m) * r;
+                store_f(out.v, k, r * (load_f(d[p].v, k) * load_f(w[p].v, k) - mg - xhat * mgx));
+            }
+            store_pack(dx, base + c, out);
+        }
+    }
+    #pragma unroll
+    for (int p = 0; p < PACKS; ++p) {
+        const int c = (p * 32 + lane) * VEC;
+        if (c >= dim) continue;
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            warp_sums[warp * sums + c + k] = col_gx[p][k];
+            warp_sums[warp * sums + dim + c + k] = col_g[p][k];
+        }
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < sums; j += blockDim.x) {
+        float s = 0.f;
+        for (int v = 0; v < warps; ++v) s += warp_sums[v * sums + j];   // the warps in order
+        if (gridDim.x == 1) (j < dim ? dgamma[j] : dbeta[j - dim]) = s;   // one block: its sums are the gradients
+        else partials[(long long)blockIdx.x * sums + j] = s;
+    }
+    if (gridDim.x == 1) return;
+    __threadfence();   // the partials reach every SM before this block's ticket is taken
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1u) == gridDim.x - 1;
+        if (last) *counter = 0u;   // all tickets drawn: zero for the next launch or graph replay
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();   // pairs with the writers' fences before the partials are read
+    for (int j = threadIdx.x; j < sums; j += blockDim.x) {
+        float s = 0.f;
+        #pragma unroll 16
+        for (unsigned int b = 0; b < gridDim.x; ++b)   // the blocks in order; volatile: from L2, never a stale L1
+            s += ((const volatile float*)partials)[(long long)b * sums + j];
+        (j < dim ? dgamma[j] : dbeta[j - dim]) = s;
+    }
+}
+"""
 _ROWS_PER_BLOCK = 8
 EPSILON = 1e-5   # torch.nn.LayerNorm's default
+_FUSED_MAX_DIM = 512   # the one-launch backward: a lane keeps at most 16 features of its row and their sums
+_FUSED_BLOCKS = 64     # its grid: warps enough to cover a row's latency, partials few enough for the last block to add
+
+
+def fused_grid(rows: int, dim: int) -> tuple[int, int, int]:
+    """(warps a block, rows a block, blocks) of layernorm_bwd_grads: 16 warps (8 above 320 features, so the warps'
+    column sums and the kernel's own flag fit 48 KB of shared memory), each taking a row at a time, about
+    _FUSED_BLOCKS blocks."""
+    warps = 16 if dim <= 320 else 8
+    rows_per_block = warps * max(1, -(-rows // (warps * _FUSED_BLOCKS)))
+    return warps, rows_per_block, -(-rows // rows_per_block)
 
 
 class LayerNorm(Layer):
     """Normalizes each sample's last axis; weight (gamma) starts at one, bias (beta) at zero, torch's names."""
 
     residual = None   # set by a program: the Add below, whose sum this layer's forward computes
-    wiring = ("residual",)
+    gradient_sum = None   # set by a training program: the GradientSum of dy, which backward may do itself
+    wiring = ("residual", "gradient_sum")
 
     def __init__(self, epsilon: float = EPSILON, name: str = ""):
         epsilon = checks.number("LayerNorm epsilon", epsilon, above=0.0)
@@ -182,9 +294,25 @@ class LayerNorm(Layer):
         self.dx = ctx.allocator.zeros(dy.shape, dy.dtype, "activations") if needs_input_grad else None
         self.dgamma = ctx.params.grad_view(f"{self.name}.weight")
         self.dbeta = ctx.params.grad_view(f"{self.name}.bias")
+        self.fused = None   # (warps, rows a block, blocks) where dx and the parameter gradients take one launch
+        self._dy_parts = (self.dy, self.dy)   # the one launch's dy and dy2; the same buffer twice: dy alone
         if ctx.backend.is_gpu:
             arrays = (self.x, self.gamma, self.dy) + ((self.dx,) if self.dx is not None else ())
-            defines = dict(ELEM_T=ctype(dy.dtype), VEC=vector_width(self.dim, *arrays))   # one module for both
+            parts = self.gradient_sum.parts if self.gradient_sum is not None else ()
+            width = vector_width(self.dim, *arrays, *parts)
+            defines = dict(ELEM_T=ctype(dy.dtype), VEC=width)
+            if self.dx is not None and self.dim <= _FUSED_MAX_DIM:
+                self.fused = fused_grid(self.rows, self.dim)
+                if len(parts) == 2:   # dy's two parts are added here, as they are loaded: no add2 launch
+                    self._dy_parts = tuple(part.reshape(-1, self.dim) for part in parts)
+                    self.gradient_sum.summed_by_reader = True
+                # each block's dy * xhat sums in columns [0, dim) of its row, its dy sums in [dim, 2 dim)
+                self.partials = ctx.allocator.zeros((self.fused[2], 2 * self.dim), np.float32, "workspace")
+                self.counters = ctx.allocator.zeros((1,), np.uint32, "workspace")
+                packs = -(-self.dim // (32 * width))
+                self._bwd = get_kernel(_FUSED_SOURCE, "layernorm_bwd_grads", PACKS=packs,
+                                       DY_PARTS=2 if len(parts) == 2 else 1, **defines)
+                return self.dx
             self._bwd = get_kernel(_SOURCE, "layernorm_bwd", **defines)
             self.plan = plan_chunks(ctx.backend, self.rows, self.dim)
             # dy * xhat partials in columns [0, dim) of each chunk's row, dy partials in [dim, 2 dim).
@@ -219,6 +347,13 @@ class LayerNorm(Layer):
             if self.dx is not None:
                 dx = rstd * (g - g.mean(axis=1, keepdims=True) - xhat * (g * xhat).mean(axis=1, keepdims=True))
                 self.dx.reshape(-1, self.dim)[...] = dx.astype(self.dx.dtype)
+            return
+        if self.fused is not None:
+            warps, rows_per_block, blocks = self.fused
+            self._bwd((blocks,), (32 * warps,), (self.x, self.gamma, *self._dy_parts, self.mean, self.rstd, self.dx,
+                                                 self.dgamma, self.dbeta, self.partials, self.counters,
+                                                 np.int32(self.rows), np.int32(self.dim), np.int32(rows_per_block)),
+                      shared_mem=4 * warps * 2 * self.dim)
             return
         if self.dx is not None:
             self._bwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (self.x, self.gamma, self.dy, self.mean, self.rstd,

@@ -77,8 +77,11 @@ class GradientSum:
             raise ValueError(f"GradientSum adds two or more gradients of one shape, got {[p.shape for p in parts]}")
         self.backend, self.parts = ctx.backend, list(parts)
         self.out = ctx.allocator.zeros(parts[0].shape, parts[0].dtype, "activations")
+        self.summed_by_reader = False   # set by a layer whose backward adds the parts as it loads them
 
     def run(self):
+        if self.summed_by_reader:
+            return
         add_into(self.backend, self.parts[0], self.parts[1], self.out)
         for part in self.parts[2:]:
             add_into(self.backend, self.out, part, self.out)

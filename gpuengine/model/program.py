@@ -5,7 +5,9 @@ the loss (or the fused regression head where `passes.py` finds its pattern
 at the network's end), then the backward pass in reverse order: each node's output
 gradient is the sum of what its readers hand back. One reader's gradient is
 used as it is; several (a residual block's input, read by the branch and the
-shortcut) are added by one `GradientSum` pass just before the node's backward.
+shortcut) are added by one `GradientSum` pass just before the node's backward,
+or by the node's backward itself where it can (a LayerNorm's one launch, the
+engine's batch-norm kernel).
 A max pool over the first convolution (`passes.py`) runs with it as one
 forward kernel and hands its output gradient to that convolution's weight
 gradient (ops/conv_pool.py, ops/direct_wgrad.py), on a GPU. A ReLU that
@@ -78,6 +80,8 @@ class TrainingProgram:
             layer, parts = self.layers[node.name], grads.pop(node.name)
             summed = GradientSum(ctx, parts) if len(parts) > 1 else None
             dy = summed.out if summed else parts[0]
+            if fuse and "gradient_sum" in layer.wiring:   # LayerNorm, BatchNorm2D: may add dy's parts themselves
+                layer.gradient_sum = summed
             needs = tuple(i != INPUT for i in node.inputs)
             if node.name in pooled:   # the convolution below reads dy itself
                 result = layer.build_backward_pooled(ctx, dy)

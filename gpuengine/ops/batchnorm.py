@@ -103,6 +103,33 @@ __device__ __forceinline__ void write_mask(unsigned char* mask, long long i, boo
         write_mask_byte(mask, i, valid, bits != 0u);
     }
 }
+// The statistics' sums of one pack: x - shift and its square.
+__device__ __forceinline__ void add_shifted_sums(const Elems& e, const float (&shift)[VEC], float (&s)[2 * VEC]) {
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const float d = load_f(e.v, v) - shift[v];
+        s[2 * v] += d;
+        s[2 * v + 1] += d * d;
+    }
+}
+// y = act((x - mean) scale + beta [+ residual]) of one pack into y[i...] (res unread without HAS_RESIDUAL); its
+// activation's mask bits.
+__device__ __forceinline__ unsigned int normalize_pack(const Elems& e, const Elems& res, ELEM_T* y, long long i,
+                                                       const float (&mean)[VEC], const float (&scale)[VEC],
+                                                       const float (&b)[VEC]) {
+    Elems o;
+    unsigned int bits = 0u;
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        float value = (load_f(e.v, v) - mean[v]) * scale[v] + b[v];
+        if (HAS_RESIDUAL) value += load_f(res.v, v);
+        value = activate(value);
+        store_f(o.v, v, value);
+        bits |= (unsigned int)passes_gradient(value) << v;
+    }
+    store_pack<ELEM_T, VEC>(y, i, o);
+    return bits;
+}
 // BN training forward in one launch: per channel of x (rows x CHANNELS) the shifted sums, the batch mean and
 // inverse std (running statistics moved toward them, the variance unbiased as torch's), then over the block's
 // own rows y = act((x - mean) scale + beta [+ residual]) and, with MASK, where act passes the gradient.
@@ -120,20 +147,20 @@ bn_forward(const ELEM_T* x, const float* gamma, const float* beta, float* runnin
     const long long c0 = (long long)t.col * VEC;   // the pack's first channel
     #pragma unroll
     for (int v = 0; v < 2 * VEC; ++v) s[v] = 0.f;
+    Elems kept[CACHE];   // the packs of the first CACHE trips, kept for the output's pass
     if (own) {
         const Elems first = load_pack<ELEM_T, VEC>(x, c0);
         #pragma unroll
         for (int v = 0; v < VEC; ++v) shift[v] = load_f(first.v, v);
+        #pragma unroll
+        for (int k = 0; k < CACHE; ++k)   // every load in flight before the first add
+            if (t.first + k * t.step < t.stop) kept[k] = load_pack<ELEM_T, VEC>(x, (t.first + k * t.step) * cols + c0);
+        #pragma unroll
+        for (int k = 0; k < CACHE; ++k)
+            if (t.first + k * t.step < t.stop) add_shifted_sums(kept[k], shift, s);
         #pragma unroll 4
-        for (long long r = t.first; r < t.stop; r += t.step) {
-            const Elems e = load_pack<ELEM_T, VEC>(x, r * cols + c0);
-            #pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                const float d = load_f(e.v, v) - shift[v];
-                s[2 * v] += d;
-                s[2 * v + 1] += d * d;
-            }
-        }
+        for (long long r = t.first + CACHE * t.step; r < t.stop; r += t.step)   // the rows beyond the cache
+            add_shifted_sums(load_pack<ELEM_T, VEC>(x, r * cols + c0), shift, s);
     }
     float* out[2 * VEC];
     #pragma unroll
@@ -173,52 +200,88 @@ bn_forward(const ELEM_T* x, const float* gamma, const float* beta, float* runnin
         scale[v] = own ? g[v] * *(volatile const float*)(saved_inv_std + c0 + v) : 0.f;
         mean[v] = own ? *(volatile const float*)(saved_mean + c0 + v) : 0.f;
     }
-    const long long start = t.first - threadIdx.x / tile_cols;
-    // The rows backwards: the first pass's last rows are the likeliest still in L2 (a map larger than L2, read
-    // forwards twice, would miss every time). The same trips in every thread: MASK's ballot.
+    const long long start = t.first - threadIdx.x / tile_cols, lane_row = threadIdx.x / tile_cols;
+    const long long steps = trips(start, t);   // the same trips in every thread: MASK's ballot
+    // The rows beyond the cache read again, backwards: the first pass's last rows are the likeliest still in L2
+    // (a map larger than L2, read forwards twice, would miss every time).
     #pragma unroll 2
-    for (long long k = trips(start, t) - 1; k >= 0; --k) {
-        const long long r = start + k * t.step + threadIdx.x / tile_cols, i = r * cols + c0;
+    for (long long k = steps - 1; k >= CACHE; --k) {
+        const long long r = start + k * t.step + lane_row, i = r * cols + c0;
         const bool valid = own && r < t.stop;
         unsigned int bits = 0u;
         if (valid) {
-            const Elems e = load_pack<ELEM_T, VEC>(x, i);
-            Elems res, o;
+            Elems res;
             if (HAS_RESIDUAL) res = load_pack<ELEM_T, VEC>(residual, i);
-            #pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                float value = (load_f(e.v, v) - mean[v]) * scale[v] + b[v];
-                if (HAS_RESIDUAL) value += load_f(res.v, v);
-                value = activate(value);
-                store_f(o.v, v, value);
-                bits |= (unsigned int)passes_gradient(value) << v;
-            }
-            store_pack<ELEM_T, VEC>(y, i, o);
+            bits = normalize_pack(load_pack<ELEM_T, VEC>(x, i), res, y, i, mean, scale, b);
         }
         if (MASK) write_mask(mask, i, valid, bits);
     }
+    Elems kept_res[HAS_RESIDUAL ? CACHE : 1];   // the kept rows' residual: every load in flight before a store
+    if (HAS_RESIDUAL && own) {
+        #pragma unroll
+        for (int k = 0; k < CACHE; ++k)
+            if (t.first + k * t.step < t.stop)
+                kept_res[k] = load_pack<ELEM_T, VEC>(residual, (t.first + k * t.step) * cols + c0);
+    }
+    #pragma unroll
+    for (int k = 0; k < CACHE; ++k) {   // the kept rows: no load of x
+        if (k >= steps) continue;
+        const long long r = start + k * t.step + lane_row, i = r * cols + c0;
+        const bool valid = own && r < t.stop;
+        unsigned int bits = 0u;
+        if (valid) bits = normalize_pack(kept[k], kept_res[HAS_RESIDUAL ? k : 0], y, i, mean, scale, b);
+        if (MASK) write_mask(mask, i, valid, bits);
+    }
 }
-// The gradient after the activation of one pack: dy where it passed (the mask's bits, or y without a mask).
-__device__ __forceinline__ void through_activation(const ELEM_T* dy, const ELEM_T* y, const unsigned char* mask,
-                                                   long long i, float (&d)[VEC]) {
-    const Elems g = load_pack<ELEM_T, VEC>(dy, i);
+// The gradient after the activation of one pack: dy where it passed (the mask's bits, or y without a mask). With
+// DY_PARTS 2, dy is the sum of dy and dy2 (the gradients of the output's two readers), rounded as add2 rounds it.
+__device__ __forceinline__ Elems through_activation(const ELEM_T* dy, const ELEM_T* dy2, const ELEM_T* y,
+                                                    const unsigned char* mask, long long i) {
+    Elems g = load_pack<ELEM_T, VEC>(dy, i);
+    if (DY_PARTS == 2) {
+        const Elems h = load_pack<ELEM_T, VEC>(dy2, i);
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) store_f(g.v, v, load_f(g.v, v) + load_f(h.v, v));
+    }
     unsigned int bits = 0xffu;
-    Elems out;
+    Elems out, z;
     if (ACT != 0 && MASK) bits = VEC == 8 ? mask[i >> 3] : (mask[i >> 3] >> (i & 7)) & 1u;
     if (ACT != 0 && !MASK) out = load_pack<ELEM_T, VEC>(y, i);
     #pragma unroll
     for (int v = 0; v < VEC; ++v) {
         const bool passes = ACT == 0 || (MASK ? (bits >> v) & 1u : passes_gradient(load_f(out.v, v)));
-        d[v] = passes ? load_f(g.v, v) : 0.f;
+        store_f(z.v, v, passes ? load_f(g.v, v) : 0.f);   // dy or 0: exact in ELEM_T
     }
+    return z;
+}
+// dgamma's and dbeta's sums of one pack: dz x^ and dz.
+__device__ __forceinline__ void add_gradient_sums(const Elems& z, const Elems& e, const float (&m)[VEC],
+                                                  const float (&r_std)[VEC], float (&s)[2 * VEC]) {
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        s[2 * v] += load_f(z.v, v) * ((load_f(e.v, v) - m[v]) * r_std[v]);
+        s[2 * v + 1] += load_f(z.v, v);
+    }
+}
+// dx = gamma / std (dz - (dbeta + x^ dgamma) / M) of one pack, k = gamma / std.
+__device__ __forceinline__ Elems input_gradient(const Elems& e, const Elems& z, const float (&m)[VEC],
+                                                const float (&r_std)[VEC], const float (&k)[VEC],
+                                                const float (&g)[VEC], const float (&bsum)[VEC], float inv_count) {
+    Elems o;
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const float x_hat = (load_f(e.v, v) - m[v]) * r_std[v];
+        store_f(o.v, v, k[v] * (load_f(z.v, v) - (bsum[v] + x_hat * g[v]) * inv_count));
+    }
+    return o;
 }
 // BN backward in one launch: dgamma = sum dz x^ and dbeta = sum dz per channel (dz = act'(dy), written to dz
 // where write_dz: a residual reads it), then, where dx is wanted, over the block's own rows
 // dx = gamma / std (dz - (dbeta + x^ dgamma) / M), M = rows (the batch statistics' count).
 extern "C" __global__ void __launch_bounds__(256, 2)
-bn_backward(const ELEM_T* dy, const ELEM_T* x, const ELEM_T* y, const unsigned char* mask, const float* gamma,
-            const float* mean, const float* inv_std, float* dgamma, float* dbeta, float* sums, ELEM_T* dz,
-            int write_dz, ELEM_T* dx, int write_dx, float* partials, unsigned int* counters,
+bn_backward(const ELEM_T* dy, const ELEM_T* dy2, const ELEM_T* x, const ELEM_T* y, const unsigned char* mask,
+            const float* gamma, const float* mean, const float* inv_std, float* dgamma, float* dbeta, float* sums,
+            ELEM_T* dz, int write_dz, ELEM_T* dx, int write_dx, float* partials, unsigned int* counters,
             unsigned int* generations, int rows, int rows_per_chunk, int tile_cols) {
     extern __shared__ float lane_sums[];   // 2 VEC sums a thread: blockDim.x each
     const int cols = CHANNELS;
@@ -226,26 +289,33 @@ bn_backward(const ELEM_T* dy, const ELEM_T* x, const ELEM_T* y, const unsigned c
     const unsigned int seen = tile_generation(generations);
     const bool own = t.col < PACKS;
     const long long c0 = (long long)t.col * VEC;
-    float m[VEC], r_std[VEC], s[2 * VEC], d[VEC];
+    float m[VEC], r_std[VEC], s[2 * VEC];
     #pragma unroll
     for (int v = 0; v < VEC; ++v) {
         m[v] = own ? mean[c0 + v] : 0.f;
         r_std[v] = own ? inv_std[c0 + v] : 0.f;
         s[2 * v] = s[2 * v + 1] = 0.f;
     }
+    Elems kept_x[CACHE], kept_z[CACHE];   // the first CACHE trips' x and dz, kept for dx's pass
     if (own) {
+        #pragma unroll
+        for (int k = 0; k < CACHE; ++k) {   // every load in flight before the first add
+            const long long i = (t.first + k * t.step) * cols + c0;
+            if (t.first + k * t.step >= t.stop) continue;
+            kept_z[k] = through_activation(dy, dy2, y, mask, i);
+            kept_x[k] = load_pack<ELEM_T, VEC>(x, i);
+        }
+        #pragma unroll
+        for (int k = 0; k < CACHE; ++k) {
+            if (t.first + k * t.step >= t.stop) continue;
+            add_gradient_sums(kept_z[k], kept_x[k], m, r_std, s);
+            if (write_dz) store_pack<ELEM_T, VEC>(dz, (t.first + k * t.step) * cols + c0, kept_z[k]);
+        }
         #pragma unroll 4
-        for (long long r = t.first; r < t.stop; r += t.step) {
+        for (long long r = t.first + CACHE * t.step; r < t.stop; r += t.step) {   // the rows beyond the cache
             const long long i = r * cols + c0;
-            through_activation(dy, y, mask, i, d);
-            const Elems e = load_pack<ELEM_T, VEC>(x, i);
-            Elems z;
-            #pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                s[2 * v] += d[v] * ((load_f(e.v, v) - m[v]) * r_std[v]);
-                s[2 * v + 1] += d[v];
-                store_f(z.v, v, d[v]);
-            }
+            const Elems z = through_activation(dy, dy2, y, mask, i);
+            add_gradient_sums(z, load_pack<ELEM_T, VEC>(x, i), m, r_std, s);
             if (write_dz) store_pack<ELEM_T, VEC>(dz, i, z);
         }
     }
@@ -274,24 +344,35 @@ bn_backward(const ELEM_T* dy, const ELEM_T* x, const ELEM_T* y, const unsigned c
         bsum[v] = *(volatile const float*)(dbeta + c0 + v);
     }
     const float inv_count = 1.f / (float)rows;
+    // The rows beyond the cache read again, backwards (the likeliest still in L2), then the kept ones.
     #pragma unroll 2
-    for (long long r = t.first + (trips(t.first, t) - 1) * t.step; r >= t.first; r -= t.step) {   // backwards
+    for (long long r = t.first + (trips(t.first, t) - 1) * t.step; r >= t.first + CACHE * t.step; r -= t.step) {
         const long long i = r * cols + c0;
-        through_activation(dy, y, mask, i, d);
-        const Elems e = load_pack<ELEM_T, VEC>(x, i);
-        Elems o;
-        #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-            const float x_hat = (load_f(e.v, v) - m[v]) * r_std[v];
-            store_f(o.v, v, k[v] * (d[v] - (bsum[v] + x_hat * g[v]) * inv_count));
-        }
-        store_pack<ELEM_T, VEC>(dx, i, o);
+        store_pack<ELEM_T, VEC>(dx, i, input_gradient(load_pack<ELEM_T, VEC>(x, i),
+                                                      through_activation(dy, dy2, y, mask, i), m, r_std, k, g, bsum,
+                                                      inv_count));
+    }
+    #pragma unroll
+    for (int j = 0; j < CACHE; ++j) {
+        const long long r = t.first + j * t.step;
+        if (r < t.stop)
+            store_pack<ELEM_T, VEC>(dx, r * cols + c0, input_gradient(kept_x[j], kept_z[j], m, r_std, k, g, bsum,
+                                                                      inv_count));
     }
 }
 """
 
 
 _TILE_CHANNELS = 32   # channels of a column tile
+# Bytes of each thread's registers that keep its first trips' packs between the passes (CACHE trips of two packs
+# each: x and the residual forward, x and dz backward, whose sums keep more registers live across the tile's wait).
+FORWARD_CACHE_BYTES, BACKWARD_CACHE_BYTES = 128, 64
+
+
+def cache_trips(vec: int, itemsize: int, cache_bytes: int) -> int:
+    """CACHE: the trips a thread keeps, 1 to 8 (plan_chunks gives a chunk at least 8 trips of its row lanes, or the
+    whole map where it has fewer rows)."""
+    return max(1, min(8, cache_bytes // (vec * itemsize)))
 
 
 def pack_width(channels: int, *arrays) -> int:
@@ -305,12 +386,14 @@ class _Sums:
     workspace and each tile's generation (tile_barrier), and the kernels' defines, fixed at build so that a step
     only launches."""
 
-    def __init__(self, backend, allocator, who: str, defines: dict, x, mask, arrays: tuple):
+    def __init__(self, backend, allocator, who: str, defines: dict, x, mask, arrays: tuple, cache_bytes: int,
+                 dy_parts: int = 1):
         if bool(defines["MASK"]) != (mask is not None):
             raise ValueError(f"{who}: MASK={defines['MASK']} but mask is {'given' if mask is not None else None}")
         channels = x.shape[-1]
         vec = pack_width(channels, x, *(a for a in arrays if a is not None))
-        self.defines = {**defines, "VEC": vec}
+        self.defines = {**defines, "VEC": vec, "CACHE": cache_trips(vec, x.dtype.itemsize, cache_bytes),
+                        "DY_PARTS": dy_parts}
         self.rows = x.size // channels   # M = N*H*W, the batch statistics' count
         # 32 channels a tile whatever VEC: wider tiles leave fewer, longer tiles whose last block adds 2 VEC
         # sums of every chunk while the tile's other blocks wait (3x slower on an H200 with 32 packs a tile)
@@ -337,7 +420,8 @@ class BatchNormForward:
 
     def __init__(self, backend, allocator, defines: dict, x, gamma, beta, running_mean, running_var, y, saved_mean,
                  saved_inv_std, epsilon: float, momentum: float, residual=None, mask=None):
-        self.sums = sums = _Sums(backend, allocator, "BatchNormForward", defines, x, mask, (y, residual))
+        self.sums = sums = _Sums(backend, allocator, "BatchNormForward", defines, x, mask, (y, residual),
+                                 FORWARD_CACHE_BYTES)
         self._args = (x, gamma, beta, running_mean, running_var, saved_mean, saved_inv_std, sums.scratch,
                       x if residual is None else residual, y, y if mask is None else mask, *sums.tail(),
                       np.float32(epsilon), np.float32(momentum))
@@ -351,14 +435,15 @@ class BatchNormBackward:
     """[dz = act'(dy)] -> BN backward into dx, dgamma, dbeta in one launch; `run()`.
 
     The activation's gradient comes from `mask` (MASK) or from the forward's output `y`; `dz` given: written;
-    `dx` None: only the parameters' gradients."""
+    `dx` None: only the parameters' gradients; `dy2` given: dy is the sum of dy and dy2, added as they load."""
 
     def __init__(self, backend, allocator, defines: dict, dy, x, y, gamma, saved_mean, saved_inv_std, dx, dgamma,
-                 dbeta, mask=None, dz=None):
-        self.sums = sums = _Sums(backend, allocator, "BatchNormBackward", defines, x, mask, (dy, y, dx, dz))
-        self._args = (dy, x, y, y if mask is None else mask, gamma, saved_mean, saved_inv_std, dgamma, dbeta,
-                      sums.scratch, dy if dz is None else dz, np.int32(dz is not None), x if dx is None else dx,
-                      np.int32(dx is not None), *sums.tail())
+                 dbeta, mask=None, dz=None, dy2=None):
+        self.sums = sums = _Sums(backend, allocator, "BatchNormBackward", defines, x, mask, (dy, dy2, y, dx, dz),
+                                 BACKWARD_CACHE_BYTES, dy_parts=1 if dy2 is None else 2)
+        self._args = (dy, dy if dy2 is None else dy2, x, y, y if mask is None else mask, gamma, saved_mean,
+                      saved_inv_std, dgamma, dbeta, sums.scratch, dy if dz is None else dz, np.int32(dz is not None),
+                      x if dx is None else dx, np.int32(dx is not None), *sums.tail())
         self._kernel = get_kernel(_SOURCE, "bn_backward", **sums.defines)
 
     def run(self):
