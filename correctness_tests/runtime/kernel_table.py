@@ -121,7 +121,7 @@ def _shape_free_cases():
     for elem, act, mask, residual, channels in (("bf16_t", 1, 1, 1, 24), ("float", 2, 0, 0, 12)):
         for kernel, cache, parts in (("bn_forward", 8, 1), ("bn_backward", 1, 2)):   # most and fewest trips kept
             yield _case(ops_batchnorm, kernel, f"batch norm, {channels} channels a lane each, {cache} trips kept, "
-                        f"dy in {parts}", ELEM_T=elem, HAS_RESIDUAL=residual, ACT=act, MASK=mask, CHANNELS=channels,
+                        f"dy in {parts}", "SOURCE", ELEM_T=elem, HAS_RESIDUAL=residual, ACT=act, MASK=mask, CHANNELS=channels,
                         VEC=1, CACHE=cache, DY_PARTS=parts)
     for kernel in ("finish_step", "book_loss"):
         yield _case(step_state, kernel, "step counter")
@@ -163,7 +163,7 @@ def _node_cases(net, node, dtype, where):
         vec = ops_batchnorm.pack_width(shapes[0][2])   # batchnorm=engine: each direction keeps its own trips
         for kernel, cache_bytes in (("bn_forward", ops_batchnorm.FORWARD_CACHE_BYTES),
                                     ("bn_backward", ops_batchnorm.BACKWARD_CACHE_BYTES)):
-            found.append((ops_batchnorm, "_SOURCE", (kernel,), {
+            found.append((ops_batchnorm, "SOURCE", (kernel,), {
                 **layer.kernel_defines(shapes[0], dtype), "VEC": vec, "DY_PARTS": 1,
                 "CACHE": ops_batchnorm.cache_trips(vec, np.dtype(dtype).itemsize, cache_bytes)}))
     elif isinstance(layer, Conv2D) and layer.depthwise_defines(shapes[0], dtype) is not None:

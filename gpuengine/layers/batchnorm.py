@@ -24,7 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import checks
-from ..ops.batchnorm import ACTIVATION_SOURCE, BatchNormBackward, BatchNormForward
+from ..ops.batchnorm import BatchNormBackward, BatchNormForward
+from ..ops.batchnorm_kernels import ACTIVATION_SOURCE
 from ..ops.cudnn import CudnnUnsupported, runtime_for
 from ..ops.cudnn_batchnorm import batchnorm_backward, batchnorm_forward, mask_shape
 from ..runtime.backend import widen
