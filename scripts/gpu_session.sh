@@ -75,7 +75,8 @@
 #                         `./gate toggle-cost batchnorm=engine` of BN_WORKLOADS (default: resnet zoo:resnet50
 #                         zoo:mobilenet_v2) in tf32 and bf16 (LOGDIR/toggle_cost_batchnorm.json)
 #                bn-layers scripts/bn_layers.py: every batch norm of BN_LAYER_WORKLOAD (default resnet) timed alone in
-#                         BN_PRECISION (default bf16), cuDNN's graphs against the engine's kernels (LOGDIR/bn_layers.json)
+#                         BN_PRECISION (default bf16), cuDNN's graphs against the engine's kernels as planned and on
+#                         the ticket's ending alone, with each layer's cluster sizes (LOGDIR/bn_layers.json)
 #                ncu-bn   Nsight Compute over the engine's batch-norm kernels (bn_forward, bn_backward) of NCU_BN_LAYERS
 #                         (a regular expression of ResNet's layer names; default: one of each map size) in
 #                         BN_PRECISION (default bf16), one timed call each (bn_layers.py --reps 1): speed of light,

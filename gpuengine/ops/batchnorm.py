@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime.kernels import get_kernel, vector_width
+from ..runtime.kernels import compute_capability, get_kernel, multiprocessor_count, vector_width
 from .batchnorm_kernels import SOURCE
-from .reductions import plan_chunks
+from .reductions import ChunkPlan, plan_chunks
 
-
-_TILE_CHANNELS = 32   # channels of a column tile
+# Channels of a ticket's column tile whatever VEC: wider tiles leave fewer, longer ones, whose last block adds 2 VEC
+# sums of every chunk while the tile's other blocks wait (3x slower on an H200 with 32 packs a tile).
+_TILE_CHANNELS = 32
+# The cluster sizes a plan may take (CUDA's portable ones); () keeps every map on the ticket's ending.
+CLUSTER_SIZES = (2, 4, 8)
+_BLOCKS_PER_SM = 2    # __launch_bounds__(256, 2)
 # Bytes of each thread's registers that keep its first trips' packs between the passes (CACHE trips of two packs
 # each: x and the residual forward, x and dz backward, whose sums keep more registers live across the tile's wait).
 FORWARD_CACHE_BYTES, BACKWARD_CACHE_BYTES = 128, 64
@@ -19,7 +23,7 @@ FORWARD_CACHE_BYTES, BACKWARD_CACHE_BYTES = 128, 64
 
 def cache_trips(vec: int, itemsize: int, cache_bytes: int) -> int:
     """CACHE: the trips a thread keeps, 1 to 8 (plan_chunks gives a chunk at least 8 trips of its row lanes, or the
-    whole map where it has fewer rows)."""
+    whole map where it has fewer rows; a cluster's plan keeps them all)."""
     return max(1, min(8, cache_bytes // (vec * itemsize)))
 
 
@@ -27,6 +31,32 @@ def pack_width(channels: int, *arrays) -> int:
     """Channels a thread moves in one vector access, VEC: 8 (one byte of the mask, 16 bytes of bf16) where the
     channels and every array allow it, else 1 (a lane a channel, the mask by ballot)."""
     return 8 if vector_width(channels, *arrays, widest=8) == 8 else 1
+
+
+def plan_tiles(backend, rows: int, packs: int, vec: int, cache: int) -> tuple[ChunkPlan, int]:
+    """(plan, CLUSTER) of a map of `rows` x `packs` packs of VEC channels whose threads keep `cache` trips.
+
+    The ticket's plan (plan_chunks, 32 channels a tile) where it has one row chunk, or on a GPU without clusters
+    (before sm_90). Else a cluster of CLUSTER_SIZES chunks a tile, where one keeps every row of its blocks in
+    registers (trips <= cache) with up to two blocks an SM: the fewest trips, then the fewest blocks, then the
+    widest tile. Where none does, the ticket's plan."""
+    widest = max(1, _TILE_CHANNELS // vec)
+    ticket = plan_chunks(backend, rows, packs, widest_tile=widest)
+    if ticket.chunks == 1 or not CLUSTER_SIZES or not backend.is_gpu or compute_capability() < 90:
+        return ticket, 1
+    most_blocks = _BLOCKS_PER_SM * multiprocessor_count()
+    best, tile = None, 1
+    while tile <= min(widest, 1 << (packs - 1).bit_length()):
+        tiles, lanes = -(-packs // tile), ticket.threads // tile
+        for size in CLUSTER_SIZES:
+            rows_per_chunk = -(-rows // size)
+            trips, blocks = -(-rows_per_chunk // lanes), tiles * size
+            if trips <= cache and blocks <= most_blocks:
+                key = (trips, blocks, -tile)
+                if best is None or key < best[0]:
+                    best = key, ChunkPlan(tile, ticket.threads, tiles, rows_per_chunk, size)
+        tile *= 2
+    return (ticket, 1) if best is None else (best[1], best[1].chunks)
 
 
 class _Sums:
@@ -40,12 +70,10 @@ class _Sums:
             raise ValueError(f"{who}: MASK={defines['MASK']} but mask is {'given' if mask is not None else None}")
         channels = x.shape[-1]
         vec = pack_width(channels, x, *(a for a in arrays if a is not None))
-        self.defines = {**defines, "VEC": vec, "CACHE": cache_trips(vec, x.dtype.itemsize, cache_bytes),
-                        "DY_PARTS": dy_parts}
+        cache = cache_trips(vec, x.dtype.itemsize, cache_bytes)
         self.rows = x.size // channels   # M = N*H*W, the batch statistics' count
-        # 32 channels a tile whatever VEC: wider tiles leave fewer, longer tiles whose last block adds 2 VEC
-        # sums of every chunk while the tile's other blocks wait (3x slower on an H200 with 32 packs a tile)
-        self.plan = plan_chunks(backend, self.rows, channels // vec, widest_tile=max(1, _TILE_CHANNELS // vec))
+        self.plan, cluster = plan_tiles(backend, self.rows, channels // vec, vec, cache)
+        self.defines = {**defines, "VEC": vec, "CACHE": cache, "DY_PARTS": dy_parts, "CLUSTER": cluster}
         self.sums = 2 * vec   # a thread's sums: two per channel of its pack
         self.partials, self.counters = self.plan.workspace(allocator, channels // vec, sums=self.sums)
         self.generations = allocator.zeros((self.plan.tiles,), np.uint32, "workspace")

@@ -130,3 +130,9 @@ def multiprocessor_count() -> int:
     import cupy
     return cupy.cuda.Device().attributes["MultiProcessorCount"]
 
+
+@functools.lru_cache(maxsize=None)
+def compute_capability() -> int:
+    """The device's compute capability as major * 10 + minor (90: Hopper)."""
+    import cupy
+    return int(cupy.cuda.Device().compute_capability)
