@@ -62,12 +62,12 @@ def layer_times(workload, precision: str, side: str, reps: int, only: str = "") 
     case = ProfileCase(workload.name, precision, workload.batch, 1,
                        (("batchnorm", "cudnn" if side == "cudnn" else "engine"),))
     runner = workload.engine_runner(case)
-    planned = ops_batchnorm.CLUSTER_SIZES
-    ops_batchnorm.CLUSTER_SIZES = () if side == "ticket" else planned   # the plan is made as the trainer builds
+    planned = ops_batchnorm.ON_CHIP_CHUNKS
+    ops_batchnorm.ON_CHIP_CHUNKS = () if side == "ticket" else planned   # the plan is made as the trainer builds
     try:
         runner.prepare()
     finally:
-        ops_batchnorm.CLUSTER_SIZES = planned
+        ops_batchnorm.ON_CHIP_CHUNKS = planned
     rows = []
     for name, layer in runner.trainer.program.layers.items():
         if not isinstance(layer, BatchNorm2D) or getattr(layer, "x", None) is None:   # not built: fused away

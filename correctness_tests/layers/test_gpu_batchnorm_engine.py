@@ -79,7 +79,7 @@ def test_engine_batchnorm_keeps_the_variance_of_a_far_mean(precision):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_engine_batchnorm_gives_the_same_bits_every_run(precision, monkeypatch):
     """A hundred row chunks finished by whichever block draws the last ticket: the sums' order is fixed."""
-    monkeypatch.setattr(ops_batchnorm, "CLUSTER_SIZES", ())   # the ticket's ending, whatever the GPU
+    monkeypatch.setattr(ops_batchnorm, "ON_CHIP_CHUNKS", ())   # the ticket's ending, whatever the GPU
     runs = [_engine_and_numpy("add-relu", precision, 64, (16, 16, 64))[0] for _ in range(3)]
     for other in runs[1:]:
         for key, value in runs[0].items():
@@ -91,7 +91,7 @@ def test_engine_batchnorm_gives_the_same_bits_every_run(precision, monkeypatch):
 def test_the_trips_kept_in_registers_change_no_bit(precision, case, monkeypatch):
     """Kept trips (CACHE: up to 8 forward, 4 backward) against one kept trip: the same sums in the same order and
     the same output and gradient of every value, bit for bit; 8 trips a thread at 16x16x64 and batch 32."""
-    monkeypatch.setattr(ops_batchnorm, "CLUSTER_SIZES", ())   # a cluster's plan takes no more trips than it keeps
+    monkeypatch.setattr(ops_batchnorm, "ON_CHIP_CHUNKS", ())   # an on-chip plan keeps every trip whatever CACHE
     kept = _engine_and_numpy(case, precision, 32, (16, 16, 64))
     layer = kept[2]
     assert layer._fwd_graph.sums.defines["CACHE"] > 1 and layer._bwd_graph.sums.defines["CACHE"] > 1
@@ -122,26 +122,28 @@ def _clusters(layer) -> tuple[int, int]:
 @pytest.mark.parametrize("size", CLUSTER_SHAPES)
 def test_cluster_ending_matches_numpy_and_the_ticket(size, case, precision, monkeypatch):
     """The cluster's sums (every block adds all blocks' totals in rank order) against NumPy, and against the
-    same map on the ticket's ending (CLUSTER_SIZES empty), whose sums run in another order."""
+    same map on the ticket's ending (no ON_CHIP_CHUNKS), whose sums run in another order."""
     batch, shape = CLUSTER_SHAPES[size]
     gpu, cpu, layer, _ = _engine_and_numpy(case, precision, batch, shape)
     assert min(_clusters(layer)) > 1, _clusters(layer)
     tolerance = BN_TOLERANCE[precision]
     assert_close(gpu, cpu, tolerance)
-    monkeypatch.setattr(ops_batchnorm, "CLUSTER_SIZES", ())
+    monkeypatch.setattr(ops_batchnorm, "ON_CHIP_CHUNKS", ())
     ticket, _, ticket_layer, _ = _engine_and_numpy(case, precision, batch, shape)
     assert _clusters(ticket_layer) == (1, 1) and ticket_layer._fwd_graph.sums.plan.chunks > 1
     assert_close(gpu, ticket, tolerance)
 
 
 @needs_clusters
-def test_a_cluster_of_four_matches_numpy():
-    """ResNet-50's 7x7x2048 maps at batch 16 in bf16: 64 tiles of 4 packs in clusters of 4 on 132 SMs."""
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("size,batch,shape", [(2, 32, (4, 4, 256)), (4, 16, (7, 7, 256))], ids=["two", "four"])
+def test_clusters_of_two_and_four_match_numpy(size, batch, shape, precision):
+    """Maps whose fewest trips come with clusters smaller than 8 on 132 SMs (an H100 SXM's, an H200's)."""
     if multiprocessor_count() != 132:
-        pytest.skip(f"the plan's cluster of 4 is worked out for 132 SMs, not {multiprocessor_count()}")
-    gpu, cpu, layer, _ = _engine_and_numpy("add-relu", "bf16", 16, (7, 7, 2048))
-    assert _clusters(layer) == (4, 4)
-    assert_close(gpu, cpu, BN_TOLERANCE["bf16"])
+        pytest.skip(f"the plan's clusters of {size} are worked out for 132 SMs, not {multiprocessor_count()}")
+    gpu, cpu, layer, _ = _engine_and_numpy("add-relu", precision, batch, shape)
+    assert _clusters(layer) == (size, size)
+    assert_close(gpu, cpu, BN_TOLERANCE[precision])
 
 
 @needs_clusters

@@ -1,6 +1,6 @@
-"""The engine batch norm's grid (ops/batchnorm.py plan_tiles): the ticket's plan where one row chunk covers the map
-or the GPU has no clusters, else a cluster of row chunks per tile whose threads keep all their rows in registers.
-A stand-in GPU of 132 SMs (an H100 SXM's or an H200's) with the compute capability the test gives."""
+"""The engine batch norm's grid (ops/batchnorm.py plan_tiles): a tile's row chunks meet on chip (one block, or on
+sm_90 a cluster) where their threads keep all their rows in registers, else the ticket's plan. A stand-in GPU of
+132 SMs (an H100 SXM's or an H200's) with the compute capability the test gives."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -28,53 +28,51 @@ def _trips(plan) -> int:
 
 
 # ResNet-50 CIFAR bf16 at batch 128 (rows = 128 H W, packs of 8 channels, trips kept forward 8 / backward 4)
-@pytest.mark.parametrize("rows,packs,cache,tile,cluster", [
+@pytest.mark.parametrize("rows,packs,cache,tile,chunks", [
     (2048, 16, 8, 1, 8),     # 4x4x128: 128 blocks of one trip, in place of 16 blocks and a ticket
     (8192, 8, 8, 1, 8),      # 8x8x64: 64 blocks of four trips
     (8192, 32, 4, 1, 8),     # 8x8x256 backward: 256 blocks of four trips
-    (8192, 32, 8, 1, 8),     # forward: the same, the fewest trips first
+    (2048, 64, 4, 1, 4),     # 4x4x512: 256 blocks of two trips (clusters of 8 would be 512 blocks)
+    (512, 32, 4, 1, 2),      # 2x2x256: one trip in clusters of 2, not two trips in one block
+    (128, 64, 8, 2, 1),      # 1x1x512: one block a tile of two packs, one trip each
 ])
-def test_a_map_of_several_chunks_takes_the_cluster_of_fewest_trips(gpu, rows, packs, cache, tile, cluster):
-    plan, size = plan_tiles(gpu, rows, packs, 8, cache)
-    assert (plan.tile_cols, size, plan.chunks) == (tile, cluster, cluster)
-    assert plan.tiles * plan.tile_cols >= packs and plan.rows_per_chunk * plan.chunks >= rows
-    assert _trips(plan) <= cache and plan.tiles * plan.chunks <= 2 * SMS
+def test_each_map_takes_the_fewest_trips_then_the_fewest_blocks(gpu, rows, packs, cache, tile, chunks):
+    plan, cluster = plan_tiles(gpu, rows, packs, 8, cache)
+    assert (plan.tile_cols, plan.chunks, cluster) == (tile, chunks, chunks)
 
 
-@pytest.mark.parametrize("rows,packs,vec,cache", [(2048, 16, 8, 8), (8192, 8, 8, 4), (784, 256, 8, 8),
-                                                  (2048, 12, 1, 8), (3136, 3, 8, 2), (5000, 7, 8, 1)])
-def test_every_cluster_keeps_its_rows_in_registers_and_its_blocks_resident(gpu, rows, packs, vec, cache):
-    plan, size = plan_tiles(gpu, rows, packs, vec, cache)
-    if size == 1:
-        assert cache * plan.threads * 8 < rows   # no cluster of 8 one-pack tiles keeps the map: the ticket's plan
-        return
-    assert size in ops_batchnorm.CLUSTER_SIZES and plan.chunks == size
+@pytest.mark.parametrize("rows,packs,vec,cache", [(2048, 16, 8, 8), (8192, 8, 8, 4), (784, 256, 8, 8), (128, 64, 8, 8),
+                                                  (2048, 12, 1, 8), (3136, 3, 8, 2), (512, 32, 8, 4)])
+def test_every_on_chip_plan_keeps_its_rows_in_registers_and_its_blocks_resident(gpu, rows, packs, vec, cache):
+    plan, cluster = plan_tiles(gpu, rows, packs, vec, cache)
+    assert cluster in ops_batchnorm.ON_CHIP_CHUNKS and plan.chunks == cluster
     assert plan.tile_cols & (plan.tile_cols - 1) == 0 and plan.tile_cols * vec <= 32
     assert plan.tiles * plan.tile_cols >= packs > (plan.tiles - 1) * plan.tile_cols
-    assert plan.rows_per_chunk * size >= rows > plan.rows_per_chunk * (size - 1)
-    assert _trips(plan) <= cache and plan.tiles * size <= 2 * SMS
+    assert plan.rows_per_chunk * cluster >= rows > plan.rows_per_chunk * (cluster - 1)
+    assert _trips(plan) <= cache and plan.tiles * cluster <= 2 * SMS
 
 
-def test_a_map_one_chunk_covers_keeps_the_ticket_plan(gpu):
-    plan, size = plan_tiles(gpu, 512, 32, 8, 8)   # ResNet's 2x2x256 maps: one chunk a tile, no ticket drawn
-    assert size == 1 and plan.chunks == 1 and plan.tile_cols == 4
-
-
-def test_a_map_no_cluster_keeps_in_registers_takes_the_ticket(gpu):
+@pytest.mark.parametrize("cache", [8, 1])
+def test_a_map_no_cluster_keeps_in_registers_takes_the_ticket(gpu, cache):
     rows, packs = 32768, 8   # 16x16x64: eight chunks of 4,096 rows are 16 trips of one-pack tiles
-    plan, size = plan_tiles(gpu, rows, packs, 8, 8)
-    assert size == 1 and plan == reductions.plan_chunks(gpu, rows, packs, widest_tile=4) and plan.chunks > 1
+    plan, cluster = plan_tiles(gpu, rows, packs, 8, cache)
+    assert cluster == 1 and plan == reductions.plan_chunks(gpu, rows, packs, widest_tile=4) and plan.chunks > 1
 
 
-def test_no_clusters_before_sm_90_or_when_none_are_allowed(gpu, monkeypatch):
-    ticket = reductions.plan_chunks(gpu, 2048, 16, widest_tile=4)
+def test_before_sm_90_a_map_meets_in_one_block_or_by_ticket(gpu, monkeypatch):
     monkeypatch.setattr(ops_batchnorm, "compute_capability", lambda: 80)
-    assert plan_tiles(gpu, 2048, 16, 8, 8) == (ticket, 1)
-    monkeypatch.setattr(ops_batchnorm, "compute_capability", lambda: 90)
-    monkeypatch.setattr(ops_batchnorm, "CLUSTER_SIZES", ())
-    assert plan_tiles(gpu, 2048, 16, 8, 8) == (ticket, 1)
+    plan, cluster = plan_tiles(gpu, 2048, 16, 8, 8)   # one block a pack: 2,048 rows in 8 trips of 256 lanes
+    assert (plan.tile_cols, plan.chunks, cluster) == (1, 1, 1)
+    plan, cluster = plan_tiles(gpu, 2048, 16, 8, 4)   # 4 trips kept: no block keeps them, no cluster on sm_80
+    assert cluster == 1 and plan == reductions.plan_chunks(gpu, 2048, 16, widest_tile=4)
+
+
+def test_no_on_chip_chunks_leave_every_map_to_the_ticket(gpu, monkeypatch):
+    monkeypatch.setattr(ops_batchnorm, "ON_CHIP_CHUNKS", ())
+    for rows, packs in ((2048, 16), (128, 64)):
+        assert plan_tiles(gpu, rows, packs, 8, 8) == (reductions.plan_chunks(gpu, rows, packs, widest_tile=4), 1)
 
 
 def test_the_cpu_backend_plans_without_a_device():
-    plan, size = plan_tiles(Backend("cpu"), 2048, 16, 8, 8)
-    assert size == 1 and plan.tile_cols == 4
+    plan, cluster = plan_tiles(Backend("cpu"), 2048, 16, 8, 8)
+    assert cluster == 1 and plan.tile_cols == 4

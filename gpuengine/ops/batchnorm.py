@@ -13,8 +13,9 @@ from .reductions import ChunkPlan, plan_chunks
 # Channels of a ticket's column tile whatever VEC: wider tiles leave fewer, longer ones, whose last block adds 2 VEC
 # sums of every chunk while the tile's other blocks wait (3x slower on an H200 with 32 packs a tile).
 _TILE_CHANNELS = 32
-# The cluster sizes a plan may take (CUDA's portable ones); () keeps every map on the ticket's ending.
-CLUSTER_SIZES = (2, 4, 8)
+# The row chunks a column tile may take where they meet on chip: one block, or a cluster of CUDA's portable sizes
+# (sm_90); () leaves every map to the ticket's plan.
+ON_CHIP_CHUNKS = (1, 2, 4, 8)
 _BLOCKS_PER_SM = 2    # __launch_bounds__(256, 2)
 # Bytes of each thread's registers that keep its first trips' packs between the passes (CACHE trips of two packs
 # each: x and the residual forward, x and dz backward, whose sums keep more registers live across the tile's wait).
@@ -23,7 +24,7 @@ FORWARD_CACHE_BYTES, BACKWARD_CACHE_BYTES = 128, 64
 
 def cache_trips(vec: int, itemsize: int, cache_bytes: int) -> int:
     """CACHE: the trips a thread keeps, 1 to 8 (plan_chunks gives a chunk at least 8 trips of its row lanes, or the
-    whole map where it has fewer rows; a cluster's plan keeps them all)."""
+    whole map where it has fewer rows; plan_tiles' on-chip plans keep them all)."""
     return max(1, min(8, cache_bytes // (vec * itemsize)))
 
 
@@ -36,23 +37,24 @@ def pack_width(channels: int, *arrays) -> int:
 def plan_tiles(backend, rows: int, packs: int, vec: int, cache: int) -> tuple[ChunkPlan, int]:
     """(plan, CLUSTER) of a map of `rows` x `packs` packs of VEC channels whose threads keep `cache` trips.
 
-    The ticket's plan (plan_chunks, 32 channels a tile) where it has one row chunk, or on a GPU without clusters
-    (before sm_90). Else a cluster of CLUSTER_SIZES chunks a tile, where one keeps every row of its blocks in
-    registers (trips <= cache) with up to two blocks an SM: the fewest trips, then the fewest blocks, then the
-    widest tile. Where none does, the ticket's plan."""
+    A tile's ON_CHIP_CHUNKS row chunks (clusters from sm_90 on) where they keep every row of their blocks in
+    registers (trips <= cache) with up to two blocks an SM: the fewest trips (each costs its loads and its dependent
+    adds again), then the fewest blocks, the smallest cluster and the widest tile. Where none does, the ticket's
+    plan (plan_chunks, 32 channels a tile), whose chunks meet in global memory."""
     widest = max(1, _TILE_CHANNELS // vec)
     ticket = plan_chunks(backend, rows, packs, widest_tile=widest)
-    if ticket.chunks == 1 or not CLUSTER_SIZES or not backend.is_gpu or compute_capability() < 90:
+    if not backend.is_gpu:
         return ticket, 1
+    sizes = [size for size in ON_CHIP_CHUNKS if size == 1 or compute_capability() >= 90]
     most_blocks = _BLOCKS_PER_SM * multiprocessor_count()
     best, tile = None, 1
     while tile <= min(widest, 1 << (packs - 1).bit_length()):
         tiles, lanes = -(-packs // tile), ticket.threads // tile
-        for size in CLUSTER_SIZES:
+        for size in sizes:
             rows_per_chunk = -(-rows // size)
             trips, blocks = -(-rows_per_chunk // lanes), tiles * size
             if trips <= cache and blocks <= most_blocks:
-                key = (trips, blocks, -tile)
+                key = (trips, blocks, size, -tile)
                 if best is None or key < best[0]:
                     best = key, ChunkPlan(tile, ticket.threads, tiles, rows_per_chunk, size)
         tile *= 2
