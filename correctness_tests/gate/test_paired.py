@@ -70,7 +70,9 @@ def test_an_unchanged_engine_almost_never_fails_and_a_5_percent_slowdown_almost_
 
 def test_a_speed_up_is_an_improvement_and_a_small_shift_within_the_bar_passes():
     rng = np.random.default_rng(3)
-    assert decide_paired(*simulated_session(rng, -0.08, 9, process_sd=0.0)).verdict == IMPROVED
+    faster = decide_paired(*simulated_session(rng, -0.08, 9, process_sd=0.0))
+    assert faster.verdict == IMPROVED
+    assert f"signed-rank p(faster)={faster.p_faster:.2g}," in faster.describe() and faster.p_faster < 0.01
     assert decide_paired(*simulated_session(rng, 0.01, 9, process_sd=0.0)).verdict == NOT_SIGNIFICANT
 
 
@@ -81,6 +83,7 @@ def test_rounds_are_compared_per_sample_and_the_line_names_the_slowdown_interval
     assert decision.verdict == REGRESSED and decision.slowdown == pytest.approx(0.0535, abs=0.003)
     line = decision.describe()
     assert "+5.3%" in line and "95% CI" in line and "bar 2.0%" in line and "A/A, 3 runs" in line
+    assert f"signed-rank p(slower)={decision.p_slower:.2g}," in line
     low, high = decision.interval
     assert low <= decision.slowdown <= high
     assert decision.as_dict()["verdict"] == REGRESSED and math.isclose(decision.as_dict()["bar"], 0.02, abs_tol=1e-4)

@@ -130,7 +130,9 @@ class PairedDecision:
 
     def describe(self) -> str:
         low, high = self.interval
-        return (f"head {self.slowdown:+.1%} vs base (95% CI {low:+.1%}..{high:+.1%}, signed-rank p={self.p_slower:.2g}, "
+        # the p of the side the median leans to: an improvement's p of "slower" is near 1 and says nothing
+        side, p = ("faster", self.p_faster) if self.slowdown < 0 else ("slower", self.p_slower)
+        return (f"head {self.slowdown:+.1%} vs base (95% CI {low:+.1%}..{high:+.1%}, signed-rank p({side})={p:.2g}, "
                 f"{self.rounds} paired rounds), bar {self.bar:.1%}, catches {self.catches:.1%} ({self.noise_source})")
 
 
