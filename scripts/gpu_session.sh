@@ -45,7 +45,8 @@
 #                         them, one stored run each, so a step stopped at its minutes keeps the runs that ended):
 #                         the nightly tier in shares, for a machine held too briefly for all of it
 #                profile  `python -m gpuengine profile` of mlp, cnn, resnet (tf32, bf16), transformer and zoo:alexnet,
-#                         or of PROFILES when set ("zoo:alexnet --precision tf32;resnet", ';' between profiles)
+#                         or of PROFILES when set ("zoo:alexnet --precision tf32;resnet", ';' between profiles);
+#                         the Nth, with --against, leaves both sides' profiles and logs in LOGDIR/profile-against/N
 #                why      issue 40 once: `profile mlp --against build/base` with the head's steps delayed 50 us (the
 #                         power study's injected delay, head only), then an A/B session of the MLP's headline case
 #                         against build/base with a 30 us spin planted at the end of the head's steps (in the
@@ -139,9 +140,12 @@ step_compile-perf() { ./gate perf -p no:cacheprovider --durations=0 -rA --full -
     or test_mlp_infer[tf32-resident-b8000] or test_mlp_infer[tf32-resident-b512] or test_cnn_train[tf32-graph8-resident-b128] \
     or test_resnet_train[cifar10-tf32-graph8-resident-b128] or test_resnet_train[cifar10-bf16-graph8-resident-b128] \
     or test_transformer_train[seq128-tf32-graph8-b16] or test_zoo_train[alexnet-tf32-resident-b16]"; }
-step_profile() { local w s=0 IFS=';'; for w in ${PROFILES:-mlp --precision tf32;cnn --precision tf32;resnet \
+step_profile() { local w s=0 n=0 IFS=';'; for w in ${PROFILES:-mlp --precision tf32;cnn --precision tf32;resnet \
     --precision tf32;resnet --precision bf16;transformer --precision tf32;zoo:alexnet --precision tf32}; do
-    echo "== profile $w"; IFS=' ' eval "python3 -m gpuengine profile $w" || s=1; done; return $s; }
+    echo "== profile $w"; rm -rf build/profile-against; IFS=' ' eval "python3 -m gpuengine profile $w" || s=1
+    # --against keeps both sides' profiles in the tree, which the caller does not bring back: copy them out
+    n=$((n + 1)); if [ -d build/profile-against ]; then mkdir -p "$logdir/profile-against/$n" && \
+        cp -r build/profile-against/. "$logdir/profile-against/$n/"; fi; done; return $s; }
 step_why() { local s=0 f=gpuengine/bench/injected_delay.py
     echo "== profile mlp --against build/base, the head's steps delayed 50 us (the power study's injected delay)"
     GATEPOWER_STUDY="$logdir/why-study" GATEPOWER_INJECT_DELAY_US=50 python3 -m gpuengine profile mlp \
