@@ -104,18 +104,15 @@ typedef Pack<ELEM_T, VEC> Elems;
 #if CLUSTER > 1
 // A column tile's row chunks are one cluster: gridDim.y == CLUSTER, so a block's rank is blockIdx.y.
 #define TILE_KERNEL extern "C" __global__ void __cluster_dims__(1, CLUSTER, 1) __launch_bounds__(256, 2)
-// Every thread of every block of the cluster: writes to shared memory before it are seen by all blocks after it.
+// Every thread of every block of the cluster (arrive releases, wait acquires): shared-memory writes before it are
+// seen by every block after it.
 __device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    __cluster_barrier_arrive();
+    __cluster_barrier_wait();
 }
 // The float at `local` in this block's shared memory, read from the same place in the cluster's block `rank`.
-__device__ __forceinline__ float cluster_load(const float* local, unsigned int rank) {
-    unsigned int address, remote;
-    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(local));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(address), "r"(rank));
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-    return v;
+__device__ __forceinline__ float cluster_load(float* local, unsigned int rank) {
+    return *(const float*)__cluster_map_shared_rank((void*)local, rank);
 }
 #else
 #define TILE_KERNEL extern "C" __global__ void __launch_bounds__(256, 2)
