@@ -27,6 +27,13 @@ backward, which reads only its output.
 post-LN Transformer's LayerNorm(x + sublayer(x))) is summed by that
 LayerNorm's forward kernel, which writes the sum for its backward as it
 starts the statistics: one launch and one read of the sum fewer.
+
+`linears_under_layernorms`: below such an Add, a Linear layer that only the
+Add reads (the feed-forward's second layer) has the LayerNorm's dx as its
+output gradient, so its bias gradient is dx's column sum: the LayerNorm's
+one-launch backward adds it beside dgamma and dbeta, and the Linear's weight
+gradient runs without a bias epilogue (cuBLASLt's own bias-gradient kernel,
+3 us a launch on an H200) or column sum.
 """
 from __future__ import annotations
 
@@ -96,3 +103,16 @@ def relus_after_gemms(net: Network) -> dict[str, str]:
 def adds_into_layernorms(net: Network) -> dict[str, str]:
     """{LayerNorm node: the Add node below it} for every LayerNorm whose input is an Add that only it reads."""
     return _over_sole_input(net, lambda layer: isinstance(layer, LayerNorm), lambda layer: isinstance(layer, Add))
+
+
+def linears_under_layernorms(net: Network) -> dict[str, str]:
+    """{LayerNorm node: a Linear node} for every LayerNorm of adds_into_layernorms whose Add has, among its
+    inputs, a Linear layer that only the Add reads (the first such input)."""
+    found = {}
+    for norm, add in adds_into_layernorms(net).items():
+        for below in net.node(add).inputs:
+            if (below != INPUT and isinstance(net.node(below).layer, Linear)
+                    and net.readers(below) == [net.node(add)]):
+                found[norm] = below
+                break
+    return found
