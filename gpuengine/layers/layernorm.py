@@ -13,11 +13,11 @@ dgamma and dbeta from a second kernel in reductions.py's one-launch column-sum
 scheme, which recomputes xhat from x and sums dy * xhat and dy side by side.
 Where a program gives it the residual Add below (post-LN: LayerNorm(x +
 sublayer(x))), the forward also computes that sum, in the same pass that starts
-the statistics. Where a Linear layer below that Add feeds nothing else, its bias
-gradient is the column sum of this layer's dx (the Add hands dx to both its
-inputs): the one-launch backward adds it as a third column sum (BIAS_SUM), and
-the Linear's weight gradient runs without a bias epilogue or column sum. On the
-NumPy backend all of it is array arithmetic.
+the statistics. Where a Linear layer or an attention below that Add feeds
+nothing else, the gradient of its last bias is the column sum of this layer's
+dx (the Add hands dx to both its inputs): the one-launch backward adds it as a
+third column sum (BIAS_SUM), and that weight gradient runs without a bias
+epilogue or column sum. On the NumPy backend all of it is array arithmetic.
 """
 from __future__ import annotations
 
@@ -270,7 +270,7 @@ class LayerNorm(Layer):
 
     residual = None   # set by a program: the Add below, whose sum this layer's forward computes
     gradient_sum = None   # set by a training program: the GradientSum of dy, which backward may do itself
-    bias_of = None   # set by a program: the Linear below that Add, whose bias gradient is dx's column sum
+    bias_of = None   # set by a program: a bias below that Add (its parameter's name) whose gradient is dx's sum
     wiring = ("residual", "gradient_sum", "bias_of")
 
     def __init__(self, epsilon: float = EPSILON, name: str = ""):
@@ -313,9 +313,9 @@ class LayerNorm(Layer):
         self.dbias = self._bias_sum = None   # the Linear's bias gradient (bias_of), and its own sum where needed
         if self.bias_of is not None:
             if self.dx is None:
-                raise ValueError(f"{self.name}: the bias gradient of {self.bias_of.name!r} is dx's column sum, "
-                                 "but this LayerNorm computes no dx")
-            self.dbias = ctx.params.grad_view(f"{self.bias_of.name}.bias")
+                raise ValueError(f"{self.name}: the gradient of {self.bias_of!r} is dx's column sum, but this "
+                                 "LayerNorm computes no dx")
+            self.dbias = ctx.params.grad_view(self.bias_of)
         if ctx.backend.is_gpu:
             arrays = (self.x, self.gamma, self.dy) + ((self.dx,) if self.dx is not None else ())
             parts = self.gradient_sum.parts if self.gradient_sum is not None else ()

@@ -32,6 +32,10 @@ class Linear(Layer):
         return [ParamSpec(f"{self.name}.weight", (self.units, fan_in), "glorot", fan_in, self.units),
                 ParamSpec(f"{self.name}.bias", (self.units,), "zeros")]
 
+    def output_bias(self) -> str:
+        """The parameter added last, whose gradient is the output gradient's column sum."""
+        return f"{self.name}.bias"
+
     def output_shape(self, input_shape):
         if len(input_shape) < 1:
             raise ValueError(f"{self.name}: Linear needs samples with a feature axis")
@@ -52,7 +56,7 @@ class Linear(Layer):
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         dy = dy.reshape(-1, self.units)
-        grad_b = None if self.bias_grad_by_reader else ctx.params.grad_view(f"{self.name}.bias")
+        grad_b = None if self.bias_grad_by_reader else ctx.params.grad_view(self.output_bias())
         self._grad_w, self._grad_b = weight_gradients(
             ctx.backend, ctx.policy, ctx.allocator, ctx.params.grad_view(f"{self.name}.weight"), grad_b, dy, self.x,
             ctx.bias_grad_in_epilogue(token_major=True))
