@@ -159,8 +159,8 @@ extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* ga
                                                float* dgamma, float* dbeta, float* dbias, float* partials,
                                                unsigned int* counter, int rows, int dim, int rows_per_block) {
     typedef Pack<ELEM_T, VEC> P;
-    extern __shared__ float warp_sums[];   // [warp][SUMS dim]: the warp's dy * xhat sums, its dy sums[, its dx sums]
-    __shared__ bool last;
+    // [warp][SUMS dim]: the warp's dy * xhat sums, its dy sums[, its dx sums]; then the ticket's flag in word 0
+    extern __shared__ float warp_sums[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5, sums = SUMS * dim;
     float col_gx[PACKS][VEC], col_g[PACKS][VEC], col_dx[PACKS][BIAS_SUM ? VEC : 1];
     #pragma unroll
@@ -233,13 +233,14 @@ extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* ga
     }
     if (gridDim.x == 1) return;
     __threadfence();   // the partials reach every SM before this block's ticket is taken
-    __syncthreads();
+    __syncthreads();   // also: every read of warp_sums is done, so word 0 may take the flag
+    int* last = (int*)warp_sums;
     if (threadIdx.x == 0) {
-        last = atomicAdd(counter, 1u) == gridDim.x - 1;
-        if (last) *counter = 0u;   // all tickets drawn: zero for the next launch or graph replay
+        *last = atomicAdd(counter, 1u) == gridDim.x - 1;
+        if (*last) *counter = 0u;   // all tickets drawn: zero for the next launch or graph replay
     }
     __syncthreads();
-    if (!last) return;
+    if (!*last) return;
     __threadfence();   // pairs with the writers' fences before the partials are read
     for (int j = threadIdx.x; j < sums; j += blockDim.x) {
         float s = 0.f;
@@ -254,13 +255,14 @@ _ROWS_PER_BLOCK = 8
 EPSILON = 1e-5   # torch.nn.LayerNorm's default
 _FUSED_MAX_DIM = 512   # the one-launch backward: a lane keeps at most 16 features of its row and their sums
 _FUSED_BLOCKS = 64     # its grid: warps enough to cover a row's latency, partials few enough for the last block to add
+_SHARED_BYTES = 48 * 1024   # a block's shared memory without the opt-in attribute
 
 
 def fused_grid(rows: int, dim: int, sums: int = 2) -> tuple[int, int, int]:
-    """(warps a block, rows a block, blocks) of layernorm_bwd_grads with `sums` column sums a feature: 16 warps (8,
-    then 4, where sums x features pass 640, then 1,280, so the warps' column sums and the kernel's own flag fit
-    48 KB of shared memory), each taking a row at a time, about _FUSED_BLOCKS blocks."""
-    warps = 16 if sums * dim <= 640 else 8 if sums * dim <= 1280 else 4
+    """(warps a block, rows a block, blocks) of layernorm_bwd_grads with `sums` column sums a feature: the most of
+    16, 8 and 4 warps whose column sums fit 48 KB of shared memory (dynamic: the kernel declares nothing static),
+    each taking a row at a time, about _FUSED_BLOCKS blocks."""
+    warps = next(w for w in (16, 8, 4) if w * sums * dim * 4 <= _SHARED_BYTES)
     rows_per_block = warps * max(1, -(-rows // (warps * _FUSED_BLOCKS)))
     return warps, rows_per_block, -(-rows // rows_per_block)
 
