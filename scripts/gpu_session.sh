@@ -72,9 +72,10 @@
 #                         bf16, `./gate toggle-cost bias_grad=sum` of the Transformer (what the default auto's epilogue
 #                         gains) and `bias_grad=epilogue` of the CNN (what auto's column sum saves its dense head)
 #                         (LOGDIR/toggle_cost_bias_grad_{sum,epilogue}.json)
-#                bn-engine the engine's own batch norm (batchnorm=engine): its GPU tests, each named as it ends (-v; BN_TESTS=0
-#                         leaves them to a tests step), then `./gate toggle-cost batchnorm=engine` of BN_WORKLOADS
-#                         (default: resnet zoo:resnet50 zoo:mobilenet_v2) in tf32 and bf16 (LOGDIR/toggle_cost_batchnorm.json)
+#                bn-engine the engine's own batch norm (batchnorm=engine): its GPU tests, each named as it ends
+#                         (-v; BN_TESTS=0 leaves them to a tests step), then `./gate toggle-cost batchnorm=engine`
+#                         of BN_WORKLOADS (default: resnet zoo:resnet50 zoo:mobilenet_v2) in tf32 and bf16
+#                         (LOGDIR/toggle_cost_batchnorm.json)
 #                bn-layers scripts/bn_layers.py: every batch norm of BN_LAYER_WORKLOAD (default resnet) timed alone in
 #                         BN_PRECISION (default bf16), cuDNN's graphs against the engine's kernels as planned and on
 #                         the ticket's ending alone, with each layer's cluster sizes (LOGDIR/bn_layers.json)
