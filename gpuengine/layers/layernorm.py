@@ -151,8 +151,8 @@ _FUSED_SOURCE = r"""
 // block drawing the last ticket adds the blocks' sums in order (the same bits every run, no float atomics) and
 // resets the counter for the next launch or graph replay. warp_sums holds warps x SUMS dim floats. With DY_PARTS 2,
 // dy is the sum of dy and dy2 (the gradients of the output's two readers), rounded to ELEM_T as add2 rounds it.
-// With BIAS_SUM 1 (SUMS 3) a third column sum adds dx as written into dbias: the bias gradient of the Linear
-// layer whose output gradient dx is.
+// With BIAS_SUM 1 (SUMS 3) a third column sum adds dx as written into dbias: the gradient of the last bias of the
+// layer below, whose output gradient dx is.
 #define SUMS (2 + BIAS_SUM)
 extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* dy,
                                                const ELEM_T* dy2, const float* mean, const float* rstd, ELEM_T* dx,
@@ -312,7 +312,7 @@ class LayerNorm(Layer):
         self.dbeta = ctx.params.grad_view(f"{self.name}.bias")
         self.fused = None   # (warps, rows a block, blocks) where dx and the parameter gradients take one launch
         self._dy_parts = (self.dy, self.dy)   # the one launch's dy and dy2; the same buffer twice: dy alone
-        self.dbias = self._bias_sum = None   # the Linear's bias gradient (bias_of), and its own sum where needed
+        self.dbias = self._bias_sum = None   # bias_of's gradient, and its own column sum where one launch cannot
         if self.bias_of is not None:
             if self.dx is None:
                 raise ValueError(f"{self.name}: the gradient of {self.bias_of!r} is dx's column sum, but this "
