@@ -61,10 +61,10 @@ def layer_times(workload, precision: str, side: str, reps: int, only: str = "") 
     from gpuengine.ops import batchnorm as ops_batchnorm
     case = ProfileCase(workload.name, precision, workload.batch, 1,
                        (("batchnorm", "cudnn" if side == "cudnn" else "engine"),))
-    runner = workload.engine_runner(case)
     planned = ops_batchnorm.ON_CHIP_CHUNKS
     ops_batchnorm.ON_CHIP_CHUNKS = () if side == "ticket" else planned   # the plan is made as the trainer builds
     try:
+        runner = workload.engine_runner(case)
         runner.prepare()
     finally:
         ops_batchnorm.ON_CHIP_CHUNKS = planned
