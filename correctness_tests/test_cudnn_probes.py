@@ -59,3 +59,25 @@ def test_bn_layers_tables_every_side_and_the_planned_clusters(capsys, monkeypatc
     layer = record["layers"][0]
     assert layer["engine_clusters"] == [8, 4] and layer["ticket_clusters"] == [1, 1] and "cudnn_clusters" not in layer
     assert layer["engine_forward_us"] == 7.0 and record["totals"]["ticket_forward_us"] == 13.6
+
+
+@pytest.mark.parametrize("side, chunks", [("engine", (1, 2, 4, 8)), ("ticket", ()), ("cudnn", (1, 2, 4, 8))])
+def test_bn_layers_plans_the_ticket_side_without_on_chip_chunks_as_the_trainer_builds(side, chunks):
+    """The plan is made when the runner builds its trainer: ON_CHIP_CHUNKS must be empty then for the ticket side,
+    and back to the planned sizes after."""
+    from types import SimpleNamespace
+
+    from gpuengine.ops import batchnorm as ops_batchnorm
+    seen = {}
+
+    def engine_runner(case):
+        seen["built"] = ops_batchnorm.ON_CHIP_CHUNKS
+        seen["toggles"] = dict(case.engine_toggles)
+        runner = SimpleNamespace(trainer=SimpleNamespace(program=SimpleNamespace(layers={})))
+        runner.prepare = lambda: seen.setdefault("warmed", ops_batchnorm.ON_CHIP_CHUNKS)
+        return runner
+
+    workload = SimpleNamespace(name="resnet", batch=128, engine_runner=engine_runner)
+    assert load_script("bn_layers").layer_times(workload, "bf16", side, 1) == []
+    assert seen["built"] == seen["warmed"] == chunks and ops_batchnorm.ON_CHIP_CHUNKS == (1, 2, 4, 8)
+    assert seen["toggles"] == {"batchnorm": "cudnn" if side == "cudnn" else "engine"}
