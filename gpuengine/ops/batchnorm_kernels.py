@@ -103,7 +103,7 @@ __device__ __forceinline__ void write_mask_byte(unsigned char* mask, long long i
 typedef Pack<ELEM_T, VEC> Elems;
 #if CLUSTER > 1
 // A column tile's row chunks are one cluster: gridDim.y == CLUSTER, so a block's rank is blockIdx.y.
-#define TILE_KERNEL extern "C" __global__ void __cluster_dims__(1, CLUSTER, 1) __launch_bounds__(256, 2)
+#define TILE_CLUSTER __cluster_dims__(1, CLUSTER, 1)
 // Every thread of every block of the cluster (arrive releases, wait acquires): shared-memory writes before it are
 // seen by every block after it.
 __device__ __forceinline__ void cluster_sync() {
@@ -115,7 +115,7 @@ __device__ __forceinline__ float cluster_load(float* local, unsigned int rank) {
     return *(const float*)__cluster_map_shared_rank((void*)local, rank);
 }
 #else
-#define TILE_KERNEL extern "C" __global__ void __launch_bounds__(256, 2)
+#define TILE_CLUSTER
 #endif
 // The N sums of column t.col over its whole tile, in `total` of the column's owner (row lane 0). CLUSTER 1: the
 // ticket's ending (finish_column_sums) through `sums`; the owners of the block that wrote them read them back,
@@ -194,7 +194,7 @@ __device__ __forceinline__ unsigned int normalize_pack(const Elems& e, const Ele
 // BN training forward in one launch: per channel of x (rows x CHANNELS) the shifted sums, the batch mean and
 // inverse std (running statistics moved toward them, the variance unbiased as torch's), then over the block's
 // own rows y = act((x - mean) scale + beta [+ residual]) and, with MASK, where act passes the gradient.
-TILE_KERNEL
+extern "C" TILE_CLUSTER __global__ void __launch_bounds__(256, 2)
 bn_forward(const ELEM_T* x, const float* gamma, const float* beta, float* running_mean, float* running_var,
            float* saved_mean, float* saved_inv_std, float* sums, const ELEM_T* residual, ELEM_T* y,
            unsigned char* mask, float* partials, unsigned int* counters, unsigned int* generations, int rows,
@@ -349,7 +349,7 @@ __device__ __forceinline__ Elems input_gradient(const Elems& e, const Elems& z, 
 // BN backward in one launch: dgamma = sum dz x^ and dbeta = sum dz per channel (dz = act'(dy), written to dz
 // where write_dz: a residual reads it), then, where dx is wanted, over the block's own rows
 // dx = gamma / std (dz - (dbeta + x^ dgamma) / M), M = rows (the batch statistics' count).
-TILE_KERNEL
+extern "C" TILE_CLUSTER __global__ void __launch_bounds__(256, 2)
 bn_backward(const ELEM_T* dy, const ELEM_T* dy2, const ELEM_T* x, const ELEM_T* y, const unsigned char* mask,
             const float* gamma, const float* mean, const float* inv_std, float* dgamma, float* dbeta, float* sums,
             ELEM_T* dz, int write_dz, ELEM_T* dx, int write_dx, float* partials, unsigned int* counters,
