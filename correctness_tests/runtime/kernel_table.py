@@ -121,8 +121,8 @@ def _shape_free_cases():
     for elem, act, mask, residual, channels in (("bf16_t", 1, 1, 1, 24), ("float", 2, 0, 0, 12)):
         for kernel, cache, parts in (("bn_forward", 8, 1), ("bn_backward", 1, 2)):   # most and fewest trips kept
             yield _case(ops_batchnorm, kernel, f"batch norm, {channels} channels a lane each, {cache} trips kept, "
-                        f"dy in {parts}", "SOURCE", ELEM_T=elem, HAS_RESIDUAL=residual, ACT=act, MASK=mask, CHANNELS=channels,
-                        VEC=1, CACHE=cache, DY_PARTS=parts)
+                        f"dy in {parts}", "SOURCE", ELEM_T=elem, HAS_RESIDUAL=residual, ACT=act, MASK=mask,
+                        CHANNELS=channels, VEC=1, CACHE=cache, DY_PARTS=parts)
     for kernel in ("finish_step", "book_loss"):
         yield _case(step_state, kernel, "step counter")
     yield _case(injected_delay, "spin", "injected delay")
