@@ -271,13 +271,13 @@ bn_forward(const ELEM_T* x, const float* gamma, const float* beta, float* runnin
         mean[v] = own ? (CLUSTER > 1 ? tile_stats[2 * v * tile_cols + t.tc]
                                      : *(volatile const float*)(saved_mean + c0 + v)) : 0.f;
     }
-    const long long start = t.first - threadIdx.x / tile_cols, lane_row = threadIdx.x / tile_cols;
-    const long long steps = trips(start, t);   // the same trips in every thread: MASK's ballot
+    // trips from the chunk's first row, not the thread's: the same trips in every thread (MASK's ballot)
+    const long long steps = trips(t.first - threadIdx.x / tile_cols, t);
     // The rows beyond the cache read again, backwards: the first pass's last rows are the likeliest still in L2
     // (a map larger than L2, read forwards twice, would miss every time).
     #pragma unroll 2
     for (long long k = steps - 1; k >= CACHE; --k) {
-        const long long r = start + k * t.step + lane_row, i = r * cols + c0;
+        const long long r = t.first + k * t.step, i = r * cols + c0;
         const bool valid = own && r < t.stop;
         unsigned int bits = 0u;
         if (valid) {
@@ -297,7 +297,7 @@ bn_forward(const ELEM_T* x, const float* gamma, const float* beta, float* runnin
     #pragma unroll
     for (int k = 0; k < CACHE; ++k) {   // the kept rows: no load of x
         if (k >= steps) continue;
-        const long long r = start + k * t.step + lane_row, i = r * cols + c0;
+        const long long r = t.first + k * t.step, i = r * cols + c0;
         const bool valid = own && r < t.stop;
         unsigned int bits = 0u;
         if (valid) bits = normalize_pack(kept[k], kept_res[HAS_RESIDUAL ? k : 0], y, i, mean, scale, b);
