@@ -18,7 +18,7 @@ from gpuengine.layers import BatchNorm2D
 from gpuengine.layers.merge import GradientSum
 from gpuengine.ops import batchnorm as ops_batchnorm
 from gpuengine.runtime.backend import gpu_visible
-from gpuengine.runtime.kernels import compute_capability, multiprocessor_count
+from gpuengine.runtime.kernels import compute_capability, max_active_clusters, multiprocessor_count
 from gpuengine.trainer import Trainer
 from gpuengine.workloads import resnet, zoo
 
@@ -104,8 +104,8 @@ def test_the_trips_kept_in_registers_change_no_bit(precision, case, monkeypatch)
 
 
 # (batch, sample shape) whose batch norms take a cluster both ways in every precision on an sm_90 GPU (1 or 2 trips
-# a thread, 2 being the fewest a backward keeps): 8 packs, 32 packs (256 blocks), 12 channels a lane each (no
-# mask), 3 packs in a tile of one
+# a thread, 2 being the fewest a backward keeps): 8 packs, 32 packs (clusters of 4 where 32 of 8 exceed an H200's
+# 30 at once), 12 channels a lane each (no mask), 3 packs in a tile of one
 CLUSTER_SHAPES = {"8x8x64": (32, (8, 8, 64)), "4x4x256": (128, (4, 4, 256)), "4x4x12": (128, (4, 4, 12)),
                   "7x7x24": (64, (7, 7, 24))}
 needs_clusters = pytest.mark.skipif(gpu_visible() and compute_capability() < 90,
@@ -143,6 +143,21 @@ def test_clusters_of_two_and_four_match_numpy(size, batch, shape, precision):
     gpu, cpu, layer, _ = _engine_and_numpy("add-relu", precision, batch, shape)
     assert _clusters(layer) == (size, size)
     assert_close(gpu, cpu, BN_TOLERANCE[precision])
+
+
+@needs_clusters
+@pytest.mark.parametrize("shape", [(8, 8, 256), (4, 4, 512), (4, 4, 256), (2, 2, 1024)], ids=str)
+def test_no_cluster_grid_outnumbers_the_clusters_the_device_runs_at_once(shape):
+    """ResNet-50 CIFAR's widest maps at batch 128 in bf16, whose fewest trips come with 256 blocks: their clusters
+    within the kernel's ceiling (32 clusters of 8 ran in two waves on an H200, twice the time), matching NumPy."""
+    gpu, cpu, layer, _ = _engine_and_numpy("add-relu", "bf16", 128, shape)
+    for graph in (layer._fwd_graph, layer._bwd_graph):
+        sums, plan = graph.sums, graph.sums.plan
+        if sums.defines["CLUSTER"] > 1:
+            most = max_active_clusters(sums.kernel, (plan.tiles, plan.chunks), plan.threads,
+                                       plan.shared_bytes(sums.sums))
+            assert plan.tiles <= most, (shape, sums.defines["CLUSTER"], plan.tiles, most)
+    assert_close(gpu, cpu, BN_TOLERANCE["bf16"])
 
 
 @needs_clusters

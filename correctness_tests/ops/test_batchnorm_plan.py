@@ -41,6 +41,22 @@ def test_each_map_takes_the_fewest_trips_then_the_fewest_blocks(gpu, rows, packs
     assert (plan.tile_cols, plan.chunks, cluster) == (tile, chunks, chunks)
 
 
+# the same maps under the cluster counts an H200 runs at once at two blocks an SM (30 of 8; 60 of 4 assumed)
+@pytest.mark.parametrize("rows,packs,cache,tile,chunks", [
+    (8192, 32, 8, 1, 4),     # 8x8x256 forward: 32 clusters of 8 would exceed 30; 32 of 4, eight trips
+    (8192, 32, 4, 4, None),  # 8x8x256 backward: no cluster of four trips fits; the ticket's plan
+    (2048, 64, 4, 1, 2),     # 4x4x512: 64 clusters of 4 would exceed 60; 64 of 2, four trips
+    (8192, 8, 8, 1, 8),      # 8x8x64: 8 clusters of 8, within the ceiling as before
+])
+def test_a_cluster_size_takes_no_more_clusters_than_run_at_once(gpu, rows, packs, cache, tile, chunks):
+    plan, cluster = plan_tiles(gpu, rows, packs, 8, cache, most_clusters={8: 30, 4: 60})
+    if chunks is None:
+        assert (plan, cluster) == (reductions.plan_chunks(gpu, rows, packs, widest_tile=4), 1)
+    else:
+        assert (plan.tile_cols, plan.chunks, cluster) == (tile, chunks, chunks)
+        assert plan.tiles <= {8: 30, 4: 60, 2: SMS}[cluster]
+
+
 @pytest.mark.parametrize("rows,packs,vec,cache", [(2048, 16, 8, 8), (8192, 8, 8, 4), (784, 256, 8, 8), (128, 64, 8, 8),
                                                   (2048, 12, 1, 8), (3136, 3, 8, 2), (512, 32, 8, 4)])
 def test_every_on_chip_plan_keeps_its_rows_in_registers_and_its_blocks_resident(gpu, rows, packs, vec, cache):
