@@ -35,3 +35,49 @@ def test_bn_layers_refuses_a_bad_layer_pattern_by_name(capsys):
     with pytest.raises(SystemExit):
         load_script("bn_layers").main(["resnet", "--only", "layer1.(", "--batchnorm", "engine"])
     assert "--only 'layer1.(': not a regular expression" in capsys.readouterr().err
+
+
+def test_bn_layers_tables_every_side_and_the_planned_clusters(capsys, monkeypatch, tmp_path):
+    """The table and JSON of three sides from stand-in timings: what a device run prints and writes."""
+    import json
+
+    from gpuengine.runtime import backend
+    script = load_script("bn_layers")
+    monkeypatch.setattr(backend, "gpu_visible", lambda: True)
+
+    def layer_times(workload, precision, side, reps, only=""):
+        clusters = {"cudnn": None, "engine": [8, 4], "ticket": [1, 1]}[side]
+        return [{"layer": "layer1.0.bn1", "shape": [128, 4, 4, 128], "activation": "relu", "residual": False,
+                 "mask": True, "clusters": clusters, "forward_us": {"cudnn": 8.8, "engine": 7.0, "ticket": 13.6}[side],
+                 "backward_us": 9.0}]
+    monkeypatch.setattr(script, "layer_times", layer_times)
+    assert script.main(["resnet", "--out", str(tmp_path / "bn.json")]) == 0
+    out = capsys.readouterr().out
+    assert "cuDNN fwd" in out and "ticket bwd" in out and "clusters" in out
+    assert "relu+mask" in out and "8.8" in out and "13.6" in out and "8/4" in out
+    record = json.loads((tmp_path / "bn.json").read_text())
+    layer = record["layers"][0]
+    assert layer["engine_clusters"] == [8, 4] and layer["ticket_clusters"] == [1, 1] and "cudnn_clusters" not in layer
+    assert layer["engine_forward_us"] == 7.0 and record["totals"]["ticket_forward_us"] == 13.6
+
+
+@pytest.mark.parametrize("side, chunks", [("engine", (1, 2, 4, 8)), ("ticket", ()), ("cudnn", (1, 2, 4, 8))])
+def test_bn_layers_plans_the_ticket_side_without_on_chip_chunks_as_the_trainer_builds(side, chunks):
+    """The plan is made when the runner builds its trainer: ON_CHIP_CHUNKS must be empty then for the ticket side,
+    and back to the planned sizes after."""
+    from types import SimpleNamespace
+
+    from gpuengine.ops import batchnorm as ops_batchnorm
+    seen = {}
+
+    def engine_runner(case):
+        seen["built"] = ops_batchnorm.ON_CHIP_CHUNKS
+        seen["toggles"] = dict(case.engine_toggles)
+        runner = SimpleNamespace(trainer=SimpleNamespace(program=SimpleNamespace(layers={})))
+        runner.prepare = lambda: seen.setdefault("warmed", ops_batchnorm.ON_CHIP_CHUNKS)
+        return runner
+
+    workload = SimpleNamespace(name="resnet", batch=128, engine_runner=engine_runner)
+    assert load_script("bn_layers").layer_times(workload, "bf16", side, 1) == []
+    assert seen["built"] == seen["warmed"] == chunks and ops_batchnorm.ON_CHIP_CHUNKS == (1, 2, 4, 8)
+    assert seen["toggles"] == {"batchnorm": "cudnn" if side == "cudnn" else "engine"}

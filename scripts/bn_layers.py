@@ -2,16 +2,18 @@
 which shapes the engine's one-launch batch norm loses on, where a step's profile only sums them.
 
     python3 scripts/bn_layers.py resnet --precision bf16 [--reps 50] [--out FILE]
-                                 [--batchnorm cudnn|engine] [--only REGEX]
+                                 [--batchnorm cudnn|engine|ticket] [--only REGEX]
 
---batchnorm times one side alone and --only the layers whose names match: a few launches for `ncu` to read.
+Three sides: cuDNN's graphs, the engine's kernels as planned (clusters on sm_90 where they fit), and the engine's
+kernels on the ticket's ending alone (no clusters). --batchnorm times one side alone and --only the layers whose
+names match: a few launches for `ncu` to read.
 
 Builds the workload's engine as a profile builds it (perf tests' network, batch, resident data, kept plans),
-once with batchnorm=cudnn and once with batchnorm=engine, warms each up, then times every BatchNorm2D's
+once a side, warms each up, then times every BatchNorm2D's
 forward and backward (its launches as the step makes them): `reps` calls captured in one CUDA graph on the
 engine stream, one replay between device events, as a step's graph runs them. Eager calls would time the host's
 launches (13-23 us a call at a8d04cd, where the kernels of a 2x2 map take a few). Prints a table by layer and
-one JSON object (per layer: shape, fused parts, microseconds a call).
+one JSON object (per layer: shape, fused parts, microseconds a call, each engine side's cluster sizes).
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 _WARM = 5
-SIDES = ("cudnn", "engine")
-LABELS = {"cudnn": "cuDNN", "engine": "engine"}
+SIDES = ("cudnn", "engine", "ticket")
+LABELS = {"cudnn": "cuDNN", "engine": "engine", "ticket": "ticket"}
 
 
 def _time_us(backend, call, reps: int) -> float:
@@ -44,14 +46,28 @@ def _time_us(backend, call, reps: int) -> float:
         return timer.stop() * 1000.0 / reps
 
 
-def layer_times(workload, precision: str, batchnorm: str, reps: int, only: str = "") -> list[dict]:
-    """Per BatchNorm2D of the workload's network under `batchnorm` (those named to match `only`): its shape, fused
-    parts and times."""
+def _clusters(layer) -> list | None:
+    """The engine kernels' cluster sizes (forward, backward); None for cuDNN's graphs."""
+    graphs = (getattr(layer, "_fwd_graph", None), getattr(layer, "_bwd_graph", None))
+    sizes = [getattr(graph, "sums", None) and graph.sums.defines["CLUSTER"] for graph in graphs]
+    return None if None in sizes else sizes
+
+
+def layer_times(workload, precision: str, side: str, reps: int, only: str = "") -> list[dict]:
+    """Per BatchNorm2D of the workload's network on `side` (those named to match `only`): its shape, fused parts,
+    times and cluster sizes."""
     from gpuengine.bench.profile.record import ProfileCase
     from gpuengine.layers import BatchNorm2D
-    case = ProfileCase(workload.name, precision, workload.batch, 1, (("batchnorm", batchnorm),))
-    runner = workload.engine_runner(case)
-    runner.prepare()
+    from gpuengine.ops import batchnorm as ops_batchnorm
+    case = ProfileCase(workload.name, precision, workload.batch, 1,
+                       (("batchnorm", "cudnn" if side == "cudnn" else "engine"),))
+    planned = ops_batchnorm.ON_CHIP_CHUNKS
+    ops_batchnorm.ON_CHIP_CHUNKS = () if side == "ticket" else planned   # the plan is made as the trainer builds
+    try:
+        runner = workload.engine_runner(case)
+        runner.prepare()
+    finally:
+        ops_batchnorm.ON_CHIP_CHUNKS = planned
     rows = []
     for name, layer in runner.trainer.program.layers.items():
         if not isinstance(layer, BatchNorm2D) or getattr(layer, "x", None) is None:   # not built: fused away
@@ -59,7 +75,7 @@ def layer_times(workload, precision: str, batchnorm: str, reps: int, only: str =
         if not re.search(only, name):
             continue
         rows.append({"layer": name, "shape": list(layer.x.shape), "activation": layer.activation,
-                     "residual": layer.res is not None, "mask": layer.mask is not None,
+                     "residual": layer.res is not None, "mask": layer.mask is not None, "clusters": _clusters(layer),
                      "forward_us": round(_time_us(runner.trainer.backend, layer.forward, reps), 2),
                      "backward_us": round(_time_us(runner.trainer.backend, layer.backward, reps), 2)})
     return rows
@@ -91,20 +107,26 @@ def main(argv=None) -> int:
     sides = SIDES if args.batchnorm is None else (args.batchnorm,)
     times = {side: layer_times(workload, args.precision, side, args.reps, args.only) for side in sides}
     rows = times[sides[0]]
+    planned = "engine" if "engine" in sides else None   # its cluster sizes, forward/backward (1: the ticket's)
     print(f"{'layer':<28} {'shape':<20} {'fused':<14}" + "".join(f" {LABELS[s] + ' fwd':>10} {LABELS[s] + ' bwd':>10}"
-                                                                  for s in sides))
+                                                                  for s in sides) + ("  clusters" if planned else ""))
     for index, row in enumerate(rows):
         fused = "+".join(p for p, on in (("res", row["residual"]), (row["activation"] or "", True),
                                          ("mask", row["mask"])) if on and p)
+        clusters = "/".join(map(str, times[planned][index]["clusters"])) if planned else ""
         print(f"{row['layer']:<28} {'x'.join(map(str, row['shape'])):<20} {fused:<14}" + "".join(
-            f" {times[s][index]['forward_us']:>10.1f} {times[s][index]['backward_us']:>10.1f}" for s in sides))
+            f" {times[s][index]['forward_us']:>10.1f} {times[s][index]['backward_us']:>10.1f}" for s in sides)
+              + (f"  {clusters:>8}" if planned else ""))
     totals = {f"{side}_{d}_us": round(sum(r[f"{d}_us"] for r in times[side]), 1)
               for side in sides for d in ("forward", "backward")}
     print("totals:", totals)
     record = {"workload": args.workload, "precision": args.precision, "reps": args.reps, "only": args.only,
-              "totals": totals, "layers": [{**{key: v for key, v in row.items() if not key.endswith("_us")},
+              "totals": totals, "layers": [{**{key: v for key, v in row.items()
+                                               if not key.endswith("_us") and key != "clusters"},
                                             **{f"{side}_{d}_us": times[side][index][f"{d}_us"]
-                                               for side in sides for d in ("forward", "backward")}}
+                                               for side in sides for d in ("forward", "backward")},
+                                            **{f"{side}_clusters": times[side][index]["clusters"]
+                                               for side in sides if side != "cudnn"}}
                                            for index, row in enumerate(rows)]}
     print(json.dumps(record))
     if args.out is not None:

@@ -77,7 +77,8 @@
 #                         of BN_WORKLOADS (default: resnet zoo:resnet50 zoo:mobilenet_v2) in tf32 and bf16
 #                         (LOGDIR/toggle_cost_batchnorm.json)
 #                bn-layers scripts/bn_layers.py: every batch norm of BN_LAYER_WORKLOAD (default resnet) timed alone in
-#                         BN_PRECISION (default bf16), cuDNN's graphs against the engine's kernels (LOGDIR/bn_layers.json)
+#                         BN_PRECISION (default bf16), cuDNN's graphs against the engine's kernels as planned and on
+#                         the ticket's ending alone, with each layer's cluster sizes (LOGDIR/bn_layers.json)
 #                ncu-bn   Nsight Compute over the engine's batch-norm kernels (bn_forward, bn_backward) of NCU_BN_LAYERS
 #                         (a regular expression of ResNet's layer names; default: one of each map size) in
 #                         BN_PRECISION (default bf16), one timed call each (bn_layers.py --reps 1): speed of light,
@@ -86,7 +87,8 @@
 #                         tree (DP_TREES), each rank's stacks printed when it stalls (45 s a stage) or the launcher stops
 #                         it (100 s), NCCL_DEBUG=WARN; then the parallel GPU tests (-v)
 #                perf-cold `./gate perf --against none` with no kept plans (cudnn_plans.json removed): a new user's
-#                         first run on a fresh machine, each test against its stored baseline, autotuning included
+#                         first run on a fresh machine, each test against its stored baseline, autotuning included;
+#                         COLD_K, when set, selects its cases (-k)
 #                ab-cold  the step ab with no kept plans (cudnn_plans.json removed): a fresh machine's first run,
 #                         autotuning included (with build/base at the same commit: the cold A/A run)
 #
@@ -247,7 +249,7 @@ step_dp() { local diag="$logdir/dp-diag" where graph s=0   # SIGTERM (the launch
     python3 -m pytest correctness_tests/parallel -m gpu -v -p no:cacheprovider -rs --durations=10 || s=1
     return $s; }
 step_perf-cold() { rm -f baselines_store/*/cudnn_plans.json
-    ./gate perf -p no:cacheprovider --durations=0 -rA --against none; }
+    ./gate perf -p no:cacheprovider --durations=0 -rA --against none ${COLD_K:+-k "$COLD_K"}; }
 step_ab-cold() { rm -f baselines_store/*/cudnn_plans.json; step_ab; }
 step_calibrate() { ./gate gatepower calibrate -m gatepower --keep-trials "$logdir/trials-calibrate"; }
 step_study() { ./gate gatepower --keep-trials "$logdir/trials-study"; }

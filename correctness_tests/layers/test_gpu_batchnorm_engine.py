@@ -3,9 +3,10 @@
 The NumPy BatchNorm is checked against finite differences and PyTorch on the
 CPU (test_resnet_gradients.py, test_resnet_torch_parity.py); these tests
 carry that trust to the engine's kernels: every fused variant in every
-precision, one row chunk and many (the last-ticket ending), channel counts
-with and without a bit mask, a mean far from zero, the same bits on every
-run, whole reduced ResNet steps, captured replay and steady-state memory.
+precision, one row chunk and many (the last-ticket ending and, on sm_90, the
+cluster's), channel counts with and without a bit mask, a mean far from zero,
+the same bits on every run, whole reduced ResNet steps, captured replay and
+steady-state memory.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from gpuengine.layers import BatchNorm2D
 from gpuengine.layers.merge import GradientSum
 from gpuengine.ops import batchnorm as ops_batchnorm
 from gpuengine.runtime.backend import gpu_visible
+from gpuengine.runtime.kernels import compute_capability, max_active_clusters, multiprocessor_count
 from gpuengine.trainer import Trainer
 from gpuengine.workloads import resnet, zoo
 
@@ -31,8 +33,9 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
 
 # (batch, sample shape): one row chunk (32 rows, 64 column tiles), tens and a hundred chunks (the tiles'
-# barriers), 12 channels (no mask: the gradient from y), 8 channels in 360 values (the mask's last word one byte),
-# 24 channels (three packs of 8 in a tile of four: an idle column) in 5 chunks
+# barriers; on sm_90 the plan takes clusters where their rows fit the registers), 12 channels (no mask: the
+# gradient from y), 8 channels in 360 values (the mask's last word one byte), 24 channels (three packs of 8 in a
+# tile of four: an idle column) in 5 chunks
 SHAPES = {"1x1x2048": (32, (1, 1, 2048)), "8x8x64": (32, (8, 8, 64)), "16x16x64": (32, (16, 16, 64)),
           "4x4x256": (32, (4, 4, 256)), "5x4x12": (5, (4, 4, 12)), "3x5x8": (3, (3, 5, 8)),
           "7x7x24": (8, (7, 7, 24))}
@@ -74,8 +77,9 @@ def test_engine_batchnorm_keeps_the_variance_of_a_far_mean(precision):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_engine_batchnorm_gives_the_same_bits_every_run(precision):
+def test_engine_batchnorm_gives_the_same_bits_every_run(precision, monkeypatch):
     """A hundred row chunks finished by whichever block draws the last ticket: the sums' order is fixed."""
+    monkeypatch.setattr(ops_batchnorm, "ON_CHIP_CHUNKS", ())   # the ticket's ending, whatever the GPU
     runs = [_engine_and_numpy("add-relu", precision, 64, (16, 16, 64))[0] for _ in range(3)]
     for other in runs[1:]:
         for key, value in runs[0].items():
@@ -87,6 +91,7 @@ def test_engine_batchnorm_gives_the_same_bits_every_run(precision):
 def test_the_trips_kept_in_registers_change_no_bit(precision, case, monkeypatch):
     """Kept trips (CACHE: up to 8 forward, 4 backward) against one kept trip: the same sums in the same order and
     the same output and gradient of every value, bit for bit; 8 trips a thread at 16x16x64 and batch 32."""
+    monkeypatch.setattr(ops_batchnorm, "ON_CHIP_CHUNKS", ())   # an on-chip plan keeps every trip whatever CACHE
     kept = _engine_and_numpy(case, precision, 32, (16, 16, 64))
     layer = kept[2]
     assert layer._fwd_graph.sums.defines["CACHE"] > 1 and layer._bwd_graph.sums.defines["CACHE"] > 1
@@ -96,6 +101,87 @@ def test_the_trips_kept_in_registers_change_no_bit(precision, case, monkeypatch)
     assert one[2]._fwd_graph.sums.defines["CACHE"] == one[2]._bwd_graph.sums.defines["CACHE"] == 1
     for key, value in kept[0].items():
         np.testing.assert_array_equal(one[0][key], value, err_msg=key)
+
+
+# (batch, sample shape) whose batch norms take a cluster both ways in every precision on an sm_90 GPU (1 or 2 trips
+# a thread, 2 being the fewest a backward keeps): 8 packs, 32 packs (clusters of 4 where 32 of 8 exceed an H200's
+# 30 at once), 12 channels a lane each (no mask), 3 packs in a tile of one
+CLUSTER_SHAPES = {"8x8x64": (32, (8, 8, 64)), "4x4x256": (128, (4, 4, 256)), "4x4x12": (128, (4, 4, 12)),
+                  "7x7x24": (64, (7, 7, 24))}
+needs_clusters = pytest.mark.skipif(gpu_visible() and compute_capability() < 90,
+                                    reason="thread-block clusters need sm_90 (Hopper) or newer")
+
+
+def _clusters(layer) -> tuple[int, int]:
+    return layer._fwd_graph.sums.defines["CLUSTER"], layer._bwd_graph.sums.defines["CLUSTER"]
+
+
+@needs_clusters
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("case", ["add-relu", "relu6", "plain"])
+@pytest.mark.parametrize("size", CLUSTER_SHAPES)
+def test_cluster_and_ticket_endings_both_match_numpy(size, case, precision, monkeypatch):
+    """The cluster's sums (every block adds all blocks' totals in rank order) and, for the same map, the ticket's
+    ending (no ON_CHIP_CHUNKS), whose sums run in another order, each against NumPy."""
+    batch, shape = CLUSTER_SHAPES[size]
+    gpu, cpu, layer, _ = _engine_and_numpy(case, precision, batch, shape)
+    assert min(_clusters(layer)) > 1, _clusters(layer)
+    assert_close(gpu, cpu, BN_TOLERANCE[precision])
+    monkeypatch.setattr(ops_batchnorm, "ON_CHIP_CHUNKS", ())
+    ticket, cpu, ticket_layer, _ = _engine_and_numpy(case, precision, batch, shape)
+    assert _clusters(ticket_layer) == (1, 1) and ticket_layer._fwd_graph.sums.plan.chunks > 1
+    assert_close(ticket, cpu, BN_TOLERANCE[precision])
+
+
+@needs_clusters
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("size,batch,shape", [(2, 32, (4, 4, 256)), (4, 16, (7, 7, 256))], ids=["two", "four"])
+def test_clusters_of_two_and_four_match_numpy(size, batch, shape, precision):
+    """Maps whose fewest trips come with clusters smaller than 8 on 132 SMs (an H100 SXM's, an H200's)."""
+    if multiprocessor_count() != 132:
+        pytest.skip(f"the plan's clusters of {size} are worked out for 132 SMs, not {multiprocessor_count()}")
+    gpu, cpu, layer, _ = _engine_and_numpy("add-relu", precision, batch, shape)
+    assert _clusters(layer) == (size, size)
+    assert_close(gpu, cpu, BN_TOLERANCE[precision])
+
+
+@needs_clusters
+@pytest.mark.parametrize("shape", [(8, 8, 256), (4, 4, 512), (4, 4, 256), (2, 2, 1024)], ids=str)
+def test_no_cluster_grid_outnumbers_the_clusters_the_device_runs_at_once(shape):
+    """ResNet-50 CIFAR's widest maps at batch 128 in bf16, whose fewest trips come with 256 blocks: their clusters
+    within the kernel's ceiling (32 clusters of 8 ran in two waves on an H200, twice the time), matching NumPy."""
+    gpu, cpu, layer, _ = _engine_and_numpy("add-relu", "bf16", 128, shape)
+    for graph in (layer._fwd_graph, layer._bwd_graph):
+        sums, plan = graph.sums, graph.sums.plan
+        if sums.defines["CLUSTER"] > 1:
+            most = max_active_clusters(sums.kernel, (plan.tiles, plan.chunks), plan.threads,
+                                       plan.shared_bytes(sums.sums))
+            assert plan.tiles <= most, (shape, sums.defines["CLUSTER"], plan.tiles, most)
+    assert_close(gpu, cpu, BN_TOLERANCE["bf16"])
+
+
+@needs_clusters
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cluster_ending_gives_the_same_bits_every_run(precision):
+    runs = [_engine_and_numpy("add-relu", precision, 32, (8, 8, 64)) for _ in range(3)]
+    assert all(min(_clusters(layer)) == 8 for _, _, layer, _ in runs)
+    for other in runs[1:]:
+        for key, value in runs[0][0].items():
+            np.testing.assert_array_equal(other[0][key], value, err_msg=key)
+
+
+@needs_clusters
+def test_cluster_kernels_replay_exactly_like_eager():
+    """The reduced ResNet at batch 256 in bf16: its 4x4 and 2x2 maps take clusters of 8 both ways."""
+    x, t = smoke_batch(batch=2048)
+    trainer = Trainer(resnet.build_resnet(resnet.SMOKE_SHAPE), x[:256], t[:256], 256,
+                      EngineConfig(precision="bf16", batchnorm="engine"))
+    bns = [layer for layer in trainer.program.layers.values() if isinstance(layer, BatchNorm2D)]
+    assert sum(min(_clusters(bn)) > 1 for bn in bns) >= 8, [_clusters(bn) for bn in bns]
+    losses = losses_by_graph_group(resnet.build_resnet(resnet.SMOKE_SHAPE), x, t, 256, "bf16", (0, 8), 3,
+                                   batchnorm="engine")
+    assert losses[0] == losses[8]
+    assert losses[0][-1] < losses[0][0]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -1,6 +1,7 @@
 """On a GPU: the fusions a program makes of a Transformer (model/passes.py). A ReLU after a Dense or Linear
 layer runs in that layer's GEMM epilogue (cuBLASLt's RELU_BIAS), a residual Add read only by a LayerNorm is
-summed by the LayerNorm's forward kernel, and the two gradients of a LayerNorm's output by its backward kernel.
+summed by the LayerNorm's forward kernel, and the two gradients of a LayerNorm's output by its backward kernel,
+which also sums the bias gradient of a Linear layer only that Add reads.
 
 Every candidate algorithm of the fused GEMM computes relu(a @ b + bias) against float64; the fused LayerNorm
 writes the sum and normalises it as NumPy does; the Transformer trains with both fusions as without them,
@@ -12,7 +13,9 @@ import numpy as np
 import pytest
 
 from gpuengine.config import EngineConfig
-from gpuengine.layers import Add, LayerNorm
+from gpuengine.losses import MSELoss
+from gpuengine.model.network import INPUT, NetworkBuilder
+from gpuengine.layers import Add, LayerNorm, Linear, Tanh
 from gpuengine.layers.merge import GradientSum
 from gpuengine.ops import autotune
 from gpuengine.ops.gemm import Gemm
@@ -22,7 +25,7 @@ from gpuengine.trainer import Trainer
 from gpuengine.workloads import transformer
 
 from ..gpu_checks import TOLERANCE, check_every_candidate, rel_err
-from ..layer_harness import make_context
+from ..layer_harness import make_context, run_network
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_visible(), reason="no CUDA GPU visible (CuPy missing or no device)")]
@@ -109,3 +112,27 @@ def test_the_transformer_trains_alike_fused_and_unfused_and_repeats(precision, m
     fused, again = losses(precision, True), losses(precision, True)
     assert fused == again and fused[-1] < fused[0]
     np.testing.assert_allclose(fused, losses(precision, False), rtol=0.02)
+
+
+def _residual_block(dim: int):
+    """Linear -> Add(x, .) -> LayerNorm -> tanh over (32, dim) samples: the Linear's bias gradient is dx's."""
+    b = NetworkBuilder((32, dim))
+    norm = b.add(LayerNorm(), b.add(Add(), INPUT, b.add(Linear(dim), INPUT, name="linear"), name="res"),
+                 name="norm")
+    return b.network(MSELoss(), b.add(Tanh(), norm, name="out"))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("dim", [256, 640], ids=["one-launch", "column-sum"])
+def test_a_layernorm_sums_the_bias_gradient_of_the_linear_below_its_add(dim, precision):
+    """256 features: a third column sum in the one-launch backward; 640: a ColumnSum of dx after it. Both against
+    the unfused program, whose Linear sums its own bias gradient; every other gradient alike too."""
+    rng = np.random.default_rng(11)
+    x, t = rng.standard_normal((64, 32, dim)), rng.standard_normal((64, 32, dim))
+    weights = {"linear.weight": rng.standard_normal((dim, dim)) / np.sqrt(dim), "linear.bias": rng.standard_normal(dim),
+               "norm.weight": 1 + 0.1 * rng.standard_normal(dim), "norm.bias": 0.1 * rng.standard_normal(dim)}
+    fused, unfused = (run_network(_residual_block(dim), x, t, device="cuda", precision=precision, weights=weights,
+                                  fuse=fuse) for fuse in (True, False))
+    for key in ("grad:linear.bias", "grad:linear.weight", "grad:norm.weight", "grad:norm.bias"):
+        assert rel_err(fused[key], unfused[key]) < TOLERANCE[precision], key
+    assert np.abs(fused["grad:linear.bias"]).max() > 1e-6   # a gradient, not the zeros nobody wrote

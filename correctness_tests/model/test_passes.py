@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from gpuengine.config import EngineConfig
-from gpuengine.layers import Conv2D, Dense, Dropout, Flatten, MaxPool2D, ReLU, Tanh
+from gpuengine.layers import Add, Conv2D, Dense, Dropout, Flatten, LayerNorm, Linear, MaxPool2D, ReLU, Tanh
 from gpuengine.losses import MSELoss, SoftmaxCrossEntropy
-from gpuengine.model.network import INPUT, Sequential
-from gpuengine.model.passes import adds_into_layernorms, pools_over_direct_wgrad, relus_after_gemms
+from gpuengine.model.network import INPUT, NetworkBuilder, Sequential
+from gpuengine.model.passes import (adds_into_layernorms, biases_under_layernorms, pools_over_direct_wgrad,
+                                   relus_after_gemms)
 from gpuengine.trainer import Trainer
 from gpuengine.workloads import transformer
 from gpuengine.workloads.cnn import build_cnn
@@ -87,6 +88,23 @@ def test_the_transformers_residual_sums_are_summed_by_their_layernorms():
     assert found == {norm: f"{norm}.residual" for norm in norms}   # not the stacks' final norms: no Add below
 
 
+def test_every_sublayer_of_the_transformer_gets_its_last_bias_gradient_from_the_layernorm_above():
+    found = biases_under_layernorms(transformer.build_transformer(transformer.SMOKE_SHAPE))
+    encoder, decoder = "transformer.encoder.layers.0", "transformer.decoder.layers.0"
+    assert found == {f"{encoder}.norm1": f"{encoder}.self_attn", f"{encoder}.norm2": f"{encoder}.linear2",
+                     f"{decoder}.norm1": f"{decoder}.self_attn", f"{decoder}.norm2": f"{decoder}.multihead_attn",
+                     f"{decoder}.norm3": f"{decoder}.linear2"}
+
+
+def test_a_linear_layer_read_beside_the_residual_add_keeps_its_bias_gradient():
+    b = NetworkBuilder((4, 8))
+    h = b.add(Linear(8), INPUT, name="linear")
+    elsewhere = b.add(Tanh(), h, name="elsewhere")   # a second reader: dy is not the LayerNorm's dx alone
+    norm = b.add(LayerNorm(), b.add(Add(), INPUT, h, name="residual"), name="norm")
+    net = b.network(MSELoss(), b.add(Add(), norm, elsewhere, name="out"))
+    assert adds_into_layernorms(net) == {"norm": "residual"} and biases_under_layernorms(net) == {}
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_fused_transformer_trains_as_the_unfused_one(precision):
     runs = {}
@@ -97,6 +115,7 @@ def test_the_fused_transformer_trains_as_the_unfused_one(precision):
         layers = trainer.program.layers.values()
         relus = [layer for layer in layers if getattr(layer, "applied_by_input", False)]
         sums = [layer for layer in layers if getattr(layer, "summed_by_reader", False)]
-        assert (len(relus), len(sums)) == ((2, 5) if fuse else (0, 0))
+        biases = [layer for layer in layers if getattr(layer, "bias_grad_by_reader", False)]
+        assert (len(relus), len(sums), len(biases)) == ((2, 5, 5) if fuse else (0, 0, 0))
         runs[fuse] = trainer.train(3)
     assert runs[True] == runs[False]   # the same sums in the same order, on the CPU

@@ -96,10 +96,11 @@ def _shape_free_cases():
             if width <= 4:   # LayerNorm's lanes take up to 4 features
                 for kernel in ("layernorm_fwd", "layernorm_add_fwd", "layernorm_bwd", "layernorm_param_grads"):
                     yield _case(layernorm, kernel, f"{where}, {width} a lane", ELEM_T=elem, VEC=width)
-                for packs, parts in ((1, 1), (16 // width, 2)):   # a lane's packs of its row; dy's parts
+                # a lane's packs of its row; dy's parts; a Linear's bias gradient summed beside (BIAS_SUM)
+                for packs, parts, bias in ((1, 1, 0), (16 // width, 2, 0), (1, 2, 1), (16 // width, 1, 1)):
                     yield _case(layernorm, "layernorm_bwd_grads", f"{where}, {width} a lane, {packs} packs, "
-                                f"dy in {parts}", "_FUSED_SOURCE", ELEM_T=elem, VEC=width, PACKS=packs,
-                                DY_PARTS=parts)
+                                f"dy in {parts}, bias sum {bias}", "_FUSED_SOURCE", ELEM_T=elem, VEC=width,
+                                PACKS=packs, DY_PARTS=parts, BIAS_SUM=bias)
         # ColumnSum reads the compute dtype and sums in float, in one launch; fused with an activation's gradient too.
         yield _case(reductions, "column_sum", where, ELEM_T=elem)
         for kind, text in activations.SUM_SOURCES.items():
@@ -117,12 +118,15 @@ def _shape_free_cases():
                         DST_T=dst, VEC=width)
     for width in (1, 2, 4):   # bf16 weight gradients into their float masters, by the alignment of the buffers
         yield _case(widen, "widen_chunks", f"gradient widening, {width} a thread", VEC=width)
-    # The engine's batch norm a channel a lane (VEC 1: channels not a multiple of 8, or an unaligned buffer).
-    for elem, act, mask, residual, channels in (("bf16_t", 1, 1, 1, 24), ("float", 2, 0, 0, 12)):
+    # The engine's batch norm a channel a lane (VEC 1: channels not a multiple of 8, or an unaligned buffer), and
+    # its clusters (CLUSTER: chosen at build from the batch, so the networks' nodes list it at 1 only).
+    rows = (("bf16_t", 1, 1, 1, 24, 1, 1), ("float", 2, 0, 0, 12, 1, 2), ("bf16_t", 1, 1, 1, 128, 8, 8),
+            ("float", 0, 0, 0, 64, 8, 4))
+    for elem, act, mask, residual, channels, vec, cluster in rows:
         for kernel, cache, parts in (("bn_forward", 8, 1), ("bn_backward", 1, 2)):   # most and fewest trips kept
-            yield _case(ops_batchnorm, kernel, f"batch norm, {channels} channels a lane each, {cache} trips kept, "
-                        f"dy in {parts}", "SOURCE", ELEM_T=elem, HAS_RESIDUAL=residual, ACT=act, MASK=mask,
-                        CHANNELS=channels, VEC=1, CACHE=cache, DY_PARTS=parts)
+            yield _case(ops_batchnorm, kernel, f"batch norm, {channels} channels {vec} a lane, {cache} trips kept, "
+                        f"dy in {parts}, cluster {cluster}", "SOURCE", ELEM_T=elem, HAS_RESIDUAL=residual, ACT=act,
+                        MASK=mask, CHANNELS=channels, VEC=vec, CACHE=cache, DY_PARTS=parts, CLUSTER=cluster)
     for kernel in ("finish_step", "book_loss"):
         yield _case(step_state, kernel, "step counter")
     yield _case(injected_delay, "spin", "injected delay")
@@ -164,7 +168,7 @@ def _node_cases(net, node, dtype, where):
         for kernel, cache_bytes in (("bn_forward", ops_batchnorm.FORWARD_CACHE_BYTES),
                                     ("bn_backward", ops_batchnorm.BACKWARD_CACHE_BYTES)):
             found.append((ops_batchnorm, "SOURCE", (kernel,), {
-                **layer.kernel_defines(shapes[0], dtype), "VEC": vec, "DY_PARTS": 1,
+                **layer.kernel_defines(shapes[0], dtype), "VEC": vec, "DY_PARTS": 1, "CLUSTER": 1,
                 "CACHE": ops_batchnorm.cache_trips(vec, np.dtype(dtype).itemsize, cache_bytes)}))
     elif isinstance(layer, Conv2D) and layer.depthwise_defines(shapes[0], dtype) is not None:
         found.append((depthwise, "_SOURCE", ("depthwise_forward", "depthwise_dgrad", "depthwise_wgrad_partials",

@@ -38,15 +38,18 @@ class _Projection:
         self.weight = weight
         self.forward = Gemm(ctx.backend, ctx.policy, out, x, weight.T, bias, ctx.allocator)
 
-    def build_backward(self, d_out, needs_input_grad: bool):
+    def build_backward(self, d_out, needs_input_grad: bool, bias: bool = True):
+        """bias False: the bias gradient is summed elsewhere (a LayerNorm above, model/passes.py)."""
         ctx = self.ctx
         # Gradient views are taken here, not in __init__: inference-only parameters have none.
         grad_w, grad_b = (ctx.params.grad_view(n)[self.rows] for n in self.names)
+        grad_b = grad_b if bias else None
         self._gw, self._gb = weight_gradients(ctx.backend, ctx.policy, ctx.allocator, grad_w, grad_b, d_out,
                                               self.x, ctx.bias_grad_in_epilogue(token_major=True))
-        self.dx = ctx.allocator.zeros(self.x.shape, ctx.policy.compute_dtype, "activations") if needs_input_grad else None
-        self._gx = (Gemm(ctx.backend, ctx.policy, self.dx, d_out, self.weight, allocator=ctx.allocator)
-                    if needs_input_grad else None)
+        self.dx = self._gx = None
+        if needs_input_grad:
+            self.dx = ctx.allocator.zeros(self.x.shape, ctx.policy.compute_dtype, "activations")
+            self._gx = Gemm(ctx.backend, ctx.policy, self.dx, d_out, self.weight, allocator=ctx.allocator)
         return self.dx
 
     def backward(self):
@@ -63,6 +66,9 @@ class _Projection:
 class MultiHeadAttention(Layer):
     """Self-attention (arity 1) or cross-attention (arity 2: queries' input, then memory); causal optional."""
 
+    bias_grad_by_reader = False   # set by a program whose LayerNorm above sums the output projection's bias gradient
+    wiring = ("bias_grad_by_reader",)
+
     def __init__(self, heads: int, causal: bool = False, cross: bool = False, name: str = ""):
         heads = checks.whole("MultiHeadAttention heads", heads)
         causal, cross = checks.flag("MultiHeadAttention causal", causal), checks.flag("MultiHeadAttention cross", cross)
@@ -70,6 +76,10 @@ class MultiHeadAttention(Layer):
             raise ValueError("a causal mask belongs to self-attention; cross-attention sees the whole memory")
         self.heads, self.causal, self.cross, self.name = heads, causal, cross, name
         self.arity = 2 if cross else 1
+
+    def output_bias(self) -> str:
+        """The parameter added last, whose gradient is the output gradient's column sum."""
+        return f"{self.name}.out_proj.bias"
 
     def _d_model(self, *shapes) -> int:
         d = shapes[0][-1]
@@ -128,7 +138,7 @@ class MultiHeadAttention(Layer):
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad):
         needs = (needs_input_grad,) if not self.cross else tuple(needs_input_grad)
         d = self.x2.shape[1]
-        d_context = self._out_proj.build_backward(dy.reshape(-1, d), True)
+        d_context = self._out_proj.build_backward(dy.reshape(-1, d), True, bias=not self.bias_grad_by_reader)
         d_heads_out = self.heads_out.like(d_context)
         dtype = ctx.policy.compute_dtype
         if self.cross:

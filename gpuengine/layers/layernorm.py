@@ -13,14 +13,18 @@ dgamma and dbeta from a second kernel in reductions.py's one-launch column-sum
 scheme, which recomputes xhat from x and sums dy * xhat and dy side by side.
 Where a program gives it the residual Add below (post-LN: LayerNorm(x +
 sublayer(x))), the forward also computes that sum, in the same pass that starts
-the statistics. On the NumPy backend all of it is array arithmetic.
+the statistics. Where a Linear layer or an attention below that Add feeds
+nothing else, the gradient of its last bias is the column sum of this layer's
+dx (the Add hands dx to both its inputs): the one-launch backward adds it as a
+third column sum (BIAS_SUM), and that weight gradient runs without a bias
+epilogue or column sum. On the NumPy backend all of it is array arithmetic.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import checks
-from ..ops.reductions import COLUMN_TILE_SOURCE, plan_chunks
+from ..ops.reductions import COLUMN_TILE_SOURCE, ColumnSum, plan_chunks
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel, vector_width
 from ..runtime.params import ParamSpec
@@ -145,21 +149,27 @@ _FUSED_SOURCE = r"""
 // row at a time as layernorm_bwd does (the same dx, bit for bit) and adds dy * xhat and dy into its lanes' column
 // sums; the block's warps meet in shared memory in order and the block writes its rows' sums to partials; the
 // block drawing the last ticket adds the blocks' sums in order (the same bits every run, no float atomics) and
-// resets the counter for the next launch or graph replay. warp_sums holds warps x 2 dim floats. With DY_PARTS 2,
+// resets the counter for the next launch or graph replay. warp_sums holds warps x SUMS dim floats. With DY_PARTS 2,
 // dy is the sum of dy and dy2 (the gradients of the output's two readers), rounded to ELEM_T as add2 rounds it.
+// With BIAS_SUM 1 (SUMS 3) a third column sum adds dx as written into dbias: the gradient of the last bias of the
+// layer below, whose output gradient dx is.
+#define SUMS (2 + BIAS_SUM)
 extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* dy,
                                                const ELEM_T* dy2, const float* mean, const float* rstd, ELEM_T* dx,
-                                               float* dgamma, float* dbeta, float* partials, unsigned int* counter,
-                                               int rows, int dim, int rows_per_block) {
+                                               float* dgamma, float* dbeta, float* dbias, float* partials,
+                                               unsigned int* counter, int rows, int dim, int rows_per_block) {
     typedef Pack<ELEM_T, VEC> P;
-    extern __shared__ float warp_sums[];   // [warp][2 dim]: the warp's dy * xhat sums, then its dy sums
-    __shared__ bool last;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5, sums = 2 * dim;
-    float col_gx[PACKS][VEC], col_g[PACKS][VEC];
+    // [warp][SUMS dim]: the warp's dy * xhat sums, its dy sums[, its dx sums]; then the ticket's flag in word 0
+    extern __shared__ float warp_sums[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5, sums = SUMS * dim;
+    float col_gx[PACKS][VEC], col_g[PACKS][VEC], col_dx[PACKS][BIAS_SUM ? VEC : 1];
     #pragma unroll
     for (int p = 0; p < PACKS; ++p)
         #pragma unroll
-        for (int k = 0; k < VEC; ++k) col_gx[p][k] = col_g[p][k] = 0.f;
+        for (int k = 0; k < VEC; ++k) {
+            col_gx[p][k] = col_g[p][k] = 0.f;
+            if (BIAS_SUM) col_dx[p][BIAS_SUM ? k : 0] = 0.f;
+        }
     const long long stop = min((long long)rows, (long long)(blockIdx.x + 1) * rows_per_block);
     for (long long row = (long long)blockIdx.x * rows_per_block + warp; row < stop; row += warps) {   // warp-uniform
         const long long base = row * dim;
@@ -197,6 +207,7 @@ extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* ga
             for (int k = 0; k < VEC; ++k) {
                 const float xhat = (load_f(a[p].v, k) - m) * r;
                 store_f(out.v, k, r * (load_f(d[p].v, k) * load_f(w[p].v, k) - mg - xhat * mgx));
+                if (BIAS_SUM) col_dx[p][BIAS_SUM ? k : 0] += load_f(out.v, k);   // dx as written: rounded
             }
             store_pack(dx, base + c, out);
         }
@@ -209,31 +220,34 @@ extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* ga
         for (int k = 0; k < VEC; ++k) {
             warp_sums[warp * sums + c + k] = col_gx[p][k];
             warp_sums[warp * sums + dim + c + k] = col_g[p][k];
+            if (BIAS_SUM) warp_sums[warp * sums + 2 * dim + c + k] = col_dx[p][BIAS_SUM ? k : 0];
         }
     }
     __syncthreads();
     for (int j = threadIdx.x; j < sums; j += blockDim.x) {
         float s = 0.f;
         for (int v = 0; v < warps; ++v) s += warp_sums[v * sums + j];   // the warps in order
-        if (gridDim.x == 1) (j < dim ? dgamma[j] : dbeta[j - dim]) = s;   // one block: its sums are the gradients
+        if (gridDim.x == 1)   // one block: its sums are the gradients
+            (j < dim ? dgamma[j] : j < 2 * dim ? dbeta[j - dim] : dbias[j - 2 * dim]) = s;
         else partials[(long long)blockIdx.x * sums + j] = s;
     }
     if (gridDim.x == 1) return;
     __threadfence();   // the partials reach every SM before this block's ticket is taken
-    __syncthreads();
+    __syncthreads();   // also: every read of warp_sums is done, so word 0 may take the flag
+    int* last = (int*)warp_sums;
     if (threadIdx.x == 0) {
-        last = atomicAdd(counter, 1u) == gridDim.x - 1;
-        if (last) *counter = 0u;   // all tickets drawn: zero for the next launch or graph replay
+        *last = atomicAdd(counter, 1u) == gridDim.x - 1;
+        if (*last) *counter = 0u;   // all tickets drawn: zero for the next launch or graph replay
     }
     __syncthreads();
-    if (!last) return;
+    if (!*last) return;
     __threadfence();   // pairs with the writers' fences before the partials are read
     for (int j = threadIdx.x; j < sums; j += blockDim.x) {
         float s = 0.f;
         #pragma unroll 16
         for (unsigned int b = 0; b < gridDim.x; ++b)   // the blocks in order; volatile: from L2, never a stale L1
             s += ((const volatile float*)partials)[(long long)b * sums + j];
-        (j < dim ? dgamma[j] : dbeta[j - dim]) = s;
+        (j < dim ? dgamma[j] : j < 2 * dim ? dbeta[j - dim] : dbias[j - 2 * dim]) = s;
     }
 }
 """
@@ -241,13 +255,14 @@ _ROWS_PER_BLOCK = 8
 EPSILON = 1e-5   # torch.nn.LayerNorm's default
 _FUSED_MAX_DIM = 512   # the one-launch backward: a lane keeps at most 16 features of its row and their sums
 _FUSED_BLOCKS = 64     # its grid: warps enough to cover a row's latency, partials few enough for the last block to add
+_SHARED_BYTES = 48 * 1024   # a block's shared memory without the opt-in attribute
 
 
-def fused_grid(rows: int, dim: int) -> tuple[int, int, int]:
-    """(warps a block, rows a block, blocks) of layernorm_bwd_grads: 16 warps (8 above 320 features, so the warps'
-    column sums and the kernel's own flag fit 48 KB of shared memory), each taking a row at a time, about
-    _FUSED_BLOCKS blocks."""
-    warps = 16 if dim <= 320 else 8
+def fused_grid(rows: int, dim: int, sums: int = 2) -> tuple[int, int, int]:
+    """(warps a block, rows a block, blocks) of layernorm_bwd_grads with `sums` column sums a feature: the most of
+    16, 8 and 4 warps whose column sums fit 48 KB of shared memory (dynamic: the kernel declares nothing static),
+    each taking a row at a time, about _FUSED_BLOCKS blocks."""
+    warps = next(w for w in (16, 8, 4) if w * sums * dim * 4 <= _SHARED_BYTES)
     rows_per_block = warps * max(1, -(-rows // (warps * _FUSED_BLOCKS)))
     return warps, rows_per_block, -(-rows // rows_per_block)
 
@@ -257,7 +272,8 @@ class LayerNorm(Layer):
 
     residual = None   # set by a program: the Add below, whose sum this layer's forward computes
     gradient_sum = None   # set by a training program: the GradientSum of dy, which backward may do itself
-    wiring = ("residual", "gradient_sum")
+    bias_of = None   # set by a program: a bias below that Add (its parameter's name) whose gradient is dx's sum
+    wiring = ("residual", "gradient_sum", "bias_of")
 
     def __init__(self, epsilon: float = EPSILON, name: str = ""):
         epsilon = checks.number("LayerNorm epsilon", epsilon, above=0.0)
@@ -296,23 +312,33 @@ class LayerNorm(Layer):
         self.dbeta = ctx.params.grad_view(f"{self.name}.bias")
         self.fused = None   # (warps, rows a block, blocks) where dx and the parameter gradients take one launch
         self._dy_parts = (self.dy, self.dy)   # the one launch's dy and dy2; the same buffer twice: dy alone
+        self.dbias = self._bias_sum = None   # bias_of's gradient, and its own column sum where one launch cannot
+        if self.bias_of is not None:
+            if self.dx is None:
+                raise ValueError(f"{self.name}: the gradient of {self.bias_of!r} is dx's column sum, but this "
+                                 "LayerNorm computes no dx")
+            self.dbias = ctx.params.grad_view(self.bias_of)
         if ctx.backend.is_gpu:
             arrays = (self.x, self.gamma, self.dy) + ((self.dx,) if self.dx is not None else ())
             parts = self.gradient_sum.parts if self.gradient_sum is not None else ()
             width = vector_width(self.dim, *arrays, *parts)
             defines = dict(ELEM_T=ctype(dy.dtype), VEC=width)
             if self.dx is not None and self.dim <= _FUSED_MAX_DIM:
-                self.fused = fused_grid(self.rows, self.dim)
+                sums = 2 if self.dbias is None else 3
+                self.fused = fused_grid(self.rows, self.dim, sums)
                 if len(parts) == 2:   # dy's two parts are added here, as they are loaded: no add2 launch
                     self._dy_parts = tuple(part.reshape(-1, self.dim) for part in parts)
                     self.gradient_sum.summed_by_reader = True
-                # each block's dy * xhat sums in columns [0, dim) of its row, its dy sums in [dim, 2 dim)
-                self.partials = ctx.allocator.zeros((self.fused[2], 2 * self.dim), np.float32, "workspace")
+                # each block's dy * xhat sums in columns [0, dim) of its row, its dy sums in [dim, 2 dim)[, its
+                # dx sums in [2 dim, 3 dim)]
+                self.partials = ctx.allocator.zeros((self.fused[2], sums * self.dim), np.float32, "workspace")
                 self.counters = ctx.allocator.zeros((1,), np.uint32, "workspace")
                 packs = -(-self.dim // (32 * width))
                 self._bwd = get_kernel(_FUSED_SOURCE, "layernorm_bwd_grads", PACKS=packs,
-                                       DY_PARTS=2 if len(parts) == 2 else 1, **defines)
+                                       DY_PARTS=2 if len(parts) == 2 else 1, BIAS_SUM=sums - 2, **defines)
                 return self.dx
+            if self.dbias is not None:   # rows too wide for one launch: the Linear's column sum, run here
+                self._bias_sum = ColumnSum(ctx.backend, ctx.allocator, self.dx.reshape(-1, self.dim), self.dbias)
             self._bwd = get_kernel(_SOURCE, "layernorm_bwd", **defines)
             self.plan = plan_chunks(ctx.backend, self.rows, self.dim)
             # dy * xhat partials in columns [0, dim) of each chunk's row, dy partials in [dim, 2 dim).
@@ -347,13 +373,16 @@ class LayerNorm(Layer):
             if self.dx is not None:
                 dx = rstd * (g - g.mean(axis=1, keepdims=True) - xhat * (g * xhat).mean(axis=1, keepdims=True))
                 self.dx.reshape(-1, self.dim)[...] = dx.astype(self.dx.dtype)
+            if self.dbias is not None:   # dx as written, as the Linear's own column sum would read it
+                self.dbias[...] = widen(self.dx.reshape(-1, self.dim)).sum(axis=0)
             return
         if self.fused is not None:
             warps, rows_per_block, blocks = self.fused
+            dbias = self.dbeta if self.dbias is None else self.dbias   # unread without BIAS_SUM
             self._bwd((blocks,), (32 * warps,), (self.x, self.gamma, *self._dy_parts, self.mean, self.rstd, self.dx,
-                                                 self.dgamma, self.dbeta, self.partials, self.counters,
+                                                 self.dgamma, self.dbeta, dbias, self.partials, self.counters,
                                                  np.int32(self.rows), np.int32(self.dim), np.int32(rows_per_block)),
-                      shared_mem=4 * warps * 2 * self.dim)
+                      shared_mem=4 * warps * self.partials.shape[1])
             return
         if self.dx is not None:
             self._bwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (self.x, self.gamma, self.dy, self.mean, self.rstd,
@@ -362,3 +391,5 @@ class LayerNorm(Layer):
         plan.launch(self._param_grads, (self.x, self.dy, self.mean, self.rstd, self.dgamma, self.dbeta, self.partials,
                                         self.counters, np.int32(self.rows), np.int32(self.dim),
                                         np.int32(plan.rows_per_chunk), np.int32(plan.tile_cols)), sums=2)
+        if self._bias_sum is not None:
+            self._bias_sum.run()

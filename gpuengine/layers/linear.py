@@ -5,7 +5,9 @@ on every position alike (Vaswani et al. 2017, section 3.3), so a batch of
 (T, in) samples is one (B*T, in) matrix: one cuBLASLt GEMM with the bias in its
 epilogue forward, two GEMMs backward with the bias gradient in the weight
 gradient's epilogue (bias_grad auto or epilogue) or as a column sum (sum), as in
-dense.py (which takes flat samples only).
+dense.py (which takes flat samples only). Under a post-LN LayerNorm that sums
+this layer's output into the residual, that LayerNorm's backward sums the bias
+gradient instead (layernorm.py), and the weight gradient runs without it.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from .base import BuildContext, Layer
 
 class Linear(Layer):
     relu_epilogue = False   # set by a program whose ReLU after this layer runs in the GEMM's epilogue
-    wiring = ("relu_epilogue",)
+    bias_grad_by_reader = False   # set by a program whose LayerNorm above sums this layer's bias gradient
+    wiring = ("relu_epilogue", "bias_grad_by_reader")
 
     def __init__(self, units: int, name: str = ""):
         self.units, self.name = checks.whole("Linear units", units), name
@@ -28,6 +31,10 @@ class Linear(Layer):
         fan_in = input_shape[-1]
         return [ParamSpec(f"{self.name}.weight", (self.units, fan_in), "glorot", fan_in, self.units),
                 ParamSpec(f"{self.name}.bias", (self.units,), "zeros")]
+
+    def output_bias(self) -> str:
+        """The parameter added last, whose gradient is the output gradient's column sum."""
+        return f"{self.name}.bias"
 
     def output_shape(self, input_shape):
         if len(input_shape) < 1:
@@ -49,9 +56,10 @@ class Linear(Layer):
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         dy = dy.reshape(-1, self.units)
+        grad_b = None if self.bias_grad_by_reader else ctx.params.grad_view(self.output_bias())
         self._grad_w, self._grad_b = weight_gradients(
-            ctx.backend, ctx.policy, ctx.allocator, ctx.params.grad_view(f"{self.name}.weight"),
-            ctx.params.grad_view(f"{self.name}.bias"), dy, self.x, ctx.bias_grad_in_epilogue(token_major=True))
+            ctx.backend, ctx.policy, ctx.allocator, ctx.params.grad_view(f"{self.name}.weight"), grad_b, dy, self.x,
+            ctx.bias_grad_in_epilogue(token_major=True))
         if not needs_input_grad:
             return None
         dx = ctx.allocator.zeros(self._input_shape, ctx.policy.compute_dtype, "activations")

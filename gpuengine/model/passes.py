@@ -27,10 +27,19 @@ backward, which reads only its output.
 post-LN Transformer's LayerNorm(x + sublayer(x))) is summed by that
 LayerNorm's forward kernel, which writes the sum for its backward as it
 starts the statistics: one launch and one read of the sum fewer.
+
+`biases_under_layernorms`: below such an Add, a Linear layer or an attention
+that only the Add reads (the feed-forward's second layer, each attention's
+output projection) has the LayerNorm's dx as its output gradient, so the
+gradient of its last bias is dx's column sum: the LayerNorm's one-launch
+backward adds it beside dgamma and dbeta, and that weight gradient runs
+without a bias epilogue (cuBLASLt's own bias-gradient kernel, 3 us a launch
+on an H200) or column sum.
 """
 from __future__ import annotations
 
 from ..layers.activations import Activation
+from ..layers.attention import MultiHeadAttention
 from ..layers.conv import Conv2D
 from ..layers.dense import Dense
 from ..layers.layernorm import LayerNorm
@@ -96,3 +105,16 @@ def relus_after_gemms(net: Network) -> dict[str, str]:
 def adds_into_layernorms(net: Network) -> dict[str, str]:
     """{LayerNorm node: the Add node below it} for every LayerNorm whose input is an Add that only it reads."""
     return _over_sole_input(net, lambda layer: isinstance(layer, LayerNorm), lambda layer: isinstance(layer, Add))
+
+
+def biases_under_layernorms(net: Network) -> dict[str, str]:
+    """{LayerNorm node: a Linear or MultiHeadAttention node} for every LayerNorm of adds_into_layernorms whose Add
+    has, among its inputs, such a layer that only the Add reads (the first one)."""
+    found = {}
+    for norm, add in adds_into_layernorms(net).items():
+        for below in net.node(add).inputs:
+            if (below != INPUT and isinstance(net.node(below).layer, (Linear, MultiHeadAttention))
+                    and net.readers(below) == [net.node(add)]):
+                found[norm] = below
+                break
+    return found

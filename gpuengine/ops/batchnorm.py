@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime.kernels import get_kernel, vector_width
+from ..runtime.kernels import compute_capability, get_kernel, max_active_clusters, multiprocessor_count, vector_width
 from .batchnorm_kernels import SOURCE
-from .reductions import plan_chunks
+from .reductions import ChunkPlan, plan_chunks
 
-
-_TILE_CHANNELS = 32   # channels of a column tile
+# Channels of a ticket's column tile whatever VEC: wider tiles leave fewer, longer ones, whose last block adds 2 VEC
+# sums of every chunk while the tile's other blocks wait (3x slower on an H200 with 32 packs a tile).
+_TILE_CHANNELS = 32
+# The row chunks a column tile may take where they meet on chip: one block, or a cluster of CUDA's portable sizes
+# (sm_90); () leaves every map to the ticket's plan.
+ON_CHIP_CHUNKS = (1, 2, 4, 8)
+_BLOCKS_PER_SM = 2    # __launch_bounds__(256, 2)
 # Bytes of each thread's registers that keep its first trips' packs between the passes (CACHE trips of two packs
 # each: x and the residual forward, x and dz backward, whose sums keep more registers live across the tile's wait).
 FORWARD_CACHE_BYTES, BACKWARD_CACHE_BYTES = 128, 64
@@ -19,7 +24,7 @@ FORWARD_CACHE_BYTES, BACKWARD_CACHE_BYTES = 128, 64
 
 def cache_trips(vec: int, itemsize: int, cache_bytes: int) -> int:
     """CACHE: the trips a thread keeps, 1 to 8 (plan_chunks gives a chunk at least 8 trips of its row lanes, or the
-    whole map where it has fewer rows)."""
+    whole map where it has fewer rows; plan_tiles' on-chip plans keep them all)."""
     return max(1, min(8, cache_bytes // (vec * itemsize)))
 
 
@@ -29,24 +34,61 @@ def pack_width(channels: int, *arrays) -> int:
     return 8 if vector_width(channels, *arrays, widest=8) == 8 else 1
 
 
+def plan_tiles(backend, rows: int, packs: int, vec: int, cache: int,
+               most_clusters: dict | None = None) -> tuple[ChunkPlan, int]:
+    """(plan, CLUSTER) of a map of `rows` x `packs` packs of VEC channels whose threads keep `cache` trips.
+
+    A tile's ON_CHIP_CHUNKS row chunks (clusters from sm_90 on) where they keep every row of their blocks in
+    registers (trips <= cache) with up to two blocks an SM and, for a cluster size in `most_clusters`, at most
+    that many clusters (the device's measured ceiling: more run in a second wave): the fewest trips (each costs
+    its loads and its dependent adds again), then the fewest blocks, the smallest cluster and the widest tile.
+    Where none does, the ticket's plan (plan_chunks, 32 channels a tile), whose chunks meet in global memory."""
+    widest = max(1, _TILE_CHANNELS // vec)
+    ticket = plan_chunks(backend, rows, packs, widest_tile=widest)
+    if not backend.is_gpu:
+        return ticket, 1
+    sizes = [size for size in ON_CHIP_CHUNKS if size == 1 or compute_capability() >= 90]
+    most_blocks = _BLOCKS_PER_SM * multiprocessor_count()
+    best, tile = None, 1
+    while tile <= min(widest, 1 << (packs - 1).bit_length()):
+        tiles, lanes = -(-packs // tile), ticket.threads // tile
+        for size in sizes:
+            rows_per_chunk = -(-rows // size)
+            trips, blocks = -(-rows_per_chunk // lanes), tiles * size
+            if trips <= cache and blocks <= most_blocks and tiles <= (most_clusters or {}).get(size, tiles):
+                key = (trips, blocks, size, -tile)
+                if best is None or key < best[0]:
+                    best = key, ChunkPlan(tile, ticket.threads, tiles, rows_per_chunk, size)
+        tile *= 2
+    return (ticket, 1) if best is None else (best[1], best[1].chunks)
+
+
 class _Sums:
     """What both directions share: the grid of their column sums over x (rows x packs of VEC channels), its
-    workspace and each tile's generation (tile_barrier), and the kernels' defines, fixed at build so that a step
-    only launches."""
+    workspace and each tile's generation (tile_barrier), the kernel's defines and the kernel `build` compiles of
+    them, fixed at build so that a step only launches."""
 
-    def __init__(self, backend, allocator, who: str, defines: dict, x, mask, arrays: tuple, cache_bytes: int,
-                 dy_parts: int = 1):
+    def __init__(self, backend, allocator, who: str, build, defines: dict, x, mask, arrays: tuple,
+                 cache_bytes: int, dy_parts: int = 1):
         if bool(defines["MASK"]) != (mask is not None):
             raise ValueError(f"{who}: MASK={defines['MASK']} but mask is {'given' if mask is not None else None}")
         channels = x.shape[-1]
         vec = pack_width(channels, x, *(a for a in arrays if a is not None))
-        self.defines = {**defines, "VEC": vec, "CACHE": cache_trips(vec, x.dtype.itemsize, cache_bytes),
-                        "DY_PARTS": dy_parts}
+        cache = cache_trips(vec, x.dtype.itemsize, cache_bytes)
         self.rows = x.size // channels   # M = N*H*W, the batch statistics' count
-        # 32 channels a tile whatever VEC: wider tiles leave fewer, longer tiles whose last block adds 2 VEC
-        # sums of every chunk while the tile's other blocks wait (3x slower on an H200 with 32 packs a tile)
-        self.plan = plan_chunks(backend, self.rows, channels // vec, widest_tile=max(1, _TILE_CHANNELS // vec))
         self.sums = 2 * vec   # a thread's sums: two per channel of its pack
+        most_clusters = {}
+        while True:   # a cluster size whose grid would run in waves is planned again under its kernel's ceiling
+            self.plan, cluster = plan_tiles(backend, self.rows, channels // vec, vec, cache, most_clusters)
+            self.defines = {**defines, "VEC": vec, "CACHE": cache, "DY_PARTS": dy_parts, "CLUSTER": cluster}
+            self.kernel = build(self.defines)
+            if cluster == 1:
+                break
+            most = max_active_clusters(self.kernel, (self.plan.tiles, self.plan.chunks), self.plan.threads,
+                                       self.plan.shared_bytes(self.sums))
+            if self.plan.tiles <= most:
+                break
+            most_clusters[cluster] = most
         self.partials, self.counters = self.plan.workspace(allocator, channels // vec, sums=self.sums)
         self.generations = allocator.zeros((self.plan.tiles,), np.uint32, "workspace")
         self.scratch = allocator.zeros((2 * channels,), np.float32, "workspace")   # the tiles' finished sums
@@ -57,8 +99,8 @@ class _Sums:
         return (self.partials, self.counters, self.generations, np.int32(self.rows), np.int32(plan.rows_per_chunk),
                 np.int32(plan.tile_cols))
 
-    def launch(self, kernel, args: tuple):
-        self.plan.launch(kernel, args, sums=self.sums)
+    def launch(self, args: tuple):
+        self.plan.launch(self.kernel, args, sums=self.sums)
 
 
 class BatchNormForward:
@@ -68,15 +110,15 @@ class BatchNormForward:
 
     def __init__(self, backend, allocator, defines: dict, x, gamma, beta, running_mean, running_var, y, saved_mean,
                  saved_inv_std, epsilon: float, momentum: float, residual=None, mask=None):
-        self.sums = sums = _Sums(backend, allocator, "BatchNormForward", defines, x, mask, (y, residual),
-                                 FORWARD_CACHE_BYTES)
+        self.sums = sums = _Sums(backend, allocator, "BatchNormForward",
+                                 lambda given: get_kernel(SOURCE, "bn_forward", **given), defines, x, mask,
+                                 (y, residual), FORWARD_CACHE_BYTES)
         self._args = (x, gamma, beta, running_mean, running_var, saved_mean, saved_inv_std, sums.scratch,
                       x if residual is None else residual, y, y if mask is None else mask, *sums.tail(),
                       np.float32(epsilon), np.float32(momentum))
-        self._kernel = get_kernel(SOURCE, "bn_forward", **sums.defines)
 
     def run(self):
-        self.sums.launch(self._kernel, self._args)
+        self.sums.launch(self._args)
 
 
 class BatchNormBackward:
@@ -87,12 +129,12 @@ class BatchNormBackward:
 
     def __init__(self, backend, allocator, defines: dict, dy, x, y, gamma, saved_mean, saved_inv_std, dx, dgamma,
                  dbeta, mask=None, dz=None, dy2=None):
-        self.sums = sums = _Sums(backend, allocator, "BatchNormBackward", defines, x, mask, (dy, dy2, y, dx, dz),
-                                 BACKWARD_CACHE_BYTES, dy_parts=1 if dy2 is None else 2)
+        self.sums = sums = _Sums(backend, allocator, "BatchNormBackward",
+                                 lambda given: get_kernel(SOURCE, "bn_backward", **given), defines, x, mask,
+                                 (dy, dy2, y, dx, dz), BACKWARD_CACHE_BYTES, dy_parts=1 if dy2 is None else 2)
         self._args = (dy, dy if dy2 is None else dy2, x, y, y if mask is None else mask, gamma, saved_mean,
                       saved_inv_std, dgamma, dbeta, sums.scratch, dy if dz is None else dz, np.int32(dz is not None),
                       x if dx is None else dx, np.int32(dx is not None), *sums.tail())
-        self._kernel = get_kernel(SOURCE, "bn_backward", **sums.defines)
 
     def run(self):
-        self.sums.launch(self._kernel, self._args)
+        self.sums.launch(self._args)

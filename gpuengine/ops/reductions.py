@@ -176,8 +176,12 @@ class ChunkPlan:
         return (allocator.zeros((self.chunks, sums * cols), np.float32, "workspace"),
                 allocator.zeros((self.tiles,), np.uint32, "workspace"))
 
+    def shared_bytes(self, sums: int = 1) -> int:
+        """A block's dynamic shared memory: its threads' `sums` float partials."""
+        return 4 * sums * self.threads
+
     def launch(self, kernel, args: tuple, sums: int = 1):
-        kernel((self.tiles, self.chunks), (self.threads,), args, shared_mem=4 * sums * self.threads)
+        kernel((self.tiles, self.chunks), (self.threads,), args, shared_mem=self.shared_bytes(sums))
 
 
 def plan_chunks(backend, rows: int, cols: int, rows_per_chunk: int | None = None,

@@ -130,3 +130,25 @@ def multiprocessor_count() -> int:
     import cupy
     return cupy.cuda.Device().attributes["MultiProcessorCount"]
 
+
+@functools.lru_cache(maxsize=None)
+def compute_capability() -> int:
+    """The device's compute capability as major * 10 + minor (90: Hopper)."""
+    import cupy
+    return int(cupy.cuda.Device().compute_capability)
+
+
+def max_active_clusters(kernel, grid: tuple, threads: int, shared_bytes: int) -> int:
+    """How many of `kernel`'s thread-block clusters (its compiled __cluster_dims__) the device runs at once at this
+    launch shape: a grid of more runs in waves, and its GPCs' spare SMs hold none (30 clusters of 8 blocks on an
+    H200's 132 SMs at two blocks an SM, not 33)."""
+    from cuda.bindings import driver
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = (*grid, 1, 1)[:3]
+    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+    config.sharedMemBytes = shared_bytes
+    config.numAttrs = 0
+    error, clusters = driver.cuOccupancyMaxActiveClusters(driver.CUfunction(kernel.kernel.ptr), config)
+    if error != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters of {kernel.name}: {error.name}")
+    return int(clusters)

@@ -1,0 +1,94 @@
+"""The engine batch norm's grid (ops/batchnorm.py plan_tiles): a tile's row chunks meet on chip (one block, or on
+sm_90 a cluster) where their threads keep all their rows in registers, else the ticket's plan. A stand-in GPU of
+132 SMs (an H100 SXM's or an H200's) with the compute capability the test gives."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from gpuengine.ops import batchnorm as ops_batchnorm, reductions
+from gpuengine.ops.batchnorm import plan_tiles
+from gpuengine.runtime.backend import Backend
+
+SMS = 132
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """plan_tiles' view of a GPU: its SM count and compute capability (90 unless a test sets another)."""
+    monkeypatch.setattr(reductions, "multiprocessor_count", lambda: SMS)
+    monkeypatch.setattr(ops_batchnorm, "multiprocessor_count", lambda: SMS)
+    monkeypatch.setattr(ops_batchnorm, "compute_capability", lambda: 90)
+    return SimpleNamespace(is_gpu=True)
+
+
+def _trips(plan) -> int:
+    return -(-plan.rows_per_chunk // (plan.threads // plan.tile_cols))
+
+
+# ResNet-50 CIFAR bf16 at batch 128 (rows = 128 H W, packs of 8 channels, trips kept forward 8 / backward 4)
+@pytest.mark.parametrize("rows,packs,cache,tile,chunks", [
+    (2048, 16, 8, 1, 8),     # 4x4x128: 128 blocks of one trip, in place of 16 blocks and a ticket
+    (8192, 8, 8, 1, 8),      # 8x8x64: 64 blocks of four trips
+    (8192, 32, 4, 1, 8),     # 8x8x256 backward: 256 blocks of four trips
+    (2048, 64, 4, 1, 4),     # 4x4x512: 256 blocks of two trips (clusters of 8 would be 512 blocks)
+    (512, 32, 4, 1, 2),      # 2x2x256: one trip in clusters of 2, not two trips in one block
+    (128, 64, 8, 2, 1),      # 1x1x512: one block a tile of two packs, one trip each
+])
+def test_each_map_takes_the_fewest_trips_then_the_fewest_blocks(gpu, rows, packs, cache, tile, chunks):
+    plan, cluster = plan_tiles(gpu, rows, packs, 8, cache)
+    assert (plan.tile_cols, plan.chunks, cluster) == (tile, chunks, chunks)
+
+
+# the same maps under the cluster counts an H200 runs at once at two blocks an SM (30 of 8; 60 of 4 assumed)
+@pytest.mark.parametrize("rows,packs,cache,tile,chunks", [
+    (8192, 32, 8, 1, 4),     # 8x8x256 forward: 32 clusters of 8 would exceed 30; 32 of 4, eight trips
+    (8192, 32, 4, 4, None),  # 8x8x256 backward: no cluster of four trips fits; the ticket's plan
+    (2048, 64, 4, 1, 2),     # 4x4x512: 64 clusters of 4 would exceed 60; 64 of 2, four trips
+    (8192, 8, 8, 1, 8),      # 8x8x64: 8 clusters of 8, within the ceiling as before
+])
+def test_a_cluster_size_takes_no_more_clusters_than_run_at_once(gpu, rows, packs, cache, tile, chunks):
+    plan, cluster = plan_tiles(gpu, rows, packs, 8, cache, most_clusters={8: 30, 4: 60})
+    if chunks is None:
+        assert (plan, cluster) == (reductions.plan_chunks(gpu, rows, packs, widest_tile=4), 1)
+    else:
+        assert (plan.tile_cols, plan.chunks, cluster) == (tile, chunks, chunks)
+        assert plan.tiles <= {8: 30, 4: 60, 2: SMS}[cluster]
+
+
+@pytest.mark.parametrize("rows,packs,vec,cache", [(2048, 16, 8, 8), (8192, 8, 8, 4), (784, 256, 8, 8), (128, 64, 8, 8),
+                                                  (2048, 12, 1, 8), (3136, 3, 8, 2), (512, 32, 8, 4)])
+def test_every_on_chip_plan_keeps_its_rows_in_registers_and_its_blocks_resident(gpu, rows, packs, vec, cache):
+    plan, cluster = plan_tiles(gpu, rows, packs, vec, cache)
+    assert cluster in ops_batchnorm.ON_CHIP_CHUNKS and plan.chunks == cluster
+    assert plan.tile_cols & (plan.tile_cols - 1) == 0 and plan.tile_cols * vec <= 32
+    assert plan.tiles * plan.tile_cols >= packs > (plan.tiles - 1) * plan.tile_cols
+    assert plan.rows_per_chunk * cluster >= rows > plan.rows_per_chunk * (cluster - 1)
+    assert _trips(plan) <= cache and plan.tiles * cluster <= 2 * SMS
+
+
+@pytest.mark.parametrize("cache", [8, 1])
+def test_a_map_no_cluster_keeps_in_registers_takes_the_ticket(gpu, cache):
+    rows, packs = 32768, 8   # 16x16x64: eight chunks of 4,096 rows are 16 trips of one-pack tiles
+    plan, cluster = plan_tiles(gpu, rows, packs, 8, cache)
+    assert cluster == 1 and plan == reductions.plan_chunks(gpu, rows, packs, widest_tile=4) and plan.chunks > 1
+
+
+def test_before_sm_90_a_map_meets_in_one_block_or_by_ticket(gpu, monkeypatch):
+    monkeypatch.setattr(ops_batchnorm, "compute_capability", lambda: 80)
+    plan, cluster = plan_tiles(gpu, 2048, 16, 8, 8)   # one block a pack: 2,048 rows in 8 trips of 256 lanes
+    assert (plan.tile_cols, plan.chunks, cluster) == (1, 1, 1)
+    plan, cluster = plan_tiles(gpu, 2048, 16, 8, 4)   # 4 trips kept: no block keeps them, no cluster on sm_80
+    assert cluster == 1 and plan == reductions.plan_chunks(gpu, 2048, 16, widest_tile=4)
+
+
+def test_no_on_chip_chunks_leave_every_map_to_the_ticket(gpu, monkeypatch):
+    monkeypatch.setattr(ops_batchnorm, "ON_CHIP_CHUNKS", ())
+    for rows, packs in ((2048, 16), (128, 64)):
+        assert plan_tiles(gpu, rows, packs, 8, 8) == (reductions.plan_chunks(gpu, rows, packs, widest_tile=4), 1)
+
+
+def test_the_cpu_backend_plans_without_a_device():
+    plan, cluster = plan_tiles(Backend("cpu"), 2048, 16, 8, 8)
+    assert cluster == 1 and plan.tile_cols == 4
