@@ -69,6 +69,10 @@ def no_build(monkeypatch):
                                             "--cuda-graph); give another toggle"),
     (["mlp", "--toggle", "batchnorm=engine", "--toggle", "batchnorm=cudnn"],
      "argument --toggle: a toggle is given twice in batchnorm=engine batchnorm=cudnn"),
+    (["mlp", "--length", "384"], "argument --length: 'mlp' has no sequence length to set; transformer has"),
+    (["zoo:alexnet", "--length", "384"], "argument --length: 'zoo:alexnet' has no sequence length to set; "
+                                         "transformer has"),
+    (["transformer", "--length", "0"], "argument --length: '0' is not accepted; use a whole number >= 1"),
 ])
 def test_a_bad_argument_is_one_usage_error_naming_it(capsys, no_build, argv, message):
     assert refused(capsys, "profile", *argv) == message
@@ -162,6 +166,22 @@ def test_a_toggled_engine_is_profiled_and_written_under_its_own_name(capsys, on_
     assert title.startswith("resnet (bf16, batch 128, cuda_graph 1, batchnorm engine, deterministic False) on ")
     assert read_profile(record, path).title == "resnet (bf16, batch 128, cuda_graph 1, batchnorm engine, " \
                                                "deterministic False)"
+
+
+def test_a_transformer_at_another_length_is_profiled_and_written_under_its_own_name(capsys, on_a_gpu, monkeypatch):
+    store, asked = on_a_gpu
+    built = {}
+    monkeypatch.setattr(session, "measure", lambda case, workload, *a, **k: built.update(
+        case=case, shape=workload.arrays(4, True)[0].shape) or {ENGINE: side(600.0, 40.0, 700.0)})
+    assert cli_main(["profile", "transformer", "--length", "384", "--precision", "bf16", "--references",
+                     "--store", str(store)]) == 0
+    assert built["case"] == ProfileCase("transformer", "bf16", 16, 1, length=384)
+    assert built["shape"] == (4, 2 * 384)   # [source | shifted target] of 384 positions each
+    path = store / H100.name / "profiles" / "transformer-seq384-bf16-b16-graph1.json"
+    record = json.loads(path.read_text())
+    assert record["toggles"] == {"precision": "bf16", "batch": 16, "cuda_graph": 1, "length": 384}
+    assert record["command"][4:7] == ["transformer", "--length", "384"]
+    assert capsys.readouterr().out.splitlines()[0].startswith("transformer (bf16, batch 16, cuda_graph 1, length 384)")
 
 
 def test_a_toggle_goes_without_against(capsys, no_build):

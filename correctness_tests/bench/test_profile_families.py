@@ -88,6 +88,10 @@ REAL_NAMES = {
     "attention": [
         "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x128x128_4x1x1_kernel0_0",
         "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_7_64x128x128_4x1x1_kernel0_0",
+        "void cudnn::fusion::matmul_dq<true, 64>(void const*, void const*, void*, unsigned int, unsigned int, "
+        "unsigned int)",
+        "void cudnn::fusion::compute_dot_do_o<true>(void const*, void const*, void*, void*, unsigned int)",
+        "void cudnn::fusion::convert_dq_to_16bits<true>(void const*, void*, unsigned int, unsigned int)",
         "fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float, cutlass::arch::Sm80, "
         "true, 64, 64, 64, true, true>::Params)",
         "fmha_cutlassB_f32_aligned_64x64_k64_sm80(PyTorchMemEffAttention::AttentionBackwardKernel<cutlass::arch::Sm80,"

@@ -98,12 +98,12 @@ def profile_case(test: str) -> tuple[ProfileCase | None, list[str]]:
         differs.append("its case id names no steps per launch: profiled at 1")
     if "streamed" in words:
         differs.append("profiled with resident data: the test streams its batches from the host")
-    length = next((int(m[1]) for w in words if (m := SEQUENCE.match(w))), transformer.SEED_SHAPE.length)
-    if length != transformer.SEED_SHAPE.length:
-        differs.append(f"profiled at sequence length {transformer.SEED_SHAPE.length}, the test's is {length}")
+    length = next((int(m[1]) for w in words if (m := SEQUENCE.match(w))), None)
+    if length == transformer.SEED_SHAPE.length:
+        length = None   # the seed shape's: the case a plain `profile transformer` makes
     if "cifar100" in words:
         differs.append("profiled with CIFAR-10's 10 classes, the test has 100")
-    return ProfileCase(profiled.name, precision, batch, 1 if graph is None else graph), differs
+    return ProfileCase(profiled.name, precision, batch, 1 if graph is None else graph, length=length), differs
 
 
 def explain(regressed: list[Regressed], profile: Callable[[ProfileCase], ProfileDiff], limit: int = DEFAULT_LIMIT,

@@ -6,7 +6,8 @@
     python -m gpuengine profile resnet --against REV|DIR [...]     the base's engine and the head's, diffed
     python -m gpuengine profile-diff BASE.json HEAD.json [--runner gpuengine] [--top 10]
 
-WORKLOAD is mlp, cnn, resnet, transformer or zoo:NAME (zoo:alexnet, ...). The
+WORKLOAD is mlp, cnn, resnet, transformer or zoo:NAME (zoo:alexnet, ...), the
+Transformer at its seed shape's 128 positions or at --length's. The
 engine and each reference (torch_graph, and torch_compile_graph where
 gpuengine/reference/torch_common.py offers it) are warmed up and captured,
 then a few replays of their steps are profiled with CUPTI through
@@ -49,8 +50,8 @@ from ..cli_args import UsageError, output_folder, parse_toggle, whole
 from ..json_files import JsonFileError
 from . import diff as profile_diff
 from .diff import DEFAULT_TOP, diff_profiles, format_diff, load_profile
-from .record import ENGINE
-from .workloads import ACCEPTED, REFERENCE_CANDIDATES, get_workload, offered_references
+from .record import ENGINE, length_words
+from .workloads import ACCEPTED, LENGTHED, REFERENCE_CANDIDATES, get_workload, offered_references
 
 PROG = "python -m gpuengine profile"
 DEFAULT_REPLAYS = 5
@@ -66,6 +67,9 @@ def add_parser(commands, check_out=None) -> None:
     parser.add_argument("--precision", choices=PRECISIONS,
                         help="fp32 | tf32 | bf16 (default: GPUENGINE_PRECISION, else tf32)")
     parser.add_argument("--batch", type=whole(1), help="the training batch (default: the perf tests' for the workload)")
+    parser.add_argument("--length", type=whole(1),
+                        help=f"the sequence length, for {', '.join(LENGTHED)} (default: its seed shape's; the perf "
+                             "tests run 64, 128, 256 and 384)")
     parser.add_argument("--cuda-graph", type=whole(*CUDA_GRAPH_RANGE),
                         help="the engine's training steps per graph launch, 0 for eager (default: "
                              "GPUENGINE_CUDA_GRAPH, else 1)")
@@ -127,9 +131,9 @@ def check(args) -> None:
     """The workload, the references this checkout offers, and a CUDA GPU; fills in args.case and the defaults."""
     from .record import ProfileCase
     try:
-        args.workload_entry = get_workload(args.workload)
+        args.workload_entry = get_workload(args.workload, args.length)
     except ValueError as exc:
-        raise UsageError(f"argument workload: {exc}") from None
+        raise UsageError(f"argument {'--length' if args.length else 'workload'}: {exc}") from None
     if importlib.util.find_spec("torch") is None:
         raise UsageError(f"{PROG} profiles with torch.profiler and compares with PyTorch, and PyTorch is not "
                          "installed (the torch extra; ./gate installs it)")
@@ -157,7 +161,7 @@ def check(args) -> None:
     config = EngineConfig.from_env(precision=args.precision, cuda_graph=args.cuda_graph)
     args.case = ProfileCase(args.workload_entry.name, config.precision,
                             args.batch or args.workload_entry.default_batch(), config.cuda_graph,
-                            tuple(toggles.items()))
+                            tuple(toggles.items()), args.length)
     if args.against is not None:   # last: a checkout is made only once everything else is known to be right
         from ..machine_info import REPO
         args.references = []
@@ -167,8 +171,9 @@ def check(args) -> None:
 def command_line(args) -> list[str]:
     """The command that profiles this case again, every default spelled out."""
     case = args.case
-    return ["python", "-m", "gpuengine", "profile", case.workload, "--precision", case.precision, "--batch",
-            str(case.batch), "--cuda-graph", str(case.cuda_graph), "--replays", str(args.replays),
+    return ["python", "-m", "gpuengine", "profile", case.workload, *length_words(case), "--precision",
+            case.precision, "--batch", str(case.batch), "--cuda-graph", str(case.cuda_graph), "--replays",
+            str(args.replays),
             *[word for text in args.toggle for word in ("--toggle", text)], "--references", *args.references]
 
 

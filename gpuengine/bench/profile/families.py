@@ -43,7 +43,8 @@ LABELS = dict(FAMILIES)
 
 # (family, pattern searched in the demangled kernel name, case ignored): the first that matches names the family.
 RULES = (
-    ("attention", r"sdpa|flash|fmha|attention|attn"),
+    # cuDNN's SDPA backward runs dO.O and dQ's matmul and cast as kernels of their own (cudnn::fusion::)
+    ("attention", r"sdpa|flash|fmha|attention|attn|compute_dot_do_o|matmul_dq|convert_dq_to"),
     ("norm", r"batch_?norm|bn_(fw|bw|inference)|^bn_(forward|backward)$|layer_?norm"
              r"|group_?norm|rms_?norm|gammabetabackward|rowwisemoments"),
     ("gemm", r"^triton_tem_"),

@@ -53,6 +53,7 @@ class ProfileCase:
     batch: int
     cuda_graph: int
     engine_toggles: tuple = ()   # (name, value) pairs the engine runs with beyond its defaults: ("batchnorm", "engine")
+    length: int | None = None    # the Transformer's sequence length where not its seed shape's
 
     @property
     def steps_per_replay(self) -> int:
@@ -62,18 +63,24 @@ class ProfileCase:
     @property
     def toggles(self) -> dict:
         return {"precision": self.precision, "batch": self.batch, "cuda_graph": self.cuda_graph,
-                **dict(self.engine_toggles)}
+                **({} if self.length is None else {"length": self.length}), **dict(self.engine_toggles)}
 
     @property
     def slug(self) -> str:
         """The file name's stem: 'resnet-bf16-b128-graph1', 'zoo-alexnet-tf32-b16-graph1',
-        'resnet-bf16-b128-graph1-batchnorm-engine'."""
+        'resnet-bf16-b128-graph1-batchnorm-engine', 'transformer-seq384-bf16-b16-graph1'."""
         toggled = "".join(f"-{name}-{int(value) if isinstance(value, bool) else value}"
                           for name, value in self.engine_toggles)
-        return f"{self.workload.replace(':', '-')}-{self.precision}-b{self.batch}-graph{self.cuda_graph}{toggled}"
+        workload = self.workload.replace(':', '-') + ("" if self.length is None else f"-seq{self.length}")
+        return f"{workload}-{self.precision}-b{self.batch}-graph{self.cuda_graph}{toggled}"
 
     def describe(self) -> str:
         return f"{self.workload} ({describe_toggles(self.toggles)})"
+
+
+def length_words(case: ProfileCase) -> list[str]:
+    """The profile command's words that give the case's sequence length: none at the seed shape's."""
+    return [] if case.length is None else ["--length", str(case.length)]
 
 
 def describe_toggles(toggles: dict) -> str:

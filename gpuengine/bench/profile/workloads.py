@@ -61,11 +61,13 @@ class ProfileWorkload:
         return self.torch_runner(mode, x, t, case.batch, case.precision, weights, buffers, device, smoke)
 
 
-def _registered(entry: Workload) -> ProfileWorkload:
-    """A workload of the table: its network, data and learning rate at its seed or smoke shape, its twin's runner
-    (the module the entry names, imported when a reference is built: torch is optional)."""
+def _registered(entry: Workload, length: int | None = None) -> ProfileWorkload:
+    """A workload of the table: its network, data and learning rate at its seed or smoke shape (at `length`
+    positions where given), its twin's runner (the module the entry names, imported when a reference is built:
+    torch is optional)."""
     def shape(smoke: bool):
-        return entry.shape("smoke" if smoke else "seed")
+        shape = entry.shape("smoke" if smoke else "seed")
+        return shape if length is None else shape.with_length(length)
 
     def network(smoke: bool):
         return entry.build(shape(smoke))
@@ -98,10 +100,18 @@ def zoo_workload(network: str) -> ProfileWorkload:
 
 WORKLOADS = {name: _registered(entry) for name, entry in REGISTRY.items()}
 ACCEPTED = ", ".join([*WORKLOADS, f"zoo:NAME (NAME one of {', '.join(zoo.NAMES)})"])
+LENGTHED = tuple(name for name, entry in REGISTRY.items() if hasattr(entry.seed_shape, "with_length"))
 
 
-def get_workload(text: str) -> ProfileWorkload:
-    """The workload named `text` ('mlp', 'zoo:alexnet'); ValueError saying what is accepted otherwise."""
+def get_workload(text: str, length: int | None = None) -> ProfileWorkload:
+    """The workload named `text` ('mlp', 'zoo:alexnet'), at sequence length `length` where given (a workload whose
+    shape has one: the Transformer's); ValueError saying what is accepted otherwise."""
+    if length is not None:
+        if text.strip() not in LENGTHED:
+            raise ValueError(f"{text!r} has no sequence length to set; {', '.join(LENGTHED)} has")
+        if length < 1:
+            raise ValueError(f"sequence length {length}: at least 1")
+        return _registered(REGISTRY[text.strip()], length)
     name, colon, network = text.strip().partition(":")
     if name == "zoo":
         if not colon or network not in zoo.NAMES:
