@@ -142,7 +142,11 @@ def max_active_clusters(kernel, grid: tuple, threads: int, shared_bytes: int) ->
     """How many of `kernel`'s thread-block clusters (its compiled __cluster_dims__) the device runs at once at this
     launch shape: a grid of more runs in waves, and its GPCs' spare SMs hold none (30 clusters of 8 blocks on an
     H200's 132 SMs at two blocks an SM, not 33)."""
-    from cuda.bindings import driver
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        raise RuntimeError(f"the cluster ceiling of {kernel.name} needs the driver's cuOccupancyMaxActiveClusters "
+                           f"from cuda-bindings (nvmath-python installs it), which does not import: {exc}") from None
     config = driver.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = (*grid, 1, 1)[:3]
     config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
