@@ -42,8 +42,9 @@ class _Projection:
         """bias False: the bias gradient is summed elsewhere (a LayerNorm above, model/passes.py)."""
         ctx = self.ctx
         # Gradient views are taken here, not in __init__: inference-only parameters have none.
-        grad_w, grad_b = (ctx.params.grad_view(n)[self.rows] for n in self.names)
-        grad_b = grad_b if bias else None
+        weight_name, bias_name = self.names
+        grad_w = ctx.params.grad_view(weight_name)[self.rows]
+        grad_b = ctx.params.grad_view(bias_name)[self.rows] if bias else None
         self._gw, self._gb = weight_gradients(ctx.backend, ctx.policy, ctx.allocator, grad_w, grad_b, d_out,
                                               self.x, ctx.bias_grad_in_epilogue(token_major=True))
         self.dx = self._gx = None
