@@ -80,6 +80,33 @@ def test_embedding_positional_encoding_and_layernorm_match_numpy(precision):
                  run_layer(LayerNorm(name="ln"), x * 2 + 1, dy, precision="fp32", weights=ln), TOLERANCE[precision])
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_embedding_gradient_spans_change_no_bit(precision, monkeypatch):
+    """A gradient thread checks GRAD_SPAN neighbouring tokens, spans crossing sample rows and a last partial chunk;
+    the matches are still added in token order, so dW is the bits of one token a thread; y is NumPy's."""
+    from gpuengine.layers import embedding
+    ids = np.random.default_rng(33).integers(0, 7, (40, 150)).astype(np.float32)
+    dy = normal(34, (40, 100, 300), precision)
+    weights = {"e.weight": representable(np.random.default_rng(35).standard_normal((7, 300)) * 0.06, precision)}
+    embed = lambda: TokenEmbedding(7, 300, 50, 100, name="e")   # noqa: E731
+    spans = run_layer(embed(), ids, dy, device="cuda", precision=precision, weights=weights)
+    assert_close(spans, run_layer(embed(), ids, dy, precision="fp32", weights=weights), TOLERANCE[precision])
+    assert embedding.GRAD_SPAN > 1 and 40 * 100 % (embedding.GRAD_THREADS * embedding.GRAD_SPAN)
+    monkeypatch.setattr(embedding, "GRAD_SPAN", 1)
+    one = run_layer(embed(), ids, dy, device="cuda", precision=precision, weights=weights)
+    np.testing.assert_array_equal(spans["grad:e.weight"], one["grad:e.weight"])
+
+
+def test_the_positional_table_reaches_samples_past_a_grids_height():
+    """The sample axis is the grid's second (at most 65,535 blocks): later samples come round in its loop."""
+    x = normal(36, (70_000, 2, 3), "fp32")
+    dy = normal(37, (70_000, 2, 3), "fp32")
+    gpu = run_layer(SinusoidalPositionalEncoding(name="pe"), x, dy, device="cuda", precision="fp32")
+    cpu = run_layer(SinusoidalPositionalEncoding(name="pe"), x, dy, precision="fp32")
+    np.testing.assert_allclose(gpu["y"][-1], cpu["y"][-1], rtol=1e-6)
+    assert_close(gpu, cpu, TOLERANCE["fp32"])
+
+
 def layernorm_float64(x, dy, gamma, beta, epsilon):
     """y, dx and the parameter gradients of LayerNorm by its formula, in float64."""
     d = x.shape[-1]
@@ -173,6 +200,23 @@ def test_the_one_launch_backward_gives_the_two_launch_dx_bit_for_bit(precision, 
     np.testing.assert_array_equal(fused["dx"], split["dx"])
     assert_close({k: fused[k] for k in ("grad:ln.weight", "grad:ln.bias")},
                  {k: split[k] for k in ("grad:ln.weight", "grad:ln.bias")}, TOLERANCE[precision])
+
+
+@pytest.mark.parametrize("shape", ["999x300", "363x30"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_rows_in_flight_change_no_bit(precision, shape, monkeypatch):
+    """A warp's rows in flight only move its loads earlier: dx, dgamma and dbeta are the bits of one row at a
+    time (here 2 rows of 300 features, 16 of 30)."""
+    dims = LAYERNORM_SHAPES[shape]
+    x, dy = representable(normal(29, dims, precision, scale=2.0) + 1, precision), normal(30, dims, precision)
+    weights = {"ln.weight": representable(1 + 0.2 * np.random.default_rng(31).standard_normal(dims[-1]), precision),
+               "ln.bias": representable(0.2 * np.random.default_rng(32).standard_normal(dims[-1]), precision)}
+    assert layernorm.rows_in_flight(dims[-1], 4 if dims[-1] % 4 == 0 else 2) > 1
+    in_flight = run_layer(LayerNorm(name="ln"), x, dy, device="cuda", precision=precision, weights=weights)
+    monkeypatch.setattr(layernorm, "rows_in_flight", lambda dim, width: 1)
+    one = run_layer(LayerNorm(name="ln"), x, dy, device="cuda", precision=precision, weights=weights)
+    for key in ("dx", "grad:ln.weight", "grad:ln.bias"):
+        np.testing.assert_array_equal(in_flight[key], one[key], err_msg=key)
 
 
 @pytest.mark.parametrize("pad_id", [None, 0])
