@@ -96,13 +96,11 @@ def _shape_free_cases():
             if width <= 4:   # LayerNorm's lanes take up to 4 features
                 for kernel in ("layernorm_fwd", "layernorm_add_fwd", "layernorm_bwd", "layernorm_param_grads"):
                     yield _case(layernorm, kernel, f"{where}, {width} a lane", ELEM_T=elem, VEC=width)
-                # a lane's packs of its row; dy's parts; a Linear's bias gradient summed beside (BIAS_SUM); rows
-                # in flight as planned, and one at a time
+                # a lane's packs of its row; dy's parts; a Linear's bias gradient summed beside (BIAS_SUM)
                 for packs, parts, bias in ((1, 1, 0), (16 // width, 2, 0), (1, 2, 1), (16 // width, 1, 1)):
-                    for rows in sorted({layernorm.rows_in_flight(32 * width * packs, width), 1}):
-                        yield _case(layernorm, "layernorm_bwd_grads", f"{where}, {width} a lane, {packs} packs, "
-                                    f"{rows} rows, dy in {parts}, bias sum {bias}", "_FUSED_SOURCE", ELEM_T=elem,
-                                    VEC=width, PACKS=packs, ROWS=rows, DY_PARTS=parts, BIAS_SUM=bias)
+                    yield _case(layernorm, "layernorm_bwd_grads", f"{where}, {width} a lane, {packs} packs, "
+                                f"dy in {parts}, bias sum {bias}", "_FUSED_SOURCE", ELEM_T=elem, VEC=width,
+                                PACKS=packs, DY_PARTS=parts, BIAS_SUM=bias)
         # ColumnSum reads the compute dtype and sums in float, in one launch; fused with an activation's gradient too.
         yield _case(reductions, "column_sum", where, ELEM_T=elem)
         for kind, text in activations.SUM_SOURCES.items():

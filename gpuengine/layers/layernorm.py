@@ -143,8 +143,7 @@ extern "C" __global__ void layernorm_param_grads(const ELEM_T* x, const ELEM_T* 
     finish_column_sums<2>(t, dim, tile_cols, s, lane_sums, partials, counters, out);
 }
 """
-# The one-launch backward, compiled with PACKS (a lane's packs of its row) and ROWS (rows a warp has in flight)
-# beside ELEM_T and VEC.
+# The one-launch backward, compiled with PACKS (a lane's packs of its row) beside ELEM_T and VEC.
 _FUSED_SOURCE = r"""
 // dx, dgamma and dbeta in one launch, where a lane keeps its PACKS packs of the row in registers: a warp takes a
 // row at a time as layernorm_bwd does (the same dx, bit for bit) and adds dy * xhat and dy into its lanes' column
@@ -171,72 +170,46 @@ extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* ga
             col_gx[p][k] = col_g[p][k] = 0.f;
             if (BIAS_SUM) col_dx[p][BIAS_SUM ? k : 0] = 0.f;
         }
-    P w[PACKS];   // gamma: the same packs for every row
-    #pragma unroll
-    for (int p = 0; p < PACKS; ++p)
-        if ((p * 32 + lane) * VEC < dim) w[p] = load_pack<ELEM_T, VEC>(gamma, (p * 32 + lane) * VEC);
     const long long stop = min((long long)rows, (long long)(blockIdx.x + 1) * rows_per_block);
-    // ROWS rows at a time (warps apart, as one at a time would take them): their loads are in flight together,
-    // and each row's sums are added in the same order as one at a time, so no bit changes
-    for (long long row0 = (long long)blockIdx.x * rows_per_block + warp; row0 < stop; row0 += (long long)ROWS * warps) {
-        P a[ROWS][PACKS], d[ROWS][PACKS];
-        float m[ROWS], r[ROWS], mg[ROWS], mgx[ROWS];
+    for (long long row = (long long)blockIdx.x * rows_per_block + warp; row < stop; row += warps) {   // warp-uniform
+        const long long base = row * dim;
+        const float m = mean[row], r = rstd[row];
+        P a[PACKS], d[PACKS], w[PACKS];
+        float sg = 0.f, sgx = 0.f;
         #pragma unroll
-        for (int i = 0; i < ROWS; ++i) {
-            const long long base = (row0 + (long long)i * warps) * dim;
-            if (row0 + (long long)i * warps >= stop) continue;   // warp-uniform
-            m[i] = mean[row0 + i * warps];
-            r[i] = rstd[row0 + i * warps];
+        for (int p = 0; p < PACKS; ++p) {
+            const int c = (p * 32 + lane) * VEC;
+            if (c >= dim) continue;
+            a[p] = load_pack<ELEM_T, VEC>(x, base + c);
+            d[p] = load_pack<ELEM_T, VEC>(dy, base + c);
+            if (DY_PARTS == 2) {
+                const P e = load_pack<ELEM_T, VEC>(dy2, base + c);
+                #pragma unroll
+                for (int k = 0; k < VEC; ++k) store_f(d[p].v, k, load_f(d[p].v, k) + load_f(e.v, k));
+            }
+            w[p] = load_pack<ELEM_T, VEC>(gamma, c);
             #pragma unroll
-            for (int p = 0; p < PACKS; ++p) {
-                const int c = (p * 32 + lane) * VEC;
-                if (c >= dim) continue;
-                a[i][p] = load_pack<ELEM_T, VEC>(x, base + c);
-                d[i][p] = load_pack<ELEM_T, VEC>(dy, base + c);
-                if (DY_PARTS == 2) {
-                    const P e = load_pack<ELEM_T, VEC>(dy2, base + c);
-                    #pragma unroll
-                    for (int k = 0; k < VEC; ++k) store_f(d[i][p].v, k, load_f(d[i][p].v, k) + load_f(e.v, k));
-                }
+            for (int k = 0; k < VEC; ++k) {
+                const float xhat = (load_f(a[p].v, k) - m) * r, dyk = load_f(d[p].v, k), g = dyk * load_f(w[p].v, k);
+                sg += g;
+                sgx += g * xhat;
+                col_gx[p][k] += dyk * xhat;
+                col_g[p][k] += dyk;
             }
         }
+        const float mg = warp_sum(sg) / dim, mgx = warp_sum(sgx) / dim;
         #pragma unroll
-        for (int i = 0; i < ROWS; ++i) {
-            float sg = 0.f, sgx = 0.f;
-            if (row0 + (long long)i * warps < stop) {
-                #pragma unroll
-                for (int p = 0; p < PACKS; ++p) {
-                    if ((p * 32 + lane) * VEC >= dim) continue;
-                    #pragma unroll
-                    for (int k = 0; k < VEC; ++k) {
-                        const float xhat = (load_f(a[i][p].v, k) - m[i]) * r[i], dyk = load_f(d[i][p].v, k),
-                                    g = dyk * load_f(w[p].v, k);
-                        sg += g;
-                        sgx += g * xhat;
-                        col_gx[p][k] += dyk * xhat;
-                        col_g[p][k] += dyk;
-                    }
-                }
-            }
-            mg[i] = warp_sum(sg) / dim;
-            mgx[i] = warp_sum(sgx) / dim;
-        }
-        #pragma unroll
-        for (int i = 0; i < ROWS; ++i) {
-            if (row0 + (long long)i * warps >= stop) continue;
+        for (int p = 0; p < PACKS; ++p) {
+            const int c = (p * 32 + lane) * VEC;
+            if (c >= dim) continue;
+            P out;
             #pragma unroll
-            for (int p = 0; p < PACKS; ++p) {
-                const int c = (p * 32 + lane) * VEC;
-                if (c >= dim) continue;
-                P out;
-                #pragma unroll
-                for (int k = 0; k < VEC; ++k) {
-                    const float xhat = (load_f(a[i][p].v, k) - m[i]) * r[i];
-                    store_f(out.v, k, r[i] * (load_f(d[i][p].v, k) * load_f(w[p].v, k) - mg[i] - xhat * mgx[i]));
-                    if (BIAS_SUM) col_dx[p][BIAS_SUM ? k : 0] += load_f(out.v, k);   // dx as written: rounded
-                }
-                store_pack(dx, (row0 + (long long)i * warps) * dim + c, out);
+            for (int k = 0; k < VEC; ++k) {
+                const float xhat = (load_f(a[p].v, k) - m) * r;
+                store_f(out.v, k, r * (load_f(d[p].v, k) * load_f(w[p].v, k) - mg - xhat * mgx));
+                if (BIAS_SUM) col_dx[p][BIAS_SUM ? k : 0] += load_f(out.v, k);   // dx as written: rounded
             }
+            store_pack(dx, base + c, out);
         }
     }
     #pragma unroll
@@ -282,7 +255,6 @@ _ROWS_PER_BLOCK = 8
 EPSILON = 1e-5   # torch.nn.LayerNorm's default
 _FUSED_MAX_DIM = 512   # the one-launch backward: a lane keeps at most 16 features of its row and their sums
 _FUSED_BLOCKS = 64     # its grid: warps enough to cover a row's latency, partials few enough for the last block to add
-_FLIGHT_FEATURES = 32  # features a lane holds of its rows in flight: 4 rows of 256 features, 2 of 512 (registers)
 _SHARED_BYTES = 48 * 1024   # a block's shared memory without the opt-in attribute
 
 
@@ -293,13 +265,6 @@ def fused_grid(rows: int, dim: int, sums: int = 2) -> tuple[int, int, int]:
     warps = next(w for w in (16, 8, 4) if w * sums * dim * 4 <= _SHARED_BYTES)
     rows_per_block = warps * max(1, -(-rows // (warps * _FUSED_BLOCKS)))
     return warps, rows_per_block, -(-rows // rows_per_block)
-
-
-def rows_in_flight(dim: int, width: int) -> int:
-    """Rows a warp of layernorm_bwd_grads loads before it reduces any: as many as keep a lane's share of them, at
-    `width` features a pack, within _FLIGHT_FEATURES (a short row's loads alone cannot cover their latency)."""
-    packs = -(-dim // (32 * width))
-    return max(1, _FLIGHT_FEATURES // (packs * width))
 
 
 class LayerNorm(Layer):
@@ -370,8 +335,7 @@ class LayerNorm(Layer):
                 self.counters = ctx.allocator.zeros((1,), np.uint32, "workspace")
                 packs = -(-self.dim // (32 * width))
                 self._bwd = get_kernel(_FUSED_SOURCE, "layernorm_bwd_grads", PACKS=packs,
-                                       ROWS=rows_in_flight(self.dim, width), DY_PARTS=2 if len(parts) == 2 else 1,
-                                       BIAS_SUM=sums - 2, **defines)
+                                       DY_PARTS=2 if len(parts) == 2 else 1, BIAS_SUM=sums - 2, **defines)
                 return self.dx
             if self.dbias is not None:   # rows too wide for one launch: the Linear's column sum, run here
                 self._bias_sum = ColumnSum(ctx.backend, ctx.allocator, self.dx.reshape(-1, self.dim), self.dbias)

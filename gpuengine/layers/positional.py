@@ -10,22 +10,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.backend import widen
-from ..runtime.kernels import ctype, get_kernel
+from ..runtime.kernels import ctype, get_kernel, launch_shape
 from .base import BuildContext, Layer
 
 _SOURCE = r"""
 extern "C" __global__ void add_table(const ELEM_T* x, const float* table, ELEM_T* out, long long table_size,
-                                     long long samples) {
-    // The grid's rows take samples (and come round past its height), its columns the table: no division a value.
-    for (long long s = blockIdx.y; s < samples; s += gridDim.y)
-        for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < table_size;
-             j += (long long)gridDim.x * blockDim.x)
-            store_f(out, s * table_size + j, load_f(x, s * table_size + j) + table[j]);
+                                     long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        store_f(out, i, load_f(x, i) + table[i % table_size]);
 }
 """
-_THREADS = 256
-_MAX_COLUMNS = 4096    # blocks across a sample's table; the loop covers wider tables
-_MAX_ROWS = 65535      # blocks down the samples: the grid's height
 
 
 def sinusoid_table(length: int, d_model: int) -> np.ndarray:
@@ -68,9 +62,8 @@ class SinusoidalPositionalEncoding(Layer):
         if not self.backend.is_gpu:
             self.out[...] = (widen(self.x) + self.table).astype(self.out.dtype)
             return
-        samples = self.out.shape[0]
-        grid = (min(-(-self.table.size // _THREADS), _MAX_COLUMNS), min(samples, _MAX_ROWS))
-        self._kernel(grid, (_THREADS,), (self.x, self.table, self.out, np.int64(self.table.size), np.int64(samples)))
+        grid, block = launch_shape(self.out.size)
+        self._kernel(grid, block, (self.x, self.table, self.out, np.int64(self.table.size), np.int64(self.out.size)))
 
     def backward(self):
         """Nothing to compute: the input gradient is the output gradient."""
