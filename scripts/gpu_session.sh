@@ -29,7 +29,7 @@
 #                perf-core `./gate perf` of the MLP and CNN cases: a quick check that a change kept the engine's speed
 #                ab       `./gate perf --against build/base` (the quick tier A/B against the checkout carried to
 #                         build/base, its commit in build/base/COMMIT: `scripts/gpu_session.sh base REV` makes it);
-#                         AB_K, when set, selects its cases (-k)
+#                         AB_K, when set, selects its cases (-k); AB_FULL=1 takes the nightly tier's cases (--full)
 #                ab-core  the same for the MLP and CNN cases
 #                stack-ab `./gate perf --against-stack build/old.txt --stack-wheels .whl/old`: the tree on the old lock
 #                         (build/old.txt, its wheels in .whl/old) against the stack this Python runs (the new lock's
@@ -179,7 +179,8 @@ step_bisect-demo() { local repo="$logdir/bisect-repo" s=0   # a history of 4 com
 step_perf() { ./gate perf -p no:cacheprovider --durations=0; }
 step_perf-core() { ./gate perf -p no:cacheprovider --durations=0 -k "test_mlp_train or test_mlp_infer or test_cnn_train"; }
 step_perf-new() { ./gate perf -p no:cacheprovider --durations=0 -k "zoo or loader or streamed or test_resnet_train"; }
-step_ab() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against build/base ${AB_K:+-k "$AB_K"}; s=$?
+step_ab() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against build/base ${AB_FULL:+--full} \
+    ${AB_K:+-k "$AB_K"}; s=$?
     cp -r build/ab "$logdir/ab-logs-$(date +%s)" 2>/dev/null; return $s; }
 step_zoo-compile() { ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none \
     -k "test_zoo_train and tf32-resident"; }

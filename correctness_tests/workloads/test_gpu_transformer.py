@@ -80,6 +80,33 @@ def test_embedding_positional_encoding_and_layernorm_match_numpy(precision):
                  run_layer(LayerNorm(name="ln"), x * 2 + 1, dy, precision="fp32", weights=ln), TOLERANCE[precision])
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_embedding_gradient_spans_change_no_bit(precision, monkeypatch):
+    """A gradient thread checks GRAD_SPAN neighbouring tokens, spans crossing sample rows and a last partial chunk;
+    the matches are still added in token order, so dW is the bits of one token a thread; y is NumPy's."""
+    from gpuengine.layers import embedding
+    ids = np.random.default_rng(33).integers(0, 7, (40, 150)).astype(np.float32)
+    dy = normal(34, (40, 100, 300), precision)
+    weights = {"e.weight": representable(np.random.default_rng(35).standard_normal((7, 300)) * 0.06, precision)}
+    embed = lambda: TokenEmbedding(7, 300, 50, 100, name="e")   # noqa: E731
+    spans = run_layer(embed(), ids, dy, device="cuda", precision=precision, weights=weights)
+    assert_close(spans, run_layer(embed(), ids, dy, precision="fp32", weights=weights), TOLERANCE[precision])
+    assert embedding.GRAD_SPAN > 1 and 40 * 100 % (embedding.GRAD_THREADS * embedding.GRAD_SPAN)
+    monkeypatch.setattr(embedding, "GRAD_SPAN", 1)
+    one = run_layer(embed(), ids, dy, device="cuda", precision=precision, weights=weights)
+    np.testing.assert_array_equal(spans["grad:e.weight"], one["grad:e.weight"])
+
+
+def test_the_positional_table_reaches_samples_past_a_grids_height():
+    """More samples than a grid has blocks in a dimension (65,535): every one gets its table."""
+    x = normal(36, (70_000, 2, 3), "fp32")
+    dy = normal(37, (70_000, 2, 3), "fp32")
+    gpu = run_layer(SinusoidalPositionalEncoding(name="pe"), x, dy, device="cuda", precision="fp32")
+    cpu = run_layer(SinusoidalPositionalEncoding(name="pe"), x, dy, precision="fp32")
+    np.testing.assert_allclose(gpu["y"][-1], cpu["y"][-1], rtol=1e-6)
+    assert_close(gpu, cpu, TOLERANCE["fp32"])
+
+
 def layernorm_float64(x, dy, gamma, beta, epsilon):
     """y, dx and the parameter gradients of LayerNorm by its formula, in float64."""
     d = x.shape[-1]

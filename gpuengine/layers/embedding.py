@@ -6,7 +6,8 @@ ids starting at column `start` and writes (length, d_model) vectors
 y[t] = sqrt(d) W[id_t]. Its weight gradient is a scatter-add,
 dW[v] = sqrt(d) sum over tokens t with id_t = v of dy[t]: on a GPU one block per
 vocabulary row lists the matching tokens and sums their gradients in token
-order, so the result is the same every run (no atomics). (A first version had
+order, so the result is the same every run (no atomics); the forward takes a
+block a token. (A first version had
 every thread walk all tokens: 2.3 ms of the 5.9 ms seq-384 step on an H100.) Ids are not differentiable: the
 layer gives no input gradient (a graph that asks for one fails when built,
 naming the node). Ids travel in the compute dtype; bf16 holds
@@ -21,47 +22,61 @@ import numpy as np
 from .. import checks
 from ..data.checks import check_ids
 from ..runtime.backend import widen
-from ..runtime.kernels import ctype, get_kernel, launch_shape
+from ..runtime.kernels import ctype, get_kernel
 from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
 
 _SOURCE = r"""
 extern "C" __global__ void embed(const ID_T* ids, const ELEM_T* weight, ELEM_T* out, int row_len, int start,
-                                 int length, int dim, float scale, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const long long token = i / dim;   // (batch row) * length + position
-        const int c = (int)(i % dim);
+                                 int length, int dim, float scale, long long tokens) {
+    // A block a token (batch row * length + position): its id read and placed once, its row copied by the threads.
+    for (long long token = blockIdx.x; token < tokens; token += gridDim.x) {
         const long long b = token / length;
-        const int id = (int)load_f(ids, b * row_len + start + token % length);
-        store_f(out, i, scale * load_f(weight, (long long)id * dim + c));
+        const int id = (int)load_f(ids, b * row_len + start + (token - b * length));
+        for (int c = threadIdx.x; c < dim; c += blockDim.x)
+            store_f(out, token * dim + c, scale * load_f(weight, (long long)id * dim + c));
     }
 }
 extern "C" __global__ void embed_grad(const ID_T* ids, const ELEM_T* dy, float* dweight, int row_len, int start,
                                       int length, int dim, float scale, long long tokens) {
-    // One block per vocabulary row. It scans the ids a chunk of blockDim tokens at a time, lists the chunk's
-    // matching tokens in token order (warp ballots), and each thread adds their gradients for its columns in
-    // that order: a fixed order, so the sum is the same every run (no atomics), and only the matches are read.
-    __shared__ int matches[THREADS];
+    // One block per vocabulary row. It scans the ids a chunk of THREADS * GRAD_SPAN tokens at a time, each thread
+    // a span of GRAD_SPAN neighbouring tokens (one division a span, its loads in flight together), lists the
+    // chunk's matching tokens in token order (a scan of the threads' counts), and each thread adds their gradients
+    // for its columns in that order: a fixed order, so the sum is the same every run (no atomics), and only the
+    // matches are read.
+    __shared__ int matches[THREADS * GRAD_SPAN];
     __shared__ int warp_counts[THREADS / 32];
     const int v = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float acc[COLS_PER_THREAD];
     for (int j = 0; j < COLS_PER_THREAD; ++j) acc[j] = 0.f;
-    for (long long base = 0; base < tokens; base += THREADS) {
-        const long long token = base + threadIdx.x;
-        bool hit = false;
-        if (token < tokens) {
-            const long long b = token / length;
-            hit = (int)load_f(ids, b * row_len + start + token % length) == v;
+    for (long long base = 0; base < tokens; base += THREADS * GRAD_SPAN) {
+        const long long first = base + (long long)threadIdx.x * GRAD_SPAN;
+        unsigned int hits = 0u;   // bit s: token first + s is a v
+        if (first < tokens) {
+            long long b = first / length;
+            int position = (int)(first - b * length);
+            #pragma unroll
+            for (int s = 0; s < GRAD_SPAN; ++s) {
+                if (first + s < tokens && (int)load_f(ids, b * row_len + start + position) == v) hits |= 1u << s;
+                if (++position == length) { position = 0; ++b; }
+            }
         }
-        const unsigned ballot = __ballot_sync(0xffffffffu, hit);
-        if (lane == 0) warp_counts[warp] = __popc(ballot);
+        const int count = __popc(hits);
+        int offset = count;   // the warp's inclusive scan of its threads' counts
+        #pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int n = __shfl_up_sync(0xffffffffu, offset, o);
+            if (lane >= o) offset += n;
+        }
+        if (lane == 31) warp_counts[warp] = offset;
         __syncthreads();
-        int offset = 0, total = 0;
+        int total = 0;
+        offset -= count;
         for (int w = 0; w < THREADS / 32; ++w) {
             offset += w < warp ? warp_counts[w] : 0;
             total += warp_counts[w];
         }
-        if (hit) matches[offset + __popc(ballot & ((1u << lane) - 1u))] = threadIdx.x;
+        for (unsigned int h = hits; h; h &= h - 1u) matches[offset++] = threadIdx.x * GRAD_SPAN + __ffs(h) - 1;
         __syncthreads();
         for (int m = 0; m < total; ++m) {
             const long long row = (base + matches[m]) * dim;
@@ -79,7 +94,10 @@ extern "C" __global__ void embed_grad(const ID_T* ids, const ELEM_T* dy, float* 
 }
 """
 BF16_EXACT_IDS = 256   # bf16 has 8 significant bits: every integer up to 2^8 is exact
-GRAD_THREADS = 256     # threads of a gradient block: the chunk of tokens it scans at once
+GRAD_THREADS = 256     # threads of a gradient block
+GRAD_SPAN = 8          # neighbouring tokens a gradient thread checks in a chunk (at most 32: a bit each)
+EMBED_THREADS = 128    # threads of a forward block: a token's row of d_model values
+_MAX_EMBED_BLOCKS = 1 << 20   # the forward's grid; its loop covers more tokens
 
 
 class TokenEmbedding(Layer):
@@ -132,7 +150,7 @@ class TokenEmbedding(Layer):
 
     def kernel_defines(self, id_dtype, elem_dtype) -> dict:
         """Both kernels compile from one source, so each needs every name the source uses."""
-        return dict(ID_T=ctype(id_dtype), ELEM_T=ctype(elem_dtype), THREADS=GRAD_THREADS,
+        return dict(ID_T=ctype(id_dtype), ELEM_T=ctype(elem_dtype), THREADS=GRAD_THREADS, GRAD_SPAN=GRAD_SPAN,
                     COLS_PER_THREAD=-(-self.d_model // GRAD_THREADS))
 
     def _token_ids(self) -> np.ndarray:
@@ -146,8 +164,9 @@ class TokenEmbedding(Layer):
         if not self.backend.is_gpu:
             self.out[...] = (self.scale * widen(self.weight)[self._token_ids()]).astype(self.out.dtype)
             return
-        grid, block = launch_shape(self.out.size)
-        self._embed(grid, block, (self.ids, self.weight, self.out) + self._args() + (np.int64(self.out.size),))
+        tokens = self.out.size // self.d_model
+        self._embed((min(tokens, _MAX_EMBED_BLOCKS),), (EMBED_THREADS,),
+                    (self.ids, self.weight, self.out) + self._args() + (np.int64(tokens),))
 
     def backward(self):
         if not self.backend.is_gpu:

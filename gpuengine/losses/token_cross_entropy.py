@@ -52,6 +52,7 @@ extern "C" __global__ void token_xent(const ELEM_T* z, const float* t, ELEM_T* d
 }
 """
 _THREADS = 256
+_COUNT_THREADS = 1024   # the count's one block: as many loads in flight as a block holds
 _MAX_BLOCKS = 1024
 
 
@@ -95,7 +96,7 @@ class TokenCrossEntropy:
         if not self.backend.is_gpu:
             self._forward_backward_numpy()
             return
-        self._count((1,), (_THREADS,), (self.target, np.int32(self.rows), self._pad, self.inv_count))
+        self._count((1,), (_COUNT_THREADS,), (self.target, np.int32(self.rows), self._pad, self.inv_count))
         self._rows_kernel((self.blocks,), (_THREADS,), (self.z, self.target, self.dz, self.partials,
                                                          np.int32(self.rows), np.int32(self.classes), self._pad,
                                                          self.inv_count))
