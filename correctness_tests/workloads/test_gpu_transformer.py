@@ -97,16 +97,6 @@ def test_the_embedding_gradient_spans_change_no_bit(precision, monkeypatch):
     np.testing.assert_array_equal(spans["grad:e.weight"], one["grad:e.weight"])
 
 
-def test_the_positional_table_reaches_samples_past_a_grids_height():
-    """More samples than a grid has blocks in a dimension (65,535): every one gets its table."""
-    x = normal(36, (70_000, 2, 3), "fp32")
-    dy = normal(37, (70_000, 2, 3), "fp32")
-    gpu = run_layer(SinusoidalPositionalEncoding(name="pe"), x, dy, device="cuda", precision="fp32")
-    cpu = run_layer(SinusoidalPositionalEncoding(name="pe"), x, dy, precision="fp32")
-    np.testing.assert_allclose(gpu["y"][-1], cpu["y"][-1], rtol=1e-6)
-    assert_close(gpu, cpu, TOLERANCE["fp32"])
-
-
 def layernorm_float64(x, dy, gamma, beta, epsilon):
     """y, dx and the parameter gradients of LayerNorm by its formula, in float64."""
     d = x.shape[-1]
