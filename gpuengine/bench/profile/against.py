@@ -33,7 +33,7 @@ from typing import Callable
 from ..cudnn_plans import PLAN_FILE
 from ..injected_delay import DELAY_ENV
 from .diff import ProfileDiff, diff_profiles, load_profile
-from .record import ProfileCase, length_words, profile_path
+from .record import ProfileCase, case_words, profile_path
 
 SCRATCH = Path("build") / "profile-against"   # relative to the working folder, like the gate's build/ab
 SIDE_TIMEOUT_S = 1800   # building, autotuning what the kept plans lack, and profiling: minutes for ResNet-50
@@ -53,9 +53,8 @@ class Checkout:
 
 def side_command(case: ProfileCase, replays: int, store: Path) -> list[str]:
     """The profile command of one side: the engine alone, into `store`."""
-    return [sys.executable, "-m", "gpuengine", "profile", case.workload, *length_words(case), "--precision",
-            case.precision, "--batch", str(case.batch), "--cuda-graph", str(case.cuda_graph), "--replays",
-            str(replays), "--references", "--store", str(store)]
+    return [sys.executable, "-m", "gpuengine", "profile", *case_words(case), "--replays", str(replays),
+            "--references", "--store", str(store)]
 
 
 def side_environment(checkout: Checkout, head: bool, environ=None) -> dict[str, str]:

@@ -50,7 +50,7 @@ from ..cli_args import UsageError, output_folder, parse_toggle, whole
 from ..json_files import JsonFileError
 from . import diff as profile_diff
 from .diff import DEFAULT_TOP, diff_profiles, format_diff, load_profile
-from .record import ENGINE, length_words
+from .record import ENGINE, case_words
 from .workloads import ACCEPTED, LENGTHED, REFERENCE_CANDIDATES, get_workload, offered_references
 
 PROG = "python -m gpuengine profile"
@@ -171,9 +171,7 @@ def check(args) -> None:
 def command_line(args) -> list[str]:
     """The command that profiles this case again, every default spelled out."""
     case = args.case
-    return ["python", "-m", "gpuengine", "profile", case.workload, *length_words(case), "--precision",
-            case.precision, "--batch", str(case.batch), "--cuda-graph", str(case.cuda_graph), "--replays",
-            str(args.replays),
+    return ["python", "-m", "gpuengine", "profile", *case_words(case), "--replays", str(args.replays),
             *[word for text in args.toggle for word in ("--toggle", text)], "--references", *args.references]
 
 

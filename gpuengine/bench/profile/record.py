@@ -78,9 +78,12 @@ class ProfileCase:
         return f"{self.workload} ({describe_toggles(self.toggles)})"
 
 
-def length_words(case: ProfileCase) -> list[str]:
-    """The profile command's words that give the case's sequence length: none at the seed shape's."""
-    return [] if case.length is None else ["--length", str(case.length)]
+def case_words(case: ProfileCase) -> list[str]:
+    """The profile command's words that give the case: its workload, its sequence length where not the seed
+    shape's, its precision, batch and steps per launch (engine toggles are the caller's)."""
+    length = [] if case.length is None else ["--length", str(case.length)]
+    return [case.workload, *length, "--precision", case.precision, "--batch", str(case.batch), "--cuda-graph",
+            str(case.cuda_graph)]
 
 
 def describe_toggles(toggles: dict) -> str:

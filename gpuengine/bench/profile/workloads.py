@@ -106,13 +106,13 @@ LENGTHED = tuple(name for name, entry in REGISTRY.items() if hasattr(entry.seed_
 def get_workload(text: str, length: int | None = None) -> ProfileWorkload:
     """The workload named `text` ('mlp', 'zoo:alexnet'), at sequence length `length` where given (a workload whose
     shape has one: the Transformer's); ValueError saying what is accepted otherwise."""
+    name, colon, network = text.strip().partition(":")
     if length is not None:
-        if text.strip() not in LENGTHED:
+        if colon or name not in LENGTHED:
             raise ValueError(f"{text!r} has no sequence length to set; {', '.join(LENGTHED)} has")
         if length < 1:
             raise ValueError(f"sequence length {length}: at least 1")
-        return _registered(REGISTRY[text.strip()], length)
-    name, colon, network = text.strip().partition(":")
+        return _registered(REGISTRY[name], length)
     if name == "zoo":
         if not colon or network not in zoo.NAMES:
             given = "no network name" if not network else f"no network {network!r}"
