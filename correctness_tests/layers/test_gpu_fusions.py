@@ -1,7 +1,8 @@
 """On a GPU: the fusions a program makes of a Transformer (model/passes.py). A ReLU after a Dense or Linear
 layer runs in that layer's GEMM epilogue (cuBLASLt's RELU_BIAS), a residual Add read only by a LayerNorm is
 summed by the LayerNorm's forward kernel, and the two gradients of a LayerNorm's output by its backward kernel,
-which also sums the bias gradient of a Linear layer only that Add reads.
+which also sums the bias gradient of a Linear layer only that Add reads. A token embedding adds the positional
+encoding above it.
 
 Every candidate algorithm of the fused GEMM computes relu(a @ b + bias) against float64; the fused LayerNorm
 writes the sum and normalises it as NumPy does; the Transformer trains with both fusions as without them,
@@ -15,7 +16,7 @@ import pytest
 from gpuengine.config import EngineConfig
 from gpuengine.losses import MSELoss
 from gpuengine.model.network import INPUT, NetworkBuilder
-from gpuengine.layers import Add, LayerNorm, Linear, Tanh
+from gpuengine.layers import Add, LayerNorm, Linear, SinusoidalPositionalEncoding, Tanh, TokenEmbedding
 from gpuengine.layers.merge import GradientSum
 from gpuengine.ops import autotune
 from gpuengine.ops.gemm import Gemm
@@ -98,6 +99,30 @@ def test_a_layernorm_adds_its_output_gradients_as_their_sum_would(precision):
             results.append([dx.get(), norm.dgamma.get(), norm.dbeta.get()])
     for fused, unfused in zip(*results):
         np.testing.assert_array_equal(fused, unfused)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_an_embedding_adds_the_positional_table_as_the_encoding_would(precision):
+    """The embedding's rows rounded, then the table added and rounded again: the unfused pair's bits."""
+    rng = np.random.default_rng(12)
+    ids = rng.integers(0, 256, (48, 200)).astype(np.float32)
+    weights = {"e.weight": rng.standard_normal((256, 256)) * 0.06}
+    ctx = make_context("cuda", precision, 48, TokenEmbedding(256, 256, 40, 160, name="e").param_specs((200,)),
+                       weights)
+    outputs = []
+    with ctx.backend.activate():
+        x = ctx.backend.xp.asarray(ids.astype(ctx.policy.compute_dtype))
+        for fused in (True, False):
+            embed, positions = TokenEmbedding(256, 256, 40, 160, name="e"), SinusoidalPositionalEncoding(name="pe")
+            embed.adds_positions = positions.added_by_input = fused
+            y = positions.build_forward(ctx, embed.build_forward(ctx, x))
+            assert (y is embed.out) == fused
+            embed.forward()
+            positions.forward()
+            ctx.backend.synchronize()
+            outputs.append(y.get())
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    assert np.abs(outputs[0].astype(np.float32)).max() > 0
 
 
 def losses(precision: str, fuse: bool) -> list[float]:

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from gpuengine.config import EngineConfig
-from gpuengine.layers import Add, Conv2D, Dense, Dropout, Flatten, LayerNorm, Linear, MaxPool2D, ReLU, Tanh
+from gpuengine.layers import (Add, Conv2D, Dense, Dropout, Flatten, LayerNorm, Linear, MaxPool2D, ReLU,
+                              SinusoidalPositionalEncoding, Tanh, TokenEmbedding)
 from gpuengine.losses import MSELoss, SoftmaxCrossEntropy
 from gpuengine.model.network import INPUT, NetworkBuilder, Sequential
 from gpuengine.model.passes import (adds_into_layernorms, biases_under_layernorms, pools_over_direct_wgrad,
-                                   relus_after_gemms)
+                                   positions_over_embeddings, relus_after_gemms)
 from gpuengine.trainer import Trainer
 from gpuengine.workloads import transformer
 from gpuengine.workloads.cnn import build_cnn
@@ -105,6 +106,20 @@ def test_a_linear_layer_read_beside_the_residual_add_keeps_its_bias_gradient():
     assert adds_into_layernorms(net) == {"norm": "residual"} and biases_under_layernorms(net) == {}
 
 
+def test_each_side_of_the_transformer_adds_its_positions_in_its_embedding():
+    found = positions_over_embeddings(transformer.build_transformer(transformer.SMOKE_SHAPE))
+    assert found == {"src_pe": "src_embed", "tgt_pe": "tgt_embed"}
+
+
+def test_an_embedding_read_beside_its_positional_encoding_is_left_alone():
+    shape = transformer.SMOKE_SHAPE
+    b = NetworkBuilder(shape.input_shape)
+    embedded = b.add(TokenEmbedding(shape.vocab, shape.d_model, 0, shape.length), INPUT, name="embed")
+    positions = b.add(SinusoidalPositionalEncoding(), embedded, name="pe")
+    net = b.network(MSELoss(), b.add(Add(), positions, embedded, name="out"))
+    assert positions_over_embeddings(net) == {}
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_fused_transformer_trains_as_the_unfused_one(precision):
     runs = {}
@@ -116,6 +131,7 @@ def test_the_fused_transformer_trains_as_the_unfused_one(precision):
         relus = [layer for layer in layers if getattr(layer, "applied_by_input", False)]
         sums = [layer for layer in layers if getattr(layer, "summed_by_reader", False)]
         biases = [layer for layer in layers if getattr(layer, "bias_grad_by_reader", False)]
-        assert (len(relus), len(sums), len(biases)) == ((2, 5, 5) if fuse else (0, 0, 0))
+        positions = [layer for layer in layers if getattr(layer, "adds_positions", False)]
+        assert (len(relus), len(sums), len(biases), len(positions)) == ((2, 5, 5, 2) if fuse else (0, 0, 0, 0))
         runs[fuse] = trainer.train(3)
     assert runs[True] == runs[False]   # the same sums in the same order, on the CPU

@@ -183,8 +183,9 @@ def _node_cases(net, node, dtype, where):
                 pooled = layer.direct_wgrad_defines(shapes[0], dtype, pool)
                 found.append((direct_wgrad, "_SOURCE", ("direct_wgrad_partials", "direct_wgrad_sum"), pooled))
                 found.append((conv_pool, "_SOURCE", ("conv_pool_forward",), pooled))
-    elif isinstance(layer, TokenEmbedding):   # ids travel in the compute dtype
+    elif isinstance(layer, TokenEmbedding):   # ids travel in the compute dtype; the positional table added or not
         found.append((embedding, "_SOURCE", ("embed", "embed_grad"), layer.kernel_defines(dtype, dtype)))
+        found.append((embedding, "_SOURCE", ("embed",), {**layer.kernel_defines(dtype, dtype), "POSITIONS": 1}))
     for module, source_expr, kernels, defines in found:
         if defines is not None:   # None: this node runs no kernel (a view, or another engine)
             for kernel in kernels:

@@ -25,16 +25,24 @@ from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel
 from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
+from .positional import device_table
 
 _SOURCE = r"""
-extern "C" __global__ void embed(const ID_T* ids, const ELEM_T* weight, ELEM_T* out, int row_len, int start,
-                                 int length, int dim, float scale, long long tokens) {
+extern "C" __global__ void embed(const ID_T* ids, const ELEM_T* weight, const float* table, ELEM_T* out,
+                                 int row_len, int start, int length, int dim, float scale, long long tokens) {
     // A block a token (batch row * length + position): its id read and placed once, its row copied by the threads.
+    // With POSITIONS 1 the positional table's row is added, to the row rounded to ELEM_T as the unfused embedding
+    // writes it, so the sum is the positional encoding's bits.
     for (long long token = blockIdx.x; token < tokens; token += gridDim.x) {
         const long long b = token / length;
-        const int id = (int)load_f(ids, b * row_len + start + (token - b * length));
-        for (int c = threadIdx.x; c < dim; c += blockDim.x)
-            store_f(out, token * dim + c, scale * load_f(weight, (long long)id * dim + c));
+        const int position = (int)(token - b * length);
+        const int id = (int)load_f(ids, b * row_len + start + position);
+        for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+            ELEM_T e;
+            store_f(&e, 0, scale * load_f(weight, (long long)id * dim + c));
+            const float y = POSITIONS ? load_f(&e, 0) + table[(long long)position * dim + c] : load_f(&e, 0);
+            store_f(out, token * dim + c, y);
+        }
     }
 }
 extern "C" __global__ void embed_grad(const ID_T* ids, const ELEM_T* dy, float* dweight, int row_len, int start,
@@ -103,6 +111,9 @@ _MAX_EMBED_BLOCKS = 1 << 20   # the forward's grid; its loop covers more tokens
 class TokenEmbedding(Layer):
     """Ids in columns [start, start + length) of each input row -> (length, d_model) scaled embeddings."""
 
+    adds_positions = False   # set by a program: the positional encoding above is added here (positional.py)
+    wiring = ("adds_positions",)
+
     def __init__(self, vocab: int, d_model: int, start: int, length: int, name: str = ""):
         self.vocab = checks.whole("TokenEmbedding vocab", vocab)
         self.d_model = checks.whole("TokenEmbedding d_model", d_model)
@@ -138,6 +149,9 @@ class TokenEmbedding(Layer):
         self.backend, self.ids, self.row_len = ctx.backend, x, x.shape[1]
         self.weight = ctx.params.compute_view(f"{self.name}.weight")
         self.out = ctx.allocator.zeros((ctx.batch, self.length, self.d_model), ctx.policy.compute_dtype, "activations")
+        self.table = None
+        if self.adds_positions:
+            self.table = device_table(ctx, (self.length, self.d_model), self.out.dtype)
         if ctx.backend.is_gpu:
             self._embed = get_kernel(_SOURCE, "embed", **self.kernel_defines(x.dtype, self.out.dtype))
         return self.out
@@ -151,7 +165,7 @@ class TokenEmbedding(Layer):
     def kernel_defines(self, id_dtype, elem_dtype) -> dict:
         """Both kernels compile from one source, so each needs every name the source uses."""
         return dict(ID_T=ctype(id_dtype), ELEM_T=ctype(elem_dtype), THREADS=GRAD_THREADS, GRAD_SPAN=GRAD_SPAN,
-                    COLS_PER_THREAD=-(-self.d_model // GRAD_THREADS))
+                    COLS_PER_THREAD=-(-self.d_model // GRAD_THREADS), POSITIONS=int(self.adds_positions))
 
     def _token_ids(self) -> np.ndarray:
         return widen(self.ids[:, self.start:self.start + self.length]).astype(np.int64)
@@ -163,10 +177,13 @@ class TokenEmbedding(Layer):
     def forward(self):
         if not self.backend.is_gpu:
             self.out[...] = (self.scale * widen(self.weight)[self._token_ids()]).astype(self.out.dtype)
+            if self.table is not None:   # as the positional encoding adds it
+                self.out[...] = (widen(self.out) + self.table).astype(self.out.dtype)
             return
         tokens = self.out.size // self.d_model
+        table = self.weight if self.table is None else self.table   # unread without POSITIONS
         self._embed((min(tokens, _MAX_EMBED_BLOCKS),), (EMBED_THREADS,),
-                    (self.ids, self.weight, self.out) + self._args() + (np.int64(tokens),))
+                    (self.ids, self.weight, table, self.out) + self._args() + (np.int64(tokens),))
 
     def backward(self):
         if not self.backend.is_gpu:

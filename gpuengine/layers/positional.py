@@ -4,6 +4,8 @@ PE[t, 2i] = sin(t / 10000^(2i/d)), PE[t, 2i+1] = cos(t / 10000^(2i/d)) for
 positions t of a (T, d) sample. The table is computed once on the host in
 float64 and held in float32; nothing is trained, and the input gradient is the
 output gradient itself (like a residual add), so backward computes nothing.
+Over a token embedding that only it reads, a program has the embedding add the
+table as it writes its rows (`added_by_input`): this layer then runs nothing.
 """
 from __future__ import annotations
 
@@ -32,8 +34,20 @@ def sinusoid_table(length: int, d_model: int) -> np.ndarray:
     return table
 
 
+def device_table(ctx: BuildContext, shape: tuple, dtype) -> object:
+    """The table on the context's device: float64 under the gradient checks' precision, float32 otherwise (bf16
+    activations add it in float32)."""
+    host = sinusoid_table(*shape)
+    table = ctx.allocator.zeros(host.shape, np.float64 if dtype == np.float64 else np.float32, "workspace")
+    ctx.backend.upload(table, host)
+    return table
+
+
 class SinusoidalPositionalEncoding(Layer):
     """(T, d) samples plus the fixed table of T positions."""
+
+    added_by_input = False   # set by a program whose TokenEmbedding below adds the table as it writes its rows
+    wiring = ("added_by_input",)
 
     def __init__(self, name: str = ""):
         self.name = name
@@ -46,10 +60,10 @@ class SinusoidalPositionalEncoding(Layer):
 
     def build_forward(self, ctx: BuildContext, x):
         self.backend, self.x = ctx.backend, x
-        host = sinusoid_table(*x.shape[1:])
-        # float64 under the gradient checks' precision, float32 otherwise (bf16 activations add it in float32).
-        self.table = ctx.allocator.zeros(host.shape, np.float64 if x.dtype == np.float64 else np.float32, "workspace")
-        ctx.backend.upload(self.table, host)
+        if self.added_by_input:   # x holds x + PE already
+            self.out = x
+            return x
+        self.table = device_table(ctx, x.shape[1:], x.dtype)
         self.out = ctx.allocator.zeros(x.shape, x.dtype, "activations")
         if ctx.backend.is_gpu:
             self._kernel = get_kernel(_SOURCE, "add_table", ELEM_T=ctype(x.dtype))
@@ -59,6 +73,8 @@ class SinusoidalPositionalEncoding(Layer):
         return dy if needs_input_grad else None
 
     def forward(self):
+        if self.added_by_input:
+            return
         if not self.backend.is_gpu:
             self.out[...] = (widen(self.x) + self.table).astype(self.out.dtype)
             return

@@ -35,6 +35,11 @@ gradient of its last bias is dx's column sum: the LayerNorm's one-launch
 backward adds it beside dgamma and dbeta, and that weight gradient runs
 without a bias epilogue (cuBLASLt's own bias-gradient kernel, 3 us a launch
 on an H200) or column sum.
+
+`positions_over_embeddings`: a positional encoding over a token embedding
+that only it reads (each side of the Transformer) is added by the
+embedding's forward kernel as it writes each token's row, rounded as the
+encoding rounds it: one launch and one read and write of the rows fewer.
 """
 from __future__ import annotations
 
@@ -42,10 +47,12 @@ from ..layers.activations import Activation
 from ..layers.attention import MultiHeadAttention
 from ..layers.conv import Conv2D
 from ..layers.dense import Dense
+from ..layers.embedding import TokenEmbedding
 from ..layers.layernorm import LayerNorm
 from ..layers.linear import Linear
 from ..layers.merge import Add
 from ..layers.pooling import MaxPool2D
+from ..layers.positional import SinusoidalPositionalEncoding
 from ..losses.fused_head import fits
 from ..losses.mse import MSELoss
 from ..ops.direct_wgrad import pool_fits
@@ -118,3 +125,10 @@ def biases_under_layernorms(net: Network) -> dict[str, str]:
                 found[norm] = below
                 break
     return found
+
+
+def positions_over_embeddings(net: Network) -> dict[str, str]:
+    """{positional-encoding node: the TokenEmbedding node below it} for every encoding whose input is an embedding
+    that only it reads."""
+    return _over_sole_input(net, lambda layer: isinstance(layer, SinusoidalPositionalEncoding),
+                            lambda layer: isinstance(layer, TokenEmbedding))

@@ -14,7 +14,7 @@ gradient (ops/conv_pool.py, ops/direct_wgrad.py), on a GPU. A ReLU that
 only reads a Dense or Linear layer runs in that layer's GEMM epilogue, and a
 residual Add that only a LayerNorm reads is summed by that LayerNorm, which
 also sums the last bias gradient of a Linear layer or attention only that Add
-reads.
+reads; a token embedding adds the positional encoding over it.
 `InferenceProgram` wires the forward pass alone. Both allocate everything up
 front, so their calls can be captured in a CUDA graph.
 """
@@ -31,8 +31,8 @@ from ..losses.fused_head import TanhLinearMSEHead, TanhLinearOutput
 from ..ops.conv_pool import ConvPoolForward
 from ..ops.widen import Widening
 from .network import INPUT, Network, NetworkError
-from .passes import (adds_into_layernorms, biases_under_layernorms, pools_over_direct_wgrad, relus_after_gemms,
-                     tanh_linear_mse_head)
+from .passes import (adds_into_layernorms, biases_under_layernorms, pools_over_direct_wgrad,
+                     positions_over_embeddings, relus_after_gemms, tanh_linear_mse_head)
 
 __all__ = ["InferenceProgram", "TrainingProgram"]
 
@@ -57,6 +57,9 @@ class _ForwardWiring:
             if self.layers[norm].residual is not None and below in self.layers:
                 self.layers[below].bias_grad_by_reader = True
                 self.layers[norm].bias_of = self.layers[below].output_bias()
+        for positions, below in (positions_over_embeddings(net) if fuse else {}).items():
+            if positions in self.layers and below in self.layers:
+                self.layers[below].adds_positions = self.layers[positions].added_by_input = True
         self.outputs = {INPUT: batch_x}
         for node in self.nodes:
             inputs = [self.outputs[i] for i in node.inputs]
