@@ -23,6 +23,7 @@
 #                zoo      depthwise (both ways), GPU zoo tests without the full-size parity, NCCL on one GPU
 #                gpu      every GPU correctness test
 #                tests    the pytest arguments in TESTS ("correctness_tests/test_gpu_adam.py -k bf16")
+#                         split at spaces; TESTS_K, when set, is one -k expression ("layernorm or norm")
 #                gpu-api  the GPU correctness tests of attention, the Transformer, prediction and argument checks
 #                perf     `./gate perf` (the quick tier; its run is saved by outcome)
 #                perf-new `./gate perf` of the workloads never measured on this GPU: zoo, loader, ResNet
@@ -124,7 +125,8 @@ step_kernels() { python3 -m pytest correctness_tests/runtime/test_gpu_kernels_co
     -q -p no:cacheprovider -rs; }
 step_zoo() { python3 -m pytest correctness_tests/ops/test_gpu_depthwise.py correctness_tests/workloads/test_gpu_zoo.py \
     correctness_tests/parallel/test_nccl_one_gpu.py -k "not full_size" -q -p no:cacheprovider -rs --durations=15; }
-step_tests() { python3 -m pytest ${TESTS:?TESTS names the tests} -q -p no:cacheprovider -rs --durations=10; }
+step_tests() { python3 -m pytest ${TESTS:?TESTS names the tests} ${TESTS_K:+-k "$TESTS_K"} -q -p no:cacheprovider -rs \
+    --durations=10; }
 # four workers share the GPU (447 tests in 15 min on an H100 at 8f8a6d7, a single process was cut at 438)
 step_gpu() { python3 -m pytest correctness_tests -m gpu -n 4 --dist loadfile -q -p no:cacheprovider -rfEs --durations=15; }
 step_gpu-api() { python3 -m pytest correctness_tests -m gpu -k "attention or transformer or predict or embedding or checks" \
