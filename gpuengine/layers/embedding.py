@@ -152,12 +152,19 @@ class TokenEmbedding(Layer):
         self.table = None
         if self.adds_positions:
             self.table = device_table(ctx, (self.length, self.d_model), self.out.dtype)
+        tokens = self.out.size // self.d_model
+        table = self.weight if self.table is None else self.table   # unread without POSITIONS
+        # a launch's grid, block and arguments, fixed with the buffers: a step only launches
+        self._embed_launch = ((min(tokens, _MAX_EMBED_BLOCKS),), (EMBED_THREADS,),
+                              (self.ids, self.weight, table, self.out) + self._args() + (np.int64(tokens),))
         if ctx.backend.is_gpu:
             self._embed = get_kernel(_SOURCE, "embed", **self.kernel_defines(x.dtype, self.out.dtype))
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         self.dy, self.dweight = dy, ctx.params.grad_view(f"{self.name}.weight")
+        self._grad_launch = ((self.vocab,), (GRAD_THREADS,),
+                             (self.ids, dy, self.dweight) + self._args() + (np.int64(dy.size // self.d_model),))
         if ctx.backend.is_gpu:
             self._grad = get_kernel(_SOURCE, "embed_grad", **self.kernel_defines(self.ids.dtype, dy.dtype))
         return None
@@ -180,10 +187,7 @@ class TokenEmbedding(Layer):
             if self.table is not None:   # as the positional encoding adds it
                 self.out[...] = (widen(self.out) + self.table).astype(self.out.dtype)
             return
-        tokens = self.out.size // self.d_model
-        table = self.weight if self.table is None else self.table   # unread without POSITIONS
-        self._embed((min(tokens, _MAX_EMBED_BLOCKS),), (EMBED_THREADS,),
-                    (self.ids, self.weight, table, self.out) + self._args() + (np.int64(tokens),))
+        self._embed(*self._embed_launch)
 
     def backward(self):
         if not self.backend.is_gpu:
@@ -191,8 +195,7 @@ class TokenEmbedding(Layer):
             np.add.at(grad, self._token_ids().ravel(), widen(self.dy).reshape(-1, self.d_model))
             self.dweight[...] = self.scale * grad
             return
-        self._grad((self.vocab,), (GRAD_THREADS,),
-                   (self.ids, self.dy, self.dweight) + self._args() + (np.int64(self.dy.size // self.d_model),))
+        self._grad(*self._grad_launch)
 
     def forward_flops(self, input_shape):
         return 0   # a gather, no multiply-adds
