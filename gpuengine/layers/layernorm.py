@@ -147,9 +147,10 @@ extern "C" __global__ void layernorm_param_grads(const ELEM_T* x, const ELEM_T* 
 _FUSED_SOURCE = r"""
 // dx, dgamma and dbeta in one launch, where a lane keeps its PACKS packs of the row in registers: a warp takes a
 // row at a time as layernorm_bwd does (the same dx, bit for bit) and adds dy * xhat and dy into its lanes' column
-// sums; the block's warps meet in shared memory in order and the block writes its rows' sums to partials; the
-// block drawing the last ticket adds the blocks' sums in order (the same bits every run, no float atomics) and
-// resets the counter for the next launch or graph replay. warp_sums holds warps x SUMS dim floats. With DY_PARTS 2,
+// sums; the block's warps meet in shared memory in order and the block writes its rows' sums to partials (rows of
+// `stride` floats: SUMS dim rounded up to 4); the block drawing the last ticket adds the blocks' sums in a fixed
+// order (the same bits every run, no float atomics) and resets the counter for the next launch or graph replay.
+// warp_sums holds warps x stride floats. With DY_PARTS 2,
 // dy is the sum of dy and dy2 (the gradients of the output's two readers), rounded to ELEM_T as add2 rounds it.
 // With BIAS_SUM 1 (SUMS 3) a third column sum adds dx as written into dbias: the gradient of the last bias of the
 // layer below, whose output gradient dx is.
@@ -157,9 +158,10 @@ _FUSED_SOURCE = r"""
 extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* dy,
                                                const ELEM_T* dy2, const float* mean, const float* rstd, ELEM_T* dx,
                                                float* dgamma, float* dbeta, float* dbias, float* partials,
-                                               unsigned int* counter, int rows, int dim, int rows_per_block) {
+                                               unsigned int* counter, int rows, int dim, int rows_per_block,
+                                               int stride) {
     typedef Pack<ELEM_T, VEC> P;
-    // [warp][SUMS dim]: the warp's dy * xhat sums, its dy sums[, its dx sums]; then the ticket's flag in word 0
+    // [warp][stride]: the warp's dy * xhat sums, its dy sums[, its dx sums]; then the ticket's flag in word 0
     extern __shared__ float warp_sums[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5, sums = SUMS * dim;
     float col_gx[PACKS][VEC], col_g[PACKS][VEC], col_dx[PACKS][BIAS_SUM ? VEC : 1];
@@ -229,7 +231,7 @@ extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* ga
         for (int v = 0; v < warps; ++v) s += warp_sums[v * sums + j];   // the warps in order
         if (gridDim.x == 1)   // one block: its sums are the gradients
             (j < dim ? dgamma[j] : j < 2 * dim ? dbeta[j - dim] : dbias[j - 2 * dim]) = s;
-        else partials[(long long)blockIdx.x * sums + j] = s;
+        else partials[(long long)blockIdx.x * stride + j] = s;
     }
     if (gridDim.x == 1) return;
     __threadfence();   // the partials reach every SM before this block's ticket is taken
@@ -240,13 +242,32 @@ extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* ga
         if (*last) *counter = 0u;   // all tickets drawn: zero for the next launch or graph replay
     }
     __syncthreads();
-    if (!*last) return;
+    const bool is_last = *last;
+    __syncthreads();   // every thread has the flag before warp_sums takes the runs' sums below
+    if (!is_last) return;
     __threadfence();   // pairs with the writers' fences before the partials are read
+    // Latency bound: a thread takes 4 columns (float4) over a run of blocks, 16 loads in flight, and `split`
+    // threads share a group's blocks; then the group's runs add in order: the same bits every run. __ldcg reads
+    // L2, never a stale L1.
+    const int groups = stride >> 2, split = max(1, min(warps, (int)blockDim.x / groups));
+    const unsigned int span = (gridDim.x + split - 1) / split;
+    float4* runs = (float4*)warp_sums;   // [split][groups]: split <= warps, so within the warps' stride floats
+    for (int t = threadIdx.x; t < groups * split; t += blockDim.x) {   // more groups than threads: split is 1
+        const int g = t % groups, part = t / groups;
+        const unsigned int first = part * span, end = min(gridDim.x, first + span);
+        const float4* column = (const float4*)partials + g;
+        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+        #pragma unroll 16
+        for (unsigned int b = first; b < end; ++b) {   // the run's blocks in order
+            const float4 v = __ldcg(column + (long long)b * groups);
+            s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+        }
+        runs[part * groups + g] = s;
+    }
+    __syncthreads();
     for (int j = threadIdx.x; j < sums; j += blockDim.x) {
         float s = 0.f;
-        #pragma unroll 16
-        for (unsigned int b = 0; b < gridDim.x; ++b)   // the blocks in order; volatile: from L2, never a stale L1
-            s += ((const volatile float*)partials)[(long long)b * sums + j];
+        for (int part = 0; part < split; ++part) s += ((const float*)runs)[part * stride + j];   // the runs in order
         (j < dim ? dgamma[j] : j < 2 * dim ? dbeta[j - dim] : dbias[j - 2 * dim]) = s;
     }
 }
@@ -258,12 +279,18 @@ _FUSED_BLOCKS = 64     # its grid: warps enough to cover a row's latency, partia
 _SHARED_BYTES = 48 * 1024   # a block's shared memory without the opt-in attribute
 
 
-def fused_grid(rows: int, dim: int, sums: int = 2) -> tuple[int, int, int]:
+def partial_stride(dim: int, sums: int) -> int:
+    """The floats of a block's row of partials in layernorm_bwd_grads: its sums * dim column sums rounded up to 4,
+    so the last block reads them as float4."""
+    return -(-sums * dim // 4) * 4
+
+
+def fused_grid(rows: int, dim: int, sums: int, blocks: int) -> tuple[int, int, int]:
     """(warps a block, rows a block, blocks) of layernorm_bwd_grads with `sums` column sums a feature: the most of
     16, 8 and 4 warps whose column sums fit 48 KB of shared memory (dynamic: the kernel declares nothing static),
-    each taking a row at a time, about _FUSED_BLOCKS blocks."""
-    warps = next(w for w in (16, 8, 4) if w * sums * dim * 4 <= _SHARED_BYTES)
-    rows_per_block = warps * max(1, -(-rows // (warps * _FUSED_BLOCKS)))
+    each taking a row at a time, at most `blocks` blocks."""
+    warps = next(w for w in (16, 8, 4) if w * partial_stride(dim, sums) * 4 <= _SHARED_BYTES)
+    rows_per_block = warps * max(1, -(-rows // (warps * blocks)))
     return warps, rows_per_block, -(-rows // rows_per_block)
 
 
@@ -325,13 +352,14 @@ class LayerNorm(Layer):
             defines = dict(ELEM_T=ctype(dy.dtype), VEC=width)
             if self.dx is not None and self.dim <= _FUSED_MAX_DIM:
                 sums = 2 if self.dbias is None else 3
-                self.fused = fused_grid(self.rows, self.dim, sums)
+                self.fused = fused_grid(self.rows, self.dim, sums, _FUSED_BLOCKS)
                 if len(parts) == 2:   # dy's two parts are added here, as they are loaded: no add2 launch
                     self._dy_parts = tuple(part.reshape(-1, self.dim) for part in parts)
                     self.gradient_sum.summed_by_reader = True
                 # each block's dy * xhat sums in columns [0, dim) of its row, its dy sums in [dim, 2 dim)[, its
                 # dx sums in [2 dim, 3 dim)]
-                self.partials = ctx.allocator.zeros((self.fused[2], sums * self.dim), np.float32, "workspace")
+                stride = partial_stride(self.dim, sums)
+                self.partials = ctx.allocator.zeros((self.fused[2], stride), np.float32, "workspace")
                 self.counters = ctx.allocator.zeros((1,), np.uint32, "workspace")
                 packs = -(-self.dim // (32 * width))
                 self._bwd = get_kernel(_FUSED_SOURCE, "layernorm_bwd_grads", PACKS=packs,
@@ -381,7 +409,8 @@ class LayerNorm(Layer):
             dbias = self.dbeta if self.dbias is None else self.dbias   # unread without BIAS_SUM
             self._bwd((blocks,), (32 * warps,), (self.x, self.gamma, *self._dy_parts, self.mean, self.rstd, self.dx,
                                                  self.dgamma, self.dbeta, dbias, self.partials, self.counters,
-                                                 np.int32(self.rows), np.int32(self.dim), np.int32(rows_per_block)),
+                                                 np.int32(self.rows), np.int32(self.dim), np.int32(rows_per_block),
+                                                 np.int32(self.partials.shape[1])),
                       shared_mem=4 * warps * self.partials.shape[1])
             return
         if self.dx is not None:
