@@ -26,7 +26,7 @@ import numpy as np
 from .. import checks
 from ..ops.reductions import COLUMN_TILE_SOURCE, ColumnSum, plan_chunks
 from ..runtime.backend import widen
-from ..runtime.kernels import ctype, get_kernel, vector_width
+from ..runtime.kernels import ctype, get_kernel, multiprocessor_count, vector_width
 from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
 from .merge import add_into
@@ -275,7 +275,6 @@ extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* ga
 _ROWS_PER_BLOCK = 8
 EPSILON = 1e-5   # torch.nn.LayerNorm's default
 _FUSED_MAX_DIM = 512   # the one-launch backward: a lane keeps at most 16 features of its row and their sums
-_FUSED_BLOCKS = 64     # its grid: warps enough to cover a row's latency, partials few enough for the last block to add
 _SHARED_BYTES = 48 * 1024   # a block's shared memory without the opt-in attribute
 
 
@@ -288,7 +287,7 @@ def partial_stride(dim: int, sums: int) -> int:
 def fused_grid(rows: int, dim: int, sums: int, blocks: int) -> tuple[int, int, int]:
     """(warps a block, rows a block, blocks) of layernorm_bwd_grads with `sums` column sums a feature: the most of
     16, 8 and 4 warps whose column sums fit 48 KB of shared memory (dynamic: the kernel declares nothing static),
-    each taking a row at a time, at most `blocks` blocks."""
+    each taking a row at a time, at most `blocks` blocks (one an SM: a 512-thread block takes an SM's registers)."""
     warps = next(w for w in (16, 8, 4) if w * partial_stride(dim, sums) * 4 <= _SHARED_BYTES)
     rows_per_block = warps * max(1, -(-rows // (warps * blocks)))
     return warps, rows_per_block, -(-rows // rows_per_block)
@@ -352,7 +351,7 @@ class LayerNorm(Layer):
             defines = dict(ELEM_T=ctype(dy.dtype), VEC=width)
             if self.dx is not None and self.dim <= _FUSED_MAX_DIM:
                 sums = 2 if self.dbias is None else 3
-                self.fused = fused_grid(self.rows, self.dim, sums, _FUSED_BLOCKS)
+                self.fused = fused_grid(self.rows, self.dim, sums, multiprocessor_count())
                 if len(parts) == 2:   # dy's two parts are added here, as they are loaded: no add2 launch
                     self._dy_parts = tuple(part.reshape(-1, self.dim) for part in parts)
                     self.gradient_sum.summed_by_reader = True
