@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from gpuengine.layers import LayerNorm, Linear, MultiHeadAttention, SinusoidalPositionalEncoding, TokenEmbedding
+from gpuengine.layers import layernorm
 from gpuengine.layers.positional import sinusoid_table
 from gpuengine.losses import TokenCrossEntropy
 from gpuengine.ops.attention import causal_mask
@@ -68,6 +69,17 @@ def test_layernorm_gradients_and_output_statistics():
     y = run_layer(LayerNorm(name="ln"), x, x, weights={"ln.weight": np.ones(8), "ln.bias": np.zeros(8)})["y"]
     np.testing.assert_allclose(y.mean(axis=-1), 0, atol=1e-12)
     np.testing.assert_allclose(y.var(axis=-1), 1 / (1 + 1e-5 / x.var(axis=-1)), rtol=1e-9)
+
+
+@pytest.mark.parametrize("rows, dim, sums, blocks", [(6144, 256, 3, 132), (1024, 256, 2, 132), (999, 300, 2, 132),
+                                                     (363, 30, 3, 132), (100_000, 512, 3, 78), (5, 8, 2, 132)])
+def test_the_one_launch_backward_grid_covers_the_rows_in_the_blocks_and_shared_memory_given(rows, dim, sums, blocks):
+    warps, rows_per_block, grid = layernorm.fused_grid(rows, dim, sums, blocks)
+    stride = layernorm.partial_stride(dim, sums)
+    assert stride % 4 == 0 and sums * dim <= stride < sums * dim + 4   # float4 rows of partials
+    assert warps * stride * 4 <= layernorm._SHARED_BYTES   # the warps' column sums, then the last block's runs
+    assert rows_per_block % warps == 0 and grid <= blocks
+    assert (grid - 1) * rows_per_block < rows <= grid * rows_per_block   # every row, no block without one
 
 
 def test_positionwise_linear_gradients():
