@@ -40,3 +40,9 @@ def test_without_a_gpu_nothing_is_timed(capsys, monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         main(["toggle-cost", "deterministic=0", "resnet"])
     assert exit_.value.code == 2 and "no CUDA GPU is visible here" in capsys.readouterr().err
+
+
+def test_a_length_for_a_workload_without_one_is_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["toggle-cost", "deterministic=0", "transformer", "resnet", "--length", "384"])
+    assert exit_.value.code == 2 and "--length: 'resnet' has no sequence length to set" in capsys.readouterr().err

@@ -125,16 +125,17 @@ def workload_arguments(parser: argparse.ArgumentParser, defaults: tuple[str, ...
     parser.add_argument("--precision", nargs="+", choices=PRECISIONS, default=list(precisions))
 
 
-def gpu_workloads(names: list[str], why_gpu: str) -> None:
-    """Each name a workload as `profile` takes it, on a machine with a visible GPU; else a UsageError naming
-    the first bad name, or saying `why_gpu` (what the CPU tier cannot do)."""
+def gpu_workloads(names: list[str], why_gpu: str, length: int | None = None) -> None:
+    """Each name a workload as `profile` takes it (at sequence length `length` where given), on a machine with a
+    visible GPU; else a UsageError naming the first bad name or length, or saying `why_gpu` (what the CPU tier
+    cannot do)."""
     from ..runtime.backend import gpu_visible
     from .profile.workloads import get_workload
     for name in names:
         try:
-            get_workload(name)
+            get_workload(name, length)
         except ValueError as exc:
-            raise UsageError(f"argument workloads: {exc}") from None
+            raise UsageError(f"argument {'--length' if length else 'workloads'}: {exc}") from None
     if not gpu_visible():
         raise UsageError(f"no CUDA GPU is visible here (CuPy missing, or no device): {why_gpu}")
 

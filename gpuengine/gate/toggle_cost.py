@@ -1,11 +1,12 @@
 """`./gate toggle-cost`: what an engine toggle costs, the engine beside itself in one process.
 
     ./gate toggle-cost deterministic=0 resnet transformer zoo:resnet50 [--precision tf32 bf16]
-                                    [--cuda-graph 8] [--rounds 21] [--out FILE]
+                                    [--cuda-graph 8] [--rounds 21] [--length 384] [--out FILE]
 
 For each workload and precision, two engines are built as a profile builds
 them (profile/workloads.py: the perf tests' network, batch and data, resident,
-`--cuda-graph` steps per launch and per round): one with the default toggles,
+`--cuda-graph` steps per launch and per round; the Transformer at --length
+positions where given): one with the default toggles,
 one with TOGGLE=VALUE. Each is warmed up (its own autotuning included), then
 their rounds alternate (benchmarking.interleave) and the median of per-round
 ratios says how much faster the toggled engine is (> 1: faster). Both must
@@ -45,11 +46,12 @@ class _Named:
         self.runner.synchronize()
 
 
-def measure(workload_name: str, precision: str, toggle: tuple[str, object], cuda_graph: int, rounds: int) -> dict:
+def measure(workload_name: str, precision: str, toggle: tuple[str, object], cuda_graph: int, rounds: int,
+            length: int | None = None) -> dict:
     from gpuengine.bench.profile.record import ProfileCase
     from gpuengine.bench.profile.workloads import get_workload
-    workload = get_workload(workload_name)
-    case = ProfileCase(workload_name, precision, workload.batch, cuda_graph)
+    workload = get_workload(workload_name, length)
+    case = ProfileCase(workload_name, precision, workload.batch, cuda_graph, length=length)
     name, value = toggle
     sides = {"default": workload.engine_runner(case), f"{name}={value}": workload.engine_runner(case, **{name: value})}
     runners = [_Named(runner, side) for side, runner in sides.items()]
@@ -58,7 +60,8 @@ def measure(workload_name: str, precision: str, toggle: tuple[str, object], cuda
     after = {side: runner.train(1)[-1] for side, runner in sides.items()}
     default, toggled = list(sides)
     summary = ratio(times[toggled], times[default], toggled)
-    return {"case": f"{workload_name} {precision}", "median_ms": {s: statistics.median(t) for s, t in times.items()},
+    label = workload_name if length is None else f"{workload_name} seq{length}"
+    return {"case": f"{label} {precision}", "median_ms": {s: statistics.median(t) for s, t in times.items()},
             "toggled_speedup": summary.as_dict(), "loss_before": before, "loss_after": after,
             "trains": all(after[side] < before[side] for side in sides)}
 
@@ -82,23 +85,25 @@ def add_parser(commands) -> None:
     parser.add_argument("--cuda-graph", type=whole(1, CUDA_GRAPH_RANGE[1]), default=8,
                         help="training steps per launch and per timed round (default 8)")
     parser.add_argument("--rounds", type=whole(3, 101), default=21)
+    parser.add_argument("--length", type=whole(1),
+                        help="the sequence length of workloads that have one (default: the seed shape's)")
     parser.add_argument("--out", type=Path, default=Path("build") / "toggle_cost.json")
     parser.set_defaults(run=run, check=check, parser=parser)
 
 
 def check(args) -> None:
     args.parsed_toggle = parse_toggle(args.toggle)
-    gpu_workloads(args.workloads, "the CPU tier times nothing")
+    gpu_workloads(args.workloads, "the CPU tier times nothing", args.length)
 
 
 def run(args) -> int:
     records = []
     for name in args.workloads:
         for precision in args.precision:
-            records.append(measure(name, precision, args.parsed_toggle, args.cuda_graph, args.rounds))
+            records.append(measure(name, precision, args.parsed_toggle, args.cuda_graph, args.rounds, args.length))
             print(table(records[-1:]).splitlines()[-1], flush=True)
     print(table(records))
     write_json(args.out, {"toggle": args.toggle, "cuda_graph": args.cuda_graph, "rounds": args.rounds,
-                          "records": records})
+                          **({} if args.length is None else {"length": args.length}), "records": records})
     print(f"toggle-cost: written to {args.out}")
     return 0 if all(record["trains"] for record in records) else 1
