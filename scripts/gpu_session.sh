@@ -68,7 +68,8 @@
 #                plan-pool the plan pool (plan_workers): its GPU test, then scripts/setup_time.py of ResNet-50 TF32 with
 #                         no kept plans at plan_workers 0, 4 and 8, each in a fresh process (LOGDIR/setup_time.jsonl)
 #                determinism `./gate toggle-cost deterministic=0` of TOGGLE_WORKLOADS (default: cnn resnet
-#                         transformer zoo:resnet50 zoo:mobilenet_v2), every precision (LOGDIR/toggle_cost.json)
+#                         transformer zoo:resnet50 zoo:mobilenet_v2), every precision, TOGGLE_ARGS added
+#                         ("--length 384 --precision bf16") (LOGDIR/toggle_cost.json)
 #                bias-grad bias gradients in the weight-gradient GEMM's epilogue: its GPU tests, then, in fp32, tf32 and
 #                         bf16, `./gate toggle-cost bias_grad=sum` of the Transformer (what the default auto's epilogue
 #                         gains) and `bias_grad=epilogue` of the CNN (what auto's column sum saves its dense head)
@@ -214,7 +215,7 @@ step_plan-pool() { local n s=0
     for n in 0 4 8; do python3 scripts/setup_time.py resnet --precision tf32 --toggle plan_workers=$n \
         >> "$logdir/setup_time.jsonl" || s=1; done; return $s; }
 step_determinism() { ./gate toggle-cost deterministic=0 \
-    ${TOGGLE_WORKLOADS:-cnn resnet transformer zoo:resnet50 zoo:mobilenet_v2} --out "$logdir/toggle_cost.json"; }
+    ${TOGGLE_WORKLOADS:-cnn resnet transformer zoo:resnet50 zoo:mobilenet_v2} $TOGGLE_ARGS --out "$logdir/toggle_cost.json"; }
 step_bn-engine() { local s=0
     if [ "${BN_TESTS:-1}" = 1 ]; then python3 -m pytest correctness_tests/layers/test_gpu_batchnorm_engine.py -n 4 -v \
         -p no:cacheprovider -rfE --durations=5 || s=1; fi
