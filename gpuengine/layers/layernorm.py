@@ -337,7 +337,6 @@ class LayerNorm(Layer):
         self.dgamma = ctx.params.grad_view(f"{self.name}.weight")
         self.dbeta = ctx.params.grad_view(f"{self.name}.bias")
         self.fused = None   # (warps, rows a block, blocks) where dx and the parameter gradients take one launch
-        self._dy_parts = (self.dy, self.dy)   # the one launch's dy and dy2; the same buffer twice: dy alone
         self.dbias = self._bias_sum = None   # bias_of's gradient, and its own column sum where one launch cannot
         if self.bias_of is not None:
             if self.dx is None:
@@ -351,18 +350,27 @@ class LayerNorm(Layer):
             defines = dict(ELEM_T=ctype(dy.dtype), VEC=width)
             if self.dx is not None and self.dim <= _FUSED_MAX_DIM:
                 sums = 2 if self.dbias is None else 3
-                self.fused = fused_grid(self.rows, self.dim, sums, multiprocessor_count())
+                self.fused = warps, rows_per_block, blocks = fused_grid(self.rows, self.dim, sums,
+                                                                        multiprocessor_count())
+                dy_parts = (self.dy, self.dy)   # the launch's dy and dy2; the same buffer twice: dy alone
                 if len(parts) == 2:   # dy's two parts are added here, as they are loaded: no add2 launch
-                    self._dy_parts = tuple(part.reshape(-1, self.dim) for part in parts)
+                    dy_parts = tuple(part.reshape(-1, self.dim) for part in parts)
                     self.gradient_sum.summed_by_reader = True
                 # each block's dy * xhat sums in columns [0, dim) of its row, its dy sums in [dim, 2 dim)[, its
                 # dx sums in [2 dim, 3 dim)]
                 stride = partial_stride(self.dim, sums)
-                self.partials = ctx.allocator.zeros((self.fused[2], stride), np.float32, "workspace")
+                self.partials = ctx.allocator.zeros((blocks, stride), np.float32, "workspace")
                 self.counters = ctx.allocator.zeros((1,), np.uint32, "workspace")
                 packs = -(-self.dim // (32 * width))
                 self._bwd = get_kernel(_FUSED_SOURCE, "layernorm_bwd_grads", PACKS=packs,
                                        DY_PARTS=2 if len(parts) == 2 else 1, BIAS_SUM=sums - 2, **defines)
+                dbias = self.dbeta if self.dbias is None else self.dbias   # unread without BIAS_SUM
+                # the launch's grid, block and arguments, fixed with the buffers: a step only launches
+                self._fused_launch = ((blocks,), (32 * warps,), (
+                    self.x, self.gamma, *dy_parts, self.mean, self.rstd, self.dx, self.dgamma, self.dbeta, dbias,
+                    self.partials, self.counters, np.int32(self.rows), np.int32(self.dim), np.int32(rows_per_block),
+                    np.int32(stride)))
+                self._fused_shared = 4 * warps * stride
                 return self.dx
             if self.dbias is not None:   # rows too wide for one launch: the Linear's column sum, run here
                 self._bias_sum = ColumnSum(ctx.backend, ctx.allocator, self.dx.reshape(-1, self.dim), self.dbias)
@@ -404,13 +412,7 @@ class LayerNorm(Layer):
                 self.dbias[...] = widen(self.dx.reshape(-1, self.dim)).sum(axis=0)
             return
         if self.fused is not None:
-            warps, rows_per_block, blocks = self.fused
-            dbias = self.dbeta if self.dbias is None else self.dbias   # unread without BIAS_SUM
-            self._bwd((blocks,), (32 * warps,), (self.x, self.gamma, *self._dy_parts, self.mean, self.rstd, self.dx,
-                                                 self.dgamma, self.dbeta, dbias, self.partials, self.counters,
-                                                 np.int32(self.rows), np.int32(self.dim), np.int32(rows_per_block),
-                                                 np.int32(self.partials.shape[1])),
-                      shared_mem=4 * warps * self.partials.shape[1])
+            self._bwd(*self._fused_launch, shared_mem=self._fused_shared)
             return
         if self.dx is not None:
             self._bwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (self.x, self.gamma, self.dy, self.mean, self.rstd,
