@@ -24,7 +24,7 @@ from pathlib import Path
 from gpuengine.bench.benchmarking import interleave, ratio
 from gpuengine.bench.cli_args import gpu_workloads, parse_toggle, whole, workload_arguments
 from gpuengine.bench.json_files import write_json
-from gpuengine.config import CUDA_GRAPH_RANGE, PRECISIONS, EngineConfig
+from gpuengine.config import CUDA_GRAPH_RANGE, PRECISIONS
 
 DEFAULT_WORKLOADS = ("cnn", "resnet", "transformer", "zoo:resnet50", "zoo:mobilenet_v2")
 
