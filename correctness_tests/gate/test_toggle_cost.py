@@ -46,3 +46,10 @@ def test_a_length_for_a_workload_without_one_is_refused_before_anything_runs(cap
     with pytest.raises(SystemExit) as exit_:
         main(["toggle-cost", "deterministic=0", "transformer", "resnet", "--length", "384"])
     assert exit_.value.code == 2 and "--length: 'resnet' has no sequence length to set" in capsys.readouterr().err
+
+
+def test_an_unknown_workload_with_a_length_is_refused_as_a_workload(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["toggle-cost", "deterministic=0", "nosuch", "--length", "384"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument workloads: 'nosuch' is not accepted" in err

@@ -125,17 +125,29 @@ def workload_arguments(parser: argparse.ArgumentParser, defaults: tuple[str, ...
     parser.add_argument("--precision", nargs="+", choices=PRECISIONS, default=list(precisions))
 
 
+def workload_entry(name: str, length: int | None = None, option: str = "workloads"):
+    """The workload `name` as `profile` takes it, at sequence length `length` where given; else a UsageError naming
+    the argument at fault: `option` for a name no workload has, --length for a length the workload cannot take."""
+    from .profile.workloads import get_workload
+    try:
+        entry = get_workload(name)
+    except ValueError as exc:
+        raise UsageError(f"argument {option}: {exc}") from None
+    if length is None:
+        return entry
+    try:
+        return get_workload(name, length)
+    except ValueError as exc:
+        raise UsageError(f"argument --length: {exc}") from None
+
+
 def gpu_workloads(names: list[str], why_gpu: str, length: int | None = None) -> None:
     """Each name a workload as `profile` takes it (at sequence length `length` where given), on a machine with a
     visible GPU; else a UsageError naming the first bad name or length, or saying `why_gpu` (what the CPU tier
     cannot do)."""
     from ..runtime.backend import gpu_visible
-    from .profile.workloads import get_workload
     for name in names:
-        try:
-            get_workload(name, length)
-        except ValueError as exc:
-            raise UsageError(f"argument {'--length' if length else 'workloads'}: {exc}") from None
+        workload_entry(name, length)
     if not gpu_visible():
         raise UsageError(f"no CUDA GPU is visible here (CuPy missing, or no device): {why_gpu}")
 

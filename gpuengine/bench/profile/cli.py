@@ -46,12 +46,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ...config import CUDA_GRAPH_RANGE, PRECISIONS, EngineConfig
-from ..cli_args import UsageError, output_folder, parse_toggle, whole
+from ..cli_args import UsageError, output_folder, parse_toggle, whole, workload_entry
 from ..json_files import JsonFileError
 from . import diff as profile_diff
 from .diff import DEFAULT_TOP, diff_profiles, format_diff, load_profile
 from .record import ENGINE, case_words
-from .workloads import ACCEPTED, LENGTHED, REFERENCE_CANDIDATES, get_workload, offered_references
+from .workloads import ACCEPTED, LENGTHED, REFERENCE_CANDIDATES, offered_references
 
 PROG = "python -m gpuengine profile"
 DEFAULT_REPLAYS = 5
@@ -130,10 +130,7 @@ def no_cuda_reason() -> str | None:
 def check(args) -> None:
     """The workload, the references this checkout offers, and a CUDA GPU; fills in args.case and the defaults."""
     from .record import ProfileCase
-    try:
-        args.workload_entry = get_workload(args.workload, args.length)
-    except ValueError as exc:
-        raise UsageError(f"argument {'--length' if args.length else 'workload'}: {exc}") from None
+    args.workload_entry = workload_entry(args.workload, args.length, "workload")
     if importlib.util.find_spec("torch") is None:
         raise UsageError(f"{PROG} profiles with torch.profiler and compares with PyTorch, and PyTorch is not "
                          "installed (the torch extra; ./gate installs it)")
