@@ -24,8 +24,8 @@ from gpuengine.layers import (AdaptiveAveragePool2D, BatchNorm2D, Conv2D, MaxPoo
     adaptive_pool, batchnorm, dropout, embedding, layernorm, merge, pooling, positional)
 from gpuengine.losses import cross_entropy, fused_head, mse as losses, token_cross_entropy
 from gpuengine.model.network import INPUT
-from gpuengine.ops import (batchnorm as ops_batchnorm, conv_pool, cudnn_attention, depthwise, direct_wgrad, reductions,
-                           widen)
+from gpuengine.ops import (batchnorm as ops_batchnorm, conv_pool, cudnn_attention, depthwise, direct_wgrad,
+                           partial_sums, reductions, widen)
 from gpuengine.runtime import step_state
 from gpuengine.runtime.kernels import ctype, define_items
 from gpuengine.runtime.precision import policy_for
@@ -97,10 +97,12 @@ def _shape_free_cases():
                 for kernel in ("layernorm_fwd", "layernorm_add_fwd", "layernorm_bwd", "layernorm_param_grads"):
                     yield _case(layernorm, kernel, f"{where}, {width} a lane", ELEM_T=elem, VEC=width)
                 # a lane's packs of its row; dy's parts; a Linear's bias gradient summed beside (BIAS_SUM)
-                for packs, parts, bias in ((1, 1, 0), (16 // width, 2, 0), (1, 2, 1), (16 // width, 1, 1)):
+                # and the block's partials finished by the program (DEFER) or by the last block
+                for packs, parts, bias, defer in ((1, 1, 0, 1), (16 // width, 2, 0, 0), (1, 2, 1, 0),
+                                                  (16 // width, 1, 1, 1)):
                     yield _case(layernorm, "layernorm_bwd_grads", f"{where}, {width} a lane, {packs} packs, "
-                                f"dy in {parts}, bias sum {bias}", "_FUSED_SOURCE", ELEM_T=elem, VEC=width,
-                                PACKS=packs, DY_PARTS=parts, BIAS_SUM=bias)
+                                f"dy in {parts}, bias sum {bias}, defer {defer}", "_FUSED_SOURCE", ELEM_T=elem,
+                                VEC=width, PACKS=packs, DY_PARTS=parts, BIAS_SUM=bias, DEFER=defer)
         # ColumnSum reads the compute dtype and sums in float, in one launch; fused with an activation's gradient too.
         yield _case(reductions, "column_sum", where, ELEM_T=elem)
         for kind, text in activations.SUM_SOURCES.items():
@@ -118,6 +120,7 @@ def _shape_free_cases():
                         DST_T=dst, VEC=width)
     for width in (1, 2, 4):   # bf16 weight gradients into their float masters, by the alignment of the buffers
         yield _case(widen, "widen_chunks", f"gradient widening, {width} a thread", VEC=width)
+    yield _case(partial_sums, "partial_sums", "column sums finished by the program", RUN_WARPS=partial_sums.RUN_WARPS)
     # The engine's batch norm a channel a lane (VEC 1: channels not a multiple of 8, or an unaligned buffer), and
     # its clusters (CLUSTER: chosen at build from the batch, so the networks' nodes list it at 1 only).
     rows = (("bf16_t", 1, 1, 1, 24, 1, 1), ("float", 2, 0, 0, 12, 1, 2), ("bf16_t", 1, 1, 1, 128, 8, 8),

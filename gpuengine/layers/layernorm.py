@@ -8,7 +8,9 @@ moving up to 4 features in one access (mean and rstd saved for backward). Where 
 lane can keep its part of a row in registers (up to 512 features), dx, dgamma and
 dbeta take one launch (`layernorm_bwd_grads`): the warps add dy * xhat and dy into
 their lanes' column sums as they go, the blocks' sums meet in the last block, in a
-fixed order (no float atomics). Wider rows, and a first LayerNorm (no dx), take
+fixed order (no float atomics), or, in a training program, in its one launch
+after the backward pass (ops/partial_sums.py: nothing reads them before the
+optimizer, and the launch no longer waits for its last block). Wider rows, and a first LayerNorm (no dx), take
 dgamma and dbeta from a second kernel in reductions.py's one-launch column-sum
 scheme, which recomputes xhat from x and sums dy * xhat and dy side by side.
 Where a program gives it the residual Add below (post-LN: LayerNorm(x +
@@ -153,7 +155,8 @@ _FUSED_SOURCE = r"""
 // warp_sums holds warps x stride floats. With DY_PARTS 2,
 // dy is the sum of dy and dy2 (the gradients of the output's two readers), rounded to ELEM_T as add2 rounds it.
 // With BIAS_SUM 1 (SUMS 3) a third column sum adds dx as written into dbias: the gradient of the last bias of the
-// layer below, whose output gradient dx is.
+// layer below, whose output gradient dx is. With DEFER 1 the block ends at its row of partials: a training program
+// adds every kernel's rows in one launch after the backward pass (ops/partial_sums.py).
 #define SUMS (2 + BIAS_SUM)
 extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* dy,
                                                const ELEM_T* dy2, const float* mean, const float* rstd, ELEM_T* dx,
@@ -233,7 +236,7 @@ extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* ga
             (j < dim ? dgamma[j] : j < 2 * dim ? dbeta[j - dim] : dbias[j - 2 * dim]) = s;
         else partials[(long long)blockIdx.x * stride + j] = s;
     }
-    if (gridDim.x == 1) return;
+    if (gridDim.x == 1 || DEFER) return;
     __threadfence();   // the partials reach every SM before this block's ticket is taken
     __syncthreads();   // also: every read of warp_sums is done, so word 0 may take the flag
     int* last = (int*)warp_sums;
@@ -361,10 +364,14 @@ class LayerNorm(Layer):
                 stride = partial_stride(self.dim, sums)
                 self.partials = ctx.allocator.zeros((blocks, stride), np.float32, "workspace")
                 self.counters = ctx.allocator.zeros((1,), np.uint32, "workspace")
+                dbias = self.dbeta if self.dbias is None else self.dbias   # unread without BIAS_SUM
+                # several blocks' sums are finished by the program's one launch where it takes them
+                segments = [(0, self.dgamma), (self.dim, self.dbeta)] + [(2 * self.dim, dbias)] * (sums - 2)
+                defer = blocks > 1 and ctx.sums is not None and ctx.sums.add(self.partials, segments)
                 packs = -(-self.dim // (32 * width))
                 self._bwd = get_kernel(_FUSED_SOURCE, "layernorm_bwd_grads", PACKS=packs,
-                                       DY_PARTS=2 if len(parts) == 2 else 1, BIAS_SUM=sums - 2, **defines)
-                dbias = self.dbeta if self.dbias is None else self.dbias   # unread without BIAS_SUM
+                                       DY_PARTS=2 if len(parts) == 2 else 1, BIAS_SUM=sums - 2, DEFER=int(defer),
+                                       **defines)
                 # the launch's grid, block and arguments, fixed with the buffers: a step only launches
                 self._fused_launch = ((blocks,), (32 * warps,), (
                     self.x, self.gamma, *dy_parts, self.mean, self.rstd, self.dx, self.dgamma, self.dbeta, dbias,

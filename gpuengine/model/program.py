@@ -29,6 +29,7 @@ from ..layers.base import BuildContext
 from ..layers.merge import GradientSum
 from ..losses.fused_head import TanhLinearMSEHead, TanhLinearOutput
 from ..ops.conv_pool import ConvPoolForward
+from ..ops.partial_sums import PartialSums
 from ..ops.widen import Widening
 from .network import INPUT, Network, NetworkError
 from .passes import (adds_into_layernorms, biases_under_layernorms, pools_over_direct_wgrad,
@@ -83,10 +84,12 @@ class TrainingProgram:
         self._forward_runs = self._forward_calls(pooled)
         grads = {self.nodes[-1].name: [self.loss.build(ctx, wiring.last, batch_t, state)]}
         self.widening = Widening(ctx.backend, ctx.allocator)
-        ctx = dataclasses.replace(ctx, widening=self.widening)   # the backward layers hand it their bf16 gradients
+        self.sums = PartialSums(ctx.backend, ctx.allocator)
+        # the backward layers hand them their bf16 gradients and their blocks' partial column sums
+        ctx = dataclasses.replace(ctx, widening=self.widening, sums=self.sums)
         self._backward = []   # (gradient sum or None, layer, node name), in the order they run
         for node in reversed(self.nodes):
-            self.widening.step = len(self._backward)
+            self.widening.step = self.sums.step = len(self._backward)
             layer, parts = self.layers[node.name], grads.pop(node.name)
             summed = GradientSum(ctx, parts) if len(parts) > 1 else None
             dy = summed.out if summed else parts[0]
@@ -104,6 +107,7 @@ class TrainingProgram:
                     grads.setdefault(source, []).append(dx)
             self._backward.append((summed, layer, node.name))
         self.widening.build()
+        self.sums.build()
 
     @property
     def backward_nodes(self) -> list[str]:
@@ -128,7 +132,8 @@ class TrainingProgram:
 
     def loss_and_backward(self, after_params=None):
         """after_params(i), if given, runs once backward step i has written its parameters' gradients (each
-        step's bf16 weight gradients widened right after it); without it they are widened in one launch."""
+        step's bf16 weight gradients widened and its partial sums finished right after it); without it each of those
+        takes one launch after the backward pass."""
         self.loss.forward_backward()
         for index, (summed, layer, _) in enumerate(self._backward):
             if summed is not None:
@@ -137,9 +142,11 @@ class TrainingProgram:
             layer.backward_params()
             if after_params is not None:
                 self.widening.run_step(index)
+                self.sums.run_step(index)
                 after_params(index)
         if after_params is None:
             self.widening.run()
+            self.sums.run()
 
 
 class InferenceProgram:

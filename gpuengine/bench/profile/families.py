@@ -60,7 +60,7 @@ RULES = (
              r"|memset|direct_copy|cupy_copy|catarraybatchedcopy|randperm|radix|sort|nchwtonhwc|nhwctonchw"
              r"|permutation"),
     ("reduction", r"reduce|reduction|softmax|xent|nll_loss|cross_entropy|^mse$|column_(partials|sum)"
-                  r"|^head_(rows|columns|reduce)$|book_loss|count_tokens|pool|adaptive_average"
+                  r"|^head_(rows|columns|reduce)$|^partial_sums$|book_loss|count_tokens|pool|adaptive_average"
                   r"|^cupy_(sum|max|min|mean|prod|argmax|argmin)"),
     ("elementwise", r"elementwise|pointwise|^(forward|backward)$|^add2$|^bn_tail$|^add_table$|dropout|^cast$"
                     r"|^cupy_|fill|relu|gelu|tanh|sigmoid|^widen_chunks$"),

@@ -1,0 +1,131 @@
+"""Column sums of a step's kernels finished together: their blocks' partial sums added in one launch.
+
+LayerNorm's one-launch backward ends as the engine's column sums do: each block
+writes its row of partial sums (dgamma's, dbeta's), fences, takes a ticket, and
+the block that draws the last ticket adds every block's row. The whole launch
+waits for that chain: the fence, the ticket and one block reading up to 132 rows
+from L2 (at 1,024 rows x 256 features a LayerNorm backward took 7.7 us where its
+bytes take about 1 us on an H200). Nothing reads those gradients before the
+optimizer, so a training program collects each such kernel's partials
+(`PartialSums.add`), the kernel writes them and ends, and one launch after the
+backward pass adds them all: a table of column runs, block b adding run b's 32
+columns over the partials' rows. Deterministic: a run's rows are split among 16
+warps in a fixed assignment, each adding its rows in order, then the warps'
+sums in order; the same bits every run, no atomics, no counter to reset.
+
+Data parallel all-reduces each backward step's gradients as soon as that step
+has written them, so there each step's sums are finished by a launch of their
+own right after it (`run_step`), as the widening does (ops/widen.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..runtime.kernels import get_kernel
+
+RUN_COLS = 32     # columns a block adds: a warp reads a 128-byte row segment
+RUN_WARPS = 16    # warps sharing a run's rows: at most ceil(rows / 16) loads a thread, all in flight
+
+_SOURCE = r"""
+// Block b adds run b of the table: (source, stride, rows, count, destination): dst[c] = sum over r of
+// src[r * stride + c] for c < count, the rows split among the block's warps in order, then the warps in order.
+extern "C" __global__ void __launch_bounds__(32 * RUN_WARPS) partial_sums(const long long* table) {
+    __shared__ float warp_sums[RUN_WARPS][32];
+    const long long* run = table + 5 * (long long)blockIdx.x;
+    const float* src = reinterpret_cast<const float*>(run[0]);
+    const long long stride = run[1];
+    const int rows = (int)run[2], count = (int)run[3];
+    float* dst = reinterpret_cast<float*>(run[4]);
+    const int c = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int span = (rows + RUN_WARPS - 1) / RUN_WARPS, first = warp * span, end = min(rows, first + span);
+    float sum = 0.f;
+    if (c < count) {
+        #pragma unroll 16
+        for (int r = first; r < end; ++r) sum += src[r * stride + c];   // this warp's rows in order
+    }
+    warp_sums[warp][c] = sum;
+    __syncthreads();
+    if (warp == 0 && c < count) {
+        float total = 0.f;
+        #pragma unroll
+        for (int w = 0; w < RUN_WARPS; ++w) total += warp_sums[w][c];   // the warps in order
+        dst[c] = total;
+    }
+}
+"""
+
+
+def column_runs(entries: list[tuple[int, int, int, int, int]], cols: int = RUN_COLS) -> list[tuple[int, ...]]:
+    """The table's rows: each (source address, stride in floats, rows, count, destination address) cut into runs
+    of at most `cols` columns, their addresses stepped by 4 bytes a column."""
+    runs = []
+    for source, stride, rows, count, destination in entries:
+        for start in range(0, count, cols):
+            runs.append((source + 4 * start, stride, rows, min(cols, count - start), destination + 4 * start))
+    return runs
+
+
+class PartialSums:
+    """The partial column sums of one training program's kernels, finished in one launch after the backward pass."""
+
+    def __init__(self, backend, allocator):
+        self.backend, self.allocator = backend, allocator
+        self.step = 0   # the backward step whose layer is being built: the program sets it
+        self._sums: list[tuple[int, object, int, object]] = []   # (backward step, partials, first column, dst)
+        self._launches: dict | None = None   # backward step (None: every sum) -> (kernel, grid, table)
+
+    def add(self, partials, segments) -> bool:
+        """`partials` (float32, a row per block) holds, for each (first column, destination) of `segments`, the
+        blocks' sums of destination.size columns from that first one; `run` or `run_step` adds the rows into each
+        destination (float32). True: the kernel that writes the partials leaves their sum to this."""
+        if partials.dtype != np.float32 or partials.ndim != 2:
+            raise ValueError(f"partial sums are a float32 row per block, got {partials.dtype} {partials.shape}")
+        if self._launches is not None:
+            raise RuntimeError("partial sums added after the finishing launch was built: add every sum first")
+        for first, destination in segments:
+            if (destination.dtype != np.float32 or not destination.flags.c_contiguous
+                    or not 0 <= first <= first + destination.size <= partials.shape[1]):
+                raise ValueError(f"a sum into {destination.size} {destination.dtype} values from column {first} does "
+                                 f"not fit float32 partials of {partials.shape[1]} columns into a contiguous float32 "
+                                 "destination")
+        self._sums += [(self.step, partials, first, destination) for first, destination in segments]
+        return True
+
+    def __len__(self):
+        return len(self._sums)
+
+    def build(self):
+        """The launches' tables, on the device once every sum is in (outside capture)."""
+        self._launches = {}
+        if not self.backend.is_gpu or not self._sums:
+            return
+        for step in [None] + sorted({s for s, _, _, _ in self._sums}):
+            self._launches[step] = self._launch([sum_ for sum_ in self._sums if step is None or sum_[0] == step])
+
+    def run(self):
+        """Finish every sum (after the whole backward pass)."""
+        self._finish(None)
+
+    def run_step(self, step: int):
+        """Finish the sums of backward step `step` (after that step, before its gradients are sent)."""
+        self._finish(step)
+
+    def _finish(self, step):
+        if self._launches is None:
+            raise RuntimeError("the partial sums are finished once built (PartialSums.build)")
+        if not self.backend.is_gpu:
+            for s, partials, first, destination in self._sums:
+                if step is None or s == step:
+                    destination.reshape(-1)[...] = partials[:, first:first + destination.size].sum(axis=0)
+            return
+        if step in self._launches:
+            kernel, grid, table = self._launches[step]
+            kernel(grid, (32 * RUN_WARPS,), (table,))
+
+    def _launch(self, sums):
+        runs = column_runs([(int(p.data.ptr) + 4 * first, p.shape[1], p.shape[0], d.size, int(d.data.ptr))
+                            for _, p, first, d in sums])
+        with self.backend.activate():
+            table = self.allocator.zeros((len(runs), 5), np.int64, "workspace")
+            self.backend.upload(table, np.asarray(runs, np.int64))
+        return get_kernel(_SOURCE, "partial_sums", RUN_WARPS=RUN_WARPS), (len(runs),), table
