@@ -1,21 +1,23 @@
 """On a GPU: the one launch that finishes a training program's partial column sums (gpuengine/ops/partial_sums.py)
-adds each column's rows as float64 does, the same bits every run, eager and replayed; a LayerNorm network whose
-sums it finishes has the gradients of each LayerNorm finishing its own (its last block's ticket)."""
+adds each column's rows as float64 does, the same bits every run, eager and replayed; networks whose LayerNorm,
+convolution and Dense sums it finishes have the gradients of each kernel finishing its own (its last block's
+ticket)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from gpuengine.layers import Add, LayerNorm, Linear, Tanh
-from gpuengine.losses import MSELoss
+from gpuengine.layers import Add, Conv2D, Dense, Flatten, LayerNorm, Linear, ReLU, Tanh
+from gpuengine.losses import MSELoss, SoftmaxCrossEntropy
 from gpuengine.model import program
-from gpuengine.model.network import INPUT, NetworkBuilder
+from gpuengine.model.network import INPUT, NetworkBuilder, Sequential
 from gpuengine.ops.partial_sums import PartialSums
 from gpuengine.runtime.backend import Backend, gpu_visible
 from gpuengine.runtime.capture import GraphCapturedStep
 from gpuengine.runtime.memory import Allocator
 
 from ..gpu_checks import rel_err
+from ..gradient_check import random_weights
 from ..layer_harness import run_network
 
 pytestmark = [pytest.mark.gpu,
@@ -128,6 +130,32 @@ def test_layernorm_gradients_finished_by_the_program_are_those_finished_by_each_
     for key in (k for k in together if k.startswith("grad:")):
         assert np.abs(together[key]).max() > 1e-6, key   # a gradient, not the zeros nobody wrote
         if key in summed:   # the same float partials, added in another fixed order
+            assert rel_err(together[key], each[key]) < 1e-5, key
+        else:
+            np.testing.assert_array_equal(together[key], each[key], err_msg=key)
+
+
+def test_convolution_and_dense_bias_gradients_finished_by_the_program_are_each_layers(monkeypatch):
+    """The column tiles' sums: a convolution's fused ReLU gradient and bias sum (BackwardColumnSum), a Dense bias
+    (ColumnSum, as auto takes it for a flat layer), against each kernel's last block finishing its own."""
+    taken = []
+    monkeypatch.setattr(PartialSums, "build", lambda self, build=PartialSums.build: (taken.append(len(self)),
+                                                                                     build(self)))
+    net = Sequential([Conv2D(16, activation="relu", name="c1"), Conv2D(32, activation="relu", name="c2"), Flatten(),
+                      Dense(64, name="d1"), ReLU(), Dense(10, name="d2")],
+                     input_shape=(8, 8, 8), loss=SoftmaxCrossEntropy())
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((512, 8, 8, 8))
+    t = np.eye(10)[rng.integers(0, 10, 512)]
+    weights = random_weights(net.param_specs(), rng, 0.2)
+    together = run_network(net, x, t, device="cuda", precision="fp32", weights=weights)
+    assert taken and taken[0] >= 2   # at least c2's and a Dense layer's sums (c1 may take the direct kernel)
+    monkeypatch.setattr(program, "PartialSums", EachLayer)
+    each = run_network(net, x, t, device="cuda", precision="fp32", weights=weights)
+    assert taken[1:] == [0]
+    for key in (k for k in together if k.startswith("grad:")):
+        assert np.abs(together[key]).max() > 1e-6, key
+        if key.endswith(".bias"):
             assert rel_err(together[key], each[key]) < 1e-5, key
         else:
             np.testing.assert_array_equal(together[key], each[key], err_msg=key)

@@ -94,8 +94,11 @@ def _shape_free_cases():
                                 kind, ELEM_T=elem, VEC=width)
             yield _case(merge, "add2", f"{where}, {width} a thread", ELEM_T=elem, VEC=width)
             if width <= 4:   # LayerNorm's lanes take up to 4 features
-                for kernel in ("layernorm_fwd", "layernorm_add_fwd", "layernorm_bwd", "layernorm_param_grads"):
+                for kernel in ("layernorm_fwd", "layernorm_add_fwd", "layernorm_bwd"):
                     yield _case(layernorm, kernel, f"{where}, {width} a lane", ELEM_T=elem, VEC=width)
+                # its sums finished by the program (DEFER 1) or by the last block, by turns
+                yield _case(layernorm, "layernorm_param_grads", f"{where}, {width} a lane, defer {width % 2}",
+                            ELEM_T=elem, VEC=width, DEFER=width % 2)
                 # a lane's packs of its row; dy's parts; a Linear's bias gradient summed beside (BIAS_SUM)
                 # and the block's partials finished by the program (DEFER) or by the last block
                 for packs, parts, bias, defer in ((1, 1, 0, 1), (16 // width, 2, 0, 0), (1, 2, 1, 0),
@@ -103,11 +106,14 @@ def _shape_free_cases():
                     yield _case(layernorm, "layernorm_bwd_grads", f"{where}, {width} a lane, {packs} packs, "
                                 f"dy in {parts}, bias sum {bias}, defer {defer}", "_FUSED_SOURCE", ELEM_T=elem,
                                 VEC=width, PACKS=packs, DY_PARTS=parts, BIAS_SUM=bias, DEFER=defer)
-        # ColumnSum reads the compute dtype and sums in float, in one launch; fused with an activation's gradient too.
-        yield _case(reductions, "column_sum", where, ELEM_T=elem)
+        # ColumnSum reads the compute dtype and sums in float, in one launch; fused with an activation's gradient too;
+        # finished by a training program's PartialSums (DEFER 1) or by the last block, by turns.
+        defer = int(elem == "float")
+        yield _case(reductions, "column_sum", f"{where}, defer {defer}", ELEM_T=elem, DEFER=defer)
         for kind, text in activations.SUM_SOURCES.items():
-            yield _case(activations, "backward_column_sum", f"{kind}, {where}", "SUM_SOURCES[kind]", text, kind,
-                        ELEM_T=elem)
+            defer = 1 - defer
+            yield _case(activations, "backward_column_sum", f"{kind}, {where}, defer {defer}", "SUM_SOURCES[kind]",
+                        text, kind, ELEM_T=elem, DEFER=defer)
         policy = policy_for(precision)
         copy = policy.compute_dtype if policy.needs_compute_copy else np.float32   # as Adam chooses its copy
         for vector in (1, 0):   # 16-byte aligned buffers, and the scalar loop alone

@@ -110,9 +110,10 @@ def activation_backward(backend, kind: str, y, dy, dx):
 
 class BackwardColumnSum:
     """dz = act'(y) dy and grad_b[c] = sum over rows of dz[:, c], in one pass: a layer's fused activation and bias
-    gradient; y, dy and dz are (..., cols) with cols = grad_b's length."""
+    gradient; y, dy and dz are (..., cols) with cols = grad_b's length. Where `sums` (a training program's
+    PartialSums) takes them, the chunks' partials are added by its launch after the backward pass."""
 
-    def __init__(self, backend, allocator, kind: str, y, dy, dz, grad_b):
+    def __init__(self, backend, allocator, kind: str, y, dy, dz, grad_b, sums=None):
         _check_kind(kind)
         cols = grad_b.shape[0]
         if not (y.shape == dy.shape == dz.shape) or y.shape[-1] != cols or grad_b.ndim != 1:
@@ -122,7 +123,8 @@ class BackwardColumnSum:
         self.plan = plan_chunks(backend, self.y.shape[0], cols, blocks_per_sm=_SUM_BLOCKS_PER_SM)
         if backend.is_gpu:
             self.partials, self.counters = self.plan.workspace(allocator, cols)
-            self._kernel = get_kernel(SUM_SOURCES[kind], "backward_column_sum", ELEM_T=ctype(y.dtype))
+            self._kernel = get_kernel(SUM_SOURCES[kind], "backward_column_sum", ELEM_T=ctype(y.dtype),
+                                      DEFER=int(self.plan.defer(sums, self.partials, [(0, grad_b)])))
 
     def run(self):
         if not self.backend.is_gpu:

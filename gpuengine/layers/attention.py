@@ -46,7 +46,7 @@ class _Projection:
         grad_w = ctx.params.grad_view(weight_name)[self.rows]
         grad_b = ctx.params.grad_view(bias_name)[self.rows] if bias else None
         self._gw, self._gb = weight_gradients(ctx.backend, ctx.policy, ctx.allocator, grad_w, grad_b, d_out,
-                                              self.x, ctx.bias_grad_in_epilogue(token_major=True))
+                                              self.x, ctx.bias_grad_in_epilogue(token_major=True), ctx.sums)
         self.dx = self._gx = None
         if needs_input_grad:
             self.dx = ctx.allocator.zeros(self.x.shape, ctx.policy.compute_dtype, "activations")

@@ -170,9 +170,10 @@ class Conv2D(Layer):
         self.dz = ctx.allocator.zeros(dy.shape, dy.dtype, "activations") if self.activation else dy
         if self.activation and self.use_bias:
             self._grad_z = BackwardColumnSum(ctx.backend, ctx.allocator, self.activation, self.out, dy, self.dz,
-                                             grad_b)
+                                             grad_b, sums=ctx.sums)
         elif self.use_bias:
-            self._grad_b = ColumnSum(ctx.backend, ctx.allocator, self.dz.reshape(-1, self.filters), grad_b)
+            self._grad_b = ColumnSum(ctx.backend, ctx.allocator, self.dz.reshape(-1, self.filters), grad_b,
+                                     sums=ctx.sums)
         if ctx.backend.is_gpu:
             runtime, precision, dw = runtime_for(ctx.backend, ctx.deterministic), ctx.policy.name, self._depthwise
             self.grad_w_compute = self.grad_w

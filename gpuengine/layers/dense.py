@@ -55,7 +55,7 @@ class Dense(Layer):
         grad_w = ctx.params.grad_view(f"{self.name}.weight")
         grad_b = None if self.bias_grad_fused else ctx.params.grad_view(f"{self.name}.bias")
         self._grad_w, self._grad_b = weight_gradients(ctx.backend, ctx.policy, ctx.allocator, grad_w, grad_b, dy,
-                                                      self.x, ctx.bias_grad_in_epilogue(token_major=False))
+                                                      self.x, ctx.bias_grad_in_epilogue(token_major=False), ctx.sums)
         if needs_input_grad:
             dx = ctx.allocator.zeros(self.x.shape, ctx.policy.compute_dtype, "activations")
             self._grad_x = Gemm(ctx.backend, ctx.policy, dx, dy, self.weight, allocator=ctx.allocator)

@@ -380,12 +380,14 @@ class LayerNorm(Layer):
                 self._fused_shared = 4 * warps * stride
                 return self.dx
             if self.dbias is not None:   # rows too wide for one launch: the Linear's column sum, run here
-                self._bias_sum = ColumnSum(ctx.backend, ctx.allocator, self.dx.reshape(-1, self.dim), self.dbias)
+                self._bias_sum = ColumnSum(ctx.backend, ctx.allocator, self.dx.reshape(-1, self.dim), self.dbias,
+                                           sums=ctx.sums)
             self._bwd = get_kernel(_SOURCE, "layernorm_bwd", **defines)
             self.plan = plan_chunks(ctx.backend, self.rows, self.dim)
             # dy * xhat partials in columns [0, dim) of each chunk's row, dy partials in [dim, 2 dim).
             self.partials, self.counters = self.plan.workspace(ctx.allocator, self.dim, sums=2)
-            self._param_grads = get_kernel(_SOURCE, "layernorm_param_grads", **defines)
+            defer = self.plan.defer(ctx.sums, self.partials, [(0, self.dgamma), (self.dim, self.dbeta)])
+            self._param_grads = get_kernel(_SOURCE, "layernorm_param_grads", DEFER=int(defer), **defines)
         return self.dx
 
     def forward(self):

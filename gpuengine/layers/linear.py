@@ -59,7 +59,7 @@ class Linear(Layer):
         grad_b = None if self.bias_grad_by_reader else ctx.params.grad_view(self.output_bias())
         self._grad_w, self._grad_b = weight_gradients(
             ctx.backend, ctx.policy, ctx.allocator, ctx.params.grad_view(f"{self.name}.weight"), grad_b, dy, self.x,
-            ctx.bias_grad_in_epilogue(token_major=True))
+            ctx.bias_grad_in_epilogue(token_major=True), ctx.sums)
         if not needs_input_grad:
             return None
         dx = ctx.allocator.zeros(self._input_shape, ctx.policy.compute_dtype, "activations")

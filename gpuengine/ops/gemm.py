@@ -181,10 +181,11 @@ class Gemm:
             self._mm, self._algorithms, self._algorithm = None, [], None
 
 
-def weight_gradients(backend, policy, allocator, grad_w, grad_b, dy, x, epilogue: bool):
+def weight_gradients(backend, policy, allocator, grad_w, grad_b, dy, x, epilogue: bool, sums=None):
     """A dense layer's dW = dy^T x and, unless grad_b is None, db = dy's column sums: in the GEMM's epilogue
-    (epilogue=True), else by a ColumnSum after it. (gemm, column_sum or None): run both, in that order."""
+    (epilogue=True), else by a ColumnSum after it (finished by `sums` where it takes them). (gemm, column_sum or
+    None): run both, in that order."""
     if grad_b is None or not epilogue:
         gemm = Gemm(backend, policy, grad_w, dy.T, x, allocator=allocator)
-        return gemm, (None if grad_b is None else ColumnSum(backend, allocator, dy, grad_b))
+        return gemm, (None if grad_b is None else ColumnSum(backend, allocator, dy, grad_b, sums=sums))
     return Gemm(backend, policy, grad_w, dy.T, x, allocator=allocator, a_sums=grad_b), None

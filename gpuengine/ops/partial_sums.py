@@ -1,17 +1,20 @@
 """Column sums of a step's kernels finished together: their blocks' partial sums added in one launch.
 
-LayerNorm's one-launch backward ends as the engine's column sums do: each block
-writes its row of partial sums (dgamma's, dbeta's), fences, takes a ticket, and
-the block that draws the last ticket adds every block's row. The whole launch
-waits for that chain: the fence, the ticket and one block reading up to 132 rows
-from L2 (at 1,024 rows x 256 features a LayerNorm backward took 7.7 us where its
-bytes take about 1 us on an H200). Nothing reads those gradients before the
-optimizer, so a training program collects each such kernel's partials
-(`PartialSums.add`), the kernel writes them and ends, and one launch after the
-backward pass adds them all: a table of column runs, block b adding run b's 32
-columns over the partials' rows. Deterministic: a run's rows are split among 16
-warps in a fixed assignment, each adding its rows in order, then the warps'
-sums in order; the same bits every run, no atomics, no counter to reset.
+The engine's column sums (bias gradients, LayerNorm's dgamma and dbeta) end in
+one launch: each block writes its row of partial sums, fences, takes a ticket,
+and the block that draws the last ticket adds every block's row. The whole
+launch waits for that chain: the fence, the ticket and one block reading up to
+132 rows from L2 (at 1,024 rows x 256 features a LayerNorm backward took 7.7 us
+where its bytes take about 1 us on an H200). Nothing reads those gradients
+before the optimizer, so a training program collects each such kernel's
+partials (`PartialSums.add`: LayerNorm's one-launch backward and its column
+sums, ColumnSum, BackwardColumnSum), the kernel writes them and ends, and one
+launch after the backward pass adds them all: a table of column runs, block b
+adding run b's 32 columns over the partials' rows. Deterministic: a run's rows
+are split among 16 warps in a fixed assignment, each adding its rows in order,
+then the warps' sums in order; the same bits every run, no atomics, no counter
+to reset. (A narrow convolution's bias sum has hundreds of chunks, which its
+last block added alone.)
 
 Data parallel all-reduces each backward step's gradients as soon as that step
 has written them, so there each step's sums are finished by a launch of their
@@ -77,17 +80,18 @@ class PartialSums:
     def add(self, partials, segments) -> bool:
         """`partials` (float32, a row per block) holds, for each (first column, destination) of `segments`, the
         blocks' sums of destination.size columns from that first one; `run` or `run_step` adds the rows into each
-        destination (float32). True: the kernel that writes the partials leaves their sum to this."""
+        destination (float32). True: the kernel that writes the partials leaves their sum to this; False (nothing
+        taken) where a destination is strided, which the table's runs cannot address."""
         if partials.dtype != np.float32 or partials.ndim != 2:
             raise ValueError(f"partial sums are a float32 row per block, got {partials.dtype} {partials.shape}")
         if self._launches is not None:
             raise RuntimeError("partial sums added after the finishing launch was built: add every sum first")
         for first, destination in segments:
-            if (destination.dtype != np.float32 or not destination.flags.c_contiguous
-                    or not 0 <= first <= first + destination.size <= partials.shape[1]):
+            if destination.dtype != np.float32 or not 0 <= first <= first + destination.size <= partials.shape[1]:
                 raise ValueError(f"a sum into {destination.size} {destination.dtype} values from column {first} does "
-                                 f"not fit float32 partials of {partials.shape[1]} columns into a contiguous float32 "
-                                 "destination")
+                                 f"not fit float32 partials of {partials.shape[1]} columns and a float32 destination")
+        if not all(destination.flags.c_contiguous for _, destination in segments):
+            return False
         self._sums += [(self.step, partials, first, destination) for first, destination in segments]
         return True
 

@@ -19,7 +19,9 @@ deterministic: the last block adds the chunks in a fixed assignment (lane l
 takes chunks l, l + lanes, ...), then a warp's lanes by shuffles and the
 warps in order, so whichever block finishes last the result is the same, bit
 for bit, run to run; no float atomics. The last block resets its counter, so
-the next launch and every CUDA-graph replay start from zero.
+the next launch and every CUDA-graph replay start from zero. In a training
+program the blocks end at their partials instead (DEFER), and the program adds
+every kernel's in one launch after the backward pass (ops/partial_sums.py).
 
 Other column-sum kernels (LayerNorm's two parameter gradients side by side)
 reuse the block layout and the ending (`COLUMN_TILE_SOURCE`, `plan_chunks`):
@@ -36,6 +38,9 @@ from ..runtime.kernels import ctype, get_kernel, multiprocessor_count
 
 # The block layout and ending every column-sum kernel shares; prepended to their sources.
 COLUMN_TILE_SOURCE = r"""
+#ifndef DEFER
+#define DEFER 0   // 1: a block of several ends at its row of partials, which a training program adds
+#endif
 // A thread of a (column tile, row chunk) block: it owns column `col` and walks rows first, first + step, ...
 // below stop; the tile's tile_cols threads of one row lane read consecutive columns of the same row.
 struct ColumnTile {
@@ -94,7 +99,9 @@ __device__ __forceinline__ void lane_totals(const float (&s)[N], float* lane_sum
 // The block's totals go to partials[chunk][j * cols + col]; the block drawing its tile's last ticket adds all
 // chunks of partials (lane l: chunks l, l + step, ...; then lane_totals) into dst[j][col] and resets the tile's
 // counter. lane_sums holds N * blockDim.x floats. gridDim.y is the number of chunks. True in the block that
-// wrote dst (its owner threads may read back their columns' sums), false in the others.
+// wrote dst (its owner threads may read back their columns' sums), false in the others. With DEFER 1 every block
+// of several chunks ends at its partials (rows of N * cols floats): a training program adds them after the
+// backward pass (ops/partial_sums.py), so no caller may read dst back.
 template <int N>
 __device__ __forceinline__ bool finish_column_sums(const ColumnTile& t, int cols, int tile_cols, const float (&s)[N],
                                                    float* lane_sums, float* partials, unsigned int* counters,
@@ -112,8 +119,9 @@ __device__ __forceinline__ bool finish_column_sums(const ColumnTile& t, int cols
     if (owner) {
         float* chunk = partials + (long long)blockIdx.y * N * cols;
         for (int j = 0; j < N; ++j) chunk[j * cols + t.col] = total[j];
-        __threadfence();   // the partials reach every SM before this block's ticket is taken
+        if (!DEFER) __threadfence();   // the partials reach every SM before this block's ticket is taken
     }
+    if (DEFER) return false;
     __syncthreads();   // also: the owners' reads end before lane_totals writes lane_sums again
     if (threadIdx.x == 0) {
         last = atomicAdd(counters + blockIdx.x, 1u) == (unsigned int)(chunks - 1);
@@ -176,6 +184,11 @@ class ChunkPlan:
         return (allocator.zeros((self.chunks, sums * cols), np.float32, "workspace"),
                 allocator.zeros((self.tiles,), np.uint32, "workspace"))
 
+    def defer(self, sums, partials, segments) -> bool:
+        """Whether `sums` (a PartialSums, or None) adds these partials: where the grid has several chunks and it
+        takes them; the kernel is then compiled with DEFER 1."""
+        return self.chunks > 1 and sums is not None and sums.add(partials, segments)
+
     def shared_bytes(self, sums: int = 1) -> int:
         """A block's dynamic shared memory: its threads' `sums` float partials."""
         return 4 * sums * self.threads
@@ -204,9 +217,11 @@ def plan_chunks(backend, rows: int, cols: int, rows_per_chunk: int | None = None
 
 
 class ColumnSum:
-    """dst[c] = sum_r src[r, c], into a preallocated float32 `dst`."""
+    """dst[c] = sum_r src[r, c], into a preallocated float32 `dst`; where `sums` (a training program's
+    ops.partial_sums.PartialSums) takes them, the chunks' partials are added by its launch after the backward
+    pass."""
 
-    def __init__(self, backend, allocator, src, dst, rows_per_chunk: int | None = None):
+    def __init__(self, backend, allocator, src, dst, rows_per_chunk: int | None = None, sums=None):
         if src.ndim != 2 or dst.shape != (src.shape[1],):
             raise ValueError(f"ColumnSum of {src.shape} into {dst.shape}")
         self.backend, self.src, self.dst = backend, src, dst
@@ -214,7 +229,8 @@ class ColumnSum:
         self.plan = plan_chunks(backend, self.rows, self.cols, rows_per_chunk)
         if backend.is_gpu:
             self.partials, self.counters = self.plan.workspace(allocator, self.cols)
-            self._kernel = get_kernel(_SOURCE, "column_sum", ELEM_T=ctype(src.dtype))
+            self._kernel = get_kernel(_SOURCE, "column_sum", ELEM_T=ctype(src.dtype),
+                                      DEFER=int(self.plan.defer(sums, self.partials, [(0, dst)])))
 
     def run(self):
         if not self.backend.is_gpu:
