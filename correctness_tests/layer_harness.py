@@ -86,8 +86,9 @@ def run_loss(loss, y: np.ndarray, t: np.ndarray, *, device="cpu", precision="fp6
 
 
 def run_network(net, x: np.ndarray, t: np.ndarray, *, device="cpu", precision="fp64", weights: dict | None = None,
-                fuse=True, batchnorm: str = "cudnn") -> dict:
-    """One forward, loss and backward of a whole network on the batch (x, t): its loss and parameter grads."""
+                fuse=True, batchnorm: str = "cudnn", each_step: bool = False) -> dict:
+    """One forward, loss and backward of a whole network on the batch (x, t): its loss and parameter grads
+    (each_step: the program built as data parallel builds it)."""
     ctx = make_context(device, precision, x.shape[0], net.param_specs(), weights, net.buffer_specs(),
                        batchnorm=batchnorm)
     be = ctx.backend
@@ -95,7 +96,7 @@ def run_network(net, x: np.ndarray, t: np.ndarray, *, device="cpu", precision="f
         state = _step_state(ctx)
         x_dev = _stage(ctx, x, ctx.policy.compute_dtype, "batch")
         t_dev = _stage(ctx, t, np.float32, "batch")
-        program = TrainingProgram(net, ctx, x_dev, t_dev, state, fuse)
+        program = TrainingProgram(net, ctx, x_dev, t_dev, state, fuse, each_step=each_step)
         program.forward()
         program.loss_and_backward()
         be.synchronize()

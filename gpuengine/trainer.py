@@ -82,7 +82,8 @@ class Trainer:
             ctx = BuildContext(backend, self.policy, self.allocator, self.params, local_batch,
                                deterministic=self.config.deterministic,
                                batchnorm=self.config.batchnorm, bias_grad=self.config.bias_grad)
-            self.program = TrainingProgram(net, ctx, self.data.batch_x, self.data.batch_t, self.state, fuse)
+            self.program = TrainingProgram(net, ctx, self.data.batch_x, self.data.batch_t, self.state, fuse,
+                                           each_step=sync is not None)
             self.optimizer = Adam(backend, self.allocator, self.params, self.state, lr)
         self.sync, self.step_hook = sync, step_hook
         self._loss_and_backward = self.program.loss_and_backward

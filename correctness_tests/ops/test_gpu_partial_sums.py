@@ -123,9 +123,14 @@ def test_layernorm_gradients_finished_by_the_program_are_those_finished_by_each_
                     f"{norm}.bias": 0.1 * rng.standard_normal(dim)}
     together = run_network(_residual_block(dim), x, t, device="cuda", precision=precision, weights=weights)
     assert taken == [5]   # norm2's dgamma and dbeta (it computes dx for linear2), norm's three
+    data_parallel = run_network(_residual_block(dim), x, t, device="cuda", precision=precision, weights=weights,
+                                each_step=True)
+    assert taken == [5, 0]   # built as data parallel builds it: each kernel finishes its own sums
     monkeypatch.setattr(program, "PartialSums", EachLayer)
     each = run_network(_residual_block(dim), x, t, device="cuda", precision=precision, weights=weights)
-    assert taken == [5, 0]
+    assert taken == [5, 0, 0]
+    for key in (k for k in each if k.startswith("grad:")):
+        np.testing.assert_array_equal(data_parallel[key], each[key], err_msg=key)
     summed = {"grad:norm.weight", "grad:norm.bias", "grad:linear.bias", "grad:norm2.weight", "grad:norm2.bias"}
     for key in (k for k in together if k.startswith("grad:")):
         assert np.abs(together[key]).max() > 1e-6, key   # a gradient, not the zeros nobody wrote

@@ -71,7 +71,10 @@ class _ForwardWiring:
 class TrainingProgram:
     """The static buffers and calls of one training step (without data and optimizer)."""
 
-    def __init__(self, net: Network, ctx: BuildContext, batch_x, batch_t, state, fuse: bool = True):
+    def __init__(self, net: Network, ctx: BuildContext, batch_x, batch_t, state, fuse: bool = True,
+                 each_step: bool = False):
+        """each_step: the gradients are sent as each backward step writes them (data parallel, through
+        loss_and_backward's after_params), so the column sums end in their own kernels, not in one launch after."""
         wiring = _ForwardWiring(net, ctx, batch_x, fuse)
         self.fused, self.nodes, self.layers = wiring.fused, wiring.nodes, wiring.layers
         if self.fused:
@@ -86,7 +89,7 @@ class TrainingProgram:
         self.widening = Widening(ctx.backend, ctx.allocator)
         self.sums = PartialSums(ctx.backend, ctx.allocator)
         # the backward layers hand them their bf16 gradients and their blocks' partial column sums
-        ctx = dataclasses.replace(ctx, widening=self.widening, sums=self.sums)
+        ctx = dataclasses.replace(ctx, widening=self.widening, sums=None if each_step else self.sums)
         self._backward = []   # (gradient sum or None, layer, node name), in the order they run
         for node in reversed(self.nodes):
             self.widening.step = self.sums.step = len(self._backward)

@@ -17,8 +17,10 @@ to reset. (A narrow convolution's bias sum has hundreds of chunks, which its
 last block added alone.)
 
 Data parallel all-reduces each backward step's gradients as soon as that step
-has written them, so there each step's sums are finished by a launch of their
-own right after it (`run_step`), as the widening does (ops/widen.py).
+has written them, so a program built for it (TrainingProgram's each_step)
+leaves its sums to their own kernels' last blocks: a launch a step would add
+launches. `run_step` finishes one step's sums where a program that took them
+is run step by step all the same.
 """
 from __future__ import annotations
 
