@@ -19,14 +19,15 @@ last block added alone.)
 Data parallel all-reduces each backward step's gradients as soon as that step
 has written them, so a program built for it (TrainingProgram's each_step)
 leaves its sums to their own kernels' last blocks: a launch a step would add
-launches. `run_step` finishes one step's sums where a program that took them
-is run step by step all the same.
+launches. `run_step` (step_launches.py) finishes one step's sums where a
+program that took them is run step by step all the same.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..runtime.kernels import get_kernel
+from .step_launches import StepLaunches
 
 RUN_COLS = 32     # columns a block adds: a warp reads a 128-byte row segment
 RUN_WARPS = 16    # warps sharing a run's rows: at most ceil(rows / 16) loads a thread, all in flight
@@ -70,14 +71,12 @@ def column_runs(entries: list[tuple[int, int, int, int, int]], cols: int = RUN_C
     return runs
 
 
-class PartialSums:
+class PartialSums(StepLaunches):
     """The partial column sums of one training program's kernels, finished in one launch after the backward pass."""
 
-    def __init__(self, backend, allocator):
-        self.backend, self.allocator = backend, allocator
-        self.step = 0   # the backward step whose layer is being built: the program sets it
-        self._sums: list[tuple[int, object, int, object]] = []   # (backward step, partials, first column, dst)
-        self._launches: dict | None = None   # backward step (None: every sum) -> (kernel, grid, table)
+    threads = 32 * RUN_WARPS
+    unbuilt = "the partial sums are finished once built (PartialSums.build)"
+    late = "partial sums added after the finishing launch was built: add every sum first"
 
     def add(self, partials, segments) -> bool:
         """`partials` (float32, a row per block) holds, for each (first column, destination) of `segments`, the
@@ -86,52 +85,19 @@ class PartialSums:
         taken) where a destination is strided, which the table's runs cannot address."""
         if partials.dtype != np.float32 or partials.ndim != 2:
             raise ValueError(f"partial sums are a float32 row per block, got {partials.dtype} {partials.shape}")
-        if self._launches is not None:
-            raise RuntimeError("partial sums added after the finishing launch was built: add every sum first")
         for first, destination in segments:
             if destination.dtype != np.float32 or not 0 <= first <= first + destination.size <= partials.shape[1]:
                 raise ValueError(f"a sum into {destination.size} {destination.dtype} values from column {first} does "
                                  f"not fit float32 partials of {partials.shape[1]} columns and a float32 destination")
         if not all(destination.flags.c_contiguous for _, destination in segments):
             return False
-        self._sums += [(self.step, partials, first, destination) for first, destination in segments]
+        self._add([(partials, first, destination) for first, destination in segments])
         return True
 
-    def __len__(self):
-        return len(self._sums)
-
-    def build(self):
-        """The launches' tables, on the device once every sum is in (outside capture)."""
-        self._launches = {}
-        if not self.backend.is_gpu or not self._sums:
-            return
-        for step in [None] + sorted({s for s, _, _, _ in self._sums}):
-            self._launches[step] = self._launch([sum_ for sum_ in self._sums if step is None or sum_[0] == step])
-
-    def run(self):
-        """Finish every sum (after the whole backward pass)."""
-        self._finish(None)
-
-    def run_step(self, step: int):
-        """Finish the sums of backward step `step` (after that step, before its gradients are sent)."""
-        self._finish(step)
-
-    def _finish(self, step):
-        if self._launches is None:
-            raise RuntimeError("the partial sums are finished once built (PartialSums.build)")
-        if not self.backend.is_gpu:
-            for s, partials, first, destination in self._sums:
-                if step is None or s == step:
-                    destination.reshape(-1)[...] = partials[:, first:first + destination.size].sum(axis=0)
-            return
-        if step in self._launches:
-            kernel, grid, table = self._launches[step]
-            kernel(grid, (32 * RUN_WARPS,), (table,))
+    def _on_host(self, partials, first, destination):
+        destination.reshape(-1)[...] = partials[:, first:first + destination.size].sum(axis=0)
 
     def _launch(self, sums):
         runs = column_runs([(int(p.data.ptr) + 4 * first, p.shape[1], p.shape[0], d.size, int(d.data.ptr))
-                            for _, p, first, d in sums])
-        with self.backend.activate():
-            table = self.allocator.zeros((len(runs), 5), np.int64, "workspace")
-            self.backend.upload(table, np.asarray(runs, np.int64))
-        return get_kernel(_SOURCE, "partial_sums", RUN_WARPS=RUN_WARPS), (len(runs),), table
+                            for p, first, d in sums])
+        return get_kernel(_SOURCE, "partial_sums", RUN_WARPS=RUN_WARPS), (len(runs),), self._table(runs)

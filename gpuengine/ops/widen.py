@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.kernels import get_kernel, vector_width
+from .step_launches import StepLaunches
 
 CHUNK = 16384          # values a block widens: a multiple of every vector width, so chunks keep their alignment
 THREADS = 256
@@ -50,14 +51,12 @@ def chunk_rows(pairs: list[tuple[int, int, int]], chunk: int = CHUNK) -> list[tu
     return rows
 
 
-class Widening:
+class Widening(StepLaunches):
     """The (bf16 scratch, fp32 master) gradient pairs of one training program, widened in one launch."""
 
-    def __init__(self, backend, allocator):
-        self.backend, self.allocator = backend, allocator
-        self.step = 0   # the backward step whose layer is being built: the program sets it
-        self._pairs: list[tuple[int, object, object]] = []   # (backward step, scratch, master)
-        self._launches: dict | None = None   # None (every pair) or a backward step -> (kernel, grid, table)
+    threads = THREADS
+    unbuilt = "the widening runs once built (Widening.build)"
+    late = "a gradient pair added after the widening was built: add every pair first"
 
     def add(self, scratch, master) -> bool:
         """`scratch` (bf16) is widened into `master` (float32, the same shape) by `run` or `run_step`; True: the
@@ -65,46 +64,13 @@ class Widening:
         if scratch.shape != master.shape or scratch.dtype.itemsize != 2 or master.dtype != np.float32:
             raise ValueError(f"widening takes a bf16 scratch and a float32 master of one shape, got "
                              f"{scratch.dtype} {scratch.shape} and {master.dtype} {master.shape}")
-        if self._launches is not None:
-            raise RuntimeError("a gradient pair added after the widening was built: add every pair first")
-        self._pairs.append((self.step, scratch, master))
+        self._add([(scratch, master)])
         return True
 
-    def __len__(self):
-        return len(self._pairs)
-
-    def build(self):
-        """The launches' tables, on the device once every pair is in (outside capture)."""
-        self._launches = {}
-        if not self.backend.is_gpu or not self._pairs:
-            return
-        for step in [None] + sorted({s for s, _, _ in self._pairs}):
-            self._launches[step] = self._launch([(a, b) for s, a, b in self._pairs if step is None or s == step])
-
-    def run(self):
-        """Widen every pair (after the whole backward pass)."""
-        self._widen(None)
-
-    def run_step(self, step: int):
-        """Widen the pairs of backward step `step` (after that step, before its gradients are sent)."""
-        self._widen(step)
-
-    def _widen(self, step):
-        if self._launches is None:
-            raise RuntimeError("the widening runs once built (Widening.build)")
-        if not self.backend.is_gpu:
-            for s, scratch, master in self._pairs:
-                if step is None or s == step:
-                    np.copyto(master, scratch, casting="unsafe")
-            return
-        if step in self._launches:
-            kernel, grid, table = self._launches[step]
-            kernel(grid, (THREADS,), (table,))
+    def _on_host(self, scratch, master):
+        np.copyto(master, scratch, casting="unsafe")
 
     def _launch(self, pairs):
         width = vector_width(CHUNK, *[a for pair in pairs for a in pair])   # 8 bytes of bf16 in, 16 of float out
         rows = chunk_rows([(int(s.data.ptr), int(m.data.ptr), int(s.size)) for s, m in pairs])
-        with self.backend.activate():
-            table = self.allocator.zeros((len(rows), 3), np.int64, "workspace")
-            self.backend.upload(table, np.asarray(rows, np.int64))
-        return get_kernel(_SOURCE, "widen_chunks", VEC=width), (len(rows),), table
+        return get_kernel(_SOURCE, "widen_chunks", VEC=width), (len(rows),), self._table(rows)
