@@ -10,9 +10,10 @@ dbeta take one launch (`layernorm_bwd_grads`): the warps add dy * xhat and dy in
 their lanes' column sums as they go, the blocks' sums meet in the last block, in a
 fixed order (no float atomics), or, in a training program, in its one launch
 after the backward pass (ops/partial_sums.py: nothing reads them before the
-optimizer, and the launch no longer waits for its last block). Wider rows, and a first LayerNorm (no dx), take
-dgamma and dbeta from a second kernel in reductions.py's one-launch column-sum
-scheme, which recomputes xhat from x and sums dy * xhat and dy side by side.
+optimizer, so the launch need not wait for a last block). Wider rows, and a
+first LayerNorm (no dx), take dgamma and dbeta from a second kernel in
+reductions.py's one-launch column-sum scheme, which recomputes xhat from x and
+sums dy * xhat and dy side by side.
 Where a program gives it the residual Add below (post-LN: LayerNorm(x +
 sublayer(x))), the forward also computes that sum, in the same pass that starts
 the statistics. Where a Linear layer or an attention below that Add feeds
@@ -26,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import checks
-from ..ops.reductions import COLUMN_TILE_SOURCE, ColumnSum, plan_chunks
+from ..ops.reductions import COLUMN_TILE_SOURCE, ColumnSum, deferred, plan_chunks
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel, multiprocessor_count, vector_width
 from ..runtime.params import ParamSpec
@@ -367,7 +368,7 @@ class LayerNorm(Layer):
                 dbias = self.dbeta if self.dbias is None else self.dbias   # unread without BIAS_SUM
                 # several blocks' sums are finished by the program's one launch where it takes them
                 segments = [(0, self.dgamma), (self.dim, self.dbeta)] + [(2 * self.dim, dbias)] * (sums - 2)
-                defer = blocks > 1 and ctx.sums is not None and ctx.sums.add(self.partials, segments)
+                defer = deferred(ctx.sums, blocks, self.partials, segments)
                 packs = -(-self.dim // (32 * width))
                 self._bwd = get_kernel(_FUSED_SOURCE, "layernorm_bwd_grads", PACKS=packs,
                                        DY_PARTS=2 if len(parts) == 2 else 1, BIAS_SUM=sums - 2, DEFER=int(defer),

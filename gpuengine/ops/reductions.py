@@ -168,6 +168,12 @@ _MIN_ROWS_PER_LANE = 8  # below this a chunk's set-up and ticket cost more than 
 _MAX_CHUNKS = 65535     # CUDA's limit on gridDim.y
 
 
+def deferred(sums, blocks: int, partials, segments) -> bool:
+    """Whether `sums` (a PartialSums, or None) adds a grid's partials: where it has several blocks' (one writes dst
+    itself) and `sums` takes them; its kernel is then compiled with DEFER 1."""
+    return blocks > 1 and sums is not None and sums.add(partials, segments)
+
+
 @dataclass(frozen=True)
 class ChunkPlan:
     """A column sum's grid: `tiles` column tiles by `chunks` row chunks, `threads` per block."""
@@ -185,9 +191,7 @@ class ChunkPlan:
                 allocator.zeros((self.tiles,), np.uint32, "workspace"))
 
     def defer(self, sums, partials, segments) -> bool:
-        """Whether `sums` (a PartialSums, or None) adds these partials: where the grid has several chunks and it
-        takes them; the kernel is then compiled with DEFER 1."""
-        return self.chunks > 1 and sums is not None and sums.add(partials, segments)
+        return deferred(sums, self.chunks, partials, segments)
 
     def shared_bytes(self, sums: int = 1) -> int:
         """A block's dynamic shared memory: its threads' `sums` float partials."""
