@@ -12,8 +12,8 @@ from gpuengine.layers import (Add, Conv2D, Dense, Dropout, Flatten, LayerNorm, L
                               SinusoidalPositionalEncoding, Tanh, TokenEmbedding)
 from gpuengine.losses import MSELoss, SoftmaxCrossEntropy
 from gpuengine.model.network import INPUT, NetworkBuilder, Sequential
-from gpuengine.model.passes import (adds_into_layernorms, biases_under_layernorms, pools_over_direct_wgrad,
-                                   positions_over_embeddings, relus_after_gemms)
+from gpuengine.model.passes import (adds_into_layernorms, biases_under_layernorms, biases_under_relus,
+                                   pools_over_direct_wgrad, positions_over_embeddings, relus_after_gemms)
 from gpuengine.trainer import Trainer
 from gpuengine.workloads import transformer
 from gpuengine.workloads.cnn import build_cnn
@@ -82,6 +82,16 @@ def test_a_relu_over_a_layer_read_elsewhere_or_over_another_activation_is_left_a
     assert relus_after_gemms(dropped) == {}
 
 
+def test_the_feed_forward_relus_sum_their_first_linear_layers_bias_gradient_and_dense_ones_keep_theirs():
+    found = biases_under_relus(transformer.build_transformer(transformer.SMOKE_SHAPE))
+    assert found == {f"transformer.{side}.layers.0.relu": f"transformer.{side}.layers.0.linear1"
+                     for side in ("encoder", "decoder")}
+    b = NetworkBuilder((8,))
+    relu = b.add(ReLU(), b.add(Dense(8), INPUT, name="dense"), name="relu")
+    net = b.network(MSELoss(), b.add(Dense(1), relu, name="out"))
+    assert relus_after_gemms(net) == {"relu": "dense"} and biases_under_relus(net) == {}
+
+
 def test_the_transformers_residual_sums_are_summed_by_their_layernorms():
     found = adds_into_layernorms(transformer.build_transformer(transformer.SMOKE_SHAPE))
     norms = [f"transformer.encoder.layers.0.norm{i}" for i in (1, 2)] + \
@@ -132,6 +142,17 @@ def test_the_fused_transformer_trains_as_the_unfused_one(precision):
         sums = [layer for layer in layers if getattr(layer, "summed_by_reader", False)]
         biases = [layer for layer in layers if getattr(layer, "bias_grad_by_reader", False)]
         positions = [layer for layer in layers if getattr(layer, "adds_positions", False)]
-        assert (len(relus), len(sums), len(biases), len(positions)) == ((2, 5, 5, 2) if fuse else (0, 0, 0, 0))
+        summing = [layer for layer in layers if getattr(layer, "bias_of", None) is not None]   # ReLUs, LayerNorms
+        assert (len(relus), len(sums), len(biases), len(positions), len(summing)) == \
+            ((2, 5, 7, 2, 7) if fuse else (0, 0, 0, 0, 0))
         runs[fuse] = trainer.train(3)
     assert runs[True] == runs[False]   # the same sums in the same order, on the CPU
+
+
+def test_an_activation_asked_for_a_bias_gradient_without_its_dx_names_the_problem():
+    relu = ReLU(name="relu")
+    relu.bias_of = "linear.bias"
+    ctx = make_context("cpu", "fp32", 4, [], None)
+    relu.build_forward(ctx, ctx.allocator.zeros((4, 8), np.float32, "activations"))
+    with pytest.raises(ValueError, match="relu: the gradient of 'linear.bias' is dx's column sum"):
+        relu.build_backward(ctx, ctx.allocator.zeros((4, 8), np.float32, "activations"), False)

@@ -9,6 +9,9 @@ activation into their own forward (a convolution's conv + bias + ReLU graph).
 `BackwardColumnSum` is such a layer's backward with its bias gradient: dz =
 act'(y) dy written and summed down each column in the same pass, instead of
 a second launch that reads dz back (VGG-16's conv gradients are 0.9 GB a step).
+An Activation whose input layer applies it (a Linear's ReLU epilogue) takes
+that layer's bias gradient the same way (`bias_of`), and the layer's weight
+gradient GEMM runs without a bias epilogue.
 """
 from __future__ import annotations
 
@@ -139,7 +142,8 @@ class BackwardColumnSum:
 
 class Activation(Layer):
     applied_by_input = False   # set by a program whose layer below applies it (a GEMM's ReLU epilogue)
-    wiring = ("applied_by_input",)
+    bias_of = None   # set by a program: the parameter below whose gradient is dx's column sum, summed here
+    wiring = ("applied_by_input", "bias_of")
 
     def __init__(self, kind: str, name: str = ""):
         _check_kind(kind)
@@ -152,11 +156,16 @@ class Activation(Layer):
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
-        self.dy = dy
+        self.dy, self.dx, self._column_sum = dy, None, None
         if not needs_input_grad:
-            self.dx = None
+            if self.bias_of is not None:
+                raise ValueError(f"{self.name}: the gradient of {self.bias_of!r} is dx's column sum, but this "
+                                 "activation computes no dx")
             return None
         self.dx = ctx.allocator.zeros(self.x.shape, self.x.dtype, "activations")
+        if self.bias_of is not None:
+            self._column_sum = BackwardColumnSum(ctx.backend, ctx.allocator, self.kind, self.out, dy, self.dx,
+                                                 ctx.params.grad_view(self.bias_of))
         return self.dx
 
     def forward(self):
@@ -164,7 +173,9 @@ class Activation(Layer):
             activation_forward(self.backend, self.kind, self.x, self.out)
 
     def backward(self):
-        if self.dx is not None:
+        if self._column_sum is not None:
+            self._column_sum.run()
+        elif self.dx is not None:
             activation_backward(self.backend, self.kind, self.out, self.dy, self.dx)
 
 

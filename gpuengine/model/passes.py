@@ -23,6 +23,12 @@ that layer's GEMM epilogue (cuBLASLt's RELU_BIAS): the pre-activation is
 never written and the activation kernel never launched. The ReLU keeps its
 backward, which reads only its output.
 
+`biases_under_relus`: of those, a ReLU over a Linear layer (the feed-forward's
+first) has the Linear's output gradient as its dx, so its backward sums the
+Linear's bias gradient as it writes dx (activations.BackwardColumnSum) and
+that weight gradient runs without cuBLASLt's bias-gradient kernel, which
+reads dx again.
+
 `adds_into_layernorms`: a residual Add that only a LayerNorm reads (the
 post-LN Transformer's LayerNorm(x + sublayer(x))) is summed by that
 LayerNorm's forward kernel, which writes the sum for its backward as it
@@ -107,6 +113,12 @@ def relus_after_gemms(net: Network) -> dict[str, str]:
     """{ReLU node: the Dense or Linear node below it} for every ReLU whose input layer only it reads."""
     return _over_sole_input(net, lambda layer: isinstance(layer, Activation) and layer.kind == "relu",
                             lambda layer: isinstance(layer, (Dense, Linear)))
+
+
+def biases_under_relus(net: Network) -> dict[str, str]:
+    """{ReLU node: the Linear node below it} of relus_after_gemms: the ReLU's backward sums the Linear's bias
+    gradient as it writes dx. Dense layers are left to their own bias gradients (the MLP's and CNN's heads)."""
+    return {relu: below for relu, below in relus_after_gemms(net).items() if isinstance(net.node(below).layer, Linear)}
 
 
 def adds_into_layernorms(net: Network) -> dict[str, str]:

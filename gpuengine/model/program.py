@@ -32,7 +32,7 @@ from ..ops.conv_pool import ConvPoolForward
 from ..ops.partial_sums import PartialSums
 from ..ops.widen import Widening
 from .network import INPUT, Network, NetworkError
-from .passes import (adds_into_layernorms, biases_under_layernorms, pools_over_direct_wgrad,
+from .passes import (adds_into_layernorms, biases_under_layernorms, biases_under_relus, pools_over_direct_wgrad,
                      positions_over_embeddings, relus_after_gemms, tanh_linear_mse_head)
 
 __all__ = ["InferenceProgram", "TrainingProgram"]
@@ -50,6 +50,10 @@ class _ForwardWiring:
         for relu, below in (relus_after_gemms(net) if fuse else {}).items():
             if relu in self.layers and below in self.layers:
                 self.layers[below].relu_epilogue = self.layers[relu].applied_by_input = True
+        for relu, below in (biases_under_relus(net) if fuse else {}).items():
+            if self.layers[relu].applied_by_input:
+                self.layers[below].bias_grad_by_reader = True
+                self.layers[relu].bias_of = self.layers[below].output_bias()
         for norm, below in (adds_into_layernorms(net) if fuse else {}).items():
             if norm in self.layers and below in self.layers:
                 self.layers[below].summed_by_reader = True
