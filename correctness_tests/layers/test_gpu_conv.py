@@ -196,8 +196,9 @@ def test_column_sum_is_deterministic_and_resets_its_tickets(rows, cols, rows_per
         np.testing.assert_array_equal(again, results[0])
 
 
-# (rows, cols): a VGG-like conv gradient, the CNN's 16 channels, partial tiles, one chunk.
-BACKWARD_SUM_CASES = [(16 * 56 * 56, 64), (100352, 16), (999, 300), (5, 3)]
+# (rows, cols): a VGG-like conv gradient, the CNN's 16 channels, partial tiles, one chunk (column tiles); the
+# Transformer's feed-forward at seq 384, rows not filling the last block, a block alone (whole rows).
+BACKWARD_SUM_CASES = [(16 * 56 * 56, 64), (100352, 16), (999, 300), (5, 3), (6144, 1024), (777, 512), (3, 256)]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -9,6 +9,8 @@ activation into their own forward (a convolution's conv + bias + ReLU graph).
 `BackwardColumnSum` is such a layer's backward with its bias gradient: dz =
 act'(y) dy written and summed down each column in the same pass, instead of
 a second launch that reads dz back (VGG-16's conv gradients are 0.9 GB a step).
+It takes reductions.py's column tiles, or its whole rows where rows are wide
+(`backward_row_sums`: the Transformer's feed-forward, VGG's deeper layers).
 An Activation whose input layer applies it (a Linear's ReLU epilogue) takes
 that layer's bias gradient the same way (`bias_of`), and the layer's weight
 gradient GEMM runs without a bias epilogue.
@@ -18,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import checks
-from ..ops.reductions import COLUMN_TILE_SOURCE, plan_chunks
+from ..ops.reductions import COLUMN_TILE_SOURCE, ROW_TILE_SOURCE, plan_chunks, plan_rows
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel, packed_launch
 from .base import BuildContext, Layer
@@ -88,6 +90,35 @@ extern "C" __global__ void backward_column_sum(const ELEM_T* __restrict__ y, con
 SUM_SOURCES = {kind: _SUM_SOURCE.replace("@BACKWARD@", backward) for kind, (_, backward, _, _) in _ACTIVATIONS.items()}
 _SUM_BLOCKS_PER_SM = 4   # three streams (y, dy, dz) to keep in flight, against a plain sum's one
 
+_ROW_SUM_SOURCE = ROW_TILE_SOURCE + r"""
+__device__ __forceinline__ float act_grad(float y, float dy) { return @BACKWARD@; }
+// dz = act'(y) dy over (rows, cols) and dst[c] = sum_r dz[r, c] as stored, by whole rows (reductions.py).
+extern "C" __global__ void backward_row_sums(const ELEM_T* __restrict__ y, const ELEM_T* __restrict__ dy,
+                                             ELEM_T* __restrict__ dz, float* dst, float* partials,
+                                             unsigned int* counter, int rows, int cols, int rows_per_block) {
+    typedef Pack<ELEM_T, VEC> P;
+    extern __shared__ float4 shared[];   // float4: the last block's runs are 16-byte aligned
+    const RowTile t = row_tile(rows, cols, rows_per_block);
+    float s[VEC];
+    #pragma unroll
+    for (int k = 0; k < VEC; ++k) s[k] = 0.f;
+    #pragma unroll 4
+    for (long long r = t.first; r < t.stop; r += t.lanes) {
+        const long long i = r * cols + t.col;
+        const P a = load_pack<ELEM_T, VEC>(y, i), g = load_pack<ELEM_T, VEC>(dy, i);
+        P out;
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) store_f(out.v, k, act_grad(load_f(a.v, k), load_f(g.v, k)));
+        store_pack(dz, i, out);
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) s[k] += load_f(out.v, k);   // rounded as stored
+    }
+    finish_row_sums(t, cols, s, shared, dst, partials, counter);
+}
+"""
+ROW_SUM_SOURCES = {kind: _ROW_SUM_SOURCE.replace("@BACKWARD@", backward)
+                   for kind, (_, backward, _, _) in _ACTIVATIONS.items()}
+
 
 def _check_kind(kind: str):
     checks.choice("Activation kind", kind, tuple(_ACTIVATIONS))
@@ -123,21 +154,28 @@ class BackwardColumnSum:
             raise ValueError(f"BackwardColumnSum of y {y.shape}, dy {dy.shape}, dz {dz.shape} into {grad_b.shape}")
         self.backend, self.kind, self.grad_b = backend, kind, grad_b
         self.y, self.dy, self.dz = (a.reshape(-1, cols) for a in (y, dy, dz))
-        self.plan = plan_chunks(backend, self.y.shape[0], cols, blocks_per_sm=_SUM_BLOCKS_PER_SM)
-        if backend.is_gpu:
-            self.partials, self.counters = self.plan.workspace(allocator, cols)
+        rows = self.y.shape[0]
+        whole = plan_rows(backend, rows, cols, self.y, self.dy, self.dz)
+        self.plan = whole or plan_chunks(backend, rows, cols, blocks_per_sm=_SUM_BLOCKS_PER_SM)
+        if not backend.is_gpu:
+            return
+        self.partials, self.counters = self.plan.workspace(allocator, cols)
+        common = (self.y, self.dy, self.dz, grad_b, self.partials, self.counters, np.int32(rows), np.int32(cols))
+        if whole is not None:
+            self._kernel = get_kernel(ROW_SUM_SOURCES[kind], "backward_row_sums", ELEM_T=ctype(y.dtype),
+                                      VEC=whole.width)
+            self._args = common + (np.int32(whole.rows_per_block),)
+        else:
             self._kernel = get_kernel(SUM_SOURCES[kind], "backward_column_sum", ELEM_T=ctype(y.dtype),
                                       DEFER=int(self.plan.defer(sums, self.partials, [(0, grad_b)])))
+            self._args = common + (np.int32(self.plan.rows_per_chunk), np.int32(self.plan.tile_cols))
 
     def run(self):
         if not self.backend.is_gpu:
             activation_backward(self.backend, self.kind, self.y, self.dy, self.dz)
             self.grad_b[...] = widen(self.dz).sum(axis=0)
             return
-        rows, cols = self.y.shape
-        self.plan.launch(self._kernel, (self.y, self.dy, self.dz, self.grad_b, self.partials, self.counters,
-                                        np.int32(rows), np.int32(cols), np.int32(self.plan.rows_per_chunk),
-                                        np.int32(self.plan.tile_cols)))
+        self.plan.launch(self._kernel, self._args)
 
 
 class Activation(Layer):

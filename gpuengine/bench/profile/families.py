@@ -59,7 +59,7 @@ RULES = (
     ("data", r"gather|index_?select|index_elementwise|indexing_backward|scatter|embed|compute_grad_weight|memcpy"
              r"|memset|direct_copy|cupy_copy|catarraybatchedcopy|randperm|radix|sort|nchwtonhwc|nhwctonchw"
              r"|permutation"),
-    ("reduction", r"reduce|reduction|softmax|xent|nll_loss|cross_entropy|^mse$|column_(partials|sum)"
+    ("reduction", r"reduce|reduction|softmax|xent|nll_loss|cross_entropy|^mse$|column_(partials|sum)|row_sums?"
                   r"|^head_(rows|columns|reduce)$|^partial_sums$|book_loss|count_tokens|pool|adaptive_average"
                   r"|^cupy_(sum|max|min|mean|prod|argmax|argmin)"),
     ("elementwise", r"elementwise|pointwise|^(forward|backward)$|^add2$|^bn_tail$|^add_table$|dropout|^cast$"
