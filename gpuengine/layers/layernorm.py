@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import checks
-from ..ops.reductions import COLUMN_TILE_SOURCE, ColumnSum, deferred, plan_chunks
+from ..ops.reductions import BLOCK_ROWS_SOURCE, COLUMN_TILE_SOURCE, ColumnSum, deferred, plan_chunks
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel, multiprocessor_count, vector_width
 from ..runtime.params import ParamSpec
@@ -147,7 +147,7 @@ extern "C" __global__ void layernorm_param_grads(const ELEM_T* x, const ELEM_T* 
 }
 """
 # The one-launch backward, compiled with PACKS (a lane's packs of its row) beside ELEM_T and VEC.
-_FUSED_SOURCE = r"""
+_FUSED_SOURCE = BLOCK_ROWS_SOURCE + r"""
 // dx, dgamma and dbeta in one launch, where a lane keeps its PACKS packs of the row in registers: a warp takes a
 // row at a time as layernorm_bwd does (the same dx, bit for bit) and adds dy * xhat and dy into its lanes' column
 // sums; the block's warps meet in shared memory in order and the block writes its rows' sums to partials (rows of
@@ -250,30 +250,11 @@ extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* ga
     __syncthreads();   // every thread has the flag before warp_sums takes the runs' sums below
     if (!is_last) return;
     __threadfence();   // pairs with the writers' fences before the partials are read
-    // Latency bound: a thread takes 4 columns (float4) over a run of blocks, 16 loads in flight, and `split`
-    // threads share a group's blocks; then the group's runs add in order: the same bits every run. __ldcg reads
-    // L2, never a stale L1.
-    const int groups = stride >> 2, split = max(1, min(warps, (int)blockDim.x / groups));
-    const unsigned int span = (gridDim.x + split - 1) / split;
-    float4* runs = (float4*)warp_sums;   // [split][groups]: split <= warps, so within the warps' stride floats
-    for (int t = threadIdx.x; t < groups * split; t += blockDim.x) {   // more groups than threads: split is 1
-        const int g = t % groups, part = t / groups;
-        const unsigned int first = part * span, end = min(gridDim.x, first + span);
-        const float4* column = (const float4*)partials + g;
-        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-        #pragma unroll 16
-        for (unsigned int b = first; b < end; ++b) {   // the run's blocks in order
-            const float4 v = __ldcg(column + (long long)b * groups);
-            s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-        }
-        runs[part * groups + g] = s;
-    }
-    __syncthreads();
-    for (int j = threadIdx.x; j < sums; j += blockDim.x) {
-        float s = 0.f;
-        for (int part = 0; part < split; ++part) s += ((const float*)runs)[part * stride + j];   // the runs in order
-        (j < dim ? dgamma[j] : j < 2 * dim ? dbeta[j - dim] : dbias[j - 2 * dim]) = s;
-    }
+    const int split = max(1, min(warps, (int)blockDim.x / (stride >> 2)));
+    float4* runs = (float4*)warp_sums;   // [split][stride / 4]: split <= warps, so within the warps' stride floats
+    add_block_rows(partials, stride, split, runs);
+    for (int j = threadIdx.x; j < sums; j += blockDim.x)
+        (j < dim ? dgamma[j] : j < 2 * dim ? dbeta[j - dim] : dbias[j - 2 * dim]) = run_total(runs, split, stride, j);
 }
 """
 _ROWS_PER_BLOCK = 8

@@ -156,8 +156,37 @@ __device__ __forceinline__ bool finish_column_sums(const ColumnTile& t, int cols
     return true;
 }
 """
+# The last block's sum of every block's row of partials, for the kernels that end so (whole rows, LayerNorm's).
+BLOCK_ROWS_SOURCE = r"""
+// In the block that drew the last ticket: the gridDim.x blocks' rows of partials (stride floats each, stride % 4 ==
+// 0) added into runs[split][stride / 4], `split` threads sharing a group of 4 columns, each adding a run of blocks
+// in order. Latency bound: float4 loads, 16 in flight a thread, from L2 (__ldcg, never a stale L1). The caller's sum
+// j is then run_total(runs, split, stride, j), the runs added in order: the same bits every run.
+__device__ __forceinline__ void add_block_rows(const float* partials, int stride, int split, float4* runs) {
+    const int groups = stride >> 2;
+    const unsigned int span = (gridDim.x + split - 1) / split;
+    for (int i = threadIdx.x; i < groups * split; i += blockDim.x) {   // more groups than threads: split is 1
+        const int g = i % groups, part = i / groups;
+        const unsigned int first = part * span, end = min(gridDim.x, first + span);
+        const float4* column = (const float4*)partials + g;
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+        #pragma unroll 16
+        for (unsigned int b = first; b < end; ++b) {   // the run's blocks in order
+            const float4 v = __ldcg(column + (long long)b * groups);
+            sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+        }
+        runs[part * groups + g] = sum;
+    }
+    __syncthreads();
+}
+__device__ __forceinline__ float run_total(const float4* runs, int split, int stride, int j) {
+    float total = 0.f;
+    for (int part = 0; part < split; ++part) total += ((const float*)runs)[part * stride + j];   // the runs in order
+    return total;
+}
+"""
 # Whole rows: the layout and ending of the column sums that take them; kernels compile it with VEC, a thread's values.
-ROW_TILE_SOURCE = r"""
+ROW_TILE_SOURCE = BLOCK_ROWS_SOURCE + r"""
 // A thread of a block of whole rows: the block takes rows first .. stop - 1 of its rows_per_block, lanes of them at a
 // time (its row lanes of cols / VEC threads), a thread VEC neighbouring columns from col by one vector access.
 struct RowTile {
@@ -202,28 +231,9 @@ __device__ __forceinline__ void finish_row_sums(const RowTile& t, int cols, cons
     __syncthreads();
     if (!last) return;
     __threadfence();   // pairs with the writers' fences before the partials are read
-    // Latency bound: a thread takes 4 columns over a run of blocks, 16 loads in flight, `split` threads sharing a
-    // group's blocks; __ldcg reads L2, never a stale L1.
-    const int groups = cols >> 2, split = max(1, min(t.lanes, (int)blockDim.x / groups));
-    const unsigned int span = (gridDim.x + split - 1) / split;
-    for (int i = threadIdx.x; i < groups * split; i += blockDim.x) {   // runs [split][groups]: within lane_sums
-        const int g = i % groups, part = i / groups;
-        const unsigned int first = part * span, end = min(gridDim.x, first + span);
-        const float4* column = (const float4*)partials + g;
-        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-        #pragma unroll 16
-        for (unsigned int b = first; b < end; ++b) {   // the run's blocks in order
-            const float4 v = __ldcg(column + (long long)b * groups);
-            sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
-        }
-        shared[part * groups + g] = sum;
-    }
-    __syncthreads();
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        float total = 0.f;
-        for (int part = 0; part < split; ++part) total += lane_sums[part * cols + j];   // the runs in order
-        dst[j] = total;
-    }
+    const int split = max(1, min(t.lanes, (int)blockDim.x / (cols >> 2)));   // runs within the lanes' cols floats
+    add_block_rows(partials, cols, split, shared);
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) dst[j] = run_total(shared, split, cols, j);
 }
 """
 _ROW_SOURCE = ROW_TILE_SOURCE + r"""
