@@ -93,9 +93,9 @@ _SUM_BLOCKS_PER_SM = 4   # three streams (y, dy, dz) to keep in flight, against 
 _ROW_SUM_SOURCE = ROW_TILE_SOURCE + r"""
 __device__ __forceinline__ float act_grad(float y, float dy) { return @BACKWARD@; }
 // dz = act'(y) dy over (rows, cols) and dst[c] = sum_r dz[r, c] as stored, by whole rows (reductions.py).
-extern "C" __global__ void backward_row_sums(const ELEM_T* __restrict__ y, const ELEM_T* __restrict__ dy,
-                                             ELEM_T* __restrict__ dz, float* dst, float* partials,
-                                             unsigned int* counter, int rows, int cols, int rows_per_block) {
+extern "C" __global__ void __launch_bounds__(ROW_THREADS) backward_row_sums(
+        const ELEM_T* __restrict__ y, const ELEM_T* __restrict__ dy, ELEM_T* __restrict__ dz, float* dst,
+        float* partials, unsigned int* counter, int rows, int cols, int rows_per_block) {
     typedef Pack<ELEM_T, VEC> P;
     extern __shared__ float4 shared[];   // float4: the last block's runs are 16-byte aligned
     const RowTile t = row_tile(rows, cols, rows_per_block);

@@ -185,8 +185,10 @@ __device__ __forceinline__ float run_total(const float4* runs, int split, int st
     return total;
 }
 """
-# Whole rows: the layout and ending of the column sums that take them; kernels compile it with VEC, a thread's values.
-ROW_TILE_SOURCE = BLOCK_ROWS_SOURCE + r"""
+# Whole rows: the layout and ending of the column sums that take them; kernels compile it with VEC, a thread's values,
+# and declare __launch_bounds__(ROW_THREADS), so that the compiler keeps to the registers a block of them may take.
+_ROW_THREADS = 1024     # a whole-row block's threads at most
+ROW_TILE_SOURCE = BLOCK_ROWS_SOURCE + f"#define ROW_THREADS {_ROW_THREADS}\n" + r"""
 // A thread of a block of whole rows: the block takes rows first .. stop - 1 of its rows_per_block, lanes of them at a
 // time (its row lanes of cols / VEC threads), a thread VEC neighbouring columns from col by one vector access.
 struct RowTile {
@@ -237,8 +239,9 @@ __device__ __forceinline__ void finish_row_sums(const RowTile& t, int cols, cons
 }
 """
 _ROW_SOURCE = ROW_TILE_SOURCE + r"""
-extern "C" __global__ void row_sum(const ELEM_T* __restrict__ src, float* dst, float* partials, unsigned int* counter,
-                                   int rows, int cols, int rows_per_block) {
+extern "C" __global__ void __launch_bounds__(ROW_THREADS) row_sum(const ELEM_T* __restrict__ src, float* dst,
+                                                                  float* partials, unsigned int* counter, int rows,
+                                                                  int cols, int rows_per_block) {
     extern __shared__ float4 shared[];   // float4: the last block's runs are 16-byte aligned
     const RowTile t = row_tile(rows, cols, rows_per_block);
     float s[VEC];
@@ -272,7 +275,6 @@ _TILE_COLS = 32         # columns per row lane: one warp reads one 128-byte fp32
 _BLOCKS_PER_SM = 2      # enough blocks to cover L2 latency; fewer chunks for the last block to add
 _MIN_ROWS_PER_LANE = 8  # below this a chunk's set-up and ticket cost more than its loads
 _MAX_CHUNKS = 65535     # CUDA's limit on gridDim.y
-_ROW_THREADS = 1024     # a whole-row block's threads at most
 
 
 def deferred(sums, blocks: int, partials, segments) -> bool:
