@@ -115,10 +115,13 @@ def _shape_free_cases():
             yield _case(activations, "backward_column_sum", f"{kind}, {where}, defer {defer}", "SUM_SOURCES[kind]",
                         text, kind, ELEM_T=elem, DEFER=defer)
         for width in (w for w in (1, 2, 4, 8) if w * dtype.itemsize <= 16):   # whole rows, up to 16 bytes a thread
-            yield _case(reductions, "row_sum", f"{where}, {width} a thread", "_ROW_SOURCE", ELEM_T=elem, VEC=width)
+            defer = int(width in (2, 8))   # finished by the program or by the last block, by turns
+            yield _case(reductions, "row_sum", f"{where}, {width} a thread, defer {defer}", "_ROW_SOURCE",
+                        ELEM_T=elem, VEC=width, DEFER=defer)
             for kind, text in activations.ROW_SUM_SOURCES.items():
-                yield _case(activations, "backward_row_sums", f"{kind}, {where}, {width} a thread",
-                            "ROW_SUM_SOURCES[kind]", text, kind, ELEM_T=elem, VEC=width)
+                defer = 1 - defer
+                yield _case(activations, "backward_row_sums", f"{kind}, {where}, {width} a thread, defer {defer}",
+                            "ROW_SUM_SOURCES[kind]", text, kind, ELEM_T=elem, VEC=width, DEFER=defer)
         policy = policy_for(precision)
         copy = policy.compute_dtype if policy.needs_compute_copy else np.float32   # as Adam chooses its copy
         for vector in (1, 0):   # 16-byte aligned buffers, and the scalar loop alone

@@ -163,7 +163,7 @@ class BackwardColumnSum:
         common = (self.y, self.dy, self.dz, grad_b, self.partials, self.counters, np.int32(rows), np.int32(cols))
         if whole is not None:
             self._kernel = get_kernel(ROW_SUM_SOURCES[kind], "backward_row_sums", ELEM_T=ctype(y.dtype),
-                                      VEC=whole.width)
+                                      VEC=whole.width, DEFER=int(whole.defer(sums, self.partials, [(0, grad_b)])))
             self._args = common + (np.int32(whole.rows_per_block),)
         else:
             self._kernel = get_kernel(SUM_SOURCES[kind], "backward_column_sum", ELEM_T=ctype(y.dtype),
@@ -203,7 +203,7 @@ class Activation(Layer):
         self.dx = ctx.allocator.zeros(self.x.shape, self.x.dtype, "activations")
         if self.bias_of is not None:
             self._column_sum = BackwardColumnSum(ctx.backend, ctx.allocator, self.kind, self.out, dy, self.dx,
-                                                 ctx.params.grad_view(self.bias_of))
+                                                 ctx.params.grad_view(self.bias_of), sums=ctx.sums)
         return self.dx
 
     def forward(self):

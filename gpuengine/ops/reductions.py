@@ -46,10 +46,12 @@ from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel, multiprocessor_count, vector_width
 
 # The block layout and ending every column-sum kernel shares; prepended to their sources.
-COLUMN_TILE_SOURCE = r"""
+_DEFER_SOURCE = r"""
 #ifndef DEFER
 #define DEFER 0   // 1: a block of several ends at its row of partials, which a training program adds
 #endif
+"""
+COLUMN_TILE_SOURCE = _DEFER_SOURCE + r"""
 // A thread of a (column tile, row chunk) block: it owns column `col` and walks rows first, first + step, ...
 // below stop; the tile's tile_cols threads of one row lane read consecutive columns of the same row.
 struct ColumnTile {
@@ -188,7 +190,7 @@ __device__ __forceinline__ float run_total(const float4* runs, int split, int st
 # Whole rows: the layout and ending of the column sums that take them; kernels compile it with VEC, a thread's values,
 # and declare __launch_bounds__(ROW_THREADS), so that the compiler keeps to the registers a block of them may take.
 _ROW_THREADS = 1024     # a whole-row block's threads at most
-ROW_TILE_SOURCE = BLOCK_ROWS_SOURCE + f"#define ROW_THREADS {_ROW_THREADS}\n" + r"""
+ROW_TILE_SOURCE = _DEFER_SOURCE + BLOCK_ROWS_SOURCE + f"#define ROW_THREADS {_ROW_THREADS}\n" + r"""
 // A thread of a block of whole rows: the block takes rows first .. stop - 1 of its rows_per_block, lanes of them at a
 // time (its row lanes of cols / VEC threads), a thread VEC neighbouring columns from col by one vector access.
 struct RowTile {
@@ -209,7 +211,8 @@ __device__ __forceinline__ RowTile row_tile(int rows, int cols, int rows_per_blo
 // meet in shared memory in order (`shared`: lanes x cols floats), the block writes its row of partials (cols floats,
 // cols % 4 == 0), and the block drawing the last ticket adds the blocks' rows in a fixed order, float4 runs of
 // blocks read from L2 and then the runs in order: the same bits every run, no float atomics. It resets the counter
-// for the next launch or graph replay.
+// for the next launch or graph replay. With DEFER 1 every block of several ends at its partials, which a training
+// program adds after the backward pass (ops/partial_sums.py).
 __device__ __forceinline__ void finish_row_sums(const RowTile& t, int cols, const float (&s)[VEC], float4* shared,
                                                 float* dst, float* partials, unsigned int* counter) {
     __shared__ bool last;
@@ -223,7 +226,7 @@ __device__ __forceinline__ void finish_row_sums(const RowTile& t, int cols, cons
         if (gridDim.x == 1) dst[j] = total;   // one block: its sums are the result
         else partials[(long long)blockIdx.x * cols + j] = total;
     }
-    if (gridDim.x == 1) return;
+    if (gridDim.x == 1 || DEFER) return;
     __threadfence();   // the partials reach every SM before this block's ticket is taken
     __syncthreads();   // also: every read of lane_sums is done before it takes the runs
     if (threadIdx.x == 0) {
@@ -326,6 +329,9 @@ class RowPlan:
         return (allocator.zeros((self.blocks, cols), np.float32, "workspace"),
                 allocator.zeros((1,), np.uint32, "workspace"))
 
+    def defer(self, sums, partials, segments) -> bool:
+        return deferred(sums, self.blocks, partials, segments)
+
     def launch(self, kernel, args: tuple):
         kernel((self.blocks,), (self.threads,), args, shared_mem=4 * self.threads * self.width)   # lanes x cols
 
@@ -387,7 +393,8 @@ class ColumnSum:
         self.partials, self.counters = self.plan.workspace(allocator, self.cols)
         common = (src, dst, self.partials, self.counters, np.int32(self.rows), np.int32(self.cols))
         if whole is not None:
-            self._kernel = get_kernel(_ROW_SOURCE, "row_sum", ELEM_T=ctype(src.dtype), VEC=whole.width)
+            self._kernel = get_kernel(_ROW_SOURCE, "row_sum", ELEM_T=ctype(src.dtype), VEC=whole.width,
+                                      DEFER=int(whole.defer(sums, self.partials, [(0, dst)])))
             self._args = common + (np.int32(whole.rows_per_block),)
         else:
             self._kernel = get_kernel(_SOURCE, "column_sum", ELEM_T=ctype(src.dtype),
