@@ -45,12 +45,13 @@ import numpy as np
 from ..runtime.backend import widen
 from ..runtime.kernels import ctype, get_kernel, multiprocessor_count, vector_width
 
-# The block layout and ending every column-sum kernel shares; prepended to their sources.
+# DEFER's default, for the kernels compiled without it (batch norm's, which read their sums back).
 _DEFER_SOURCE = r"""
 #ifndef DEFER
 #define DEFER 0   // 1: a block of several ends at its row of partials, which a training program adds
 #endif
 """
+# The block layout and ending every column-sum kernel shares; prepended to their sources.
 COLUMN_TILE_SOURCE = _DEFER_SOURCE + r"""
 // A thread of a (column tile, row chunk) block: it owns column `col` and walks rows first, first + step, ...
 // below stop; the tile's tile_cols threads of one row lane read consecutive columns of the same row.
