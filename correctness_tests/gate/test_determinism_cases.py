@@ -1,0 +1,88 @@
+"""Where determinism costs more than 3%, the nightly tier times the engine both ways (issue 36).
+
+Every stored `./gate toggle-cost deterministic=0` record (baselines_store/<gpu>/toggle_cost/) whose
+non-deterministic engine ran more than 3% faster names a case the nightly tier must also time with
+deterministic=0; for the Transformer, a (length, precision) of perf_tests/test_transformer.py's NONDETERMINISTIC.
+Each entry of that list must in turn be one a record shows costing more than 3%, so the list follows the records.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from gpuengine.workloads import transformer
+
+REPO = Path(__file__).resolve().parents[2]
+COST_BAR = 1.03   # the toggled engine's speed-up past which the nightly tier times both sides
+TOGGLE = "deterministic=0"
+
+
+def costly_cases(store: Path) -> dict[tuple[str, int | None, str], str]:
+    """(workload, length, precision) -> the record file, for each deterministic=0 record past COST_BAR."""
+    found = {}
+    for path in sorted(store.glob("*/toggle_cost/*.json")):
+        run = json.loads(path.read_text())
+        if run.get("toggle") != TOGGLE:
+            continue
+        for record in run["records"]:
+            if record["toggled_speedup"]["median"] <= COST_BAR:
+                continue
+            label, precision = record["case"].rsplit(" ", 1)
+            workload, _, seq = label.partition(" seq")
+            length = int(seq) if seq else run.get("length")
+            if workload == "transformer" and length is None:
+                length = transformer.SEED_SHAPE.length   # toggle-cost's default: the seed shape's length
+            found[(workload, length, precision)] = str(path.relative_to(store))
+    return found
+
+
+def test_a_costly_record_is_read_with_its_length_and_precision(tmp_path):
+    folder = tmp_path / "nvidia-h200" / "toggle_cost"
+    folder.mkdir(parents=True)
+    records = [{"case": "transformer seq384 bf16", "toggled_speedup": {"median": 1.051}},
+               {"case": "transformer seq384 fp32", "toggled_speedup": {"median": 1.016}}]
+    (folder / "a.json").write_text(json.dumps({"toggle": TOGGLE, "length": 384, "records": records}))
+    unlabelled = [{"case": "transformer tf32", "toggled_speedup": {"median": 1.04}},
+                  {"case": "resnet bf16", "toggled_speedup": {"median": 1.031}}]
+    (folder / "b.json").write_text(json.dumps({"toggle": TOGGLE, "records": unlabelled}))
+    other = [{"case": "cnn bf16", "toggled_speedup": {"median": 1.2}}]
+    (folder / "c.json").write_text(json.dumps({"toggle": "bias_grad=sum", "records": other}))
+    assert costly_cases(tmp_path) == {("transformer", 384, "bf16"): "nvidia-h200/toggle_cost/a.json",
+                                      ("transformer", transformer.SEED_SHAPE.length, "tf32"):
+                                          "nvidia-h200/toggle_cost/b.json",
+                                      ("resnet", None, "bf16"): "nvidia-h200/toggle_cost/b.json"}
+
+
+def test_the_nightly_tier_times_both_sides_exactly_where_a_stored_record_shows_determinism_costing_more_than_3pct():
+    pytest.importorskip("torch", reason="perf_tests/test_transformer.py needs PyTorch, its reference")
+    from perf_tests import test_transformer
+    costly = costly_cases(REPO / "baselines_store")
+    assert costly, "no stored deterministic=0 record costs more than 3%: NONDETERMINISTIC should be empty"
+    others = {case: path for case, path in costly.items() if case[0] != "transformer"}
+    assert not others, f"determinism costs more than 3% here, and no nightly case times it both ways: {others}"
+    wanted = {(length, precision) for _, length, precision in costly}
+    listed = set(test_transformer.NONDETERMINISTIC)
+    assert wanted - listed == set(), (f"add to perf_tests/test_transformer.py's NONDETERMINISTIC: "
+                                      f"{sorted(wanted - listed)} (records: {costly})")
+    assert listed - wanted == set(), (f"no stored record shows determinism costing more than 3% at "
+                                      f"{sorted(listed - wanted)}: drop it from NONDETERMINISTIC")
+
+
+def test_each_nondeterministic_case_is_named_so_and_read_by_its_own_rule_on_both_gpus():
+    pytest.importorskip("torch", reason="perf_tests/test_transformer.py needs PyTorch, its reference")
+    from perf_tests import test_transformer
+    from gpuengine.bench.thresholds import rule_for
+    for length, precision in test_transformer.NONDETERMINISTIC:
+        case_id = test_transformer.case_id((length, precision, 8, False))
+        assert case_id == f"seq{length}-{precision}-graph8-b{test_transformer.BATCH}-nondeterministic"
+        # as the GPU names it (this CPU tier's batch is the smoke one)
+        name = f"test_transformer_train[seq{length}-{precision}-graph8-b{transformer.TRAIN_BATCH}-nondeterministic]"
+        for gpu in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"):
+            rule = rule_for(gpu, name, "torch_graph_best")
+            assert rule is not None and rule.test.endswith("-nondeterministic]") and rule.min_ratio == 1.3, (gpu, rule)
+            assert "matched determinism" in rule.why
+            deterministic = rule_for(gpu, name.replace("-nondeterministic", ""), "torch_graph_best")
+            assert deterministic is not None and not deterministic.test.endswith("-nondeterministic]")
