@@ -8,7 +8,6 @@ Each entry of that list must in turn be one a record shows costing more than 3%,
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
