@@ -160,15 +160,14 @@ class BackwardColumnSum:
         if not backend.is_gpu:
             return
         self.partials, self.counters = self.plan.workspace(allocator, cols)
-        common = (self.y, self.dy, self.dz, grad_b, self.partials, self.counters, np.int32(rows), np.int32(cols))
+        defer = int(self.plan.defer(sums, self.partials, [(0, grad_b)]))
         if whole is not None:
             self._kernel = get_kernel(ROW_SUM_SOURCES[kind], "backward_row_sums", ELEM_T=ctype(y.dtype),
-                                      VEC=whole.width, DEFER=int(whole.defer(sums, self.partials, [(0, grad_b)])))
-            self._args = common + (np.int32(whole.rows_per_block),)
+                                      VEC=whole.width, DEFER=defer)
         else:
-            self._kernel = get_kernel(SUM_SOURCES[kind], "backward_column_sum", ELEM_T=ctype(y.dtype),
-                                      DEFER=int(self.plan.defer(sums, self.partials, [(0, grad_b)])))
-            self._args = common + (np.int32(self.plan.rows_per_chunk), np.int32(self.plan.tile_cols))
+            self._kernel = get_kernel(SUM_SOURCES[kind], "backward_column_sum", ELEM_T=ctype(y.dtype), DEFER=defer)
+        self._args = (self.y, self.dy, self.dz, grad_b, self.partials, self.counters, np.int32(rows), np.int32(cols),
+                      *self.plan.grid_args())
 
     def run(self):
         if not self.backend.is_gpu:

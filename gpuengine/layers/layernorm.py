@@ -408,9 +408,8 @@ class LayerNorm(Layer):
         if self.dx is not None:
             self._bwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (self.x, self.gamma, self.dy, self.mean, self.rstd,
                                                               self.dx, np.int32(self.rows), np.int32(self.dim)))
-        plan = self.plan
-        plan.launch(self._param_grads, (self.x, self.dy, self.mean, self.rstd, self.dgamma, self.dbeta, self.partials,
-                                        self.counters, np.int32(self.rows), np.int32(self.dim),
-                                        np.int32(plan.rows_per_chunk), np.int32(plan.tile_cols)), sums=2)
+        self.plan.launch(self._param_grads, (self.x, self.dy, self.mean, self.rstd, self.dgamma, self.dbeta,
+                                             self.partials, self.counters, np.int32(self.rows), np.int32(self.dim),
+                                             *self.plan.grid_args()), sums=2)
         if self._bias_sum is not None:
             self._bias_sum.run()

@@ -95,9 +95,7 @@ class _Sums:
 
     def tail(self) -> tuple:
         """The kernels' last arguments but their own: workspace, generations, rows, chunk rows, tile width."""
-        plan = self.plan
-        return (self.partials, self.counters, self.generations, np.int32(self.rows), np.int32(plan.rows_per_chunk),
-                np.int32(plan.tile_cols))
+        return (self.partials, self.counters, self.generations, np.int32(self.rows), *self.plan.grid_args())
 
     def launch(self, args: tuple):
         self.plan.launch(self.kernel, args, sums=self.sums)

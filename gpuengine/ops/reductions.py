@@ -306,6 +306,10 @@ class ChunkPlan:
     def defer(self, sums, partials, segments) -> bool:
         return deferred(sums, self.chunks, partials, segments)
 
+    def grid_args(self) -> tuple:
+        """The kernels' last arguments: rows a chunk, columns a tile."""
+        return np.int32(self.rows_per_chunk), np.int32(self.tile_cols)
+
     def shared_bytes(self, sums: int = 1) -> int:
         """A block's dynamic shared memory: its threads' `sums` float partials."""
         return 4 * sums * self.threads
@@ -332,6 +336,10 @@ class RowPlan:
 
     def defer(self, sums, partials, segments) -> bool:
         return deferred(sums, self.blocks, partials, segments)
+
+    def grid_args(self) -> tuple:
+        """The kernels' last argument: rows a block."""
+        return (np.int32(self.rows_per_block),)
 
     def launch(self, kernel, args: tuple):
         kernel((self.blocks,), (self.threads,), args, shared_mem=4 * self.threads * self.width)   # lanes x cols
@@ -392,15 +400,13 @@ class ColumnSum:
         if not backend.is_gpu:
             return
         self.partials, self.counters = self.plan.workspace(allocator, self.cols)
-        common = (src, dst, self.partials, self.counters, np.int32(self.rows), np.int32(self.cols))
+        defer = int(self.plan.defer(sums, self.partials, [(0, dst)]))
         if whole is not None:
-            self._kernel = get_kernel(_ROW_SOURCE, "row_sum", ELEM_T=ctype(src.dtype), VEC=whole.width,
-                                      DEFER=int(whole.defer(sums, self.partials, [(0, dst)])))
-            self._args = common + (np.int32(whole.rows_per_block),)
+            self._kernel = get_kernel(_ROW_SOURCE, "row_sum", ELEM_T=ctype(src.dtype), VEC=whole.width, DEFER=defer)
         else:
-            self._kernel = get_kernel(_SOURCE, "column_sum", ELEM_T=ctype(src.dtype),
-                                      DEFER=int(self.plan.defer(sums, self.partials, [(0, dst)])))
-            self._args = common + (np.int32(self.plan.rows_per_chunk), np.int32(self.plan.tile_cols))
+            self._kernel = get_kernel(_SOURCE, "column_sum", ELEM_T=ctype(src.dtype), DEFER=defer)
+        self._args = (src, dst, self.partials, self.counters, np.int32(self.rows), np.int32(self.cols),
+                      *self.plan.grid_args())
 
     def run(self):
         if not self.backend.is_gpu:
