@@ -80,6 +80,15 @@ def test_the_one_launch_backward_grid_covers_the_rows_in_the_blocks_and_shared_m
     assert warps * stride * 4 <= layernorm._SHARED_BYTES   # the warps' column sums, then the last block's runs
     assert rows_per_block % warps == 0 and grid <= blocks
     assert (grid - 1) * rows_per_block < rows <= grid * rows_per_block   # every row, no block without one
+    fewest = min(w * max(1, -(-rows // (w * blocks))) for w in (16, 8, 4)
+                 if w * stride * 4 <= layernorm._SHARED_BYTES)
+    assert rows_per_block == fewest   # no width that fits gives its blocks fewer rows
+
+
+@pytest.mark.parametrize("rows, expected", [(1024, (8, 8, 128)), (2048, (16, 16, 128)), (6144, (16, 48, 128))])
+def test_the_transformers_layernorm_backward_spreads_its_rows_over_the_sms(rows, expected):
+    # seq 64, 128 and 384 at batch 16 on an H200's 132 SMs: at seq 64, 16-warp blocks would fill 64 SMs of 132
+    assert layernorm.fused_grid(rows, 256, 2, 132) == expected
 
 
 def test_positionwise_linear_gradients():

@@ -270,12 +270,20 @@ def partial_stride(dim: int, sums: int) -> int:
 
 
 def fused_grid(rows: int, dim: int, sums: int, blocks: int) -> tuple[int, int, int]:
-    """(warps a block, rows a block, blocks) of layernorm_bwd_grads with `sums` column sums a feature: the most of
-    16, 8 and 4 warps whose column sums fit 48 KB of shared memory (dynamic: the kernel declares nothing static),
-    each taking a row at a time, at most `blocks` blocks (one an SM: a 512-thread block takes an SM's registers)."""
-    warps = next(w for w in (16, 8, 4) if w * partial_stride(dim, sums) * 4 <= _SHARED_BYTES)
-    rows_per_block = warps * max(1, -(-rows // (warps * blocks)))
-    return warps, rows_per_block, -(-rows // rows_per_block)
+    """(warps a block, rows a block, blocks) of layernorm_bwd_grads with `sums` column sums a feature, at most
+    `blocks` blocks (one an SM: the fp32 kernel's 71-80 registers a thread let one 512-thread block on an SM).
+    Of 16, 8 and 4 warps, each taking a row at a time, whose column sums fit 48 KB of shared memory (dynamic: the
+    kernel declares nothing static), the one whose blocks take the fewest rows each, the most warps of those (the
+    fewest blocks' partials to add): rows too few for a block of 16 warps on every SM (1,024 at seq 64) go to
+    smaller blocks on more SMs."""
+    best = None
+    for warps in (16, 8, 4):
+        if warps * partial_stride(dim, sums) * 4 > _SHARED_BYTES:
+            continue
+        rows_per_block = warps * max(1, -(-rows // (warps * blocks)))
+        if best is None or rows_per_block < best[1]:
+            best = warps, rows_per_block, -(-rows // rows_per_block)
+    return best
 
 
 class LayerNorm(Layer):
