@@ -81,9 +81,10 @@ def test_embedding_positional_encoding_and_layernorm_match_numpy(precision):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_the_embedding_gradient_spans_change_no_bit(precision, monkeypatch):
-    """A gradient thread checks GRAD_SPAN neighbouring tokens, spans crossing sample rows and a last partial chunk;
-    the matches are still added in token order, so dW is the bits of one token a thread; y is NumPy's."""
+def test_the_embedding_gradient_spans_and_batches_change_no_bit(precision, monkeypatch):
+    """A gradient thread checks GRAD_SPAN neighbouring tokens, spans crossing sample rows and a last partial chunk,
+    and loads MATCH_BATCH matches' rows before adding them (a chunk's matches rarely a multiple of it); the matches
+    are still added in token order, so dW is the bits of one token and one match at a time; y is NumPy's."""
     from gpuengine.layers import embedding
     ids = np.random.default_rng(33).integers(0, 7, (40, 150)).astype(np.float32)
     dy = normal(34, (40, 100, 300), precision)
@@ -92,7 +93,9 @@ def test_the_embedding_gradient_spans_change_no_bit(precision, monkeypatch):
     spans = run_layer(embed(), ids, dy, device="cuda", precision=precision, weights=weights)
     assert_close(spans, run_layer(embed(), ids, dy, precision="fp32", weights=weights), TOLERANCE[precision])
     assert embedding.GRAD_SPAN > 1 and 40 * 100 % (embedding.GRAD_THREADS * embedding.GRAD_SPAN)
+    assert embedding.MATCH_BATCH > 1
     monkeypatch.setattr(embedding, "GRAD_SPAN", 1)
+    monkeypatch.setattr(embedding, "MATCH_BATCH", 1)
     one = run_layer(embed(), ids, dy, device="cuda", precision=precision, weights=weights)
     np.testing.assert_array_equal(spans["grad:e.weight"], one["grad:e.weight"])
 

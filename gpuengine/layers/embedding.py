@@ -86,12 +86,24 @@ extern "C" __global__ void embed_grad(const ID_T* ids, const ELEM_T* dy, float* 
         }
         for (unsigned int h = hits; h; h &= h - 1u) matches[offset++] = threadIdx.x * GRAD_SPAN + __ffs(h) - 1;
         __syncthreads();
-        for (int m = 0; m < total; ++m) {
-            const long long row = (base + matches[m]) * dim;
-            for (int j = 0; j < COLS_PER_THREAD; ++j) {
-                const int c = threadIdx.x + j * THREADS;
-                if (c < dim) acc[j] += load_f(dy, row + c);
+        for (int m0 = 0; m0 < total; m0 += MATCH_BATCH) {
+            // MATCH_BATCH matches' loads in flight together, then added in token order: one at a time, each add
+            // waited for its load before the next load issued
+            float got[MATCH_BATCH][COLS_PER_THREAD];
+            #pragma unroll
+            for (int i = 0; i < MATCH_BATCH; ++i) {
+                const long long row = m0 + i < total ? (base + matches[m0 + i]) * dim : 0;
+                #pragma unroll
+                for (int j = 0; j < COLS_PER_THREAD; ++j) {
+                    const int c = threadIdx.x + j * THREADS;
+                    got[i][j] = m0 + i < total && c < dim ? load_f(dy, row + c) : 0.f;
+                }
             }
+            #pragma unroll
+            for (int i = 0; i < MATCH_BATCH; ++i)
+                #pragma unroll
+                for (int j = 0; j < COLS_PER_THREAD; ++j)
+                    if (m0 + i < total) acc[j] += got[i][j];   // no + 0.f past the last: -0.f stays -0.f
         }
         __syncthreads();   // the next chunk rewrites matches and warp_counts
     }
@@ -104,6 +116,7 @@ extern "C" __global__ void embed_grad(const ID_T* ids, const ELEM_T* dy, float* 
 BF16_EXACT_IDS = 256   # bf16 has 8 significant bits: every integer up to 2^8 is exact
 GRAD_THREADS = 256     # threads of a gradient block
 GRAD_SPAN = 8          # neighbouring tokens a gradient thread checks in a chunk (at most 32: a bit each)
+MATCH_BATCH = 8        # matching tokens whose gradient rows a thread loads before adding them
 EMBED_THREADS = 128    # threads of a forward block: a token's row of d_model values
 _MAX_EMBED_BLOCKS = 1 << 20   # the forward's grid; its loop covers more tokens
 
@@ -172,7 +185,8 @@ class TokenEmbedding(Layer):
     def kernel_defines(self, id_dtype, elem_dtype) -> dict:
         """Both kernels compile from one source, so each needs every name the source uses."""
         return dict(ID_T=ctype(id_dtype), ELEM_T=ctype(elem_dtype), THREADS=GRAD_THREADS, GRAD_SPAN=GRAD_SPAN,
-                    COLS_PER_THREAD=-(-self.d_model // GRAD_THREADS), POSITIONS=int(self.adds_positions))
+                    MATCH_BATCH=MATCH_BATCH, COLS_PER_THREAD=-(-self.d_model // GRAD_THREADS),
+                    POSITIONS=int(self.adds_positions))
 
     def _token_ids(self) -> np.ndarray:
         return widen(self.ids[:, self.start:self.start + self.length]).astype(np.int64)
