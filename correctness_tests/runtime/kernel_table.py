@@ -94,8 +94,11 @@ def _shape_free_cases():
                                 kind, ELEM_T=elem, VEC=width)
             yield _case(merge, "add2", f"{where}, {width} a thread", ELEM_T=elem, VEC=width)
             if width <= 4:   # LayerNorm's lanes take up to 4 features
-                for kernel in ("layernorm_fwd", "layernorm_add_fwd", "layernorm_bwd"):
-                    yield _case(layernorm, kernel, f"{where}, {width} a lane", ELEM_T=elem, VEC=width)
+                for kernel in ("layernorm_fwd", "layernorm_add_fwd"):
+                    for packs in (0, 16 // width):   # the row read again, or held in registers (16 features a lane)
+                        yield _case(layernorm, kernel, f"{where}, {width} a lane, {packs} packs held",
+                                    "_FORWARD_SOURCE", ELEM_T=elem, VEC=width, PACKS=packs)
+                yield _case(layernorm, "layernorm_bwd", f"{where}, {width} a lane", ELEM_T=elem, VEC=width)
                 # its sums finished by the program (DEFER 1) or by the last block, by turns
                 yield _case(layernorm, "layernorm_param_grads", f"{where}, {width} a lane, defer {width % 2}",
                             ELEM_T=elem, VEC=width, DEFER=width % 2)

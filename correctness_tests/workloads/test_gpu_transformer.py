@@ -178,18 +178,20 @@ def test_layernorm_parameter_gradients_repeat_bit_for_bit(precision, shape):
 
 @pytest.mark.parametrize("shape", ["999x300", "363x30"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_the_one_launch_backward_gives_the_two_launch_dx_bit_for_bit(precision, shape, monkeypatch):
-    """Its warps take dx's row sums in the order layernorm_bwd does, so dx is the same bits; dgamma and dbeta add
-    their rows in another order, so they agree to rounding."""
+def test_rows_held_in_registers_give_the_read_again_y_and_two_launch_dx_bit_for_bit(precision, shape, monkeypatch):
+    """The forward adds a row held in registers in the order it reads x again, so y is the same bits; the one-launch
+    backward's warps take dx's row sums in the order layernorm_bwd does, so dx is too; dgamma and dbeta add their
+    rows in another order, so they agree to rounding."""
     dims = LAYERNORM_SHAPES[shape]
     x, dy = representable(normal(25, dims, precision, scale=2.0) + 1, precision), normal(26, dims, precision)
     weights = {"ln.weight": representable(1 + 0.2 * np.random.default_rng(27).standard_normal(dims[-1]), precision),
                "ln.bias": representable(0.2 * np.random.default_rng(28).standard_normal(dims[-1]), precision)}
     fused_layer, split_layer = LayerNorm(name="ln"), LayerNorm(name="ln")
     fused = run_layer(fused_layer, x, dy, device="cuda", precision=precision, weights=weights)
-    monkeypatch.setattr(layernorm, "_FUSED_MAX_DIM", 0)
+    monkeypatch.setattr(layernorm, "_HELD_MAX_DIM", 0)
     split = run_layer(split_layer, x, dy, device="cuda", precision=precision, weights=weights)
     assert fused_layer.fused is not None and split_layer.fused is None
+    np.testing.assert_array_equal(fused["y"], split["y"])
     np.testing.assert_array_equal(fused["dx"], split["dx"])
     assert_close({k: fused[k] for k in ("grad:ln.weight", "grad:ln.bias")},
                  {k: split[k] for k in ("grad:ln.weight", "grad:ln.bias")}, TOLERANCE[precision])

@@ -5,8 +5,9 @@ y = (x - mean) * rstd * gamma + beta per row of d features, rstd = 1/sqrt(var + 
 dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dgamma = sum over rows of dy * xhat,
 dbeta = sum of dy. On a GPU one warp owns a row in the forward and in dx, each lane
 moving up to 4 features in one access (mean and rstd saved for backward). Where a
-lane can keep its part of a row in registers (up to 512 features), dx, dgamma and
-dbeta take one launch (`layernorm_bwd_grads`): the warps add dy * xhat and dy into
+lane can keep its part of a row in registers (up to 512 features), the forward
+reads x once for its mean, variance and output, and dx, dgamma and dbeta take one
+launch (`layernorm_bwd_grads`): the warps add dy * xhat and dy into
 their lanes' column sums as they go, the blocks' sums meet in the last block, in a
 fixed order (no float atomics), or, in a training program, in its one launch
 after the backward pass (ops/partial_sums.py: nothing reads them before the
@@ -34,44 +35,60 @@ from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
 from .merge import add_into
 
-_SOURCE = COLUMN_TILE_SOURCE + r"""
-// A lane takes VEC neighbouring features at a time (dim % VEC == 0), one vector load or store each.
-// The row's variance and output once the first pass has its sum s; x is read again (the warp's own row).
-__device__ __forceinline__ void normalize_row(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* beta, ELEM_T* y,
-                                              float* mean, float* rstd, long long row, int dim, float eps, float s) {
-    typedef Pack<ELEM_T, VEC> P;
+# The forward, compiled with PACKS: a lane's packs of its row kept in registers (dim <= 32 VEC PACKS), read from
+# x once; PACKS 0 (wider rows) reads the row again for the variance and the output.
+_FORWARD_SOURCE = r"""
+typedef Pack<ELEM_T, VEC> P;
+// f(p, c) for each pack p of the lane's part of a row, c its first feature, in order of c.
+template <typename F> __device__ __forceinline__ void each_pack(int dim, F f) {
     const int lane = threadIdx.x & 31;
+    if (PACKS > 0) {
+        #pragma unroll
+        for (int p = 0; p < (PACKS > 0 ? PACKS : 1); ++p) {
+            const int c = (p * 32 + lane) * VEC;
+            if (c < dim) f(p, c);
+        }
+    } else {
+        for (int c = lane * VEC, p = 0; c < dim; c += 32 * VEC, ++p) f(p, c);
+    }
+}
+// The row's variance and output once the first pass has its sum s (x's packs in held, or x read again).
+__device__ __forceinline__ void normalize_row(const ELEM_T* x, const P* held, const ELEM_T* gamma,
+                                              const ELEM_T* beta, ELEM_T* y, float* mean, float* rstd,
+                                              long long row, int dim, float eps, float s) {
     const long long base = row * dim;
     const float m = warp_sum(s) / dim;
     float q = 0.f;
-    for (int c = lane * VEC; c < dim; c += 32 * VEC) {
-        const P a = load_pack<ELEM_T, VEC>(x, base + c);
+    each_pack(dim, [&](int p, int c) {
+        const P a = PACKS > 0 ? held[p] : load_pack<ELEM_T, VEC>(x, base + c);
         #pragma unroll
         for (int k = 0; k < VEC; ++k) { const float d = load_f(a.v, k) - m; q += d * d; }
-    }
+    });
     const float r = rsqrtf(warp_sum(q) / dim + eps);
-    for (int c = lane * VEC; c < dim; c += 32 * VEC) {
-        const P a = load_pack<ELEM_T, VEC>(x, base + c), g = load_pack<ELEM_T, VEC>(gamma, c),
+    each_pack(dim, [&](int p, int c) {
+        const P a = PACKS > 0 ? held[p] : load_pack<ELEM_T, VEC>(x, base + c), g = load_pack<ELEM_T, VEC>(gamma, c),
                 b = load_pack<ELEM_T, VEC>(beta, c);
         P out;
         #pragma unroll
         for (int k = 0; k < VEC; ++k)
             store_f(out.v, k, (load_f(a.v, k) - m) * r * load_f(g.v, k) + load_f(b.v, k));
         store_pack(y, base + c, out);
-    }
-    if (lane == 0) { mean[row] = m; rstd[row] = r; }
+    });
+    if ((threadIdx.x & 31) == 0) { mean[row] = m; rstd[row] = r; }
 }
 extern "C" __global__ void layernorm_fwd(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* beta, ELEM_T* y,
                                          float* mean, float* rstd, int rows, int dim, float eps) {
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
+    P held[PACKS > 0 ? PACKS : 1];
     float s = 0.f;
-    for (int c = (threadIdx.x & 31) * VEC; c < dim; c += 32 * VEC) {
-        const Pack<ELEM_T, VEC> a = load_pack<ELEM_T, VEC>(x, row * dim + c);
+    each_pack(dim, [&](int p, int c) {
+        const P a = load_pack<ELEM_T, VEC>(x, row * dim + c);
+        if (PACKS > 0) held[p] = a;
         #pragma unroll
         for (int k = 0; k < VEC; ++k) s += load_f(a.v, k);
-    }
-    normalize_row(x, gamma, beta, y, mean, rstd, row, dim, eps, s);
+    });
+    normalize_row(x, held, gamma, beta, y, mean, rstd, row, dim, eps, s);
 }
 // A residual sum and the LayerNorm of it: x = r1 + r2 is written (backward reads it), rounded to ELEM_T as the
 // Add layer rounds it, and the statistics are taken of the rounded values, so the output is the unfused one's.
@@ -80,20 +97,24 @@ extern "C" __global__ void layernorm_add_fwd(const ELEM_T* r1, const ELEM_T* r2,
                                              int dim, float eps) {
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
+    P held[PACKS > 0 ? PACKS : 1];
     float s = 0.f;
-    for (int c = (threadIdx.x & 31) * VEC; c < dim; c += 32 * VEC) {
-        const Pack<ELEM_T, VEC> a = load_pack<ELEM_T, VEC>(r1, row * dim + c),
-                                b = load_pack<ELEM_T, VEC>(r2, row * dim + c);
-        Pack<ELEM_T, VEC> sum;
+    each_pack(dim, [&](int p, int c) {
+        const P a = load_pack<ELEM_T, VEC>(r1, row * dim + c), b = load_pack<ELEM_T, VEC>(r2, row * dim + c);
+        P sum;
         #pragma unroll
         for (int k = 0; k < VEC; ++k) {
             store_f(sum.v, k, load_f(a.v, k) + load_f(b.v, k));
             s += load_f(sum.v, k);
         }
+        if (PACKS > 0) held[p] = sum;
         store_pack(x, row * dim + c, sum);
-    }
-    normalize_row(x, gamma, beta, y, mean, rstd, row, dim, eps, s);
+    });
+    normalize_row(x, held, gamma, beta, y, mean, rstd, row, dim, eps, s);
 }
+"""
+# The unfused backward (dx) and the column sums of wide rows.
+_SOURCE = COLUMN_TILE_SOURCE + r"""
 extern "C" __global__ void layernorm_bwd(const ELEM_T* x, const ELEM_T* gamma, const ELEM_T* dy, const float* mean,
                                          const float* rstd, ELEM_T* dx, int rows, int dim) {
     typedef Pack<ELEM_T, VEC> P;
@@ -259,7 +280,7 @@ extern "C" __global__ void layernorm_bwd_grads(const ELEM_T* x, const ELEM_T* ga
 """
 _ROWS_PER_BLOCK = 8
 EPSILON = 1e-5   # torch.nn.LayerNorm's default
-_FUSED_MAX_DIM = 512   # the one-launch backward: a lane keeps at most 16 features of its row and their sums
+_HELD_MAX_DIM = 512   # a lane keeps at most 16 features of its row in registers (forward; one-launch backward)
 _SHARED_BYTES = 48 * 1024   # a block's shared memory without the opt-in attribute
 
 
@@ -318,10 +339,12 @@ class LayerNorm(Layer):
         self._addends = () if self.residual is None else (self.residual.a, self.residual.b)
         if ctx.backend.is_gpu:
             width = vector_width(self.dim, self.x, self.gamma, self.beta, self.out, *self._addends)
+            packs = -(-self.dim // (32 * width)) if self.dim <= _HELD_MAX_DIM else 0   # 0: x read again
+            defines = dict(ELEM_T=ctype(x.dtype), VEC=width, PACKS=packs)
             if self._addends:
-                self._fwd = get_kernel(_SOURCE, "layernorm_add_fwd", ELEM_T=ctype(x.dtype), VEC=width)
+                self._fwd = get_kernel(_FORWARD_SOURCE, "layernorm_add_fwd", **defines)
             else:
-                self._fwd = get_kernel(_SOURCE, "layernorm_fwd", ELEM_T=ctype(x.dtype), VEC=width)
+                self._fwd = get_kernel(_FORWARD_SOURCE, "layernorm_fwd", **defines)
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
@@ -341,7 +364,7 @@ class LayerNorm(Layer):
             parts = self.gradient_sum.parts if self.gradient_sum is not None else ()
             width = vector_width(self.dim, *arrays, *parts)
             defines = dict(ELEM_T=ctype(dy.dtype), VEC=width)
-            if self.dx is not None and self.dim <= _FUSED_MAX_DIM:
+            if self.dx is not None and self.dim <= _HELD_MAX_DIM:
                 sums = 2 if self.dbias is None else 3
                 self.fused = warps, rows_per_block, blocks = fused_grid(self.rows, self.dim, sums,
                                                                         multiprocessor_count())
