@@ -97,17 +97,17 @@ def _shape_free_cases():
                 for kernel in ("layernorm_fwd", "layernorm_add_fwd"):
                     for packs in (0, 16 // width):   # the row read again, or held in registers (16 features a lane)
                         yield _case(layernorm, kernel, f"{where}, {width} a lane, {packs} packs held",
-                                    "_FORWARD_SOURCE", ELEM_T=elem, VEC=width, PACKS=packs)
-                yield _case(layernorm, "layernorm_bwd", f"{where}, {width} a lane", ELEM_T=elem, VEC=width)
+                                    "FORWARD_SOURCE", ELEM_T=elem, VEC=width, PACKS=packs)
+                yield _case(layernorm, "layernorm_bwd", f"{where}, {width} a lane", "SOURCE", ELEM_T=elem, VEC=width)
                 # its sums finished by the program (DEFER 1) or by the last block, by turns
                 yield _case(layernorm, "layernorm_param_grads", f"{where}, {width} a lane, defer {width % 2}",
-                            ELEM_T=elem, VEC=width, DEFER=width % 2)
+                            "SOURCE", ELEM_T=elem, VEC=width, DEFER=width % 2)
                 # a lane's packs of its row; dy's parts; a Linear's bias gradient summed beside (BIAS_SUM)
                 # and the block's partials finished by the program (DEFER) or by the last block
                 for packs, parts, bias, defer in ((1, 1, 0, 1), (16 // width, 2, 0, 0), (1, 2, 1, 0),
                                                   (16 // width, 1, 1, 1)):
                     yield _case(layernorm, "layernorm_bwd_grads", f"{where}, {width} a lane, {packs} packs, "
-                                f"dy in {parts}, bias sum {bias}, defer {defer}", "_FUSED_SOURCE", ELEM_T=elem,
+                                f"dy in {parts}, bias sum {bias}, defer {defer}", "FUSED_SOURCE", ELEM_T=elem,
                                 VEC=width, PACKS=packs, DY_PARTS=parts, BIAS_SUM=bias, DEFER=defer)
         # ColumnSum reads the compute dtype and sums in float, in one launch; fused with an activation's gradient too;
         # finished by a training program's PartialSums (DEFER 1) or by the last block, by turns.
