@@ -13,7 +13,6 @@ every step 3x slower or 4x faster than GOOD, so each is decided at once.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from correctness_tests.inner_sessions import outside_xdist
 from gpuengine.gate import bisect
 from gpuengine.gate.bisect import NOT_SLOWER, SLOWER, UNKNOWN, UNTESTABLE, Commit, Step
 
@@ -148,7 +148,7 @@ def history(tmp_path_factory) -> tuple[Path, list[str]]:
 
 
 def run_bisect(repo: Path, good: str, bad: str, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(repo)}
+    env = {**outside_xdist(), "PYTHONPATH": str(repo)}
     return subprocess.run([sys.executable, "-m", "gpuengine.gate.bisect", good, bad, "-k", TEST, *args], cwd=repo,
                           env=env, capture_output=True, text=True, timeout=900)
 
