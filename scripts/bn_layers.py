@@ -2,11 +2,12 @@
 which shapes the engine's one-launch batch norm loses on, where a step's profile only sums them.
 
     python3 scripts/bn_layers.py resnet --precision bf16 [--reps 50] [--out FILE]
-                                 [--batchnorm cudnn|engine|ticket] [--only REGEX]
+                                 [--batchnorm cudnn|engine|ticket] [--only REGEX] [--narrowest PACKS] [--widest PACKS]
 
 Three sides: cuDNN's graphs, the engine's kernels as planned (clusters on sm_90 where they fit), and the engine's
 kernels on the ticket's ending alone (no clusters). --batchnorm times one side alone and --only the layers whose
-names match: a few launches for `ncu` to read.
+names match: a few launches for `ncu` to read. --narrowest and --widest bound the packs of the engine's on-chip
+tiles (ops/batchnorm.py NARROWEST_TILE, WIDEST_TILE): whether a warp reads whole sectors of a row, or whole lines.
 
 Builds the workload's engine as a profile builds it (perf tests' network, batch, resident data, kept plans),
 once a side, warms each up, then times every BatchNorm2D's
@@ -46,28 +47,40 @@ def _time_us(backend, call, reps: int) -> float:
         return timer.stop() * 1000.0 / reps
 
 
-def _clusters(layer) -> list | None:
-    """The engine kernels' cluster sizes (forward, backward); None for cuDNN's graphs."""
+def _plans(layer) -> list | None:
+    """The engine kernels' grids (forward, backward): tiles, chunks, a tile's packs, the cluster size (1: the
+    ticket's ending); None for cuDNN's graphs."""
     graphs = (getattr(layer, "_fwd_graph", None), getattr(layer, "_bwd_graph", None))
-    sizes = [getattr(graph, "sums", None) and graph.sums.defines["CLUSTER"] for graph in graphs]
-    return None if None in sizes else sizes
+    sums = [getattr(graph, "sums", None) for graph in graphs]
+    if None in sums:
+        return None
+    return [{"tiles": s.plan.tiles, "chunks": s.plan.chunks, "tile_packs": s.plan.tile_cols,
+             "cluster": s.defines["CLUSTER"]} for s in sums]
 
 
-def layer_times(workload, precision: str, side: str, reps: int, only: str = "") -> list[dict]:
+def _grid_text(plan: dict) -> str:
+    """tiles x chunks, a tile's packs, the cluster size (c1: the ticket's ending): "32x4 1p c4"."""
+    return f"{plan['tiles']}x{plan['chunks']} {plan['tile_packs']}p c{plan['cluster']}"
+
+
+def layer_times(workload, precision: str, side: str, reps: int, only: str = "", narrowest: int = 1,
+                widest: int | None = None) -> list[dict]:
     """Per BatchNorm2D of the workload's network on `side` (those named to match `only`): its shape, fused parts,
-    times and cluster sizes."""
+    times and the engine's grids."""
     from gpuengine.bench.profile.record import ProfileCase
     from gpuengine.layers import BatchNorm2D
     from gpuengine.ops import batchnorm as ops_batchnorm
     case = ProfileCase(workload.name, precision, workload.batch, 1,
                        (("batchnorm", "cudnn" if side == "cudnn" else "engine"),))
-    planned = ops_batchnorm.ON_CHIP_CHUNKS
-    ops_batchnorm.ON_CHIP_CHUNKS = () if side == "ticket" else planned   # the plan is made as the trainer builds
+    planned = ops_batchnorm.ON_CHIP_CHUNKS, ops_batchnorm.NARROWEST_TILE, ops_batchnorm.WIDEST_TILE
+    # the plan is made as the trainer builds
+    ops_batchnorm.ON_CHIP_CHUNKS = () if side == "ticket" else planned[0]
+    ops_batchnorm.NARROWEST_TILE, ops_batchnorm.WIDEST_TILE = narrowest, widest
     try:
         runner = workload.engine_runner(case)
         runner.prepare()
     finally:
-        ops_batchnorm.ON_CHIP_CHUNKS = planned
+        ops_batchnorm.ON_CHIP_CHUNKS, ops_batchnorm.NARROWEST_TILE, ops_batchnorm.WIDEST_TILE = planned
     rows = []
     for name, layer in runner.trainer.program.layers.items():
         if not isinstance(layer, BatchNorm2D) or getattr(layer, "x", None) is None:   # not built: fused away
@@ -75,7 +88,7 @@ def layer_times(workload, precision: str, side: str, reps: int, only: str = "") 
         if not re.search(only, name):
             continue
         rows.append({"layer": name, "shape": list(layer.x.shape), "activation": layer.activation,
-                     "residual": layer.res is not None, "mask": layer.mask is not None, "clusters": _clusters(layer),
+                     "residual": layer.res is not None, "mask": layer.mask is not None, "plans": _plans(layer),
                      "forward_us": round(_time_us(runner.trainer.backend, layer.forward, reps), 2),
                      "backward_us": round(_time_us(runner.trainer.backend, layer.backward, reps), 2)})
     return rows
@@ -93,9 +106,19 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="also write the JSON object here (written aside, renamed)")
     parser.add_argument("--batchnorm", choices=SIDES, help="time this side alone (default: both)")
     parser.add_argument("--only", default="", help="the layers whose names match this regular expression")
+    parser.add_argument("--narrowest", type=int, default=1, help="the engine's on-chip tiles at least this many "
+                        "packs wide (1, 2, 4, 8; default 1, the engine's own plan)")
+    parser.add_argument("--widest", type=int, help="the engine's on-chip tiles at most this many packs wide (1, 2, "
+                        "4, 8; default: 32 channels, the engine's own plan)")
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error(f"--reps {args.reps}: at least 1")
+    for option in ("narrowest", "widest"):
+        packs = getattr(args, option)
+        if packs is not None and packs not in (1, 2, 4, 8):
+            parser.error(f"--{option} {packs}: 1, 2, 4 or 8 packs")
+    if args.widest is not None and args.widest < args.narrowest:
+        parser.error(f"--widest {args.widest} is narrower than --narrowest {args.narrowest}")
     try:
         re.compile(args.only)
     except re.error as error:
@@ -105,29 +128,29 @@ def main(argv=None) -> int:
         return 2
     workload = get_workload(args.workload)
     sides = SIDES if args.batchnorm is None else (args.batchnorm,)
-    times = {side: layer_times(workload, args.precision, side, args.reps, args.only) for side in sides}
+    times = {side: layer_times(workload, args.precision, side, args.reps, args.only, args.narrowest, args.widest)
+             for side in sides}
     rows = times[sides[0]]
-    planned = "engine" if "engine" in sides else None   # its cluster sizes, forward/backward (1: the ticket's)
+    planned = "engine" if "engine" in sides else None   # its grids, forward | backward
     print(f"{'layer':<28} {'shape':<20} {'fused':<14}" + "".join(f" {LABELS[s] + ' fwd':>10} {LABELS[s] + ' bwd':>10}"
-                                                                  for s in sides) + ("  clusters" if planned else ""))
+                                                                  for s in sides) + ("  grids" if planned else ""))
     for index, row in enumerate(rows):
         fused = "+".join(p for p, on in (("res", row["residual"]), (row["activation"] or "", True),
                                          ("mask", row["mask"])) if on and p)
-        clusters = "/".join(map(str, times[planned][index]["clusters"])) if planned else ""
+        grids = " | ".join(_grid_text(plan) for plan in times[planned][index]["plans"]) if planned else ""
         print(f"{row['layer']:<28} {'x'.join(map(str, row['shape'])):<20} {fused:<14}" + "".join(
             f" {times[s][index]['forward_us']:>10.1f} {times[s][index]['backward_us']:>10.1f}" for s in sides)
-              + (f"  {clusters:>8}" if planned else ""))
+              + (f"  {grids}" if planned else ""))
     totals = {f"{side}_{d}_us": round(sum(r[f"{d}_us"] for r in times[side]), 1)
               for side in sides for d in ("forward", "backward")}
     print("totals:", totals)
     record = {"workload": args.workload, "precision": args.precision, "reps": args.reps, "only": args.only,
-              "totals": totals, "layers": [{**{key: v for key, v in row.items()
-                                               if not key.endswith("_us") and key != "clusters"},
-                                            **{f"{side}_{d}_us": times[side][index][f"{d}_us"]
-                                               for side in sides for d in ("forward", "backward")},
-                                            **{f"{side}_clusters": times[side][index]["clusters"]
-                                               for side in sides if side != "cudnn"}}
-                                           for index, row in enumerate(rows)]}
+              "narrowest": args.narrowest, "widest": args.widest, "totals": totals,
+              "layers": [{**{key: v for key, v in row.items() if not key.endswith("_us") and key != "plans"},
+                          **{f"{side}_{d}_us": times[side][index][f"{d}_us"]
+                             for side in sides for d in ("forward", "backward")},
+                          **{f"{side}_plans": times[side][index]["plans"] for side in sides if side != "cudnn"}}
+                         for index, row in enumerate(rows)]}
     print(json.dumps(record))
     if args.out is not None:
         write_json(args.out, record)

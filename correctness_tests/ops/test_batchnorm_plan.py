@@ -92,3 +92,30 @@ def test_no_on_chip_chunks_leave_every_map_to_the_ticket(gpu, monkeypatch):
 def test_the_cpu_backend_plans_without_a_device():
     plan, cluster = plan_tiles(Backend("cpu"), 2048, 16, 8, 8)
     assert cluster == 1 and plan.tile_cols == 4
+
+
+# the sweep's plans (scripts/bn_layers.py --narrowest): tiles of whole 32-byte sectors of bf16 or wider
+@pytest.mark.parametrize("rows,packs,cache,narrowest,tile,chunks", [
+    (8192, 32, 8, 2, 2, 8),     # 8x8x256 forward: 16 clusters of 8 two-pack tiles, eight trips (not 32 of 4)
+    (8192, 8, 8, 2, 2, 8),      # 8x8x64: 4 clusters of 8 two-pack tiles, eight trips
+    (2048, 16, 8, 4, 4, 8),     # 4x4x128: 4 clusters of 8 four-pack tiles, four trips
+    (128, 64, 8, 4, 4, 2),      # 1x1x512: four-pack tiles in clusters of 2, one trip each
+])
+def test_a_narrowest_tile_keeps_the_plans_tiles_at_least_that_wide(gpu, rows, packs, cache, narrowest, tile, chunks):
+    plan, cluster = plan_tiles(gpu, rows, packs, 8, cache, narrowest=narrowest)
+    assert (plan.tile_cols, plan.chunks, cluster) == (tile, chunks, chunks)
+    assert plan.tile_cols >= narrowest and _trips(plan) <= cache
+
+
+def test_a_narrowest_tile_wider_than_the_map_plans_the_widest_there_is(gpu):
+    plan, cluster = plan_tiles(gpu, 2048, 1, 8, 8, narrowest=4)   # 8 channels: one pack, so tiles of one
+    assert plan.tile_cols == 1 and _trips(plan) <= 8
+
+
+def test_a_widest_tile_of_eight_packs_reads_whole_lines_of_bf16(gpu):
+    plan, cluster = plan_tiles(gpu, 2048, 64, 8, 8, narrowest=8, widest=8)   # 4x4x512: 128 bytes of a row a tile
+    assert (plan.tile_cols, plan.tiles, cluster) == (8, 8, 8) and _trips(plan) == 8
+    assert plan_tiles(gpu, 2048, 64, 8, 8)[0].tile_cols <= 4   # the default keeps to 32 channels
+    # 8x8x256: 32 row lanes of an eight-pack tile would take 32 trips in clusters of 8: the ticket's plan
+    assert plan_tiles(gpu, 8192, 32, 8, 8, narrowest=8, widest=8) == (
+        reductions.plan_chunks(gpu, 8192, 32, widest_tile=4), 1)

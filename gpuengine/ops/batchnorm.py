@@ -17,6 +17,9 @@ _TILE_CHANNELS = 32
 # (sm_90); () leaves every map to the ticket's plan.
 ON_CHIP_CHUNKS = (1, 2, 4, 8)
 _BLOCKS_PER_SM = 2    # __launch_bounds__(256, 2)
+# The narrowest and widest tiles an on-chip plan may take, in packs (None: 32 channels): one bf16 pack, 16 bytes of
+# a row, leaves half of each 32-byte sector its warps read to another tile's blocks. scripts/bn_layers.py times them.
+NARROWEST_TILE, WIDEST_TILE = 1, None
 # Bytes of each thread's registers that keep its first trips' packs between the passes (CACHE trips of two packs
 # each: x and the residual forward, x and dz backward, whose sums keep more registers live across the tile's wait).
 FORWARD_CACHE_BYTES, BACKWARD_CACHE_BYTES = 128, 64
@@ -35,22 +38,24 @@ def pack_width(channels: int, *arrays) -> int:
 
 
 def plan_tiles(backend, rows: int, packs: int, vec: int, cache: int,
-               most_clusters: dict | None = None) -> tuple[ChunkPlan, int]:
+               most_clusters: dict | None = None, narrowest: int = 1,
+               widest: int | None = None) -> tuple[ChunkPlan, int]:
     """(plan, CLUSTER) of a map of `rows` x `packs` packs of VEC channels whose threads keep `cache` trips.
 
     A tile's ON_CHIP_CHUNKS row chunks (clusters from sm_90 on) where they keep every row of their blocks in
     registers (trips <= cache) with up to two blocks an SM and, for a cluster size in `most_clusters`, at most
-    that many clusters (the device's measured ceiling: more run in a second wave): the fewest trips (each costs
-    its loads and its dependent adds again), then the fewest blocks, the smallest cluster and the widest tile.
+    that many clusters (the device's measured ceiling: more run in a second wave), tiles of `narrowest` to
+    `widest` packs (None: 32 channels): the fewest trips (each costs its loads and its dependent adds again), then the fewest blocks, the
+    smallest cluster and the widest tile.
     Where none does, the ticket's plan (plan_chunks, 32 channels a tile), whose chunks meet in global memory."""
-    widest = max(1, _TILE_CHANNELS // vec)
-    ticket = plan_chunks(backend, rows, packs, widest_tile=widest)
+    ticket = plan_chunks(backend, rows, packs, widest_tile=max(1, _TILE_CHANNELS // vec))
     if not backend.is_gpu:
         return ticket, 1
     sizes = [size for size in ON_CHIP_CHUNKS if size == 1 or compute_capability() >= 90]
     most_blocks = _BLOCKS_PER_SM * multiprocessor_count()
-    best, tile = None, 1
-    while tile <= min(widest, 1 << (packs - 1).bit_length()):
+    bound = min(widest or ticket.tile_cols, 1 << (packs - 1).bit_length(), 32)   # a tile is at most a warp wide
+    best, tile = None, min(max(1, narrowest), bound)
+    while tile <= bound:
         tiles, lanes = -(-packs // tile), ticket.threads // tile
         for size in sizes:
             rows_per_chunk = -(-rows // size)
@@ -79,7 +84,8 @@ class _Sums:
         self.sums = 2 * vec   # a thread's sums: two per channel of its pack
         most_clusters = {}
         while True:   # a cluster size whose grid would run in waves is planned again under its kernel's ceiling
-            self.plan, cluster = plan_tiles(backend, self.rows, channels // vec, vec, cache, most_clusters)
+            self.plan, cluster = plan_tiles(backend, self.rows, channels // vec, vec, cache, most_clusters,
+                                            NARROWEST_TILE, WIDEST_TILE)
             self.defines = {**defines, "VEC": vec, "CACHE": cache, "DY_PARTS": dy_parts, "CLUSTER": cluster}
             self.kernel = build(self.defines)
             if cluster == 1:
