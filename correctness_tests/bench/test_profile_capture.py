@@ -25,12 +25,26 @@ def test_summarise_takes_per_step_medians_over_replays():
                 DeviceEvent("adam", 250, 252)]]
     side = summarise(replays, steps=2)
     kernels = {k["name"]: k for k in side["kernels"]}
-    assert kernels["nvjet_tst_128x256"] == {"name": "nvjet_tst_128x256", "family": "gemm", "us": 6.0, "count": 0.5}
+    assert kernels["nvjet_tst_128x256"] == {"name": "nvjet_tst_128x256", "family": "gemm", "us": 6.0, "count": 0.5,
+                                            "idle_before_us": 0.0}
     assert kernels["gather"]["us"] == 2.0 and kernels["gather"]["count"] == 0.5   # median of 4, 0, 4 us over 2 steps
     assert side["families"] == {"gemm": 6.0, "data": 2.0, "optimizer": 1.0}
     assert side["replay_step_us"] == [11.0, 8.5, 26.0] and side["step_us"] == 11.0
     assert side["kernel_us"] == 9.0 and side["gaps_us"] == 2.0
     assert [k["name"] for k in side["kernels"]] == ["nvjet_tst_128x256", "gather", "adam"]   # costliest first
+    # the device waited 6, 3 and 6 us before adam's launch, each replay: a median of 6 over 2 steps
+    assert kernels["adam"]["idle_before_us"] == 3.0 and side["idle_before"] == {"optimizer": 3.0}
+
+
+def test_idle_before_a_kernel_is_measured_from_the_latest_end_before_it():
+    # Two streams: a long GEMM from 0 to 20 overlaps a copy (2-4); the memset starts at 25, 5 us after the GEMM's end,
+    # not 21 us after the copy's. The first event of a replay waits on nothing.
+    replays = [[DeviceEvent("nvjet_tst_128x256", 0, 20), DeviceEvent("gather", 2, 4),
+                DeviceEvent("Memset (Device)", 25, 26)]]
+    side = summarise(replays, steps=1)
+    kernels = {k["name"]: k for k in side["kernels"]}
+    assert [kernels[n]["idle_before_us"] for n in ("nvjet_tst_128x256", "gather", "Memset (Device)")] == [0, 0, 5]
+    assert side["gaps_us"] == 26 - 23 and sum(side["idle_before"].values()) == 5   # gaps: net of the 2 us overlap
 
 
 def test_a_replay_without_events_is_an_error_not_a_zero_profile():

@@ -265,6 +265,21 @@ def test_the_record_reads_back_and_a_malformed_one_is_named():
         read_profile(timed, "p.json")
 
 
+def test_the_idle_before_each_family_is_read_back_and_printed_largest_first():
+    from datetime import datetime, timezone
+    case = ProfileCase("resnet", "bf16", 128, 1)
+    record = make_record(case, {ENGINE: side(1.0, 2.0, 4.0)}, {"gpu": "NVIDIA H200"}, "abc123", False, 5, "x",
+                         ["python"], datetime(2026, 11, 30, tzinfo=timezone.utc))
+    assert "device idle before" not in format_text_table(record)   # a profile from before that figure
+    record["runners"][ENGINE]["idle_before"] = {"gemm": 3.5, "norm": 320.0, "data": 41.2}
+    assert read_profile(record, "p.json").runners[ENGINE]["idle_before"]["norm"] == 320.0
+    assert (f"{ENGINE}: device idle before the launches of batch/layer norm 320.0, data (gather/copy) 41.2, "
+            "GEMM 3.5 µs") in format_text_table(record).splitlines()
+    record["runners"][ENGINE]["idle_before"] = {"norm": -1}
+    with pytest.raises(ValueError, match=r"p.json: runners.gpuengine.idle_before.norm must be"):
+        read_profile(record, "p.json")
+
+
 def test_write_profile_is_whole_or_nothing(tmp_path, monkeypatch):
     path = tmp_path / "profiles" / "mlp.json"
     write_profile(path, {"a": 1})

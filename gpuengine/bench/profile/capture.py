@@ -14,6 +14,10 @@ and launch count in each replay, divided by `steps`, and the median over
 replays; the step is the device span of a replay (first event's start to last
 event's end) over `steps`, and its gaps the step less the kernels' sum: the
 device idle between kernels, or, when negative, kernels that overlapped.
+Each kernel's `idle_before_us` is the device idle just before its launches
+(from the latest end of the events before it to its start), and the side's
+`idle_before` that by the family of the kernel launched next: where in the
+step the gaps sit (a graph node that waits longer to start than others).
 
 CUPTI itself slows a graph replay between its kernels, more for some graphs
 than others, so the profiled span is not what the perf tests time. Before
@@ -112,22 +116,31 @@ def summarise(replays: list[list[DeviceEvent]], steps: int) -> dict:
                            "device work (CUPTI unavailable to torch.profiler, or a build without CUDA activity)")
     names = list(dict.fromkeys(e.name for events in replays for e in events))
     times = {name: [0.0] * len(replays) for name in names}
+    idle = {name: [0.0] * len(replays) for name in names}
     launches = {name: [0] * len(replays) for name in names}
     for i, events in enumerate(replays):
-        for e in events:
+        reached = None   # the latest end of the events started so far
+        for e in sorted(events, key=lambda e: e.start_us):
             times[e.name][i] += e.us
             launches[e.name][i] += 1
+            if reached is not None and e.start_us > reached:
+                idle[e.name][i] += e.start_us - reached
+            reached = e.end_us if reached is None else max(reached, e.end_us)
     kernels = [{"name": name, "family": family_of(name), "us": round(statistics.median(times[name]) / steps, 3),
-                "count": round(statistics.median(launches[name]) / steps, 3)} for name in names]
+                "count": round(statistics.median(launches[name]) / steps, 3),
+                "idle_before_us": round(statistics.median(idle[name]) / steps, 3)} for name in names]
     kernels.sort(key=lambda k: (-k["us"], k["name"]))
     families: dict[str, float] = {}
+    idle_before: dict[str, float] = {}
     for k in kernels:
         families[k["family"]] = round(families.get(k["family"], 0.0) + k["us"], 3)
+        idle_before[k["family"]] = round(idle_before.get(k["family"], 0.0) + k["idle_before_us"], 3)
     spans = [(max(e.end_us for e in events) - min(e.start_us for e in events)) / steps for events in replays]
     step_us = round(statistics.median(spans), 3)
     kernel_us = round(sum(k["us"] for k in kernels), 3)
     return {"step_us": step_us, "kernel_us": kernel_us, "gaps_us": round(step_us - kernel_us, 3),
-            "replay_step_us": [round(s, 3) for s in spans], "families": families, "kernels": kernels}
+            "replay_step_us": [round(s, 3) for s in spans], "families": families,
+            "idle_before": {f: us for f, us in idle_before.items() if us > 0}, "kernels": kernels}
 
 
 def unprofiled_step_us(runner, steps: int, bursts: int = BURSTS, rounds: int = BURST_ROUNDS,

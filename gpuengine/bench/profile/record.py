@@ -13,14 +13,16 @@ replaces the file, so each holds the newest profile of its case:
      "replays": 5, "steps_per_replay": 2, "cudnn_plans": "<how the engine's plans were chosen>",
      "runners": {"gpuengine": {"step_us": 812.4, "kernel_us": 790.1, "gaps_us": 22.3, "replay_step_us": [...],
                                "timed_step_us": 801.0,
-                               "families": {"gemm": 500.2, ...},
-                               "kernels": [{"name": "...", "family": "gemm", "us": 120.5, "count": 2.0}, ...]},
+                               "families": {"gemm": 500.2, ...}, "idle_before": {"norm": 12.1, ...},
+                               "kernels": [{"name": "...", "family": "gemm", "us": 120.5, "count": 2.0,
+                                            "idle_before_us": 1.5}, ...]},
                  "torch_graph": {...},
                  "torch_compile_graph": {"unavailable": "<why>", "failed": false}}}
 
 Every time is microseconds per training step, every count launches per step
 (capture.py: medians over the replays); "timed_step_us" is the step timed
-without the profiler (absent from profiles recorded before it was). The report reads these files back
+without the profiler, "idle_before" the device idle before each family's launches (both absent from profiles
+recorded before they were). The report reads these files back
 (`read_profile`: a malformed one is an error naming the file and the field; format 1 files, from before
 the runners were called so, keep them under "sides").
 """
@@ -39,6 +41,7 @@ KIND = "gpuengine kernel profile"
 PROFILES = "profiles"   # the folder of a tier (baselines_store/<gpu>/) that holds them
 RUNNER_TIMES = ("step_us", "kernel_us", "gaps_us")
 TIMED = "timed_step_us"   # optional: profiles recorded before it lack it
+IDLE = "idle_before"      # optional, the same way
 ENGINE = "gpuengine"          # the engine's runner; the references' are their modes (torch_graph, ...)
 UNAVAILABLE = "unavailable"   # a runner's key: why it was not profiled
 FAILED = "failed"             # ... and whether it failed, rather than this machine lacking it
@@ -155,6 +158,11 @@ def _runner(runner, where: str) -> dict:
         raise JsonFileError(f"{where}.families must be an object of microseconds by family, got {families!r}")
     for family, us in families.items():
         require_number(us, f"{where}.families.{family}", minimum=0)
+    idle = runner.get(IDLE, {})
+    if not isinstance(idle, dict):
+        raise JsonFileError(f"{where}.{IDLE} must be an object of microseconds by family, got {idle!r}")
+    for family, us in idle.items():
+        require_number(us, f"{where}.{IDLE}.{family}", minimum=0)
     if not isinstance(runner.get("kernels"), list):
         raise JsonFileError(f"{where}.kernels must be a list, got {runner.get('kernels')!r}")
     return runner
@@ -225,6 +233,11 @@ def format_text_table(record: dict) -> str:
         if name == "kernels (sum)":
             lines.append("-" * (width + sum(columns)))
         lines.append(name.ljust(width) + "".join(c.rjust(w) for c, w in zip(cells, columns)))
+    for name, runner in runners.items():
+        if runner.get(IDLE):
+            waits = sorted(runner[IDLE].items(), key=lambda item: (-item[1], item[0]))[:4]
+            lines.append(f"{name}: device idle before the launches of " +
+                         ", ".join(f"{label(f)} {us:,.1f}" for f, us in waits) + " µs")
     for name, runner in runners.items():
         if UNAVAILABLE in runner:
             lines.append(f"{name}: not profiled: {runner[UNAVAILABLE]}")
