@@ -26,7 +26,7 @@ def test_summarise_takes_per_step_medians_over_replays():
     side = summarise(replays, steps=2)
     kernels = {k["name"]: k for k in side["kernels"]}
     assert kernels["nvjet_tst_128x256"] == {"name": "nvjet_tst_128x256", "family": "gemm", "us": 6.0, "count": 0.5,
-                                            "idle_before_us": 0.0}
+                                            "idle_before_us": 0.0}   # launched 1, 2, 1 times: no launch_us
     assert kernels["gather"]["us"] == 2.0 and kernels["gather"]["count"] == 0.5   # median of 4, 0, 4 us over 2 steps
     assert side["families"] == {"gemm": 6.0, "data": 2.0, "optimizer": 1.0}
     assert side["replay_step_us"] == [11.0, 8.5, 26.0] and side["step_us"] == 11.0
@@ -175,3 +175,14 @@ def test_every_workload_builds_its_engine_and_reference_over_one_small_epoch(wor
         runner.run_round()
         runner.synchronize()
         assert runner.samples_per_round == case.batch * case.steps_per_replay   # one epoch of the replay's steps
+
+
+def test_each_launch_of_a_step_keeps_its_own_median_time():
+    # Two replays of two steps, a kernel launched twice a step (a layer of 3 us, then one of 10 or so).
+    replays = [[DeviceEvent("bn_forward", 0, 3), DeviceEvent("bn_forward", 5, 15), DeviceEvent("bn_forward", 20, 23),
+                DeviceEvent("bn_forward", 25, 36), DeviceEvent("adam", 40, 41)],
+               [DeviceEvent("bn_forward", 100, 104), DeviceEvent("bn_forward", 105, 114),
+                DeviceEvent("bn_forward", 120, 123), DeviceEvent("bn_forward", 125, 135), DeviceEvent("adam", 140, 141)]]
+    kernels = {k["name"]: k for k in summarise(replays, steps=2)["kernels"]}
+    assert kernels["bn_forward"]["launch_us"] == [3.0, 10.0]   # medians of 3, 3, 4, 3 and of 10, 11, 9, 10
+    assert "launch_us" not in kernels["adam"]                 # once a replay of two steps: no launch of its own

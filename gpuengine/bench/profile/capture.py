@@ -14,7 +14,9 @@ and launch count in each replay, divided by `steps`, and the median over
 replays; the step is the device span of a replay (first event's start to last
 event's end) over `steps`, and its gaps the step less the kernels' sum: the
 device idle between kernels, or, when negative, kernels that overlapped.
-Each kernel's `idle_before_us` is the device idle just before its launches
+Each kernel's `launch_us` is its time at each launch of a step, in launch
+order (the median over the replays' steps: a layer's own launch, where a
+kernel serves many), and its `idle_before_us` the device idle just before its launches
 (from the latest end of the events before it to its start), and the side's
 `idle_before` that by the family of the kernel launched next: where in the
 step the gaps sit (a graph node that waits longer to start than others).
@@ -105,6 +107,20 @@ def record_replays(run_once: Callable[[], None], replays: int, activities=None,
     return collected
 
 
+MOST_LAUNCHES = 256   # a kernel launched more often a step keeps its sums only
+
+
+def _launch_times(name: str, replays: list[list[DeviceEvent]], steps: int) -> dict:
+    """{"launch_us": [...]}: the kernel's time at each of its launches of a step, the median over every step of
+    every replay; {} where the replays launch it a different number of times, or not the same times each step."""
+    durations = [[e.us for e in sorted(events, key=lambda e: e.start_us) if e.name == name] for events in replays]
+    per_step = len(durations[0]) // steps
+    if not 0 < per_step <= MOST_LAUNCHES or any(len(d) != per_step * steps for d in durations):
+        return {}
+    return {"launch_us": [round(statistics.median(d[s * per_step + k] for d in durations for s in range(steps)), 3)
+                          for k in range(per_step)]}
+
+
 def summarise(replays: list[list[DeviceEvent]], steps: int) -> dict:
     """Per training step, median over replays: each kernel's time and launches, each family's time, the step's
     device span and its gaps. A replay without one event is a ProfileError: nothing was seen to compare."""
@@ -128,7 +144,8 @@ def summarise(replays: list[list[DeviceEvent]], steps: int) -> dict:
             reached = e.end_us if reached is None else max(reached, e.end_us)
     kernels = [{"name": name, "family": family_of(name), "us": round(statistics.median(times[name]) / steps, 3),
                 "count": round(statistics.median(launches[name]) / steps, 3),
-                "idle_before_us": round(statistics.median(idle[name]) / steps, 3)} for name in names]
+                "idle_before_us": round(statistics.median(idle[name]) / steps, 3),
+                **_launch_times(name, replays, steps)} for name in names]
     kernels.sort(key=lambda k: (-k["us"], k["name"]))
     families: dict[str, float] = {}
     idle_before: dict[str, float] = {}

@@ -15,14 +15,15 @@ replaces the file, so each holds the newest profile of its case:
                                "timed_step_us": 801.0,
                                "families": {"gemm": 500.2, ...}, "idle_before": {"norm": 12.1, ...},
                                "kernels": [{"name": "...", "family": "gemm", "us": 120.5, "count": 2.0,
-                                            "idle_before_us": 1.5}, ...]},
+                                            "idle_before_us": 1.5, "launch_us": [80.1, 40.4]}, ...]},
                  "torch_graph": {...},
                  "torch_compile_graph": {"unavailable": "<why>", "failed": false}}}
 
 Every time is microseconds per training step, every count launches per step
 (capture.py: medians over the replays); "timed_step_us" is the step timed
-without the profiler, "idle_before" the device idle before each family's launches (both absent from profiles
-recorded before they were). The report reads these files back
+without the profiler, "idle_before" the device idle before each family's launches, a kernel's "launch_us" its
+time at each launch of a step in launch order (absent from profiles recorded before they were, and "launch_us"
+where the replays launch a kernel unevenly). The report reads these files back
 (`read_profile`: a malformed one is an error naming the file and the field; format 1 files, from before
 the runners were called so, keep them under "sides").
 """
