@@ -81,8 +81,8 @@
 #                bn-layers scripts/bn_layers.py: every batch norm of BN_LAYER_WORKLOAD (default resnet) timed alone in
 #                         BN_PRECISION (default bf16), cuDNN's graphs against the engine's kernels as planned and on
 #                         the ticket's ending alone, with each layer's cluster sizes (LOGDIR/bn_layers.json)
-#                bn-tiles the engine's batch-norm plans by tile width: bn_layers.py of BN_LAYER_WORKLOAD (resnet) in each
-#                         of BN_PRECISIONS (bf16 tf32), cuDNN's graphs once, then the engine under each of BN_TILES
+#                bn-tiles the engine's batch-norm plans by tile width: bn_layers.py of BN_LAYER_WORKLOAD (resnet) in
+#                         each of BN_PRECISIONS (bf16 tf32), cuDNN's graphs once, then the engine under each of BN_TILES
 #                         ("1 2 4 1-8 4-8 8-8": --narrowest N, or N-W with --widest W; LOGDIR/bn_tiles_<p>_<tiles>.json)
 #                ncu-bn   Nsight Compute over the engine's batch-norm kernels (bn_forward, bn_backward) of NCU_BN_LAYERS
 #                         (a regular expression of ResNet's layer names; default: one of each map size) in

@@ -182,7 +182,8 @@ def test_each_launch_of_a_step_keeps_its_own_median_time():
     replays = [[DeviceEvent("bn_forward", 0, 3), DeviceEvent("bn_forward", 5, 15), DeviceEvent("bn_forward", 20, 23),
                 DeviceEvent("bn_forward", 25, 36), DeviceEvent("adam", 40, 41)],
                [DeviceEvent("bn_forward", 100, 104), DeviceEvent("bn_forward", 105, 114),
-                DeviceEvent("bn_forward", 120, 123), DeviceEvent("bn_forward", 125, 135), DeviceEvent("adam", 140, 141)]]
+                DeviceEvent("bn_forward", 120, 123), DeviceEvent("bn_forward", 125, 135),
+                DeviceEvent("adam", 140, 141)]]
     kernels = {k["name"]: k for k in summarise(replays, steps=2)["kernels"]}
     assert kernels["bn_forward"]["launch_us"] == [3.0, 10.0]   # medians of 3, 3, 4, 3 and of 10, 11, 9, 10
     assert "launch_us" not in kernels["adam"]                 # once a replay of two steps: no launch of its own

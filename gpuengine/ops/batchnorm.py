@@ -44,9 +44,9 @@ def plan_tiles(backend, rows: int, packs: int, vec: int, cache: int,
 
     A tile's ON_CHIP_CHUNKS row chunks (clusters from sm_90 on) where they keep every row of their blocks in
     registers (trips <= cache) with up to two blocks an SM and, for a cluster size in `most_clusters`, at most
-    that many clusters (the device's measured ceiling: more run in a second wave), tiles of `narrowest` to
-    `widest` packs (None: 32 channels): the fewest trips (each costs its loads and its dependent adds again), then the fewest blocks, the
-    smallest cluster and the widest tile.
+    that many clusters (the device's measured ceiling: more run in a second wave), tiles of `narrowest` (at most
+    the widest there is) to `widest` packs (None: 32 channels): the fewest trips (each costs its loads and its
+    dependent adds again), then the fewest blocks, the smallest cluster and the widest tile.
     Where none does, the ticket's plan (plan_chunks, 32 channels a tile), whose chunks meet in global memory."""
     ticket = plan_chunks(backend, rows, packs, widest_tile=max(1, _TILE_CHANNELS // vec))
     if not backend.is_gpu:
