@@ -8,8 +8,8 @@
 #                                                      LOGDIR/baselines_store.tgz holds the store after each step:
 #                                                      bring LOGDIR back, not the checkout's store
 #   scripts/gpu_session.sh status LOGDIR               the last lines of each log, and whether it finished
-#   scripts/gpu_session.sh base REV                    REV's gpuengine/ and perf_tests/ into build/base (git-ignored,
-#                                                      for `carry`), with REV's commit id in build/base/COMMIT
+#   scripts/gpu_session.sh base REV [DIR]              REV's gpuengine/ and perf_tests/ into DIR (build/base; git-ignored,
+#                                                      for `carry`), with REV's commit id in DIR/COMMIT
 #
 #   suite:     correctness tests (the GPU ones run here), then `./gate perf` (MLP, CNN, energy; stored run autosaved)
 #   memory:    `./gate perf -m slow` (the max-batch searches, ~20-30 min)
@@ -30,7 +30,8 @@
 #                perf-core `./gate perf` of the MLP and CNN cases: a quick check that a change kept the engine's speed
 #                ab       `./gate perf --against build/base` (the quick tier A/B against the checkout carried to
 #                         build/base, its commit in build/base/COMMIT: `scripts/gpu_session.sh base REV` makes it);
-#                         AB_K, when set, selects its cases (-k); AB_FULL=1 takes the nightly tier's cases (--full)
+#                         AB_K, when set, selects its cases (-k); AB_FULL=1 takes the nightly tier's cases (--full);
+#                         AB_BASES ("build/base build/alt") runs one A/B session against each folder in turn
 #                ab-core  the same for the MLP and CNN cases
 #                stack-ab `./gate perf --against-stack build/old.txt --stack-wheels .whl/old`: the tree on the old lock
 #                         (build/old.txt, its wheels in .whl/old) against the stack this Python runs (the new lock's
@@ -185,9 +186,12 @@ step_bisect-demo() { local repo="$logdir/bisect-repo" s=0   # a history of 4 com
 step_perf() { ./gate perf -p no:cacheprovider --durations=0; }
 step_perf-core() { ./gate perf -p no:cacheprovider --durations=0 -k "test_mlp_train or test_mlp_infer or test_cnn_train"; }
 step_perf-new() { ./gate perf -p no:cacheprovider --durations=0 -k "zoo or loader or streamed or test_resnet_train"; }
-step_ab() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against build/base ${AB_FULL:+--full} \
-    ${AB_K:+-k "$AB_K"}; s=$?
-    cp -r build/ab "$logdir/ab-logs-$(date +%s)" 2>/dev/null; return $s; }
+step_ab() { local base s=0
+    for base in ${AB_BASES:-build/base}; do
+        echo "== A/B against $base ($(cat "$base/COMMIT" 2>/dev/null))"
+        ./gate perf -p no:cacheprovider --durations=0 -rA --against "$base" ${AB_FULL:+--full} ${AB_K:+-k "$AB_K"} || s=1
+        cp -r build/ab "$logdir/ab-logs-$(date +%s)" 2>/dev/null
+    done; return $s; }
 step_zoo-compile() { ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none \
     -k "test_zoo_train and tf32-resident"; }
 step_nightly() { local k s=0 IFS=';'; for k in ${NIGHTLY_K:?NIGHTLY_K selects the nightly cases}; do
@@ -327,10 +331,12 @@ case "$command" in
         ;;
     base)
         rev=$(git rev-parse --verify "$logdir^{commit}") || exit 2   # the second word is REV here
-        rm -rf build/base && mkdir -p build/base
-        git archive "$rev" gpuengine perf_tests | tar -x -C build/base
-        echo "$rev" > build/base/COMMIT
-        echo "build/base: gpuengine/ and perf_tests/ of $rev"
+        dir=${3:-build/base}
+        case $dir in build/*) ;; *) echo "gpu_session base: $dir is not under build/ (git-ignored)" >&2; exit 2 ;; esac
+        rm -rf "$dir" && mkdir -p "$dir"
+        git archive "$rev" gpuengine perf_tests | tar -x -C "$dir"
+        echo "$rev" > "$dir/COMMIT"
+        echo "$dir: gpuengine/ and perf_tests/ of $rev"
         ;;
     status)
         for log in "$logdir"/*.log; do
