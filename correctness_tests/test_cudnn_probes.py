@@ -37,28 +37,43 @@ def test_bn_layers_refuses_a_bad_layer_pattern_by_name(capsys):
     assert "--only 'layer1.(': not a regular expression" in capsys.readouterr().err
 
 
-def test_bn_layers_tables_every_side_and_the_planned_clusters(capsys, monkeypatch, tmp_path):
+def test_bn_layers_tables_every_side_and_the_planned_grids(capsys, monkeypatch, tmp_path):
     """The table and JSON of three sides from stand-in timings: what a device run prints and writes."""
     import json
 
     from gpuengine.runtime import backend
     script = load_script("bn_layers")
     monkeypatch.setattr(backend, "gpu_visible", lambda: True)
+    asked = []
+    grid = {"tiles": 16, "chunks": 8, "tile_packs": 1, "cluster": 8}
+    ticket = {"tiles": 4, "chunks": 4, "tile_packs": 4, "cluster": 1}
 
-    def layer_times(workload, precision, side, reps, only=""):
-        clusters = {"cudnn": None, "engine": [8, 4], "ticket": [1, 1]}[side]
+    def layer_times(workload, precision, side, reps, only="", narrowest=1, widest=None):
+        asked.append((side, narrowest, widest))
+        plans = {"cudnn": None, "engine": [grid, {**grid, "chunks": 4, "cluster": 4}], "ticket": [ticket, ticket]}
         return [{"layer": "layer1.0.bn1", "shape": [128, 4, 4, 128], "activation": "relu", "residual": False,
-                 "mask": True, "clusters": clusters, "forward_us": {"cudnn": 8.8, "engine": 7.0, "ticket": 13.6}[side],
+                 "mask": True, "plans": plans[side], "forward_us": {"cudnn": 8.8, "engine": 7.0, "ticket": 13.6}[side],
                  "backward_us": 9.0}]
     monkeypatch.setattr(script, "layer_times", layer_times)
-    assert script.main(["resnet", "--out", str(tmp_path / "bn.json")]) == 0
+    assert script.main(["resnet", "--out", str(tmp_path / "bn.json"), "--narrowest", "2", "--widest", "8"]) == 0
+    assert asked == [(side, 2, 8) for side in ("cudnn", "engine", "ticket")]
     out = capsys.readouterr().out
-    assert "cuDNN fwd" in out and "ticket bwd" in out and "clusters" in out
-    assert "relu+mask" in out and "8.8" in out and "13.6" in out and "8/4" in out
+    assert "cuDNN fwd" in out and "ticket bwd" in out and "grids" in out
+    assert "relu+mask" in out and "8.8" in out and "13.6" in out and "16x8 1p c8 | 16x4 1p c4" in out
     record = json.loads((tmp_path / "bn.json").read_text())
     layer = record["layers"][0]
-    assert layer["engine_clusters"] == [8, 4] and layer["ticket_clusters"] == [1, 1] and "cudnn_clusters" not in layer
+    assert layer["engine_plans"][0] == grid and layer["ticket_plans"] == [ticket, ticket]
+    assert "cudnn_plans" not in layer and (record["narrowest"], record["widest"]) == (2, 8)
     assert layer["engine_forward_us"] == 7.0 and record["totals"]["ticket_forward_us"] == 13.6
+
+
+@pytest.mark.parametrize("argv, message", [(["--narrowest", "3"], "--narrowest 3: 1, 2, 4 or 8 packs"),
+                                           (["--narrowest", "4", "--widest", "2"],
+                                            "--widest 2 is narrower than --narrowest 4")])
+def test_bn_layers_refuses_tile_bounds_it_cannot_plan(capsys, argv, message):
+    with pytest.raises(SystemExit):
+        load_script("bn_layers").main(["resnet", *argv])
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("side, chunks", [("engine", (1, 2, 4, 8)), ("ticket", ()), ("cudnn", (1, 2, 4, 8))])
@@ -72,12 +87,14 @@ def test_bn_layers_plans_the_ticket_side_without_on_chip_chunks_as_the_trainer_b
 
     def engine_runner(case):
         seen["built"] = ops_batchnorm.ON_CHIP_CHUNKS
+        seen["widths"] = ops_batchnorm.NARROWEST_TILE, ops_batchnorm.WIDEST_TILE
         seen["toggles"] = dict(case.engine_toggles)
         runner = SimpleNamespace(trainer=SimpleNamespace(program=SimpleNamespace(layers={})))
         runner.prepare = lambda: seen.setdefault("warmed", ops_batchnorm.ON_CHIP_CHUNKS)
         return runner
 
     workload = SimpleNamespace(name="resnet", batch=128, engine_runner=engine_runner)
-    assert load_script("bn_layers").layer_times(workload, "bf16", side, 1) == []
+    assert load_script("bn_layers").layer_times(workload, "bf16", side, 1, narrowest=2, widest=4) == []
     assert seen["built"] == seen["warmed"] == chunks and ops_batchnorm.ON_CHIP_CHUNKS == (1, 2, 4, 8)
+    assert seen["widths"] == (2, 4) and (ops_batchnorm.NARROWEST_TILE, ops_batchnorm.WIDEST_TILE) == (1, None)
     assert seen["toggles"] == {"batchnorm": "cudnn" if side == "cudnn" else "engine"}
