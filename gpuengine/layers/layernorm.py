@@ -42,6 +42,12 @@ _HELD_MAX_DIM = 512   # a lane keeps at most 16 features of its row in registers
 _SHARED_BYTES = 48 * 1024   # a block's shared memory without the opt-in attribute
 
 
+def held_packs(dim: int, width: int) -> int:
+    """A lane's packs of `width` features where it keeps its part of a row in registers; 0 above _HELD_MAX_DIM
+    (the forward reads x again, the backward takes two launches)."""
+    return -(-dim // (32 * width)) if dim <= _HELD_MAX_DIM else 0
+
+
 def partial_stride(dim: int, sums: int) -> int:
     """The floats of a block's row of partials in layernorm_bwd_grads: its sums * dim column sums rounded up to 4,
     so the last block reads them as float4."""
@@ -97,12 +103,12 @@ class LayerNorm(Layer):
         self._addends = () if self.residual is None else (self.residual.a, self.residual.b)
         if ctx.backend.is_gpu:
             width = vector_width(self.dim, self.x, self.gamma, self.beta, self.out, *self._addends)
-            packs = -(-self.dim // (32 * width)) if self.dim <= _HELD_MAX_DIM else 0   # 0: x read again
-            defines = dict(ELEM_T=ctype(x.dtype), VEC=width, PACKS=packs)
-            if self._addends:
-                self._fwd = get_kernel(FORWARD_SOURCE, "layernorm_add_fwd", **defines)
-            else:
-                self._fwd = get_kernel(FORWARD_SOURCE, "layernorm_fwd", **defines)
+            name = "layernorm_add_fwd" if self._addends else "layernorm_fwd"
+            self._fwd = get_kernel(FORWARD_SOURCE, name, ELEM_T=ctype(x.dtype), VEC=width,
+                                   PACKS=held_packs(self.dim, width))
+            # the launch's arguments, fixed with the buffers: a step only launches
+            self._fwd_args = (*self._addends, self.x, self.gamma, self.beta, self.out, self.mean, self.rstd,
+                              np.int32(self.rows), np.int32(self.dim), np.float32(self.epsilon))
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
@@ -122,7 +128,8 @@ class LayerNorm(Layer):
             parts = self.gradient_sum.parts if self.gradient_sum is not None else ()
             width = vector_width(self.dim, *arrays, *parts)
             defines = dict(ELEM_T=ctype(dy.dtype), VEC=width)
-            if self.dx is not None and self.dim <= _HELD_MAX_DIM:
+            packs = held_packs(self.dim, width)
+            if self.dx is not None and packs:
                 sums = 2 if self.dbias is None else 3
                 self.fused = warps, rows_per_block, blocks = fused_grid(self.rows, self.dim, sums,
                                                                         multiprocessor_count())
@@ -139,7 +146,6 @@ class LayerNorm(Layer):
                 # several blocks' sums are finished by the program's one launch where it takes them
                 segments = [(0, self.dgamma), (self.dim, self.dbeta)] + [(2 * self.dim, dbias)] * (sums - 2)
                 defer = deferred(ctx.sums, blocks, self.partials, segments)
-                packs = -(-self.dim // (32 * width))
                 self._bwd = get_kernel(FUSED_SOURCE, "layernorm_bwd_grads", PACKS=packs,
                                        DY_PARTS=2 if len(parts) == 2 else 1, BIAS_SUM=sums - 2, DEFER=int(defer),
                                        **defines)
@@ -159,6 +165,10 @@ class LayerNorm(Layer):
             self.partials, self.counters = self.plan.workspace(ctx.allocator, self.dim, sums=2)
             defer = self.plan.defer(ctx.sums, self.partials, [(0, self.dgamma), (self.dim, self.dbeta)])
             self._param_grads = get_kernel(SOURCE, "layernorm_param_grads", DEFER=int(defer), **defines)
+            self._dx_args = (self.x, self.gamma, self.dy, self.mean, self.rstd, self.dx, np.int32(self.rows),
+                             np.int32(self.dim))
+            self._param_args = (self.x, self.dy, self.mean, self.rstd, self.dgamma, self.dbeta, self.partials,
+                                self.counters, np.int32(self.rows), np.int32(self.dim), *self.plan.grid_args())
         return self.dx
 
     def forward(self):
@@ -173,9 +183,7 @@ class LayerNorm(Layer):
             self.mean[...], self.rstd[...] = mean[:, 0], rstd[:, 0]
             self._rstd_exact = rstd   # float64 under the gradient checks
             return
-        self._fwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (*self._addends, self.x, self.gamma, self.beta, self.out,
-                                                          self.mean, self.rstd, np.int32(self.rows),
-                                                          np.int32(self.dim), np.float32(self.epsilon)))
+        self._fwd(self._blocks, (32 * _ROWS_PER_BLOCK,), self._fwd_args)
 
     def backward(self):
         if not self.backend.is_gpu:
@@ -195,10 +203,7 @@ class LayerNorm(Layer):
             self._bwd(*self._fused_launch, shared_mem=self._fused_shared)
             return
         if self.dx is not None:
-            self._bwd(self._blocks, (32 * _ROWS_PER_BLOCK,), (self.x, self.gamma, self.dy, self.mean, self.rstd,
-                                                              self.dx, np.int32(self.rows), np.int32(self.dim)))
-        self.plan.launch(self._param_grads, (self.x, self.dy, self.mean, self.rstd, self.dgamma, self.dbeta,
-                                             self.partials, self.counters, np.int32(self.rows), np.int32(self.dim),
-                                             *self.plan.grid_args()), sums=2)
+            self._bwd(self._blocks, (32 * _ROWS_PER_BLOCK,), self._dx_args)
+        self.plan.launch(self._param_grads, self._param_args, sums=2)
         if self._bias_sum is not None:
             self._bias_sum.run()

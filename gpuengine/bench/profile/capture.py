@@ -111,9 +111,10 @@ MOST_LAUNCHES = 256   # a kernel launched more often a step keeps its sums only
 
 
 def _launch_times(name: str, replays: list[list[DeviceEvent]], steps: int) -> dict:
-    """{"launch_us": [...]}: the kernel's time at each of its launches of a step, the median over every step of
-    every replay; {} where the replays launch it a different number of times, or not the same times each step."""
-    durations = [[e.us for e in sorted(events, key=lambda e: e.start_us) if e.name == name] for events in replays]
+    """{"launch_us": [...]}: the kernel's time at each of its launches of a step (`replays` in start order), the
+    median over every step of every replay; {} where the replays launch it a different number of times, or not the
+    same times each step."""
+    durations = [[e.us for e in events if e.name == name] for events in replays]
     per_step = len(durations[0]) // steps
     if not 0 < per_step <= MOST_LAUNCHES or any(len(d) != per_step * steps for d in durations):
         return {}
@@ -130,13 +131,14 @@ def summarise(replays: list[list[DeviceEvent]], steps: int) -> dict:
         empty = sum(not events for events in replays)
         raise ProfileError(f"{empty or 'all'} of {len(replays)} replays recorded no kernel: the profiler saw no "
                            "device work (CUPTI unavailable to torch.profiler, or a build without CUDA activity)")
+    replays = [sorted(events, key=lambda e: e.start_us) for events in replays]   # launch order, on the device
     names = list(dict.fromkeys(e.name for events in replays for e in events))
     times = {name: [0.0] * len(replays) for name in names}
     idle = {name: [0.0] * len(replays) for name in names}
     launches = {name: [0] * len(replays) for name in names}
     for i, events in enumerate(replays):
         reached = None   # the latest end of the events started so far
-        for e in sorted(events, key=lambda e: e.start_us):
+        for e in events:
             times[e.name][i] += e.us
             launches[e.name][i] += 1
             if reached is not None and e.start_us > reached:
