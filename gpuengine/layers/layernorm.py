@@ -103,9 +103,11 @@ class LayerNorm(Layer):
         self._addends = () if self.residual is None else (self.residual.a, self.residual.b)
         if ctx.backend.is_gpu:
             width = vector_width(self.dim, self.x, self.gamma, self.beta, self.out, *self._addends)
-            name = "layernorm_add_fwd" if self._addends else "layernorm_fwd"
-            self._fwd = get_kernel(FORWARD_SOURCE, name, ELEM_T=ctype(x.dtype), VEC=width,
-                                   PACKS=held_packs(self.dim, width))
+            defines = dict(ELEM_T=ctype(x.dtype), VEC=width, PACKS=held_packs(self.dim, width))
+            if self._addends:
+                self._fwd = get_kernel(FORWARD_SOURCE, "layernorm_add_fwd", **defines)
+            else:
+                self._fwd = get_kernel(FORWARD_SOURCE, "layernorm_fwd", **defines)
             # the launch's arguments, fixed with the buffers: a step only launches
             self._fwd_args = (*self._addends, self.x, self.gamma, self.beta, self.out, self.mean, self.rstd,
                               np.int32(self.rows), np.int32(self.dim), np.float32(self.epsilon))
