@@ -153,6 +153,7 @@ def run_bisect(repo: Path, good: str, bad: str, *args: str) -> subprocess.Comple
                           env=env, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.timing
 def test_bisect_names_the_planted_commit_and_steps_around_the_broken_one(history):
     repo, shas = history
     result = run_bisect(repo, shas[0], shas[6])
@@ -171,6 +172,7 @@ def test_bisect_names_the_planted_commit_and_steps_around_the_broken_one(history
     assert git(repo, "worktree", "list").count("\n") == 0   # every step's worktrees are gone
 
 
+@pytest.mark.timing
 def test_bisect_stops_when_bad_is_not_slower_than_good(history):
     repo, shas = history
     result = run_bisect(repo, shas[0], shas[1])

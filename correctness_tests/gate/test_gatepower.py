@@ -89,6 +89,7 @@ class EinsumReference:
         pass
 
 
+@pytest.mark.timing
 def test_trials_on_a_cpu_engine_slow_it_by_the_injected_level(monkeypatch, tmp_path):
     monkeypatch.setenv(injected_delay.GUARD_ENV, str(tmp_path))
     monkeypatch.setenv(injected_delay.DELAY_ENV, "0")
