@@ -110,11 +110,10 @@ def record_replays(run_once: Callable[[], None], replays: int, activities=None,
 MOST_LAUNCHES = 256   # a kernel launched more often a step keeps its sums only
 
 
-def _launch_times(name: str, replays: list[list[DeviceEvent]], steps: int) -> dict:
-    """{"launch_us": [...]}: the kernel's time at each of its launches of a step (`replays` in start order), the
-    median over every step of every replay; {} where the replays launch it a different number of times, or not the
-    same times each step."""
-    durations = [[e.us for e in events if e.name == name] for events in replays]
+def _launch_times(durations: list[list[float]], steps: int) -> dict:
+    """{"launch_us": [...]}: a kernel's time at each of its launches of a step (`durations`: each replay's, in start
+    order), the median over every step of every replay; {} where the replays launch it a different number of times,
+    or not the same times each step."""
     per_step = len(durations[0]) // steps
     if not 0 < per_step <= MOST_LAUNCHES or any(len(d) != per_step * steps for d in durations):
         return {}
@@ -133,21 +132,22 @@ def summarise(replays: list[list[DeviceEvent]], steps: int) -> dict:
                            "device work (CUPTI unavailable to torch.profiler, or a build without CUDA activity)")
     replays = [sorted(events, key=lambda e: e.start_us) for events in replays]   # launch order, on the device
     names = list(dict.fromkeys(e.name for events in replays for e in events))
-    times = {name: [0.0] * len(replays) for name in names}
+    durations = {name: [[] for _ in replays] for name in names}   # each launch's time, by replay, in start order
     idle = {name: [0.0] * len(replays) for name in names}
-    launches = {name: [0] * len(replays) for name in names}
     for i, events in enumerate(replays):
         reached = None   # the latest end of the events started so far
         for e in events:
-            times[e.name][i] += e.us
-            launches[e.name][i] += 1
+            durations[e.name][i].append(e.us)
             if reached is not None and e.start_us > reached:
                 idle[e.name][i] += e.start_us - reached
             reached = e.end_us if reached is None else max(reached, e.end_us)
-    kernels = [{"name": name, "family": family_of(name), "us": round(statistics.median(times[name]) / steps, 3),
-                "count": round(statistics.median(launches[name]) / steps, 3),
-                "idle_before_us": round(statistics.median(idle[name]) / steps, 3),
-                **_launch_times(name, replays, steps)} for name in names]
+
+    def per_step(values) -> float:
+        return round(statistics.median(values) / steps, 3)
+
+    kernels = [{"name": name, "family": family_of(name), "us": per_step([sum(d, 0.0) for d in durations[name]]),
+                "count": per_step([len(d) for d in durations[name]]), "idle_before_us": per_step(idle[name]),
+                **_launch_times(durations[name], steps)} for name in names]
     kernels.sort(key=lambda k: (-k["us"], k["name"]))
     families: dict[str, float] = {}
     idle_before: dict[str, float] = {}

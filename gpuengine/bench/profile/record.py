@@ -143,6 +143,14 @@ class StoredProfile:
         return {name: runner[UNAVAILABLE] for name, runner in self.runners.items() if UNAVAILABLE in runner}
 
 
+def _by_family(value, where: str):
+    """`value` checked as microseconds by family (non-negative numbers)."""
+    if not isinstance(value, dict):
+        raise JsonFileError(f"{where} must be an object of microseconds by family, got {value!r}")
+    for family, us in value.items():
+        require_number(us, f"{where}.{family}", minimum=0)
+
+
 def _runner(runner, where: str) -> dict:
     if not isinstance(runner, dict):
         raise JsonFileError(f"{where} must be an object, got {runner!r}")
@@ -154,16 +162,8 @@ def _runner(runner, where: str) -> dict:
         require_number(runner.get(key), f"{where}.{key}")
     if TIMED in runner:
         require_number(runner[TIMED], f"{where}.{TIMED}", minimum=0)
-    families = runner.get("families")
-    if not isinstance(families, dict):
-        raise JsonFileError(f"{where}.families must be an object of microseconds by family, got {families!r}")
-    for family, us in families.items():
-        require_number(us, f"{where}.families.{family}", minimum=0)
-    idle = runner.get(IDLE, {})
-    if not isinstance(idle, dict):
-        raise JsonFileError(f"{where}.{IDLE} must be an object of microseconds by family, got {idle!r}")
-    for family, us in idle.items():
-        require_number(us, f"{where}.{IDLE}.{family}", minimum=0)
+    _by_family(runner.get("families"), f"{where}.families")
+    _by_family(runner.get(IDLE, {}), f"{where}.{IDLE}")
     if not isinstance(runner.get("kernels"), list):
         raise JsonFileError(f"{where}.kernels must be a list, got {runner.get('kernels')!r}")
     return runner
