@@ -87,7 +87,7 @@ def test_bn_layers_plans_the_ticket_side_without_on_chip_chunks_as_the_trainer_b
 
     def engine_runner(case):
         seen["built"] = ops_batchnorm.ON_CHIP_CHUNKS
-        seen["widths"] = ops_batchnorm.NARROWEST_TILE, ops_batchnorm.WIDEST_TILE
+        seen["widths"] = ops_batchnorm.FORCED_TILES
         seen["toggles"] = dict(case.engine_toggles)
         runner = SimpleNamespace(trainer=SimpleNamespace(program=SimpleNamespace(layers={})))
         runner.prepare = lambda: seen.setdefault("warmed", ops_batchnorm.ON_CHIP_CHUNKS)
@@ -96,5 +96,7 @@ def test_bn_layers_plans_the_ticket_side_without_on_chip_chunks_as_the_trainer_b
     workload = SimpleNamespace(name="resnet", batch=128, engine_runner=engine_runner)
     assert load_script("bn_layers").layer_times(workload, "bf16", side, 1, narrowest=2, widest=4) == []
     assert seen["built"] == seen["warmed"] == chunks and ops_batchnorm.ON_CHIP_CHUNKS == (1, 2, 4, 8)
-    assert seen["widths"] == (2, 4) and (ops_batchnorm.NARROWEST_TILE, ops_batchnorm.WIDEST_TILE) == (1, None)
+    assert seen["widths"] == (2, 4) and ops_batchnorm.FORCED_TILES is None
     assert seen["toggles"] == {"batchnorm": "cudnn" if side == "cudnn" else "engine"}
+    load_script("bn_layers").layer_times(workload, "bf16", side, 1)
+    assert seen["widths"] is None   # without bounds each layer times its plans, as the trainer builds

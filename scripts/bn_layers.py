@@ -6,8 +6,9 @@ which shapes the engine's one-launch batch norm loses on, where a step's profile
 
 Three sides: cuDNN's graphs, the engine's kernels as planned (clusters on sm_90 where they fit), and the engine's
 kernels on the ticket's ending alone (no clusters). --batchnorm times one side alone and --only the layers whose
-names match: a few launches for `ncu` to read. --narrowest and --widest bound the packs of the engine's on-chip
-tiles (ops/batchnorm.py NARROWEST_TILE, WIDEST_TILE): whether a warp reads whole sectors of a row, or whole lines.
+names match: a few launches for `ncu` to read. --narrowest and --widest fix the packs of the engine's on-chip
+tiles (ops/batchnorm.py FORCED_TILES): whether a warp reads whole sectors of a row, or whole lines; without them
+each layer's first run times the plans of TILE_CHOICES and keeps one, as a trainer does.
 
 Builds the workload's engine as a profile builds it (perf tests' network, batch, resident data, kept plans),
 once a side, warms each up, then times every BatchNorm2D's
@@ -63,7 +64,7 @@ def _grid_text(plan: dict) -> str:
     return f"{plan['tiles']}x{plan['chunks']} {plan['tile_packs']}p c{plan['cluster']}"
 
 
-def layer_times(workload, precision: str, side: str, reps: int, only: str = "", narrowest: int = 1,
+def layer_times(workload, precision: str, side: str, reps: int, only: str = "", narrowest: int | None = None,
                 widest: int | None = None) -> list[dict]:
     """Per BatchNorm2D of the workload's network on `side` (those named to match `only`): its shape, fused parts,
     times and the engine's grids."""
@@ -72,15 +73,15 @@ def layer_times(workload, precision: str, side: str, reps: int, only: str = "", 
     from gpuengine.ops import batchnorm as ops_batchnorm
     case = ProfileCase(workload.name, precision, workload.batch, 1,
                        (("batchnorm", "cudnn" if side == "cudnn" else "engine"),))
-    planned = ops_batchnorm.ON_CHIP_CHUNKS, ops_batchnorm.NARROWEST_TILE, ops_batchnorm.WIDEST_TILE
+    planned = ops_batchnorm.ON_CHIP_CHUNKS, ops_batchnorm.FORCED_TILES
     # the plan is made as the trainer builds
     ops_batchnorm.ON_CHIP_CHUNKS = () if side == "ticket" else planned[0]
-    ops_batchnorm.NARROWEST_TILE, ops_batchnorm.WIDEST_TILE = narrowest, widest
+    ops_batchnorm.FORCED_TILES = None if narrowest is None and widest is None else (narrowest or 1, widest)
     try:
         runner = workload.engine_runner(case)
         runner.prepare()
     finally:
-        ops_batchnorm.ON_CHIP_CHUNKS, ops_batchnorm.NARROWEST_TILE, ops_batchnorm.WIDEST_TILE = planned
+        ops_batchnorm.ON_CHIP_CHUNKS, ops_batchnorm.FORCED_TILES = planned
     rows = []
     for name, layer in runner.trainer.program.layers.items():
         if not isinstance(layer, BatchNorm2D) or getattr(layer, "x", None) is None:   # not built: fused away
@@ -106,10 +107,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="also write the JSON object here (written aside, renamed)")
     parser.add_argument("--batchnorm", choices=SIDES, help="time this side alone (default: both)")
     parser.add_argument("--only", default="", help="the layers whose names match this regular expression")
-    parser.add_argument("--narrowest", type=int, default=1, help="the engine's on-chip tiles at least this many "
-                        "packs wide (1, 2, 4, 8; default 1, the engine's own plan)")
+    parser.add_argument("--narrowest", type=int, help="the engine's on-chip tiles at least this many packs wide (1, "
+                        "2, 4, 8; default: each layer times its plans and keeps one, as the trainer does)")
     parser.add_argument("--widest", type=int, help="the engine's on-chip tiles at most this many packs wide (1, 2, "
-                        "4, 8; default: 32 channels, the engine's own plan)")
+                        "4, 8; default: 32 channels)")
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error(f"--reps {args.reps}: at least 1")
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
         packs = getattr(args, option)
         if packs is not None and packs not in (1, 2, 4, 8):
             parser.error(f"--{option} {packs}: 1, 2, 4 or 8 packs")
-    if args.widest is not None and args.widest < args.narrowest:
+    if args.widest is not None and args.widest < (args.narrowest or 1):
         parser.error(f"--widest {args.widest} is narrower than --narrowest {args.narrowest}")
     try:
         re.compile(args.only)

@@ -84,7 +84,8 @@
 #                         the ticket's ending alone, with each layer's cluster sizes (LOGDIR/bn_layers.json)
 #                bn-tiles the engine's batch-norm plans by tile width: bn_layers.py of BN_LAYER_WORKLOAD (resnet) in
 #                         each of BN_PRECISIONS (bf16 tf32), cuDNN's graphs once, then the engine under each of BN_TILES
-#                         ("1 2 4 1-8 4-8 8-8": --narrowest N, or N-W with --widest W; LOGDIR/bn_tiles_<p>_<tiles>.json)
+#                         ("timed 1 2 4 1-8 4-8 8-8": timed, each layer's plan kept by timing as a trainer does;
+#                         --narrowest N, or N-W with --widest W; LOGDIR/bn_tiles_<p>_<tiles>.json)
 #                ncu-bn   Nsight Compute over the engine's batch-norm kernels (bn_forward, bn_backward) of NCU_BN_LAYERS
 #                         (a regular expression of ResNet's layer names; default: one of each map size) in
 #                         BN_PRECISION (default bf16), one timed call each (bn_layers.py --reps 1): speed of light,
@@ -243,12 +244,14 @@ step_bn-tiles() { local p tiles narrowest widest s=0
     for p in ${BN_PRECISIONS:-bf16 tf32}; do
         python3 scripts/bn_layers.py "${BN_LAYER_WORKLOAD:-resnet}" --precision "$p" --batchnorm cudnn \
             --out "$logdir/bn_tiles_${p}_cudnn.json" || s=1
-        for tiles in ${BN_TILES:-1 2 4 1-8 4-8 8-8}; do
+        for tiles in ${BN_TILES:-timed 1 2 4 1-8 4-8 8-8}; do
             narrowest=${tiles%%-*} widest=${tiles#*-}
             [ "$widest" != "$tiles" ] || widest=""   # "N": no --widest
-            echo "== $p, tiles of $narrowest to ${widest:-32 channels} packs"
+            [ "$tiles" != timed ] || narrowest=""    # each layer's plan timed and kept
+            echo "== $p, tiles of ${narrowest:-timed} to ${widest:-32 channels} packs"
             python3 scripts/bn_layers.py "${BN_LAYER_WORKLOAD:-resnet}" --precision "$p" --batchnorm engine \
-                --narrowest "$narrowest" ${widest:+--widest "$widest"} --out "$logdir/bn_tiles_${p}_$tiles.json" || s=1
+                ${narrowest:+--narrowest "$narrowest"} ${widest:+--widest "$widest"} \
+                --out "$logdir/bn_tiles_${p}_$tiles.json" || s=1
         done
     done
     return $s; }

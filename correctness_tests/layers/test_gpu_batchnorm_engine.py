@@ -16,7 +16,7 @@ import pytest
 from gpuengine.config import EngineConfig
 from gpuengine.layers import BatchNorm2D
 from gpuengine.layers.merge import GradientSum
-from gpuengine.ops import batchnorm as ops_batchnorm
+from gpuengine.ops import autotune, batchnorm as ops_batchnorm
 from gpuengine.runtime.backend import gpu_visible
 from gpuengine.runtime.kernels import compute_capability, max_active_clusters, multiprocessor_count
 from gpuengine.trainer import Trainer
@@ -39,6 +39,13 @@ pytestmark = [pytest.mark.gpu,
 SHAPES = {"1x1x2048": (32, (1, 1, 2048)), "8x8x64": (32, (8, 8, 64)), "16x16x64": (32, (16, 16, 64)),
           "4x4x256": (32, (4, 4, 256)), "5x4x12": (5, (4, 4, 12)), "3x5x8": (3, (3, 5, 8)),
           "7x7x24": (8, (7, 7, 24))}
+
+
+@pytest.fixture
+def default_plan(monkeypatch):
+    """The plan of TILE_CHOICES' first bounds alone, for the tests of what that plan takes (clusters, trips): the
+    plan a layer's timing keeps may be another."""
+    monkeypatch.setattr(ops_batchnorm, "FORCED_TILES", ops_batchnorm.TILE_CHOICES[0])
 
 
 def _engine_and_numpy(case: str, precision: str, batch: int, shape: tuple, offset: float = 0.5):
@@ -86,6 +93,7 @@ def test_engine_batchnorm_gives_the_same_bits_every_run(precision, monkeypatch):
             np.testing.assert_array_equal(other[key], value, err_msg=key)
 
 
+@pytest.mark.usefixtures("default_plan")
 @pytest.mark.parametrize("case", ["add-relu", "relu"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_trips_kept_in_registers_change_no_bit(precision, case, monkeypatch):
@@ -117,6 +125,7 @@ def _clusters(layer) -> tuple[int, int]:
 
 
 @needs_clusters
+@pytest.mark.usefixtures("default_plan")
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("case", ["add-relu", "relu6", "plain"])
 @pytest.mark.parametrize("size", CLUSTER_SHAPES)
@@ -134,6 +143,7 @@ def test_cluster_and_ticket_endings_both_match_numpy(size, case, precision, monk
 
 
 @needs_clusters
+@pytest.mark.usefixtures("default_plan")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("size,batch,shape", [(2, 32, (4, 4, 256)), (4, 16, (7, 7, 256))], ids=["two", "four"])
 def test_clusters_of_two_and_four_match_numpy(size, batch, shape, precision):
@@ -143,6 +153,31 @@ def test_clusters_of_two_and_four_match_numpy(size, batch, shape, precision):
     gpu, cpu, layer, _ = _engine_and_numpy("add-relu", precision, batch, shape)
     assert _clusters(layer) == (size, size)
     assert_close(gpu, cpu, BN_TOLERANCE[precision])
+
+
+@needs_clusters
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("bounds", ops_batchnorm.TILE_CHOICES, ids=str)
+@pytest.mark.parametrize("size", ["4x4x256", "1x1x2048", "8x8x64"])
+def test_every_plan_a_layer_may_keep_matches_numpy(size, bounds, precision, monkeypatch):
+    """Each of the plans the first run times (TILE_CHOICES' tile bounds), built alone, against NumPy."""
+    monkeypatch.setattr(ops_batchnorm, "FORCED_TILES", bounds)
+    batch, shape = SHAPES[size]
+    gpu, cpu, layer, _ = _engine_and_numpy("add-relu", precision, batch, shape)
+    assert len(layer._fwd_graph._timed.plans) == len(layer._bwd_graph._timed.plans) == 1
+    assert_close(gpu, cpu, BN_TOLERANCE[precision])
+
+
+def test_a_layer_times_its_plans_keeps_one_and_updates_its_statistics_once(monkeypatch):
+    """The timing launches the forward many times; the running statistics are put back before the step's own run
+    (run_layer compares them with NumPy's after one step)."""
+    choices = autotune.PlanChoices()   # nothing chosen yet: this layer times its plans
+    monkeypatch.setattr(autotune, "PLAN_CHOICES", choices)
+    gpu, cpu, layer, _ = _engine_and_numpy("add-relu", "bf16", 128, (4, 4, 256))
+    for graph, direction in ((layer._fwd_graph, "forward"), (layer._bwd_graph, "backward")):
+        assert len(graph._timed.plans) > 1 and graph._timed.ways.chosen in graph._timed.plans
+        assert any(key.startswith(f"('bn_{direction}_choice'") for key in choices.tuned), choices.tuned
+    assert_close(gpu, cpu, BN_TOLERANCE["bf16"])
 
 
 @needs_clusters

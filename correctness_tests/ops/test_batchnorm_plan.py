@@ -3,12 +3,14 @@ sm_90 a cluster) where their threads keep all their rows in registers, else the 
 132 SMs (an H100 SXM's or an H200's) with the compute capability the test gives."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from gpuengine.ops import batchnorm as ops_batchnorm, reductions
-from gpuengine.ops.batchnorm import plan_tiles
+from gpuengine.ops import autotune, batchnorm as ops_batchnorm, reductions
+from gpuengine.ops.batchnorm import _Timed, plan_tiles, tile_sums
 from gpuengine.runtime.backend import Backend
 
 SMS = 132
@@ -119,3 +121,72 @@ def test_a_widest_tile_of_eight_packs_reads_whole_lines_of_bf16(gpu):
     # 8x8x256: 32 row lanes of an eight-pack tile would take 32 trips in clusters of 8: the ticket's plan
     assert plan_tiles(gpu, 8192, 32, 8, 8, narrowest=8, widest=8) == (
         reductions.plan_chunks(gpu, 8192, 32, widest_tile=4), 1)
+
+
+# -- the plans a layer's first run times (tile_sums, _Timed) --------------------------------------------------------
+
+class _DeviceArray(SimpleNamespace):
+    """What planning reads of a GPU array: its shape, size, dtype and address (16-byte aligned)."""
+
+    def __init__(self, shape, itemsize: int):
+        size = 1
+        for n in shape:
+            size *= n
+        super().__init__(shape=shape, size=size, itemsize=itemsize, dtype=np.dtype(f"u{itemsize}"),
+                         data=SimpleNamespace(ptr=4096))
+
+
+class _Allocator:
+    def zeros(self, shape, dtype, category):
+        return np.zeros(shape, dtype)
+
+
+def _tile_sums(gpu, monkeypatch, shape, forced=None):
+    monkeypatch.setattr(ops_batchnorm, "max_active_clusters", lambda *args: 1000)   # no ceiling: no device to ask
+    monkeypatch.setattr(ops_batchnorm, "FORCED_TILES", forced)
+    return tile_sums(gpu, _Allocator(), "BatchNormForward", lambda defines: None, {"MASK": 0},
+                     _DeviceArray(shape, 2), None, (), ops_batchnorm.FORWARD_CACHE_BYTES)
+
+
+@pytest.mark.parametrize("shape", [(128, 4, 4, 512), (128, 8, 8, 256), (128, 1, 1, 2048), (128, 16, 16, 64)])
+def test_the_plans_timed_are_the_distinct_ones_today_s_first(gpu, monkeypatch, shape):
+    plans = _tile_sums(gpu, monkeypatch, shape)
+    names = [plan.name for plan in plans]
+    assert len(set(names)) == len(names) >= 1
+    rows, packs = shape[0] * shape[1] * shape[2], shape[3] // 8
+    assert plans[0].plan == plan_tiles(gpu, rows, packs, 8, 8)[0]   # one-pack tiles at the narrowest: the default
+    assert [plan.plan.tile_cols for plan in plans] == sorted(plan.plan.tile_cols for plan in plans)
+    assert len({id(plan.scratch) for plan in plans}) == 1 and len({id(plan.partials) for plan in plans}) == len(plans)
+
+
+def test_forced_tiles_build_one_plan(gpu, monkeypatch):
+    plans = _tile_sums(gpu, monkeypatch, (128, 4, 4, 512), forced=(8, 8))
+    assert [plan.plan.tile_cols for plan in plans] == [8]
+
+
+def test_the_timed_choice_puts_back_what_the_kernels_update_in_place(monkeypatch):
+    """The timing launches the forward many times, each moving the running statistics: only the run after the choice
+    may count."""
+    stats, launched = np.zeros(3), []
+
+    class Plan(SimpleNamespace):
+        def launch(self, args):
+            launched.append(self.name)
+            args[0][...] += 1
+
+    def tune(xp, stream, key, ways, names=None):
+        for run in ways.values():
+            run()
+        return "wide", {}
+
+    monkeypatch.setattr(autotune, "tune", tune)
+    monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices())
+    backend = SimpleNamespace(stream=SimpleNamespace(is_capturing=lambda: False), xp=None, activate=nullcontext)
+    timed = _Timed(backend, "forward", [Plan(name="narrow"), Plan(name="wide")], lambda plan: (stats,),
+                   np.zeros((2, 3)), {"MASK": 0}, kept=(stats,))
+    assert timed.sums.name == "narrow"   # before the first run: today's plan
+    timed.run()
+    assert timed.sums.name == "wide" and launched[-1] == "wide" and len(launched) > 2
+    assert stats.tolist() == [1, 1, 1]
+    timed.run()
+    assert stats.tolist() == [2, 2, 2] and launched[-1] == "wide"

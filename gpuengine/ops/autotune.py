@@ -255,10 +255,11 @@ class FasterOf:
 
     def run(self):
         if self.chosen is None:
-            self._choose()
+            self.choose()
         self.ways[self.chosen]()
 
-    def _choose(self):
+    def choose(self):
+        """Keep a way now (a preset, or the fastest timed on the live buffers) without running it after."""
         preset = PLAN_CHOICES.chosen_for(self.key)
         if preset in self.ways:
             self.chosen = preset

@@ -4,9 +4,12 @@ This module plans their grid and launches them; batchnorm_kernels.py holds their
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..runtime.kernels import compute_capability, get_kernel, max_active_clusters, multiprocessor_count, vector_width
+from . import autotune
 from .batchnorm_kernels import SOURCE
 from .reductions import ChunkPlan, plan_chunks
 
@@ -17,9 +20,14 @@ _TILE_CHANNELS = 32
 # (sm_90); () leaves every map to the ticket's plan.
 ON_CHIP_CHUNKS = (1, 2, 4, 8)
 _BLOCKS_PER_SM = 2    # __launch_bounds__(256, 2)
-# The narrowest and widest tiles an on-chip plan may take, in packs (None: 32 channels): one bf16 pack, 16 bytes of
-# a row, leaves half of each 32-byte sector its warps read to another tile's blocks. scripts/bn_layers.py times them.
-NARROWEST_TILE, WIDEST_TILE = 1, None
+# The (narrowest, widest) tiles, in packs (widest None: 32 channels), of the plans a layer's first run times
+# (autotune.FasterOf on its live buffers): which wins moves with the map, the direction and the dtype, and no rule of
+# trips and blocks foretold it (ResNet-50 CIFAR on an H200, bf16: the best per layer 947 us against 1,060 for today's
+# plan everywhere, log nvidia-h200/logs/20261130_1038_*). The first, today's, is kept where they are too close to tell.
+TILE_CHOICES = ((1, None), (2, None), (4, None), (4, 8), (8, 8))
+# scripts/bn_layers.py's override: (narrowest, widest) packs of the one plan to build (widest None: 32 channels);
+# None times TILE_CHOICES.
+FORCED_TILES = None
 # Bytes of each thread's registers that keep its first trips' packs between the passes (CACHE trips of two packs
 # each: x and the residual forward, x and dz backward, whose sums keep more registers live across the tile's wait).
 FORWARD_CACHE_BYTES, BACKWARD_CACHE_BYTES = 128, 64
@@ -71,21 +79,22 @@ def plan_tiles(backend, rows: int, packs: int, vec: int, cache: int,
 class _Sums:
     """What both directions share: the grid of their column sums over x (rows x packs of VEC channels), its
     workspace and each tile's generation (tile_barrier), the kernel's defines and the kernel `build` compiles of
-    them, fixed at build so that a step only launches."""
+    them, fixed at build so that a step only launches. `narrowest`, `widest`: plan_tiles' bounds of a tile.
+    `allocate` gives it its workspace (tile_sums plans every bound first, then allocates the distinct plans)."""
 
-    def __init__(self, backend, allocator, who: str, build, defines: dict, x, mask, arrays: tuple,
-                 cache_bytes: int, dy_parts: int = 1):
+    def __init__(self, backend, who: str, build, defines: dict, x, mask, arrays: tuple, cache_bytes: int,
+                 dy_parts: int = 1, narrowest: int = 1, widest: int | None = None):
         if bool(defines["MASK"]) != (mask is not None):
             raise ValueError(f"{who}: MASK={defines['MASK']} but mask is {'given' if mask is not None else None}")
-        channels = x.shape[-1]
-        vec = pack_width(channels, x, *(a for a in arrays if a is not None))
+        self.channels = x.shape[-1]
+        self.vec = vec = pack_width(self.channels, x, *(a for a in arrays if a is not None))
         cache = cache_trips(vec, x.dtype.itemsize, cache_bytes)
-        self.rows = x.size // channels   # M = N*H*W, the batch statistics' count
+        self.rows = x.size // self.channels   # M = N*H*W, the batch statistics' count
         self.sums = 2 * vec   # a thread's sums: two per channel of its pack
         most_clusters = {}
         while True:   # a cluster size whose grid would run in waves is planned again under its kernel's ceiling
-            self.plan, cluster = plan_tiles(backend, self.rows, channels // vec, vec, cache, most_clusters,
-                                            NARROWEST_TILE, WIDEST_TILE)
+            self.plan, cluster = plan_tiles(backend, self.rows, self.channels // vec, vec, cache, most_clusters,
+                                            narrowest, widest)
             self.defines = {**defines, "VEC": vec, "CACHE": cache, "DY_PARTS": dy_parts, "CLUSTER": cluster}
             self.kernel = build(self.defines)
             if cluster == 1:
@@ -95,9 +104,18 @@ class _Sums:
             if self.plan.tiles <= most:
                 break
             most_clusters[cluster] = most
-        self.partials, self.counters = self.plan.workspace(allocator, channels // vec, sums=self.sums)
+
+    @property
+    def name(self) -> str:
+        """The plan as a way's name: a tile's packs, the row chunks and the cluster size (1: the ticket's ending)."""
+        return f"tile_packs={self.plan.tile_cols},chunks={self.plan.chunks},cluster={self.defines['CLUSTER']}"
+
+    def allocate(self, allocator, scratch):
+        """This plan's partials, ticket counters and tile generations; `scratch`: the tiles' finished sums, which
+        a launch writes before it reads them (one buffer serves every plan of a layer)."""
+        self.partials, self.counters = self.plan.workspace(allocator, self.channels // self.vec, sums=self.sums)
         self.generations = allocator.zeros((self.plan.tiles,), np.uint32, "workspace")
-        self.scratch = allocator.zeros((2 * channels,), np.float32, "workspace")   # the tiles' finished sums
+        self.scratch = scratch
 
     def tail(self) -> tuple:
         """The kernels' last arguments but their own: workspace, generations, rows, chunk rows, tile width."""
@@ -107,6 +125,48 @@ class _Sums:
         self.plan.launch(self.kernel, args, sums=self.sums)
 
 
+def tile_sums(backend, allocator, who: str, build, defines: dict, x, mask, arrays: tuple, cache_bytes: int,
+              dy_parts: int = 1) -> list[_Sums]:
+    """The distinct plans of TILE_CHOICES' tile bounds (or of FORCED_TILES alone), in that order, each with its
+    workspace."""
+    bounds = [FORCED_TILES] if FORCED_TILES is not None else TILE_CHOICES
+    found: dict[str, _Sums] = {}
+    for narrowest, widest in bounds:
+        sums = _Sums(backend, who, build, defines, x, mask, arrays, cache_bytes, dy_parts, narrowest, widest)
+        found.setdefault(sums.name, sums)
+    scratch = allocator.zeros((2 * x.shape[-1],), np.float32, "workspace")
+    for sums in found.values():
+        sums.allocate(allocator, scratch)
+    return list(found.values())
+
+
+class _Timed:
+    """A direction's plans as the ways of one autotune.FasterOf, keyed by the layer's shape and defines: the first
+    run times them on the live buffers (or takes a kept choice) and every run launches the one kept. `kept`: buffers
+    the kernel updates in place (the running statistics), put back after the timing's many launches."""
+
+    def __init__(self, backend, direction: str, plans: list[_Sums], args, x, defines: dict, kept: tuple = ()):
+        self.plans = {plan.name: plan for plan in plans}
+        key = (f"bn_{direction}_choice", tuple(x.shape), tuple(sorted(defines.items())))
+        self.ways = autotune.FasterOf(backend, key, {name: functools.partial(plan.launch, args(plan))
+                                                     for name, plan in self.plans.items()})
+        self.backend, self.kept = backend, kept
+
+    @property
+    def sums(self) -> _Sums:
+        """The plan kept (before the first run: the first plan, today's default)."""
+        return self.plans[self.ways.chosen or next(iter(self.plans))]
+
+    def run(self):
+        if self.ways.chosen is None:
+            with self.backend.activate():   # on the kernels' stream, in their order
+                saved = [buffer.copy() for buffer in self.kept]
+                self.ways.choose()
+                for buffer, value in zip(self.kept, saved):
+                    buffer[...] = value
+        self.ways.run()
+
+
 class BatchNormForward:
     """BN training forward [+ residual] [+ activation] into y in one launch; `run()` like a bound cuDNN graph.
 
@@ -114,15 +174,23 @@ class BatchNormForward:
 
     def __init__(self, backend, allocator, defines: dict, x, gamma, beta, running_mean, running_var, y, saved_mean,
                  saved_inv_std, epsilon: float, momentum: float, residual=None, mask=None):
-        self.sums = sums = _Sums(backend, allocator, "BatchNormForward",
-                                 lambda given: get_kernel(SOURCE, "bn_forward", **given), defines, x, mask,
-                                 (y, residual), FORWARD_CACHE_BYTES)
-        self._args = (x, gamma, beta, running_mean, running_var, saved_mean, saved_inv_std, sums.scratch,
-                      x if residual is None else residual, y, y if mask is None else mask, *sums.tail(),
-                      np.float32(epsilon), np.float32(momentum))
+        plans = tile_sums(backend, allocator, "BatchNormForward",
+                          lambda given: get_kernel(SOURCE, "bn_forward", **given), defines, x, mask, (y, residual),
+                          FORWARD_CACHE_BYTES)
+
+        def args(sums):
+            return (x, gamma, beta, running_mean, running_var, saved_mean, saved_inv_std, sums.scratch,
+                    x if residual is None else residual, y, y if mask is None else mask, *sums.tail(),
+                    np.float32(epsilon), np.float32(momentum))
+
+        self._timed = _Timed(backend, "forward", plans, args, x, defines, kept=(running_mean, running_var))
+
+    @property
+    def sums(self) -> _Sums:
+        return self._timed.sums
 
     def run(self):
-        self.sums.launch(self._args)
+        self._timed.run()
 
 
 class BatchNormBackward:
@@ -133,12 +201,21 @@ class BatchNormBackward:
 
     def __init__(self, backend, allocator, defines: dict, dy, x, y, gamma, saved_mean, saved_inv_std, dx, dgamma,
                  dbeta, mask=None, dz=None, dy2=None):
-        self.sums = sums = _Sums(backend, allocator, "BatchNormBackward",
-                                 lambda given: get_kernel(SOURCE, "bn_backward", **given), defines, x, mask,
-                                 (dy, dy2, y, dx, dz), BACKWARD_CACHE_BYTES, dy_parts=1 if dy2 is None else 2)
-        self._args = (dy, dy if dy2 is None else dy2, x, y, y if mask is None else mask, gamma, saved_mean,
-                      saved_inv_std, dgamma, dbeta, sums.scratch, dy if dz is None else dz, np.int32(dz is not None),
-                      x if dx is None else dx, np.int32(dx is not None), *sums.tail())
+        plans = tile_sums(backend, allocator, "BatchNormBackward",
+                          lambda given: get_kernel(SOURCE, "bn_backward", **given), defines, x, mask,
+                          (dy, dy2, y, dx, dz), BACKWARD_CACHE_BYTES, dy_parts=1 if dy2 is None else 2)
+
+        def args(sums):
+            return (dy, dy if dy2 is None else dy2, x, y, y if mask is None else mask, gamma, saved_mean,
+                    saved_inv_std, dgamma, dbeta, sums.scratch, dy if dz is None else dz, np.int32(dz is not None),
+                    x if dx is None else dx, np.int32(dx is not None), *sums.tail())
+
+        writes = dict(DY_PARTS=1 if dy2 is None else 2, WRITES_DX=int(dx is not None), WRITES_DZ=int(dz is not None))
+        self._timed = _Timed(backend, "backward", plans, args, x, {**defines, **writes})
+
+    @property
+    def sums(self) -> _Sums:
+        return self._timed.sums
 
     def run(self):
-        self.sums.launch(self._args)
+        self._timed.run()
