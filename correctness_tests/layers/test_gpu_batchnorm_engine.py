@@ -168,6 +168,7 @@ def test_every_plan_a_layer_may_keep_matches_numpy(size, bounds, precision, monk
     assert_close(gpu, cpu, BN_TOLERANCE[precision])
 
 
+@needs_clusters
 def test_a_layer_times_its_plans_keeps_one_and_updates_its_statistics_once(monkeypatch):
     """The timing launches the forward many times; the running statistics are put back before the step's own run
     (run_layer compares them with NumPy's after one step)."""
