@@ -12,6 +12,7 @@ from gpuengine.gate.report import build_report, load_store
 from gpuengine.gate.report.glance import headline_speedups, strongest_reference, tier_glance
 from gpuengine.gate.report.html import FOLD_ROWS
 from gpuengine.gate.report.sections import STRONGER, summary_rows, summary_table, timed_workloads
+from gpuengine.gate.report.tables import BASELINE_ROW
 from gpuengine.bench.thresholds import CLAIM, ThresholdRule
 
 from .test_report import NEEDS_MATPLOTLIB, STORE
@@ -64,14 +65,17 @@ def test_the_headline_figure_draws_those_bars_coloured_by_reference(quick_after_
 
 
 def test_the_committed_headline_figure_reads_what_the_summary_table_reads(store):
-    """Wherever the summary table shows a speed-up over torch_graph_best (its ↳ row included), the headline figure
-    draws that one, not the kinder torch_graph of a newer quick run."""
+    """Wherever the summary table shows a speed-up over torch_graph_best (its newest-beside row included), the
+    headline figure draws that one, not the kinder torch_graph of a newer quick run; under a failed run the table
+    also shows the baseline in force, which the figure does not draw."""
     for tier in (t for t in store.tiers if t.on_gpu):
         table = summary_table(tier)
         best_column = table.columns.index(f"vs {STRONGER}")
         found = {s.case: s for s in headline_speedups(tier)}
         label = None
         for row in table.rows:
+            if row[0].text == BASELINE_ROW:
+                continue
             label = row[0].text if not row[0].text.startswith("↳") else label
             case = f"{label} · {row[1].text}"
             value = row[best_column].text
