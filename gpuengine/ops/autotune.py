@@ -39,6 +39,7 @@ import math
 import re
 import statistics
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 TARGET_REPLAY_MS = 0.2   # long beside a replay's own start-up (a few us) and the events' 0.5 us resolution
@@ -242,11 +243,12 @@ class FasterOf:
 
     `key` names the choice in PLAN_CHOICES: a preset there is taken without timing, and a choice made here is
     recorded, so the gate runs the same kernels from run to run as it runs the same cuDNN plans. The ways'
-    order is their preference where timings are too close to tell (`choose`).
+    order is their preference where timings are too close to tell (`choose`). `restores`: buffers the ways
+    update in place (running statistics), put back after the timing's many launches.
     """
 
-    def __init__(self, backend, key: tuple, ways: dict):
-        self.backend, self.key = backend, key
+    def __init__(self, backend, key: tuple, ways: dict, restores: tuple = ()):
+        self.backend, self.key, self.restores = backend, key, restores
         self.ways = {name: run for name, run in ways.items() if run is not None}
         if not self.ways:
             raise ValueError(f"{key}: no way to run it")
@@ -265,6 +267,10 @@ class FasterOf:
             self.chosen = preset
             return
         refuse_capture(self.backend.stream, str(self.key[0]))
-        for run in self.ways.values():
-            run()   # first runs: cuDNN autotunes its plan, kernels load
-        self.chosen, self.timings = tune(self.backend.xp, self.backend.stream, self.key, self.ways)
+        with self.backend.activate() if self.restores else nullcontext():   # copies on the ways' stream, in order
+            saved = [buffer.copy() for buffer in self.restores]
+            for run in self.ways.values():
+                run()   # first runs: cuDNN autotunes its plan, kernels load
+            self.chosen, self.timings = tune(self.backend.xp, self.backend.stream, self.key, self.ways)
+            for buffer, value in zip(self.restores, saved):
+                buffer[...] = value

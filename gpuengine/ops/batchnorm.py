@@ -143,31 +143,35 @@ def tile_sums(backend, allocator, who: str, build, defines: dict, x, mask, array
 class _Timed:
     """A direction's plans as the ways of one autotune.FasterOf, keyed by the layer's shape and defines: the first
     run times them on the live buffers (or takes a kept choice) and every run launches the one kept. `kept`: buffers
-    the kernel updates in place (the running statistics), put back after the timing's many launches."""
+    the kernel updates in place (the running statistics), which the timing puts back."""
 
     def __init__(self, backend, direction: str, plans: list[_Sums], args, x, defines: dict, kept: tuple = ()):
         self.plans = {plan.name: plan for plan in plans}
         key = (f"bn_{direction}_choice", tuple(x.shape), tuple(sorted(defines.items())))
         self.ways = autotune.FasterOf(backend, key, {name: functools.partial(plan.launch, args(plan))
-                                                     for name, plan in self.plans.items()})
-        self.backend, self.kept = backend, kept
+                                                     for name, plan in self.plans.items()}, restores=kept)
+        self.run = self.ways.run
 
     @property
     def sums(self) -> _Sums:
         """The plan kept (before the first run: the first plan, today's default)."""
         return self.plans[self.ways.chosen or next(iter(self.plans))]
 
+
+class _OneLaunch:
+    """A direction launched as its kept plan (`_timed`); `run()` like a bound cuDNN graph."""
+
+    _timed: _Timed
+
+    @property
+    def sums(self) -> _Sums:
+        return self._timed.sums
+
     def run(self):
-        if self.ways.chosen is None:
-            with self.backend.activate():   # on the kernels' stream, in their order
-                saved = [buffer.copy() for buffer in self.kept]
-                self.ways.choose()
-                for buffer, value in zip(self.kept, saved):
-                    buffer[...] = value
-        self.ways.run()
+        self._timed.run()
 
 
-class BatchNormForward:
+class BatchNormForward(_OneLaunch):
     """BN training forward [+ residual] [+ activation] into y in one launch; `run()` like a bound cuDNN graph.
 
     `mask` (with an activation): a uint8 buffer of mask_shape(x.shape) that gets its gradient's bits."""
@@ -185,15 +189,8 @@ class BatchNormForward:
 
         self._timed = _Timed(backend, "forward", plans, args, x, defines, kept=(running_mean, running_var))
 
-    @property
-    def sums(self) -> _Sums:
-        return self._timed.sums
 
-    def run(self):
-        self._timed.run()
-
-
-class BatchNormBackward:
+class BatchNormBackward(_OneLaunch):
     """[dz = act'(dy)] -> BN backward into dx, dgamma, dbeta in one launch; `run()`.
 
     The activation's gradient comes from `mask` (MASK) or from the forward's output `y`; `dz` given: written;
@@ -212,10 +209,3 @@ class BatchNormBackward:
 
         writes = dict(DY_PARTS=1 if dy2 is None else 2, WRITES_DX=int(dx is not None), WRITES_DZ=int(dz is not None))
         self._timed = _Timed(backend, "backward", plans, args, x, {**defines, **writes})
-
-    @property
-    def sums(self) -> _Sums:
-        return self._timed.sums
-
-    def run(self):
-        self._timed.run()
