@@ -15,6 +15,7 @@ from gpuengine.layers.activations import Activation
 from gpuengine.losses import MSELoss
 from gpuengine.losses.fused_head import TanhLinearMSEHead
 from gpuengine.model.network import Sequential
+from gpuengine.model.program import TrainingProgram
 from gpuengine.model.passes import tanh_linear_mse_head
 from gpuengine.ops.reductions import ColumnSum
 from gpuengine.runtime.backend import Backend
@@ -23,7 +24,7 @@ from gpuengine.runtime.params import ParamSpec
 from gpuengine.workloads.mlp import MLPShape, build_mlp
 
 from ..gradient_check import assert_not_trivial, check_backward, directional_check, random_weights
-from ..layer_harness import run_layer, run_loss, run_network
+from ..layer_harness import _step_state, make_context, run_layer, run_loss, run_network
 
 BATCH, WIDTH = 11, 7
 
@@ -135,6 +136,21 @@ def test_fused_head_bias_gradient_of_the_layer_below_is_the_row_sum_of_dz():
     np.testing.assert_allclose(result["grad:d1.bias"], result["dy"].sum(axis=0), rtol=1e-12, atol=1e-15)
 
 
+def test_fused_head_transposed_hands_on_the_same_gradients_batch_innermost():
+    hidden = 9
+    z, t = inputs(15, (BATCH, hidden)), inputs(16, (BATCH, 1))
+    specs = head_specs(hidden)
+    weights = random_weights(specs, np.random.default_rng(17))
+    ctx = make_context("cpu", "fp64", BATCH, specs, weights)
+    head = TanhLinearMSEHead("d2", "d1", transposed=True)
+    dz = head.build(ctx, z.copy(), t.astype(np.float32), _step_state(ctx))
+    assert dz.shape == z.shape and dz.strides == (8, 8 * BATCH)   # a (B, H) view of an (H, B) buffer
+    head.forward_backward()
+    plain = run_loss(TanhLinearMSEHead("d2", "d1"), z, t, specs=specs, weights=weights)
+    np.testing.assert_array_equal(dz, plain["dy"])
+    np.testing.assert_array_equal(ctx.params.grads_dict()["d1.bias"], plain["grad:d1.bias"])
+
+
 # -- reductions ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("rows", [1, 63, 64, 130])
@@ -177,6 +193,17 @@ def test_mlp_fused_and_unfused_give_the_same_loss_and_gradients():
     assert fused.keys() == unfused.keys()
     for key in fused:
         np.testing.assert_allclose(fused[key], unfused[key], rtol=1e-12, atol=1e-15, err_msg=key)
+
+
+def test_mlp_in_tf32_takes_its_weight_gradient_batch_innermost_and_agrees_with_fp32():
+    net, x, t, weights = mlp_case(2)
+    ctx = make_context("cpu", "tf32", BATCH, net.param_specs(), weights)
+    program = TrainingProgram(net, ctx, x.astype(np.float32), t.astype(np.float32), _step_state(ctx))
+    assert program.loss.transposed and program.layers[net.nodes[0].name].batch_major_grads
+    tf32, fp32 = (run_network(net, x, t, weights=weights, precision=p) for p in ("tf32", "fp32"))
+    assert tf32.keys() == fp32.keys()
+    for key in fp32:
+        np.testing.assert_allclose(tf32[key], fp32[key], rtol=1e-6, atol=1e-9, err_msg=key)
 
 
 def test_relu_network_with_several_outputs():

@@ -25,7 +25,7 @@ from gpuengine.layers import (AdaptiveAveragePool2D, BatchNorm2D, Conv2D, MaxPoo
 from gpuengine.losses import cross_entropy, fused_head, mse as losses, token_cross_entropy
 from gpuengine.model.network import INPUT
 from gpuengine.ops import (batchnorm as ops_batchnorm, conv_pool, cudnn_attention, depthwise, direct_wgrad,
-                           partial_sums, reductions, widen)
+                           partial_sums, reductions, transpose, widen)
 from gpuengine.runtime import step_state
 from gpuengine.runtime.kernels import ctype, define_items
 from gpuengine.runtime.precision import policy_for
@@ -78,6 +78,7 @@ _ELEMENT_KERNELS = [
     (cross_entropy, ("softmax_xent", "softmax_xent_wide")),
     (losses, ("mse",)),
     (token_cross_entropy, ("count_tokens", "token_xent")),
+    (transpose, ("transpose",)),
 ]
 
 
@@ -87,6 +88,8 @@ def _shape_free_cases():
         for module, kernels in _ELEMENT_KERNELS:
             for kernel in kernels:
                 yield _case(module, kernel, where, ELEM_T=elem)
+        yield _case(fused_head, "head_columns", f"{where}, dz written transposed", ELEM_T=elem, DZ_T=1,
+                    CHUNK_ROWS=fused_head.ROWS_PER_CHUNK, COLUMNS=fused_head._COLUMN_THREADS)
         for width in (w for w in (1, 2, 4, 8) if w * dtype.itemsize <= 16):   # up to 16 bytes a thread
             for kind, text in activations.SOURCES.items():
                 for kernel in ("forward", "backward"):

@@ -5,12 +5,16 @@ two GEMMs (dW = dy^T x, dx = dy W; dx only where the layer below needs it) and
 db as a column sum (bias_grad auto or sum), or in the dW GEMM's epilogue
 (bias_grad=epilogue, slower on the CNN's head in bf16), unless a
 fused consumer already produced db (see `fused_head.py`), in which case
-`bias_grad_fused` skips it.
+`bias_grad_fused` skips it. With `batch_major_grads` (a program sets it where
+dy arrives batch-innermost, the TF32 fused head's) the forward pass also copies
+x batch-innermost, just after the gather wrote it, so that dW's GEMM reads
+both operands K-major (ops/transpose.py says why).
 """
 from __future__ import annotations
 
 from .. import checks
 from ..ops.gemm import Gemm, weight_gradients
+from ..ops.transpose import Transpose
 from ..runtime.params import ParamSpec
 from .base import BuildContext, Layer
 
@@ -18,7 +22,8 @@ from .base import BuildContext, Layer
 class Dense(Layer):
     bias_grad_fused = False   # set by a fusion that computes db itself
     relu_epilogue = False     # set by a program whose ReLU after this layer runs in the GEMM's epilogue
-    wiring = ("bias_grad_fused", "relu_epilogue")
+    batch_major_grads = False   # set by a program that hands this layer a batch-innermost dy and no dx to make
+    wiring = ("bias_grad_fused", "relu_epilogue", "batch_major_grads")
 
     def __init__(self, units: int, name: str = ""):
         self.units = checks.whole("Dense units", units)
@@ -48,14 +53,22 @@ class Dense(Layer):
         self.out = ctx.allocator.zeros((ctx.batch, self.units), ctx.policy.compute_dtype, "activations")
         self._forward = Gemm(ctx.backend, ctx.policy, self.out, x, self.weight.T, bias, ctx.allocator,
                              relu=self.relu_epilogue)
-        self._grad_w = self._grad_b = self._grad_x = None   # an inference program builds no backward
+        self._grad_w = self._grad_b = self._grad_x = self._x_batch_major = None   # inference builds no backward
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         grad_w = ctx.params.grad_view(f"{self.name}.weight")
         grad_b = None if self.bias_grad_fused else ctx.params.grad_view(f"{self.name}.bias")
+        x = self.x
+        if self.batch_major_grads:
+            if needs_input_grad or dy.strides[0] != dy.itemsize:
+                raise ValueError(f"{self.name}: batch_major_grads takes a batch-innermost dy and makes no dx; got dy "
+                                 f"strides {dy.strides}, needs_input_grad={needs_input_grad}")
+            x_t = ctx.allocator.zeros(self.x.shape[::-1], self.x.dtype, "activations")
+            self._x_batch_major = Transpose(ctx.backend, self.x, x_t)
+            x = x_t.T
         self._grad_w, self._grad_b = weight_gradients(ctx.backend, ctx.policy, ctx.allocator, grad_w, grad_b, dy,
-                                                      self.x, ctx.bias_grad_in_epilogue(token_major=False), ctx.sums)
+                                                      x, ctx.bias_grad_in_epilogue(token_major=False), ctx.sums)
         if needs_input_grad:
             dx = ctx.allocator.zeros(self.x.shape, ctx.policy.compute_dtype, "activations")
             self._grad_x = Gemm(ctx.backend, ctx.policy, dx, dy, self.weight, allocator=ctx.allocator)
@@ -63,6 +76,8 @@ class Dense(Layer):
         return None
 
     def forward(self):
+        if self._x_batch_major is not None:
+            self._x_batch_major.run()
         self._forward.run()
 
     def release(self):

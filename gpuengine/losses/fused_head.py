@@ -8,8 +8,9 @@ loss gradient d = 2 (y - t) / B; pass 2 (a thread per column) reads z again
 and writes dz = d w2 (1 - h^2), summing dW2 = sum d h and the previous dense
 layer's bias gradient db1 = sum dz per chunk of rows. A third tiny kernel adds
 the chunks (no atomics: the same result every run) and books the loss. dz is
-written over z, which nothing needs afterwards: one (B, H) buffer, not two.
-Inference uses pass 1 alone. `model/passes.py` decides when the pattern applies.
+written over z, which nothing needs afterwards: one (B, H) buffer, not two;
+or, where the program asks (TF32), transposed into a buffer of its own, for
+the Dense below to read K-major. Inference uses pass 1 alone. `model/passes.py` decides when the pattern applies.
 """
 from __future__ import annotations
 
@@ -48,26 +49,50 @@ extern "C" __global__ void head_rows(const ELEM_T* z, const float* w2, const flo
 }
 
 // Pass 2, one thread per column over a chunk of rows: dz = d w2 (1 - h^2), and the
-// chunk's column sums of dz (db1) and d h (dW2). Coalesced along the row.
+// chunk's column sums of dz (db1) and d h (dW2). Coalesced along the row. DZ_T: dz is
+// written transposed, (hidden, rows): the chunk's values meet in a shared tile and each
+// warp writes whole runs of a column's rows.
+#ifndef DZ_T
+#define DZ_T 0
+#endif
 extern "C" __global__ void head_columns(const ELEM_T* z, ELEM_T* dz, const float* d, const float* w2,
                                         float* partials, int rows, int hidden, int rows_per_chunk) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= hidden) return;
+    const bool live = c < hidden;   // every thread reaches the tile's barrier
     const int chunk = blockIdx.y;
-    const float wc = w2[c];
+    const float wc = live ? w2[c] : 0.f;
     const long long first = (long long)chunk * rows_per_chunk;
     const long long last = min((long long)rows, first + rows_per_chunk);
     float sum_dz = 0.f, sum_dw = 0.f;
-    #pragma unroll 8
-    for (long long r = first; r < last; ++r) {
-        const long long i = r * hidden + c;
-        const float h = tanhf(load_f(z, i));
-        const float dr = d[r];
-        const float g = dr * wc * (1.f - h * h);
-        store_f(dz, i, g);
-        sum_dz += g;
-        sum_dw += dr * h;
+#if DZ_T
+    __shared__ float tile[CHUNK_ROWS][COLUMNS + 1];
+#endif
+    if (live) {
+        #pragma unroll 8
+        for (long long r = first; r < last; ++r) {
+            const long long i = r * hidden + c;
+            const float h = tanhf(load_f(z, i));
+            const float dr = d[r];
+            const float g = dr * wc * (1.f - h * h);
+#if DZ_T
+            tile[r - first][threadIdx.x] = g;
+#else
+            store_f(dz, i, g);
+#endif
+            sum_dz += g;
+            sum_dw += dr * h;
+        }
     }
+#if DZ_T
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = (int)(last - first);
+    for (int j = 0; j < 32; ++j) {
+        const int col = blockIdx.x * COLUMNS + warp * 32 + j;
+        if (col >= hidden) break;
+        for (int k = lane; k < n; k += 32) store_f(dz, (long long)col * rows + first + k, tile[k][warp * 32 + j]);
+    }
+#endif
+    if (!live) return;
     partials[(long long)chunk * 2 * hidden + c] = sum_dz;
     partials[(long long)chunk * 2 * hidden + hidden + c] = sum_dw;
 }
@@ -119,13 +144,17 @@ def fits(hidden: int) -> bool:
 
 
 class TanhLinearMSEHead:
-    """The fused tail of a dense regressor: z (B, H) -> loss, dz, dW2, db2 and db1."""
+    """The fused tail of a dense regressor: z (B, H) -> loss, dz, dW2, db2 and db1.
+
+    `transposed`: dz is stored (H, B), the batch innermost, in a buffer of its own, and handed on as its (B, H)
+    view: the Dense below then reads it K-major in its weight gradient (ops/transpose.py says why)."""
 
     name = "tanh_linear_mse_head"
 
-    def __init__(self, dense_name: str, prev_dense_name: str):
+    def __init__(self, dense_name: str, prev_dense_name: str, transposed: bool = False):
         self.dense_name = dense_name            # the Dense(H -> 1) this head replaces
         self.prev_dense_name = prev_dense_name  # the Dense whose bias gradient it also produces
+        self.transposed = transposed
 
     def build(self, ctx, z, target, state):
         rows, hidden = z.shape
@@ -141,15 +170,21 @@ class TanhLinearMSEHead:
         self.grad_b2 = p.grad_view(f"{self.dense_name}.bias")
         self.grad_b1 = p.grad_view(f"{self.prev_dense_name}.bias")
         # dz overwrites z: pass 2 reads each element (tanh) before the same thread writes it, pass 1 has
-        # finished by then, and nothing after the head reads z (the output of the Dense before it).
-        self.dz = z
+        # finished by then, and nothing after the head reads z (the output of the Dense before it). Transposed,
+        # a thread's element of dz is another's of z: a buffer of its own.
+        self._dz_store = ctx.allocator.zeros((hidden, rows), z.dtype, "activations") if self.transposed else z
+        self.dz = self._dz_store.T if self.transposed else z
         self.rows, self.hidden = rows, hidden
         self._grad_scale = np.float32(2.0 / rows)
         self._loss_scale = np.float32(1.0 / rows)
         if self.backend.is_gpu:
             elem = ctype(z.dtype)
             self._rows = get_kernel(_SOURCE, "head_rows", ELEM_T=elem)
-            self._columns = get_kernel(_SOURCE, "head_columns", ELEM_T=elem)
+            if self.transposed:
+                self._columns = get_kernel(_SOURCE, "head_columns", ELEM_T=elem, DZ_T=1, CHUNK_ROWS=ROWS_PER_CHUNK,
+                                           COLUMNS=_COLUMN_THREADS)
+            else:
+                self._columns = get_kernel(_SOURCE, "head_columns", ELEM_T=elem)
             self._reduce = get_kernel(_SOURCE, "head_reduce", ELEM_T=elem)
             self.chunks = -(-rows // ROWS_PER_CHUNK)
             self.d = ctx.allocator.zeros((rows,), np.float32, "workspace")
@@ -166,7 +201,8 @@ class TanhLinearMSEHead:
                    (self.z, self.w2, self.b2, self.target, self.d, self.sq_err, rows, hidden, self._grad_scale,
                     np.int32(1)), shared_mem=4 * self.hidden)
         self._columns((-(-self.hidden // _COLUMN_THREADS), self.chunks), (_COLUMN_THREADS,),
-                      (self.z, self.dz, self.d, self.w2, self.partials, rows, hidden, np.int32(ROWS_PER_CHUNK)))
+                      (self.z, self._dz_store, self.d, self.w2, self.partials, rows, hidden,
+                       np.int32(ROWS_PER_CHUNK)))
         self._reduce((-(-2 * self.hidden // 32) + 1,), (32, 32),
                      (self.partials, self.d, self.sq_err, np.int32(self.chunks), rows, hidden, self.grad_b1,
                       self.grad_w2, self.grad_b2, self._loss_scale) + self.state.kernel_args())

@@ -14,7 +14,9 @@ gradient (ops/conv_pool.py, ops/direct_wgrad.py), on a GPU. A ReLU that
 only reads a Dense or Linear layer runs in that layer's GEMM epilogue, and a
 residual Add that only a LayerNorm reads is summed by that LayerNorm, which
 also sums the last bias gradient of a Linear layer or attention only that Add
-reads; a token embedding adds the positional encoding over it.
+reads; a token embedding adds the positional encoding over it. In TF32
+the fused head writes dz batch-innermost for a Dense over the batch, which
+copies x so too: its weight gradient then reads both K-major (ops/transpose.py).
 `InferenceProgram` wires the forward pass alone. Both allocate everything up
 front, so their calls can be captured in a CUDA graph.
 """
@@ -84,7 +86,11 @@ class TrainingProgram:
         if self.fused:
             head_input = wiring.layers[wiring.tail[0].name]
             head_input.bias_grad_fused = True   # the head computes db of the dense layer feeding it
-            self.loss = TanhLinearMSEHead(wiring.tail[-1].name, head_input.name)
+            # TF32 GEMMs read K-major tiles: the head writes dz and the Dense copies x batch-innermost for dW
+            # (a Dense over the batch itself, which makes no dx to read dz the other way)
+            transposed = ctx.policy.tf32 and tuple(wiring.tail[0].inputs) == (INPUT,)
+            head_input.batch_major_grads = transposed
+            self.loss = TanhLinearMSEHead(wiring.tail[-1].name, head_input.name, transposed=transposed)
         else:
             self.loss = copy.copy(net.loss)   # a loss holds its buffers: one per program
         pooled = pools_over_direct_wgrad(net, self.layers, ctx.backend.is_gpu) if fuse else set()
