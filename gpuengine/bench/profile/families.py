@@ -58,7 +58,7 @@ RULES = (
     ("gemm", r"gemm|gemv|nvjet|splitkreduce|cutlass|cublas|matmul|bmm|xmma|wgmma"),
     ("data", r"gather|index_?select|index_elementwise|indexing_backward|scatter|embed|compute_grad_weight|memcpy"
              r"|memset|direct_copy|cupy_copy|catarraybatchedcopy|randperm|radix|sort|nchwtonhwc|nhwctonchw"
-             r"|permutation"),
+             r"|permutation|^transpose$"),
     ("reduction", r"reduce|reduction|softmax|xent|nll_loss|cross_entropy|^mse$|column_(partials|sum)|row_sums?"
                   r"|^head_(rows|columns|reduce)$|^partial_sums$|book_loss|count_tokens|pool|adaptive_average"
                   r"|^cupy_(sum|max|min|mean|prod|argmax|argmin)"),
