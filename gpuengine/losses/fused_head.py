@@ -10,7 +10,8 @@ layer's bias gradient db1 = sum dz per chunk of rows. A third tiny kernel adds
 the chunks (no atomics: the same result every run) and books the loss. dz is
 written over z, which nothing needs afterwards: one (B, H) buffer, not two;
 or, where the program asks (TF32), transposed into a buffer of its own, for
-the Dense below to read K-major. Inference uses pass 1 alone. `model/passes.py` decides when the pattern applies.
+the Dense below to read K-major (B x H x 4 bytes more). Inference uses pass 1
+alone. `model/passes.py` decides when the pattern applies.
 """
 from __future__ import annotations
 
