@@ -68,13 +68,18 @@ def run_layer(layer, x, dy: np.ndarray, *, device="cpu", precision="fp64", weigh
     return result
 
 
-def run_loss(loss, y: np.ndarray, t: np.ndarray, *, device="cpu", precision="fp64", specs=(), weights=None) -> dict:
-    """A loss (or fused head) on prediction y and target t: its input gradient, loss and grads."""
+def run_loss(loss, y: np.ndarray, t: np.ndarray, *, device="cpu", precision="fp64", specs=(), weights=None,
+             batch_innermost: bool = False) -> dict:
+    """A loss (or fused head) on prediction y and target t: its input gradient, loss and grads (batch_innermost:
+    y handed as the (B, H) view of an (H, B) buffer)."""
     ctx = make_context(device, precision, y.shape[0], list(specs), weights)
     be = ctx.backend
     with be.activate():
         state = _step_state(ctx)
-        y_dev = _stage(ctx, y, ctx.policy.compute_dtype, "activations")
+        if batch_innermost:
+            y_dev = _stage(ctx, np.ascontiguousarray(y.T), ctx.policy.compute_dtype, "activations").T
+        else:
+            y_dev = _stage(ctx, y, ctx.policy.compute_dtype, "activations")
         t_dev = _stage(ctx, t, np.float32, "batch")
         dy = loss.build(ctx, y_dev, t_dev, state)
         loss.forward_backward()

@@ -73,7 +73,7 @@ def compute_dtypes() -> dict[str, np.dtype]:
 # Kernels whose only define is ELEM_T, the compute dtype: (module, kernel names).
 _ELEMENT_KERNELS = [
     (positional, ("add_table",)),
-    (fused_head, ("head_rows", "head_columns", "head_reduce")),
+    (fused_head, ("head_rows", "head_columns", "head_rows_t", "head_columns_t", "head_reduce")),
     (dropout, ("dropout_mask", "dropout_advance")),
     (cross_entropy, ("softmax_xent", "softmax_xent_wide")),
     (losses, ("mse",)),
@@ -88,8 +88,6 @@ def _shape_free_cases():
         for module, kernels in _ELEMENT_KERNELS:
             for kernel in kernels:
                 yield _case(module, kernel, where, ELEM_T=elem)
-        yield _case(fused_head, "head_columns", f"{where}, dz written transposed", ELEM_T=elem, DZ_T=1,
-                    CHUNK_ROWS=fused_head.ROWS_PER_CHUNK, COLUMNS=fused_head._COLUMN_THREADS)
         for width in (w for w in (1, 2, 4, 8) if w * dtype.itemsize <= 16):   # up to 16 bytes a thread
             for kind, text in activations.SOURCES.items():
                 for kernel in ("forward", "backward"):

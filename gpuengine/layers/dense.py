@@ -50,7 +50,10 @@ class Dense(Layer):
         self.x = x
         self.weight = ctx.params.compute_view(f"{self.name}.weight")
         bias = ctx.params.compute_view(f"{self.name}.bias")
-        self.out = ctx.allocator.zeros((ctx.batch, self.units), ctx.policy.compute_dtype, "activations")
+        if self.batch_major_grads:   # stored (units, batch): the fused head reads it so and writes dy so, over it
+            self.out = ctx.allocator.zeros((self.units, ctx.batch), ctx.policy.compute_dtype, "activations").T
+        else:
+            self.out = ctx.allocator.zeros((ctx.batch, self.units), ctx.policy.compute_dtype, "activations")
         self._forward = Gemm(ctx.backend, ctx.policy, self.out, x, self.weight.T, bias, ctx.allocator,
                              relu=self.relu_epilogue)
         self._grad_w = self._grad_b = self._grad_x = self._x_batch_major = None   # inference builds no backward

@@ -8,10 +8,14 @@ loss gradient d = 2 (y - t) / B; pass 2 (a thread per column) reads z again
 and writes dz = d w2 (1 - h^2), summing dW2 = sum d h and the previous dense
 layer's bias gradient db1 = sum dz per chunk of rows. A third tiny kernel adds
 the chunks (no atomics: the same result every run) and books the loss. dz is
-written over z, which nothing needs afterwards: one (B, H) buffer, not two;
-or, where the program asks (TF32), transposed into a buffer of its own, for
-the Dense below to read K-major (B x H x 4 bytes more). Inference uses pass 1
-alone. `model/passes.py` decides when the pattern applies.
+written over z, which nothing needs afterwards: one (B, H) buffer, not two.
+Inference uses pass 1 alone. `model/passes.py` decides when the pattern applies.
+
+z may also come batch-innermost (stored (H, B): the TF32 program's Dense over
+the batch writes it so, layers/dense.py says why). Then pass 1 gives a row to
+a lane, 32 rows to a block whose warps split the columns, and pass 2 a column
+and a chunk of rows to a warp, lanes along the rows: both read along memory,
+and dz lands over z batch-innermost too.
 """
 from __future__ import annotations
 
@@ -50,50 +54,74 @@ extern "C" __global__ void head_rows(const ELEM_T* z, const float* w2, const flo
 }
 
 // Pass 2, one thread per column over a chunk of rows: dz = d w2 (1 - h^2), and the
-// chunk's column sums of dz (db1) and d h (dW2). Coalesced along the row. DZ_T: dz is
-// written transposed, (hidden, rows): the chunk's values meet in a shared tile and each
-// warp writes whole runs of a column's rows.
-#ifndef DZ_T
-#define DZ_T 0
-#endif
+// chunk's column sums of dz (db1) and d h (dW2). Coalesced along the row.
 extern "C" __global__ void head_columns(const ELEM_T* z, ELEM_T* dz, const float* d, const float* w2,
                                         float* partials, int rows, int hidden, int rows_per_chunk) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    const bool live = c < hidden;   // every thread reaches the tile's barrier
+    if (c >= hidden) return;
     const int chunk = blockIdx.y;
-    const float wc = live ? w2[c] : 0.f;
+    const float wc = w2[c];
     const long long first = (long long)chunk * rows_per_chunk;
     const long long last = min((long long)rows, first + rows_per_chunk);
     float sum_dz = 0.f, sum_dw = 0.f;
-#if DZ_T
-    __shared__ float tile[CHUNK_ROWS][COLUMNS + 1];
-#endif
-    if (live) {
-        #pragma unroll 8
-        for (long long r = first; r < last; ++r) {
-            const long long i = r * hidden + c;
-            const float h = tanhf(load_f(z, i));
-            const float dr = d[r];
-            const float g = dr * wc * (1.f - h * h);
-#if DZ_T
-            tile[r - first][threadIdx.x] = g;
-#else
-            store_f(dz, i, g);
-#endif
-            sum_dz += g;
-            sum_dw += dr * h;
-        }
+    #pragma unroll 8
+    for (long long r = first; r < last; ++r) {
+        const long long i = r * hidden + c;
+        const float h = tanhf(load_f(z, i));
+        const float dr = d[r];
+        const float g = dr * wc * (1.f - h * h);
+        store_f(dz, i, g);
+        sum_dz += g;
+        sum_dw += dr * h;
     }
-#if DZ_T
+    partials[(long long)chunk * 2 * hidden + c] = sum_dz;
+    partials[(long long)chunk * 2 * hidden + hidden + c] = sum_dw;
+}
+
+// Pass 1 on batch-innermost z (z[c * rows + r]): a lane per row, the block's 32 warps each over every
+// 32nd column, their dots added in a fixed order. Training only.
+extern "C" __global__ void head_rows_t(const ELEM_T* z, const float* w2, const float* b2, const float* target,
+                                       float* out, float* sq_err, int rows, int hidden, float grad_scale) {
+    __shared__ float dots[32][33];
+    const long long r = (long long)blockIdx.x * 32 + threadIdx.x;
+    float dot = 0.f;
+    if (r < rows) {
+        #pragma unroll 4
+        for (int c = threadIdx.y; c < hidden; c += 32) dot += tanhf(load_f(z, (long long)c * rows + r)) * w2[c];
+    }
+    dots[threadIdx.y][threadIdx.x] = dot;
     __syncthreads();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = (int)(last - first);
-    for (int j = 0; j < 32; ++j) {
-        const int col = blockIdx.x * COLUMNS + warp * 32 + j;
-        if (col >= hidden) break;
-        for (int k = lane; k < n; k += 32) store_f(dz, (long long)col * rows + first + k, tile[k][warp * 32 + j]);
+    if (threadIdx.y != 0 || r >= rows) return;
+    float y = b2[0];
+    for (int k = 0; k < 32; ++k) y += dots[k][threadIdx.x];
+    const float diff = y - target[r];
+    out[r] = grad_scale * diff;
+    sq_err[r] = diff * diff;
+}
+
+// Pass 2 on batch-innermost z: a warp per column and chunk of rows, lanes along the rows. dz = d w2 (1 - h^2)
+// over z, and the chunk's sums of dz (db1) and d h (dW2), each added across the warp in a fixed order.
+extern "C" __global__ void head_columns_t(const ELEM_T* z, ELEM_T* dz, const float* d, const float* w2,
+                                          float* partials, int rows, int hidden, int rows_per_chunk) {
+    const int c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (c >= hidden) return;
+    const int lane = threadIdx.x & 31, chunk = blockIdx.y;
+    const float wc = w2[c];
+    const long long first = (long long)chunk * rows_per_chunk, base = (long long)c * rows;
+    const long long last = min((long long)rows, first + rows_per_chunk);
+    float sum_dz = 0.f, sum_dw = 0.f;
+    #pragma unroll 4
+    for (long long r = first + lane; r < last; r += 32) {
+        const float h = tanhf(load_f(z, base + r));
+        const float dr = d[r];
+        const float g = dr * wc * (1.f - h * h);
+        store_f(dz, base + r, g);
+        sum_dz += g;
+        sum_dw += dr * h;
     }
-#endif
-    if (!live) return;
+    sum_dz = warp_sum(sum_dz);
+    sum_dw = warp_sum(sum_dw);
+    if (lane != 0) return;
     partials[(long long)chunk * 2 * hidden + c] = sum_dz;
     partials[(long long)chunk * 2 * hidden + hidden + c] = sum_dw;
 }
@@ -135,6 +163,8 @@ extern "C" __global__ void head_reduce(const float* partials, const float* d, co
 }
 """
 ROWS_PER_CHUNK = 32   # rows per pass-2 thread: enough threads in flight, few partial sums
+ROWS_PER_WARP = 256   # batch-innermost pass 2: rows per warp, 8 a lane (8000 rows: 32 chunks, 32,000 warps)
+_COLUMN_WARPS = 8     # batch-innermost pass 2: columns per block
 _ROWS_PER_BLOCK = 8   # pass 1: warps (rows) per block, sharing one staged copy of w2
 _COLUMN_THREADS = 128
 MAX_HIDDEN = 8 * 1024   # w2 is staged in shared memory (32 KB of the 48 KB default)
@@ -145,17 +175,14 @@ def fits(hidden: int) -> bool:
 
 
 class TanhLinearMSEHead:
-    """The fused tail of a dense regressor: z (B, H) -> loss, dz, dW2, db2 and db1.
-
-    `transposed`: dz is stored (H, B), the batch innermost, in a buffer of its own, and handed on as its (B, H)
-    view: the Dense below then reads it K-major in its weight gradient (ops/transpose.py says why)."""
+    """The fused tail of a dense regressor: z (B, H) -> loss, dz, dW2, db2 and db1; z and dz batch-innermost
+    (strides (itemsize, B * itemsize)) where the Dense below writes z so."""
 
     name = "tanh_linear_mse_head"
 
-    def __init__(self, dense_name: str, prev_dense_name: str, transposed: bool = False):
+    def __init__(self, dense_name: str, prev_dense_name: str):
         self.dense_name = dense_name            # the Dense(H -> 1) this head replaces
         self.prev_dense_name = prev_dense_name  # the Dense whose bias gradient it also produces
-        self.transposed = transposed
 
     def build(self, ctx, z, target, state):
         rows, hidden = z.shape
@@ -171,23 +198,23 @@ class TanhLinearMSEHead:
         self.grad_b2 = p.grad_view(f"{self.dense_name}.bias")
         self.grad_b1 = p.grad_view(f"{self.prev_dense_name}.bias")
         # dz overwrites z: pass 2 reads each element (tanh) before the same thread writes it, pass 1 has
-        # finished by then, and nothing after the head reads z (the output of the Dense before it). Transposed,
-        # a thread's element of dz is another's of z: a buffer of its own.
-        self._dz_store = ctx.allocator.zeros((hidden, rows), z.dtype, "activations") if self.transposed else z
-        self.dz = self._dz_store.T if self.transposed else z
+        # finished by then, and nothing after the head reads z (the output of the Dense before it).
+        self.dz = z
         self.rows, self.hidden = rows, hidden
+        self.batch_innermost = rows > 1 and z.strides[0] == z.itemsize
         self._grad_scale = np.float32(2.0 / rows)
         self._loss_scale = np.float32(1.0 / rows)
         if self.backend.is_gpu:
             elem = ctype(z.dtype)
-            self._rows = get_kernel(_SOURCE, "head_rows", ELEM_T=elem)
-            if self.transposed:
-                self._columns = get_kernel(_SOURCE, "head_columns", ELEM_T=elem, DZ_T=1, CHUNK_ROWS=ROWS_PER_CHUNK,
-                                           COLUMNS=_COLUMN_THREADS)
+            if self.batch_innermost:
+                self._rows = get_kernel(_SOURCE, "head_rows_t", ELEM_T=elem)
+                self._columns = get_kernel(_SOURCE, "head_columns_t", ELEM_T=elem)
             else:
+                self._rows = get_kernel(_SOURCE, "head_rows", ELEM_T=elem)
                 self._columns = get_kernel(_SOURCE, "head_columns", ELEM_T=elem)
             self._reduce = get_kernel(_SOURCE, "head_reduce", ELEM_T=elem)
-            self.chunks = -(-rows // ROWS_PER_CHUNK)
+            self._chunk_rows = ROWS_PER_WARP if self.batch_innermost else ROWS_PER_CHUNK
+            self.chunks = -(-rows // self._chunk_rows)
             self.d = ctx.allocator.zeros((rows,), np.float32, "workspace")
             self.sq_err = ctx.allocator.zeros((rows,), np.float32, "workspace")
             self.partials = ctx.allocator.zeros((self.chunks, 2 * hidden), np.float32, "workspace")
@@ -198,12 +225,16 @@ class TanhLinearMSEHead:
             self._forward_backward_numpy()
             return
         rows, hidden = np.int32(self.rows), np.int32(self.hidden)
-        self._rows((-(-self.rows // _ROWS_PER_BLOCK),), (32 * _ROWS_PER_BLOCK,),
-                   (self.z, self.w2, self.b2, self.target, self.d, self.sq_err, rows, hidden, self._grad_scale,
-                    np.int32(1)), shared_mem=4 * self.hidden)
-        self._columns((-(-self.hidden // _COLUMN_THREADS), self.chunks), (_COLUMN_THREADS,),
-                      (self.z, self._dz_store, self.d, self.w2, self.partials, rows, hidden,
-                       np.int32(ROWS_PER_CHUNK)))
+        columns_args = (self.z, self.dz, self.d, self.w2, self.partials, rows, hidden, np.int32(self._chunk_rows))
+        if self.batch_innermost:
+            self._rows((-(-self.rows // 32),), (32, 32), (self.z, self.w2, self.b2, self.target, self.d, self.sq_err,
+                                                         rows, hidden, self._grad_scale))
+            self._columns((-(-self.hidden // _COLUMN_WARPS), self.chunks), (32 * _COLUMN_WARPS,), columns_args)
+        else:
+            self._rows((-(-self.rows // _ROWS_PER_BLOCK),), (32 * _ROWS_PER_BLOCK,),
+                       (self.z, self.w2, self.b2, self.target, self.d, self.sq_err, rows, hidden, self._grad_scale,
+                        np.int32(1)), shared_mem=4 * self.hidden)
+            self._columns((-(-self.hidden // _COLUMN_THREADS), self.chunks), (_COLUMN_THREADS,), columns_args)
         self._reduce((-(-2 * self.hidden // 32) + 1,), (32, 32),
                      (self.partials, self.d, self.sq_err, np.int32(self.chunks), rows, hidden, self.grad_b1,
                       self.grad_w2, self.grad_b2, self._loss_scale) + self.state.kernel_args())

@@ -14,9 +14,10 @@ gradient (ops/conv_pool.py, ops/direct_wgrad.py), on a GPU. A ReLU that
 only reads a Dense or Linear layer runs in that layer's GEMM epilogue, and a
 residual Add that only a LayerNorm reads is summed by that LayerNorm, which
 also sums the last bias gradient of a Linear layer or attention only that Add
-reads; a token embedding adds the positional encoding over it. In TF32
-the fused head writes dz batch-innermost for a Dense over the batch, which
-copies x so too: its weight gradient then reads both K-major (ops/transpose.py).
+reads; a token embedding adds the positional encoding over it. In TF32 a
+Dense over the batch that feeds the fused head writes z batch-innermost, the
+head reads it and writes dz so, and the Dense copies x so too: its weight
+gradient then reads both K-major (layers/dense.py).
 `InferenceProgram` wires the forward pass alone. Both allocate everything up
 front, so their calls can be captured in a CUDA graph.
 """
@@ -67,6 +68,10 @@ class _ForwardWiring:
         for positions, below in (positions_over_embeddings(net) if fuse else {}).items():
             if positions in self.layers and below in self.layers:
                 self.layers[below].adds_positions = self.layers[positions].added_by_input = True
+        if self.fused and ctx.training and ctx.policy.tf32 and tuple(self.tail[0].inputs) == (INPUT,):
+            # TF32 GEMMs read K-major tiles: z, dz and a copy of x batch-innermost give dW its K-major operands
+            # (a Dense over the batch itself makes no dx, which would read dz the other way)
+            self.layers[self.tail[0].name].batch_major_grads = True
         self.outputs = {INPUT: batch_x}
         for node in self.nodes:
             inputs = [self.outputs[i] for i in node.inputs]
@@ -86,11 +91,7 @@ class TrainingProgram:
         if self.fused:
             head_input = wiring.layers[wiring.tail[0].name]
             head_input.bias_grad_fused = True   # the head computes db of the dense layer feeding it
-            # TF32 GEMMs read K-major tiles: the head writes dz and the Dense copies x batch-innermost for dW
-            # (a Dense over the batch itself, which makes no dx to read dz the other way)
-            transposed = ctx.policy.tf32 and tuple(wiring.tail[0].inputs) == (INPUT,)
-            head_input.batch_major_grads = transposed
-            self.loss = TanhLinearMSEHead(wiring.tail[-1].name, head_input.name, transposed=transposed)
+            self.loss = TanhLinearMSEHead(wiring.tail[-1].name, head_input.name)
         else:
             self.loss = copy.copy(net.loss)   # a loss holds its buffers: one per program
         pooled = pools_over_direct_wgrad(net, self.layers, ctx.backend.is_gpu) if fuse else set()
