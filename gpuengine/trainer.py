@@ -81,7 +81,8 @@ class Trainer:
                 cudnn.PLAN_WORKERS = self.config.plan_workers
             ctx = BuildContext(backend, self.policy, self.allocator, self.params, local_batch,
                                deterministic=self.config.deterministic,
-                               batchnorm=self.config.batchnorm, bias_grad=self.config.bias_grad)
+                               batchnorm=self.config.batchnorm, bias_grad=self.config.bias_grad,
+                               batch_innermost_input=self.data.batch_innermost_input)
             self.program = TrainingProgram(net, ctx, self.data.batch_x, self.data.batch_t, self.state, fuse,
                                            each_step=sync is not None)
             self.optimizer = Adam(backend, self.allocator, self.params, self.state, lr)

@@ -137,6 +137,18 @@ def test_in_tf32_the_fused_head_takes_z_batch_innermost_and_the_dense_copies_x_s
     assert trainer.memory_report()["activations"] == batch * (SHAPE.hidden + SHAPE.inputs) * F32
 
 
+def test_in_tf32_the_gather_writes_the_batch_innermost_copy_the_dense_reads():
+    batch = 512
+    x, t = mlp_data(4 * batch, SHAPE)
+    trainer = Trainer(build_mlp(SHAPE), x, t, batch, cpu_config(precision="tf32"))
+    report = trainer.memory_report()
+    assert report["activations"] == batch * SHAPE.hidden * F32   # z with dz over it; x's copy is the data's
+    assert trainer.data._gather.out_xt.shape == (SHAPE.inputs, batch)
+    trainer.train(1)
+    first = trainer.program.layers[trainer.program.nodes[0].name]
+    assert first._x_batch_major is None
+
+
 # -- on a GPU: the CuPy pool after a step against the report ---------------------------
 
 @pytest.mark.gpu

@@ -140,6 +140,25 @@ def test_rows_of_step_is_what_load_batch_gathers():
             np.testing.assert_array_equal(data.rows_of_step(step), bt[:, 0], err_msg=f"{kind} step {step}")
 
 
+def test_resident_gather_also_writes_the_batch_innermost_when_asked():
+    x, t = sample_data()
+    data = make_dataset("resident", x, t, 10, seed=4)
+    x_t = data.batch_innermost_input()
+    assert x_t.shape == (6, 10) and data.batch_innermost_input() is x_t   # asked twice: one buffer
+    for step in range(3):
+        data.state.step[0] = step
+        data.load_batch()
+        np.testing.assert_array_equal(x_t, x[data.rows_of_step(step)].T)
+
+
+@pytest.mark.parametrize("kind, batch, precision", [("streamed", 10, "fp32"), ("resident", 103, "fp32"),
+                                                   ("resident", 10, "bf16")],
+                         ids=["rows-from-the-host", "no-gather", "not-float32"])
+def test_no_batch_innermost_copy_where_the_gather_cannot_write_it(kind, batch, precision):
+    x, t = sample_data()
+    assert make_dataset(kind, x, t, batch, seed=4, precision=precision).batch_innermost_input() is None
+
+
 # -- Rosenbrock ------------------------------------------------------------------------
 
 def test_rosenbrock_known_values():

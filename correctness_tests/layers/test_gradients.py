@@ -21,7 +21,9 @@ from gpuengine.ops.reductions import ColumnSum
 from gpuengine.runtime.backend import Backend
 from gpuengine.runtime.memory import Allocator
 from gpuengine.runtime.params import ParamSpec
-from gpuengine.workloads.mlp import MLPShape, build_mlp
+from gpuengine.config import EngineConfig
+from gpuengine.trainer import Trainer
+from gpuengine.workloads.mlp import MLPShape, build_mlp, mlp_data
 
 from ..gradient_check import assert_not_trivial, check_backward, directional_check, random_weights
 from ..layer_harness import _step_state, make_context, run_layer, run_loss, run_network
@@ -206,6 +208,17 @@ def test_mlp_in_tf32_takes_its_weight_gradient_batch_innermost_and_agrees_with_f
     assert tf32.keys() == fp32.keys()
     for key in fp32:
         np.testing.assert_allclose(tf32[key], fp32[key], rtol=1e-5, atol=1e-7, err_msg=key)   # float32 sums, reordered
+
+
+def test_tf32_mlp_trains_as_fp32_does_on_the_gathers_batch_innermost_copy():
+    shape = MLPShape(inputs=12, hidden=16)
+    x, t = mlp_data(64, shape)
+    trainers = {p: Trainer(build_mlp(shape), x, t, 16, EngineConfig(device="cpu", precision=p))
+                for p in ("tf32", "fp32")}
+    losses = {p: trainer.train(5) for p, trainer in trainers.items()}
+    assert trainers["tf32"].data._gather.out_xt is not None and trainers["fp32"].data._gather.out_xt is None
+    assert losses["tf32"][-1] < losses["tf32"][0]
+    np.testing.assert_allclose(losses["tf32"], losses["fp32"], rtol=1e-5)   # float32 sums, reordered
 
 
 def test_relu_network_with_several_outputs():

@@ -160,6 +160,7 @@ def _gather_cases():
         rows = np.zeros((2, features), np.float32)
         _, word_type, _ = gather.as_words(rows)
         yield _case(gather, "gather", f"rows of {4 * features} bytes", WORD_T=word_type)
+    yield _case(gather, "gather_t", "float32 rows, also batch-innermost", WORD_T="float")
 
 
 def workload_networks():

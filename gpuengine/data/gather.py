@@ -13,6 +13,12 @@ each lane issues its loads before its stores. From host memory every read
 crosses PCIe, and a small grid strides over the work, keeping enough reads in
 flight to fill the link while leaving the SMs to the step's compute. Rows are
 copied as 16-byte or 4-byte words; targets ride along.
+
+A float32 batch may also be written batch-innermost, (features, batch), in the
+same pass (`also_batch_innermost`): the TF32 MLP's first Dense reads it so in
+its weight gradient (layers/dense.py says why). A block then takes 32 rows and
+128 features, a warp reading along a row, and turns the tile in shared memory
+to write along the features' columns.
 """
 from __future__ import annotations
 
@@ -55,6 +61,49 @@ extern "C" __global__ void gather(const WORD_T* __restrict__ src_x, const float*
                 out_t[(long long)i * target_width + c] = src_t[row * target_width + c];
     }
 }
+
+// The batch written twice: as rows (out_x) and batch-innermost (out_xt[c * batch + i]). A block per 32 rows and
+// 128 features; each warp reads 4 rows along them, the tile turned in shared memory (a padded row: no bank
+// conflicts either way) and written 128 bytes a column. Resident float32 rows only.
+extern "C" __global__ void gather_t(const float* __restrict__ src_x, const float* __restrict__ src_t,
+                                    float* __restrict__ out_x, float* __restrict__ out_xt, float* __restrict__ out_t,
+                                    int cols, int target_width, const long long* step, int ahead,
+                                    long long steps_per_epoch, int batch, unsigned int n, unsigned int half,
+                                    unsigned int seed, unsigned int global_batch, unsigned int rank_offset) {
+    __shared__ float tile[32][129];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long s = step[0] + ahead;
+    const unsigned int epoch = (unsigned int)(s / steps_per_epoch);
+    const unsigned int position = (unsigned int)(s % steps_per_epoch);
+    const unsigned int key = epoch_key(seed, epoch);
+    const int i0 = blockIdx.x * 32, c0 = blockIdx.y * 128;
+    for (int k = warp; k < 32; k += 8) {
+        const int i = i0 + k;
+        if (i >= batch) break;
+        const long long row = feistel_permute(position * global_batch + rank_offset + (unsigned int)i, n, half, key);
+        float v[4];
+        #pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            const int c = c0 + lane + 32 * m;
+            v[m] = c < cols ? src_x[row * cols + c] : 0.f;
+        }
+        #pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            const int c = c0 + lane + 32 * m;
+            if (c < cols) out_x[(long long)i * cols + c] = v[m];
+            tile[k][lane + 32 * m] = v[m];
+        }
+        if (blockIdx.y == 0)
+            for (int c = lane; c < target_width; c += 32)
+                out_t[(long long)i * target_width + c] = src_t[row * target_width + c];
+    }
+    __syncthreads();
+    const int i = i0 + lane;
+    for (int j = warp; j < 128; j += 8) {
+        const int c = c0 + j;
+        if (c < cols && i < batch) out_xt[(long long)c * batch + i] = tile[lane][j];
+    }
+}
 """
 
 _WARPS_PER_BLOCK = 8
@@ -88,7 +137,7 @@ class DeviceGather:
         self.src_x, self.src_t, self.out_x, self.out_t = src_x, src_t, out_x, out_t
         self.batch = out_x.shape[0]
         self.n = src_x.shape[0]
-        self.seed, self.rank, self.world = seed, rank, world
+        self.seed, self.rank, self.world, self.host_source = seed, rank, world, host_source
         if backend.is_gpu:
             self._src_words, word_type, self._row_words = as_words(src_x)
             self._out_words, _, _ = as_words(out_x)
@@ -98,6 +147,21 @@ class DeviceGather:
             blocks = -(-self.batch * self._chunks // _WARPS_PER_BLOCK)
             self._blocks = min(blocks, _HOST_BLOCKS) if host_source else blocks
             self._kernel = get_kernel(_SOURCE, "gather", WORD_T=word_type)
+        self.out_xt = None
+
+    def also_batch_innermost(self, out_xt):
+        """From now on also write the batch as `out_xt` (features, batch) in the same pass; float32 rows from
+        device memory only."""
+        features = self.out_x.size // max(1, self.batch)
+        if self.out_x.dtype != np.float32 or out_xt.dtype != np.float32 or out_xt.shape != (features, self.batch):
+            raise ValueError(f"a batch-innermost copy takes float32 rows and a float32 ({features}, {self.batch}) "
+                             f"buffer; got {self.out_x.dtype} rows and {out_xt.dtype} {out_xt.shape}")
+        if self.backend.is_gpu:
+            if self.host_source:
+                raise ValueError("a batch-innermost copy is gathered from device memory, not from the host")
+            self._kernel_t = get_kernel(_SOURCE, "gather_t", WORD_T="float")   # WORD_T: the module's other kernel
+            self._grid_t = (-(-self.batch // 32), -(-features // 128))
+        self.out_xt = out_xt
 
     def run(self, ahead: int = 0):
         """Gather the batch of step (device step counter + `ahead`), enqueued on the current stream."""
@@ -105,6 +169,16 @@ class DeviceGather:
             rows = self.host_rows(int(self.state.step[0]) + ahead)
             np.take(self.src_x, rows, axis=0, out=self.out_x)
             np.take(self.src_t, rows, axis=0, out=self.out_t)
+            if self.out_xt is not None:
+                self.out_xt[...] = self.out_x.reshape(self.batch, -1).T
+            return
+        if self.out_xt is not None:
+            self._kernel_t(self._grid_t, (32 * _WARPS_PER_BLOCK,),
+                           (self.src_x, self.src_t, self.out_x, self.out_xt, self.out_t, np.int32(self.out_xt.shape[0]),
+                            np.int32(self.out_t.shape[1]), self.state.step, np.int32(ahead),
+                            np.int64(self.state.steps_per_epoch), np.int32(self.batch), np.uint32(self.n),
+                            np.uint32(half_bits(self.n)), np.uint32(self.seed & 0xFFFFFFFF),
+                            np.uint32(self.batch * self.world), np.uint32(self.rank * self.batch)))
             return
         self._kernel((self._blocks,), (32 * _WARPS_PER_BLOCK,),
                      (self._src_words, self.src_t, self._out_words, self.out_t, np.int32(self._row_words),

@@ -115,5 +115,9 @@ class StreamedDataset:
         if self.backend.is_gpu and self.pool == 2:
             self.backend.xp.cuda.get_current_stream().wait_event(self._fetched)
 
+    def batch_innermost_input(self):
+        """None: a batch-innermost copy is gathered from device memory, and these rows come from the host."""
+        return None
+
     def rows_of_step(self, step: int) -> np.ndarray:
         return batch_rows(self.samples, self.seed, step, self.batch, self.steps_per_epoch, self.rank, self.world)

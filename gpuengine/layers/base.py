@@ -42,6 +42,8 @@ class BuildContext:
     bias_grad: str = "auto"      # the config's toggle: bias gradients by layer, by a column sum or in the wgrad GEMM
     widening: object = None      # a training program's ops.widen.Widening: bf16 weight gradients widened at once
     sums: object = None          # a training program's ops.partial_sums.PartialSums: column sums finished at once
+    batch_innermost_input: object = None   # the data's offer: a call giving the batch's x stored (features, batch)
+                                           # by its gather, or None (ResidentDataset.batch_innermost_input)
 
     def bias_grad_in_epilogue(self, token_major: bool) -> bool:
         """Whether a bias gradient comes from the weight-gradient GEMM's epilogue: as toggled, or under auto for the

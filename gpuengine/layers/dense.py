@@ -5,9 +5,11 @@ two GEMMs (dW = dy^T x, dx = dy W; dx only where the layer below needs it) and
 db as a column sum (bias_grad auto or sum), or in the dW GEMM's epilogue
 (bias_grad=epilogue, slower on the CNN's head in bf16), unless a
 fused consumer already produced db (see `fused_head.py`), in which case
-`bias_grad_fused` skips it. With `batch_major_grads` (a program sets it where
-dy arrives batch-innermost, the TF32 fused head's) the forward pass also copies
-x batch-innermost, just after the gather wrote it, so that dW's GEMM reads
+`bias_grad_fused` skips it. With `batch_major_grads` (a TF32 program sets it
+on a Dense over the batch that feeds the fused head) the layer writes its
+output batch-innermost, (units, batch), the head writes dy so over it, and x
+comes batch-innermost too, from the gather's pass where the data offers it
+(data/gather.py) or copied as the forward pass begins: dW's GEMM then reads
 both operands K-major (ops/transpose.py says why).
 """
 from __future__ import annotations
@@ -67,8 +69,11 @@ class Dense(Layer):
             if needs_input_grad or dy.strides[0] != dy.itemsize:
                 raise ValueError(f"{self.name}: batch_major_grads takes a batch-innermost dy and makes no dx; got dy "
                                  f"strides {dy.strides}, needs_input_grad={needs_input_grad}")
-            x_t = ctx.allocator.zeros(self.x.shape[::-1], self.x.dtype, "activations")
-            self._x_batch_major = Transpose(ctx.backend, self.x, x_t)
+            # the program sets batch_major_grads on a Dense over the batch itself: its gather may write x so too
+            x_t = ctx.batch_innermost_input() if ctx.batch_innermost_input is not None else None
+            if x_t is None:   # copied here, as the forward pass begins
+                x_t = ctx.allocator.zeros(self.x.shape[::-1], self.x.dtype, "activations")
+                self._x_batch_major = Transpose(ctx.backend, self.x, x_t)
             x = x_t.T
         self._grad_w, self._grad_b = weight_gradients(ctx.backend, ctx.policy, ctx.allocator, grad_w, grad_b, dy,
                                                       x, ctx.bias_grad_in_epilogue(token_major=False), ctx.sums)
