@@ -100,6 +100,20 @@ def test_training_matches_numpy(fuse):
         assert rel_err(b[name], a[name]) < 1e-4, name
 
 
+def test_tf32_training_on_the_batch_innermost_path_matches_numpy():
+    net = build_mlp(SHAPE)
+    x, t = mlp_data(2048, SHAPE)
+    cpu = Trainer(net, x, t, 256, EngineConfig(device="cpu", precision="fp32", cuda_graph=0))
+    gpu = Trainer(net, x, t, 256, EngineConfig(device="cuda", precision="tf32", cuda_graph=0))
+    assert gpu.program.loss.batch_innermost and gpu.data._gather.out_xt is not None
+    cpu_losses, gpu_losses = cpu.train(3), gpu.train(3)
+    assert gpu_losses[-1] < gpu_losses[0]
+    np.testing.assert_allclose(gpu_losses, cpu_losses, rtol=TOLERANCE["tf32"])
+    a, b = cpu.params.state_dict(), gpu.params.state_dict()
+    for name in a:
+        assert rel_err(b[name], a[name]) < TOLERANCE["tf32"], name
+
+
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
 def test_captured_replay_equals_eager(precision):
     net = build_mlp(SHAPE)
@@ -144,17 +158,23 @@ def test_device_gather_reads_the_host_shuffle():
         np.testing.assert_array_equal(trainer.backend.to_host(trainer.data.batch_t)[:, 0], t[rows, 0])
 
 
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])   # tf32: gather_t also writes the batch batch-innermost
 @pytest.mark.parametrize("features", [1000, 5000, 5003])   # one chunk; 20 KB rows in 5 chunks; 4-byte words
-def test_device_gather_copies_whole_rows(features):
+def test_device_gather_copies_whole_rows(features, precision):
     shape = MLPShape(inputs=features, hidden=8)
     x, t = mlp_data(300, shape)
-    trainer = Trainer(build_mlp(shape), x, t, 40, EngineConfig(cuda_graph=0))
+    trainer = Trainer(build_mlp(shape), x, t, 40, EngineConfig(precision=precision, cuda_graph=0))
+    batch_innermost = trainer.data._gather.out_xt
+    assert (batch_innermost is not None) == (precision == "tf32")
     for step in (0, 5):
         with trainer.backend.activate():
             trainer.state.step[...] = step
             trainer.data.load_batch()
         rows = trainer.data.rows_of_step(step)
         np.testing.assert_array_equal(trainer.backend.to_host(trainer.data.batch_x), x[rows])
+        np.testing.assert_array_equal(trainer.backend.to_host(trainer.data.batch_t), t[rows])
+        if batch_innermost is not None:
+            np.testing.assert_array_equal(trainer.backend.to_host(batch_innermost), x[rows].T)
 
 
 def test_steady_state_allocates_nothing():
