@@ -146,7 +146,7 @@ def test_in_tf32_the_gather_writes_the_batch_innermost_copy_the_dense_reads():
     assert trainer.data._gather.out_xt.shape == (SHAPE.inputs, batch)
     trainer.train(1)
     first = trainer.program.layers[trainer.program.nodes[0].name]
-    assert first._x_batch_major is None
+    assert first._x_copy is None
 
 
 # -- on a GPU: the CuPy pool after a step against the report ---------------------------

@@ -76,7 +76,7 @@ SHAPE = MLPShape(inputs=64, hidden=96)
 
 
 @pytest.mark.parametrize("batch,shape", [(256, SHAPE), (1000, MLPShape(inputs=200, hidden=300))])
-def test_tf32_step_with_batch_major_weight_gradient_matches_numpy(batch, shape):
+def test_tf32_step_with_batch_innermost_weight_gradient_matches_numpy(batch, shape):
     net = build_mlp(shape)
     x, t = mlp_data(batch, shape)
     t = t + 10.0   # every y - t below zero: db2 = sum d then does not cancel to a sum whose relative error says nothing

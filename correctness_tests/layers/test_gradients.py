@@ -203,7 +203,7 @@ def test_mlp_in_tf32_takes_its_weight_gradient_batch_innermost_and_agrees_with_f
     ctx = make_context("cpu", "tf32", BATCH, net.param_specs(), weights)
     program = TrainingProgram(net, ctx, x.astype(np.float32), t.astype(np.float32), _step_state(ctx))
     dense = program.layers[net.nodes[0].name]
-    assert program.loss.batch_innermost and dense.batch_major_grads and dense.out.strides[0] == 4
+    assert program.loss.batch_innermost and dense.batch_innermost and dense.out.strides[0] == 4
     tf32, fp32 = (run_network(net, x, t, weights=weights, precision=p) for p in ("tf32", "fp32"))
     assert tf32.keys() == fp32.keys()
     for key in fp32:

@@ -5,7 +5,7 @@ two GEMMs (dW = dy^T x, dx = dy W; dx only where the layer below needs it) and
 db as a column sum (bias_grad auto or sum), or in the dW GEMM's epilogue
 (bias_grad=epilogue, slower on the CNN's head in bf16), unless a
 fused consumer already produced db (see `fused_head.py`), in which case
-`bias_grad_fused` skips it. With `batch_major_grads` (a TF32 program sets it
+`bias_grad_fused` skips it. With `batch_innermost` (a TF32 program sets it
 on a Dense over the batch that feeds the fused head) the layer writes its
 output batch-innermost, (units, batch), the head writes dy so over it, and x
 comes batch-innermost too, from the gather's pass where the data offers it
@@ -24,8 +24,8 @@ from .base import BuildContext, Layer
 class Dense(Layer):
     bias_grad_fused = False   # set by a fusion that computes db itself
     relu_epilogue = False     # set by a program whose ReLU after this layer runs in the GEMM's epilogue
-    batch_major_grads = False   # set by a program that hands this layer a batch-innermost dy and no dx to make
-    wiring = ("bias_grad_fused", "relu_epilogue", "batch_major_grads")
+    batch_innermost = False   # set by a program that hands this layer a batch-innermost dy and no dx to make
+    wiring = ("bias_grad_fused", "relu_epilogue", "batch_innermost")
 
     def __init__(self, units: int, name: str = ""):
         self.units = checks.whole("Dense units", units)
@@ -52,28 +52,28 @@ class Dense(Layer):
         self.x = x
         self.weight = ctx.params.compute_view(f"{self.name}.weight")
         bias = ctx.params.compute_view(f"{self.name}.bias")
-        if self.batch_major_grads:   # stored (units, batch): the fused head reads it so and writes dy so, over it
+        if self.batch_innermost:   # stored (units, batch): the fused head reads it so and writes dy so, over it
             self.out = ctx.allocator.zeros((self.units, ctx.batch), ctx.policy.compute_dtype, "activations").T
         else:
             self.out = ctx.allocator.zeros((ctx.batch, self.units), ctx.policy.compute_dtype, "activations")
         self._forward = Gemm(ctx.backend, ctx.policy, self.out, x, self.weight.T, bias, ctx.allocator,
                              relu=self.relu_epilogue)
-        self._grad_w = self._grad_b = self._grad_x = self._x_batch_major = None   # inference builds no backward
+        self._grad_w = self._grad_b = self._grad_x = self._x_copy = None   # inference builds no backward
         return self.out
 
     def build_backward(self, ctx: BuildContext, dy, needs_input_grad: bool):
         grad_w = ctx.params.grad_view(f"{self.name}.weight")
         grad_b = None if self.bias_grad_fused else ctx.params.grad_view(f"{self.name}.bias")
         x = self.x
-        if self.batch_major_grads:
+        if self.batch_innermost:
             if needs_input_grad or dy.strides[0] != dy.itemsize:
-                raise ValueError(f"{self.name}: batch_major_grads takes a batch-innermost dy and makes no dx; got dy "
+                raise ValueError(f"{self.name}: batch_innermost takes a batch-innermost dy and makes no dx; got dy "
                                  f"strides {dy.strides}, needs_input_grad={needs_input_grad}")
-            # the program sets batch_major_grads on a Dense over the batch itself: its gather may write x so too
+            # the program sets batch_innermost on a Dense over the batch itself: its gather may write x so too
             x_t = ctx.batch_innermost_input() if ctx.batch_innermost_input is not None else None
             if x_t is None:   # copied here, as the forward pass begins
                 x_t = ctx.allocator.zeros(self.x.shape[::-1], self.x.dtype, "activations")
-                self._x_batch_major = Transpose(ctx.backend, self.x, x_t)
+                self._x_copy = Transpose(ctx.backend, self.x, x_t)
             x = x_t.T
         self._grad_w, self._grad_b = weight_gradients(ctx.backend, ctx.policy, ctx.allocator, grad_w, grad_b, dy,
                                                       x, ctx.bias_grad_in_epilogue(token_major=False), ctx.sums)
@@ -84,8 +84,8 @@ class Dense(Layer):
         return None
 
     def forward(self):
-        if self._x_batch_major is not None:
-            self._x_batch_major.run()
+        if self._x_copy is not None:
+            self._x_copy.run()
         self._forward.run()
 
     def release(self):

@@ -71,7 +71,7 @@ class _ForwardWiring:
         if self.fused and ctx.training and ctx.policy.tf32 and tuple(self.tail[0].inputs) == (INPUT,):
             # TF32 GEMMs read K-major tiles: z, dz and a copy of x batch-innermost give dW its K-major operands
             # (a Dense over the batch itself makes no dx, which would read dz the other way)
-            self.layers[self.tail[0].name].batch_major_grads = True
+            self.layers[self.tail[0].name].batch_innermost = True
         self.outputs = {INPUT: batch_x}
         for node in self.nodes:
             inputs = [self.outputs[i] for i in node.inputs]

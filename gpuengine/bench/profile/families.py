@@ -60,8 +60,8 @@ RULES = (
              r"|memset|direct_copy|cupy_copy|catarraybatchedcopy|randperm|radix|sort|nchwtonhwc|nhwctonchw"
              r"|permutation|^transpose$"),
     ("reduction", r"reduce|reduction|softmax|xent|nll_loss|cross_entropy|^mse$|column_(partials|sum)|row_sums?"
-                  r"|^head_(rows|columns|reduce)$|^partial_sums$|book_loss|count_tokens|pool|adaptive_average"
-                  r"|^cupy_(sum|max|min|mean|prod|argmax|argmin)"),
+                  r"|^head_(rows|columns)(_t)?$|^head_reduce$|^partial_sums$|book_loss|count_tokens|pool"
+                  r"|adaptive_average|^cupy_(sum|max|min|mean|prod|argmax|argmin)"),
     ("elementwise", r"elementwise|pointwise|^(forward|backward)$|^add2$|^bn_tail$|^add_table$|dropout|^cast$"
                     r"|^cupy_|fill|relu|gelu|tanh|sigmoid|^widen_chunks$"),
 )
