@@ -128,13 +128,13 @@ def test_the_fused_head_writes_its_gradient_over_the_hidden_activations():
     assert trainer.memory_report()["activations"] == batch * SHAPE.hidden * F32    # z, with dz written over it
 
 
-def test_in_tf32_the_fused_head_takes_z_batch_innermost_and_the_dense_copies_x_so():
+def test_in_tf32_the_fused_head_takes_z_batch_innermost_and_a_full_batch_is_copied_so_once():
     batch = 512
     x, t = mlp_data(batch, SHAPE)
     trainer = Trainer(build_mlp(SHAPE), x, t, batch, cpu_config(precision="tf32"))
     assert trainer.program.loss.batch_innermost
-    # z (H, B) with dz written over it, and x's copy (in, B)
-    assert trainer.memory_report()["activations"] == batch * (SHAPE.hidden + SHAPE.inputs) * F32
+    assert trainer.memory_report()["activations"] == batch * SHAPE.hidden * F32   # z (H, B) with dz written over it
+    assert trainer.data._batch_innermost.shape == (SHAPE.inputs, batch)   # x's copy: the data's, made once
 
 
 def test_in_tf32_the_gather_writes_the_batch_innermost_copy_the_dense_reads():

@@ -151,12 +151,20 @@ def test_resident_gather_also_writes_the_batch_innermost_when_asked():
         np.testing.assert_array_equal(x_t, x[data.rows_of_step(step)].T)
 
 
-@pytest.mark.parametrize("kind, batch, precision", [("streamed", 10, "fp32"), ("resident", 103, "fp32"),
-                                                   ("resident", 10, "bf16")],
-                         ids=["rows-from-the-host", "no-gather", "not-float32"])
-def test_no_batch_innermost_copy_where_the_gather_cannot_write_it(kind, batch, precision):
+def test_a_data_set_that_is_the_batch_is_copied_batch_innermost_once():
     x, t = sample_data()
-    assert make_dataset(kind, x, t, batch, seed=4, precision=precision).batch_innermost_input() is None
+    data = make_dataset("resident", x, t, len(x), seed=4)
+    x_t = data.batch_innermost_input()
+    assert data.batch_innermost_input() is x_t
+    data.load_batch()
+    np.testing.assert_array_equal(x_t, x.T)
+
+
+@pytest.mark.parametrize("kind, precision", [("streamed", "fp32"), ("resident", "bf16")],
+                         ids=["rows-from-the-host", "not-float32"])
+def test_no_batch_innermost_copy_where_the_gather_cannot_write_it(kind, precision):
+    x, t = sample_data()
+    assert make_dataset(kind, x, t, 10, seed=4, precision=precision).batch_innermost_input() is None
 
 
 # -- Rosenbrock ------------------------------------------------------------------------

@@ -100,12 +100,14 @@ def test_training_matches_numpy(fuse):
         assert rel_err(b[name], a[name]) < 1e-4, name
 
 
-def test_tf32_training_on_the_batch_innermost_path_matches_numpy():
+@pytest.mark.parametrize("samples", [2048, 256], ids=["gathered", "full-batch"])
+def test_tf32_training_on_the_batch_innermost_path_matches_numpy(samples):
     net = build_mlp(SHAPE)
-    x, t = mlp_data(2048, SHAPE)
+    x, t = mlp_data(samples, SHAPE)
     cpu = Trainer(net, x, t, 256, EngineConfig(device="cpu", precision="fp32", cuda_graph=0))
     gpu = Trainer(net, x, t, 256, EngineConfig(device="cuda", precision="tf32", cuda_graph=0))
-    assert gpu.program.loss.batch_innermost and gpu.data._gather.out_xt is not None
+    dense = gpu.program.layers[gpu.program.nodes[0].name]
+    assert gpu.program.loss.batch_innermost and dense.batch_innermost and dense._x_copy is None   # the data's copy
     cpu_losses, gpu_losses = cpu.train(3), gpu.train(3)
     assert gpu_losses[-1] < gpu_losses[0]
     np.testing.assert_allclose(gpu_losses, cpu_losses, rtol=TOLERANCE["tf32"])

@@ -210,13 +210,14 @@ def test_mlp_in_tf32_takes_its_weight_gradient_batch_innermost_and_agrees_with_f
         np.testing.assert_allclose(tf32[key], fp32[key], rtol=1e-5, atol=1e-7, err_msg=key)   # float32 sums, reordered
 
 
-def test_tf32_mlp_trains_as_fp32_does_on_the_gathers_batch_innermost_copy():
+@pytest.mark.parametrize("samples", [64, 16], ids=["gathered", "full-batch"])
+def test_tf32_mlp_trains_as_fp32_does_on_the_datas_batch_innermost_copy(samples):
     shape = MLPShape(inputs=12, hidden=16)
-    x, t = mlp_data(64, shape)
+    x, t = mlp_data(samples, shape)
     trainers = {p: Trainer(build_mlp(shape), x, t, 16, EngineConfig(device="cpu", precision=p))
                 for p in ("tf32", "fp32")}
     losses = {p: trainer.train(5) for p, trainer in trainers.items()}
-    assert trainers["tf32"].data._gather.out_xt is not None and trainers["fp32"].data._gather.out_xt is None
+    assert trainers["tf32"].program.layers[trainers["tf32"].program.nodes[0].name]._x_copy is None   # the data's
     assert losses["tf32"][-1] < losses["tf32"][0]
     np.testing.assert_allclose(losses["tf32"], losses["fp32"], rtol=1e-5)   # float32 sums, reordered
 

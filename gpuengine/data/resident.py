@@ -21,7 +21,7 @@ class ResidentDataset:
                  rank: int = 0, world: int = 1):
         # batch: this rank's rows of a global batch of batch * world (data parallel; world 1 otherwise)
         self.backend, self.state, self.batch, self.seed = backend, state, batch, seed
-        self.rank, self.world, self._allocator = rank, world, allocator
+        self.rank, self.world, self._allocator, self._batch_innermost = rank, world, allocator, None
         self.samples = len(x)
         self.x = allocator.zeros(x.shape, policy.compute_dtype, "batch")
         self.t = allocator.zeros(t.shape, np.float32, "batch")
@@ -56,12 +56,17 @@ class ResidentDataset:
         """Nothing runs beside the step."""
 
     def batch_innermost_input(self):
-        """The batch's x also stored (features, batch), written by the gather in its pass; None where no gather
-        runs (the data set is the batch) or the rows are not float32."""
-        if self._gather is None or self.batch_x.dtype != np.float32:
+        """The batch's x also stored (features, batch): written by the gather in its pass, or once here where the
+        data set is the batch (it never changes); None where the rows are not float32."""
+        if self.batch_x.dtype != np.float32:
             return None
+        features = self.batch_x.size // self.batch
+        if self._gather is None:
+            if self._batch_innermost is None:
+                self._batch_innermost = self._allocator.zeros((features, self.batch), np.float32, "batch")
+                self._batch_innermost[...] = self.batch_x.reshape(self.batch, features).T
+            return self._batch_innermost
         if self._gather.out_xt is None:
-            features = self.batch_x.size // self.batch
             self._gather.also_batch_innermost(self._allocator.zeros((features, self.batch), np.float32, "batch"))
         return self._gather.out_xt
 
