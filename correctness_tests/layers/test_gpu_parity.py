@@ -65,8 +65,11 @@ def test_fused_head_matches_numpy(precision, rows, hidden, batch_innermost):
     z, t = rng.standard_normal((rows, hidden)), rng.standard_normal((rows, 1))
     specs = [ParamSpec("d1.bias", (hidden,), "zeros"), ParamSpec("d2.weight", (1, hidden), "glorot", hidden, 1),
              ParamSpec("d2.bias", (1,), "zeros")]
-    w = {"d1.bias": np.zeros(hidden), "d2.weight": rng.standard_normal((1, hidden)) * 0.1, "d2.bias": np.array([0.3])}
-    cpu = run_loss(TanhLinearMSEHead("d2", "d1"), z, t, precision="fp32", specs=specs, weights=w)
+    w = {"d1.bias": rng.standard_normal(hidden) * 0.1, "d2.weight": rng.standard_normal((1, hidden)) * 0.1,
+         "d2.bias": np.array([0.3])}
+    # batch-innermost z comes without the Dense's bias: the head adds it
+    cpu = run_loss(TanhLinearMSEHead("d2", "d1"), z + w["d1.bias"] * batch_innermost, t, precision="fp32",
+                   specs=specs, weights=w)
     gpu = run_loss(TanhLinearMSEHead("d2", "d1"), z, t, device="cuda", precision=precision, specs=specs, weights=w,
                    batch_innermost=batch_innermost)
     assert_close(gpu, cpu, TOLERANCE[precision])

@@ -148,7 +148,8 @@ def test_fused_head_on_batch_innermost_z_hands_on_the_same_gradients_so():
     dz = head.build(ctx, np.ascontiguousarray(z.T).T, t.astype(np.float32), _step_state(ctx))
     assert head.batch_innermost and dz.strides == (8, 8 * BATCH)   # over z: a (B, H) view of an (H, B) buffer
     head.forward_backward()
-    plain = run_loss(TanhLinearMSEHead("d2", "d1"), z, t, specs=specs, weights=weights)
+    assert np.abs(weights["d1.bias"]).max() > 0.1   # the head adds the bias batch-innermost z comes without
+    plain = run_loss(TanhLinearMSEHead("d2", "d1"), z + weights["d1.bias"], t, specs=specs, weights=weights)
     np.testing.assert_allclose(dz, plain["dy"], rtol=1e-12, atol=1e-15)   # NumPy's sums may run in another order
     for key, value in ctx.params.grads_dict().items():
         np.testing.assert_allclose(value, plain[f"grad:{key}"], rtol=1e-12, atol=1e-15, err_msg=key)

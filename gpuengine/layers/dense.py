@@ -7,7 +7,9 @@ db as a column sum (bias_grad auto or sum), or in the dW GEMM's epilogue
 fused consumer already produced db (see `fused_head.py`), in which case
 `bias_grad_fused` skips it. With `batch_innermost` (a TF32 program sets it
 on a Dense over the batch that feeds the fused head) the layer writes its
-output batch-innermost, (units, batch), the head writes dy so over it, and x
+output batch-innermost, (units, batch), without its bias (the head adds it:
+cuBLASLt's bias epilogue runs along the batch in that layout), the head
+writes dy so over it, and x
 comes batch-innermost too, from the gather's pass where the data offers it
 (data/gather.py) or copied as the forward pass begins: dW's GEMM then reads
 both operands K-major (ops/transpose.py says why).
@@ -52,12 +54,17 @@ class Dense(Layer):
         self.x = x
         self.weight = ctx.params.compute_view(f"{self.name}.weight")
         bias = ctx.params.compute_view(f"{self.name}.bias")
-        if self.batch_innermost:   # stored (units, batch): the fused head reads it so and writes dy so, over it
-            self.out = ctx.allocator.zeros((self.units, ctx.batch), ctx.policy.compute_dtype, "activations").T
+        if self.batch_innermost:
+            if self.relu_epilogue:
+                raise ValueError(f"{self.name}: batch_innermost output leaves its bias to the fused head; no ReLU here")
+            # (units, batch) = W x^T: cuBLASLt's bias epilogue would run along the batch, so the head adds b
+            out_t = ctx.allocator.zeros((self.units, ctx.batch), ctx.policy.compute_dtype, "activations")
+            self.out = out_t.T
+            self._forward = Gemm(ctx.backend, ctx.policy, out_t, self.weight, x.T, allocator=ctx.allocator)
         else:
             self.out = ctx.allocator.zeros((ctx.batch, self.units), ctx.policy.compute_dtype, "activations")
-        self._forward = Gemm(ctx.backend, ctx.policy, self.out, x, self.weight.T, bias, ctx.allocator,
-                             relu=self.relu_epilogue)
+            self._forward = Gemm(ctx.backend, ctx.policy, self.out, x, self.weight.T, bias, ctx.allocator,
+                                 relu=self.relu_epilogue)
         self._grad_w = self._grad_b = self._grad_x = self._x_copy = None   # inference builds no backward
         return self.out
 

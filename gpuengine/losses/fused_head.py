@@ -12,10 +12,12 @@ written over z, which nothing needs afterwards: one (B, H) buffer, not two.
 Inference uses pass 1 alone. `model/passes.py` decides when the pattern applies.
 
 z may also come batch-innermost (stored (H, B): the TF32 program's Dense over
-the batch writes it so, layers/dense.py says why). Then pass 1 gives a row to
-a lane, 32 rows to a block whose warps split the columns, and pass 2 a column
-and a chunk of rows to a warp, lanes along the rows: both read along memory,
-and dz lands over z batch-innermost too.
+the batch writes it so, layers/dense.py says why), and then without the
+Dense's bias b1 (cuBLASLt adds a bias along the batch there, not along H):
+the head adds b1 as it reads z. Pass 1 then gives a row to a lane, 32 rows to
+a block whose warps split the columns, and pass 2 a column and a chunk of rows
+to a warp, lanes along the rows: both read along memory, and dz lands over z
+batch-innermost too.
 """
 from __future__ import annotations
 
@@ -80,14 +82,16 @@ extern "C" __global__ void head_columns(const ELEM_T* z, ELEM_T* dz, const float
 
 // Pass 1 on batch-innermost z (z[c * rows + r]): a lane per row, the block's 32 warps each over every
 // 32nd column, their dots added in a fixed order. Training only.
-extern "C" __global__ void head_rows_t(const ELEM_T* z, const float* w2, const float* b2, const float* target,
-                                       float* out, float* sq_err, int rows, int hidden, float grad_scale) {
+extern "C" __global__ void head_rows_t(const ELEM_T* z, const float* b1, const float* w2, const float* b2,
+                                       const float* target, float* out, float* sq_err, int rows, int hidden,
+                                       float grad_scale) {
     __shared__ float dots[32][33];
     const long long r = (long long)blockIdx.x * 32 + threadIdx.x;
     float dot = 0.f;
     if (r < rows) {
         #pragma unroll 4
-        for (int c = threadIdx.y; c < hidden; c += 32) dot += tanhf(load_f(z, (long long)c * rows + r)) * w2[c];
+        for (int c = threadIdx.y; c < hidden; c += 32)
+            dot += tanhf(load_f(z, (long long)c * rows + r) + b1[c]) * w2[c];
     }
     dots[threadIdx.y][threadIdx.x] = dot;
     __syncthreads();
@@ -102,17 +106,18 @@ extern "C" __global__ void head_rows_t(const ELEM_T* z, const float* w2, const f
 // Pass 2 on batch-innermost z: a warp per column and chunk of rows, lanes along the rows. dz = d w2 (1 - h^2)
 // over z, and the chunk's sums of dz (db1) and d h (dW2), each added across the warp in a fixed order.
 extern "C" __global__ void head_columns_t(const ELEM_T* z, ELEM_T* dz, const float* d, const float* w2,
-                                          float* partials, int rows, int hidden, int rows_per_chunk) {
+                                          float* partials, int rows, int hidden, int rows_per_chunk,
+                                          const float* b1) {
     const int c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (c >= hidden) return;
     const int lane = threadIdx.x & 31, chunk = blockIdx.y;
-    const float wc = w2[c];
+    const float wc = w2[c], bc = b1[c];
     const long long first = (long long)chunk * rows_per_chunk, base = (long long)c * rows;
     const long long last = min((long long)rows, first + rows_per_chunk);
     float sum_dz = 0.f, sum_dw = 0.f;
     #pragma unroll 4
     for (long long r = first + lane; r < last; r += 32) {
-        const float h = tanhf(load_f(z, base + r));
+        const float h = tanhf(load_f(z, base + r) + bc);
         const float dr = d[r];
         const float g = dr * wc * (1.f - h * h);
         store_f(dz, base + r, g);
@@ -202,6 +207,7 @@ class TanhLinearMSEHead:
         self.dz = z
         self.rows, self.hidden = rows, hidden
         self.batch_innermost = rows > 1 and z.strides[0] == z.itemsize
+        self.b1 = p.master_view(f"{self.prev_dense_name}.bias") if self.batch_innermost else None   # added as read
         self._grad_scale = np.float32(2.0 / rows)
         self._loss_scale = np.float32(1.0 / rows)
         if self.backend.is_gpu:
@@ -227,9 +233,10 @@ class TanhLinearMSEHead:
         rows, hidden = np.int32(self.rows), np.int32(self.hidden)
         columns_args = (self.z, self.dz, self.d, self.w2, self.partials, rows, hidden, np.int32(self._chunk_rows))
         if self.batch_innermost:
-            self._rows((-(-self.rows // 32),), (32, 32), (self.z, self.w2, self.b2, self.target, self.d, self.sq_err,
-                                                         rows, hidden, self._grad_scale))
-            self._columns((-(-self.hidden // _COLUMN_WARPS), self.chunks), (32 * _COLUMN_WARPS,), columns_args)
+            self._rows((-(-self.rows // 32),), (32, 32), (self.z, self.b1, self.w2, self.b2, self.target, self.d,
+                                                         self.sq_err, rows, hidden, self._grad_scale))
+            self._columns((-(-self.hidden // _COLUMN_WARPS), self.chunks), (32 * _COLUMN_WARPS,),
+                          columns_args + (self.b1,))
         else:
             self._rows((-(-self.rows // _ROWS_PER_BLOCK),), (32 * _ROWS_PER_BLOCK,),
                        (self.z, self.w2, self.b2, self.target, self.d, self.sq_err, rows, hidden, self._grad_scale,
@@ -240,7 +247,7 @@ class TanhLinearMSEHead:
                       self.grad_w2, self.grad_b2, self._loss_scale) + self.state.kernel_args())
 
     def _forward_backward_numpy(self):
-        h = np.tanh(widen(self.z))
+        h = np.tanh(widen(self.z) + (self.b1 if self.batch_innermost else 0.0))
         y = h @ self.w2 + self.b2[0]
         diff = y - self.target[:, 0]
         d = self._grad_scale * diff
