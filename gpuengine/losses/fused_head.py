@@ -206,7 +206,8 @@ class TanhLinearMSEHead:
         # finished by then, and nothing after the head reads z (the output of the Dense before it).
         self.dz = z
         self.rows, self.hidden = rows, hidden
-        self.batch_innermost = rows > 1 and z.strides[0] == z.itemsize
+        # the (B, H) view of an (H, B) buffer; at H = 1 a row-major z has strides (itemsize, itemsize), not these
+        self.batch_innermost = rows > 1 and z.strides == (z.itemsize, z.itemsize * rows)
         self.b1 = p.master_view(f"{self.prev_dense_name}.bias") if self.batch_innermost else None   # added as read
         self._grad_scale = np.float32(2.0 / rows)
         self._loss_scale = np.float32(1.0 / rows)
