@@ -155,6 +155,22 @@ def test_fused_head_on_batch_innermost_z_hands_on_the_same_gradients_so():
         np.testing.assert_allclose(value, plain[f"grad:{key}"], rtol=1e-12, atol=1e-15, err_msg=key)
 
 
+def test_fused_head_takes_a_row_major_z_of_one_column_for_what_it_is():
+    # at H = 1 a row-major (B, 1) z has strides (itemsize, itemsize): batch-innermost z (no bias) must not match it
+    specs = head_specs(1)
+    ctx = make_context("cpu", "fp64", BATCH, specs, random_weights(specs, np.random.default_rng(18)))
+    rows_z, innermost_z = inputs(19, (BATCH, 1)), np.zeros((1, BATCH)).T   # a fresh (1, B) buffer's view
+    innermost_z[...] = rows_z
+    t = inputs(20, (BATCH, 1)).astype(np.float32)
+    assert not _built(TanhLinearMSEHead("d2", "d1"), ctx, rows_z, t).batch_innermost
+    assert _built(TanhLinearMSEHead("d2", "d1"), ctx, innermost_z, t).batch_innermost
+
+
+def _built(head, ctx, z, t):
+    head.build(ctx, z, t, _step_state(ctx))
+    return head
+
+
 # -- reductions ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("rows", [1, 63, 64, 130])
