@@ -77,7 +77,7 @@
 #                         (LOGDIR/toggle_cost_bias_grad_{sum,epilogue}.json)
 #                bn-engine the engine's own batch norm (batchnorm=engine): its GPU tests, each named as it ends
 #                         (-v; BN_TESTS=0 leaves them to a tests step), then `./gate toggle-cost batchnorm=engine`
-#                         of BN_WORKLOADS (default: resnet zoo:resnet50 zoo:mobilenet_v2) in tf32 and bf16
+#                         of BN_WORKLOADS (default: resnet zoo:resnet50 zoo:mobilenet_v2) in BN_PRECISIONS (tf32 bf16)
 #                         (LOGDIR/toggle_cost_batchnorm.json)
 #                bn-layers scripts/bn_layers.py: every batch norm of BN_LAYER_WORKLOAD (default resnet) timed alone in
 #                         BN_PRECISION (default bf16), cuDNN's graphs against the engine's kernels as planned and on
@@ -227,8 +227,8 @@ step_determinism() { ./gate toggle-cost deterministic=0 \
 step_bn-engine() { local s=0
     if [ "${BN_TESTS:-1}" = 1 ]; then python3 -m pytest correctness_tests/layers/test_gpu_batchnorm_engine.py -n 4 -v \
         -p no:cacheprovider -rfE --durations=5 || s=1; fi
-    ./gate toggle-cost batchnorm=engine ${BN_WORKLOADS:-resnet zoo:resnet50 zoo:mobilenet_v2} --precision tf32 bf16 \
-        --rounds 11 --out "$logdir/toggle_cost_batchnorm.json" || s=1
+    ./gate toggle-cost batchnorm=engine ${BN_WORKLOADS:-resnet zoo:resnet50 zoo:mobilenet_v2} \
+        --precision ${BN_PRECISIONS:-tf32 bf16} --rounds 11 --out "$logdir/toggle_cost_batchnorm.json" || s=1
     return $s; }
 step_bias-grad() { local s=0
     python3 -m pytest correctness_tests/layers/test_gpu_bias_grad.py correctness_tests/ops/test_gpu_gemm.py -n 4 -v \
