@@ -9,10 +9,10 @@ fused consumer already produced db (see `fused_head.py`), in which case
 on a Dense over the batch that feeds the fused head) the layer writes its
 output batch-innermost, (units, batch), without its bias (the head adds it:
 cuBLASLt's bias epilogue runs along the batch in that layout), the head
-writes dy so over it, and x
-comes batch-innermost too, from the gather's pass where the data offers it
-(data/gather.py) or copied as the forward pass begins: dW's GEMM then reads
-both operands K-major (ops/transpose.py says why).
+writes dy so over it, and x comes batch-innermost too, from the gather's
+pass where the data offers it (data/gather.py) or copied as the forward pass
+begins: dW's GEMM then reads both operands K-major (ops/transpose.py says
+why).
 """
 from __future__ import annotations
 

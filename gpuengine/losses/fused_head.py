@@ -181,7 +181,7 @@ def fits(hidden: int) -> bool:
 
 class TanhLinearMSEHead:
     """The fused tail of a dense regressor: z (B, H) -> loss, dz, dW2, db2 and db1; z and dz batch-innermost
-    (strides (itemsize, B * itemsize)) where the Dense below writes z so."""
+    (strides (itemsize, B * itemsize)) where the Dense below writes z so, z then without its bias b1."""
 
     name = "tanh_linear_mse_head"
 
