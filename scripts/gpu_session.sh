@@ -99,7 +99,9 @@
 #                ab-cold  the step ab with no kept plans (cudnn_plans.json removed): a fresh machine's first run,
 #                         autotuning included (with build/base at the same commit: the cold A/A run)
 #
-# For machines whose commands are cut off after a few minutes (a lent GPU): start, then poll `status`.
+# For machines whose commands are cut off after a few minutes (a lent GPU): start, then poll `status`
+# from calls that wait (`sleep 540; ... status`) back to back: a lent machine idle between calls goes back,
+# with its detached job and logs, after its idle time (30 s): a running job does not keep it.
 # The session runs in LOGDIR.tree, a copy of the checkout made at start (build/base and .whl included).
 # Needs the engine's packages importable already (GATE_NO_INSTALL=1 is set: no package registry assumed).
 # GATE_COMMIT_ID names the commit in the stored run when the tree has no .git.
