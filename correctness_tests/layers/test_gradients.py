@@ -144,7 +144,7 @@ def test_fused_head_on_batch_innermost_z_hands_on_the_same_gradients_so():
     specs = head_specs(hidden)
     weights = random_weights(specs, np.random.default_rng(17))
     ctx = make_context("cpu", "fp64", BATCH, specs, weights)
-    head = TanhLinearMSEHead("d2", "d1")
+    head = TanhLinearMSEHead("d2", "d1", batch_innermost=True)
     dz = head.build(ctx, np.ascontiguousarray(z.T).T, t.astype(np.float32), _step_state(ctx))
     assert head.batch_innermost and dz.strides == (8, 8 * BATCH)   # over z: a (B, H) view of an (H, B) buffer
     head.forward_backward()
@@ -155,15 +155,18 @@ def test_fused_head_on_batch_innermost_z_hands_on_the_same_gradients_so():
         np.testing.assert_allclose(value, plain[f"grad:{key}"], rtol=1e-12, atol=1e-15, err_msg=key)
 
 
-def test_fused_head_takes_a_row_major_z_of_one_column_for_what_it_is():
-    # at H = 1 a row-major (B, 1) z has strides (itemsize, itemsize): batch-innermost z (no bias) must not match it
+def test_fused_head_takes_the_layout_it_is_told_and_refuses_the_other():
+    # at H = 1 a row-major (B, 1) z has strides (itemsize, itemsize), a (1, B) buffer's view (itemsize, B * itemsize)
     specs = head_specs(1)
     ctx = make_context("cpu", "fp64", BATCH, specs, random_weights(specs, np.random.default_rng(18)))
     rows_z, innermost_z = inputs(19, (BATCH, 1)), np.zeros((1, BATCH)).T   # a fresh (1, B) buffer's view
     innermost_z[...] = rows_z
     t = inputs(20, (BATCH, 1)).astype(np.float32)
     assert not _built(TanhLinearMSEHead("d2", "d1"), ctx, rows_z, t).batch_innermost
-    assert _built(TanhLinearMSEHead("d2", "d1"), ctx, innermost_z, t).batch_innermost
+    assert _built(TanhLinearMSEHead("d2", "d1", batch_innermost=True), ctx, innermost_z, t).batch_innermost
+    for batch_innermost, z in ((False, innermost_z), (True, rows_z)):
+        with pytest.raises(ValueError, match="fused head: z .* has strides"):
+            _built(TanhLinearMSEHead("d2", "d1", batch_innermost), ctx, z, t)
 
 
 def _built(head, ctx, z, t):

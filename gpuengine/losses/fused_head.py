@@ -180,14 +180,15 @@ def fits(hidden: int) -> bool:
 
 
 class TanhLinearMSEHead:
-    """The fused tail of a dense regressor: z (B, H) -> loss, dz, dW2, db2 and db1; z and dz batch-innermost
-    (strides (itemsize, B * itemsize)) where the Dense below writes z so, z then without its bias b1."""
+    """The fused tail of a dense regressor: z (B, H) -> loss, dz, dW2, db2 and db1; with `batch_innermost`, z and
+    dz are the (B, H) views of (H, B) buffers, as the Dense below writes z then, without its bias b1."""
 
     name = "tanh_linear_mse_head"
 
-    def __init__(self, dense_name: str, prev_dense_name: str):
+    def __init__(self, dense_name: str, prev_dense_name: str, batch_innermost: bool = False):
         self.dense_name = dense_name            # the Dense(H -> 1) this head replaces
         self.prev_dense_name = prev_dense_name  # the Dense whose bias gradient it also produces
+        self.batch_innermost = batch_innermost  # that Dense's word: z batch-innermost and without its bias
 
     def build(self, ctx, z, target, state):
         rows, hidden = z.shape
@@ -206,8 +207,10 @@ class TanhLinearMSEHead:
         # finished by then, and nothing after the head reads z (the output of the Dense before it).
         self.dz = z
         self.rows, self.hidden = rows, hidden
-        # the (B, H) view of an (H, B) buffer; at H = 1 a row-major z has strides (itemsize, itemsize), not these
-        self.batch_innermost = rows > 1 and z.strides == (z.itemsize, z.itemsize * rows)
+        layout = (z.itemsize, z.itemsize * rows) if self.batch_innermost else (z.itemsize * hidden, z.itemsize)
+        if z.strides != layout:
+            raise ValueError(f"fused head: z {z.shape} has strides {z.strides}; "
+                             f"{'batch-innermost' if self.batch_innermost else 'row-major'} z has {layout}")
         self.b1 = p.master_view(f"{self.prev_dense_name}.bias") if self.batch_innermost else None   # added as read
         self._grad_scale = np.float32(2.0 / rows)
         self._loss_scale = np.float32(1.0 / rows)

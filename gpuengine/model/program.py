@@ -91,7 +91,7 @@ class TrainingProgram:
         if self.fused:
             head_input = wiring.layers[wiring.tail[0].name]
             head_input.bias_grad_fused = True   # the head computes db of the dense layer feeding it
-            self.loss = TanhLinearMSEHead(wiring.tail[-1].name, head_input.name)
+            self.loss = TanhLinearMSEHead(wiring.tail[-1].name, head_input.name, head_input.batch_innermost)
         else:
             self.loss = copy.copy(net.loss)   # a loss holds its buffers: one per program
         pooled = pools_over_direct_wgrad(net, self.layers, ctx.backend.is_gpu) if fuse else set()
