@@ -175,18 +175,18 @@ class DeviceGather:
         if self.out_xt is not None:
             self._kernel_t(self._grid_t, (32 * _WARPS_PER_BLOCK,),
                            (self.src_x, self.src_t, self.out_x, self.out_xt, self.out_t, np.int32(self.out_xt.shape[0]),
-                            np.int32(self.out_t.shape[1]), self.state.step, np.int32(ahead),
-                            np.int64(self.state.steps_per_epoch), np.int32(self.batch), np.uint32(self.n),
-                            np.uint32(half_bits(self.n)), np.uint32(self.seed & 0xFFFFFFFF),
-                            np.uint32(self.batch * self.world), np.uint32(self.rank * self.batch)))
+                            np.int32(self.out_t.shape[1])) + self._order_args(ahead))
             return
         self._kernel((self._blocks,), (32 * _WARPS_PER_BLOCK,),
                      (self._src_words, self.src_t, self._out_words, self.out_t, np.int32(self._row_words),
-                      np.int32(self._chunk_words), np.int32(self._chunks), np.int32(self.out_t.shape[1]),
-                      self.state.step, np.int32(ahead),
-                      np.int64(self.state.steps_per_epoch), np.int32(self.batch), np.uint32(self.n),
-                      np.uint32(half_bits(self.n)), np.uint32(self.seed & 0xFFFFFFFF),
-                      np.uint32(self.batch * self.world), np.uint32(self.rank * self.batch)))
+                      np.int32(self._chunk_words), np.int32(self._chunks), np.int32(self.out_t.shape[1]))
+                     + self._order_args(ahead))
+
+    def _order_args(self, ahead: int) -> tuple:
+        """Both kernels' last arguments: which rows this rank's batch of step (counter + ahead) takes."""
+        return (self.state.step, np.int32(ahead), np.int64(self.state.steps_per_epoch), np.int32(self.batch),
+                np.uint32(self.n), np.uint32(half_bits(self.n)), np.uint32(self.seed & 0xFFFFFFFF),
+                np.uint32(self.batch * self.world), np.uint32(self.rank * self.batch))
 
     def host_rows(self, step: int) -> np.ndarray:
         """The source rows the kernel reads at global step `step` (NumPy, for the CPU and tests)."""

@@ -53,7 +53,6 @@ class Dense(Layer):
     def build_forward(self, ctx: BuildContext, x):
         self.x = x
         self.weight = ctx.params.compute_view(f"{self.name}.weight")
-        bias = ctx.params.compute_view(f"{self.name}.bias")
         if self.batch_innermost:
             if self.relu_epilogue:
                 raise ValueError(f"{self.name}: batch_innermost output leaves its bias to the fused head; no ReLU here")
@@ -63,8 +62,8 @@ class Dense(Layer):
             self._forward = Gemm(ctx.backend, ctx.policy, out_t, self.weight, x.T, allocator=ctx.allocator)
         else:
             self.out = ctx.allocator.zeros((ctx.batch, self.units), ctx.policy.compute_dtype, "activations")
-            self._forward = Gemm(ctx.backend, ctx.policy, self.out, x, self.weight.T, bias, ctx.allocator,
-                                 relu=self.relu_epilogue)
+            self._forward = Gemm(ctx.backend, ctx.policy, self.out, x, self.weight.T,
+                                 ctx.params.compute_view(f"{self.name}.bias"), ctx.allocator, relu=self.relu_epilogue)
         self._grad_w = self._grad_b = self._grad_x = self._x_copy = None   # inference builds no backward
         return self.out
 
