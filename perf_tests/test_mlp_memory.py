@@ -48,7 +48,7 @@ def searched(spec: TrialSpec) -> SearchResult:
     return result
 
 
-def engine_spec(mode: str, data: str = "resident", pool: int = 3) -> TrialSpec:
+def engine_spec(mode: str, data: str = "resident", pool: int = TrialSpec.batch_pool) -> TrialSpec:
     return TrialSpec("mlp", mode, "gpuengine", PRECISION, CAP_GIB, pool, data, "seed", "cuda")
 
 
