@@ -16,8 +16,8 @@ import pytest
 
 from gpuengine.config import EngineConfig
 from gpuengine.inference import Predictor, ResidentPredictor
-from gpuengine.runtime.backend import gpu_visible
-from gpuengine.runtime.memory import CATEGORIES
+from gpuengine.runtime.backend import Backend, gpu_visible
+from gpuengine.runtime.memory import CATEGORIES, RESERVE_BYTES, Allocator
 from gpuengine.trainer import Trainer
 from gpuengine.workloads.mlp import SEED_SHAPE, SMOKE_SHAPE, build_mlp, mlp_data
 
@@ -147,6 +147,30 @@ def test_in_tf32_the_gather_writes_the_batch_innermost_copy_the_dense_reads():
     trainer.train(1)
     first = trainer.program.layers[trainer.program.nodes[0].name]
     assert first._x_copy is None
+
+
+@pytest.mark.parametrize("samples,resident", [(512, True), (2048, True), (2048, False)],
+                         ids=["full-batch", "gathered", "streamed"])
+def test_in_tf32_no_second_x_where_the_device_has_no_room_for_it(samples, resident, monkeypatch):
+    batch = 512
+    x, t = mlp_data(samples, SHAPE)
+    config = cpu_config(precision="tf32", resident_data=resident)
+    roomy = Trainer(build_mlp(SHAPE), x, t, batch, config)
+    monkeypatch.setattr(Backend, "memory_room", lambda self: 0)
+    tight = Trainer(build_mlp(SHAPE), x, t, batch, config)
+    first = tight.program.layers[tight.program.nodes[0].name]
+    assert tight.program.loss.batch_innermost and first._x_copy is None and tight.data.batch_innermost_input() is None
+    assert roomy.memory_report()["total"] - tight.memory_report()["total"] == batch * SHAPE.inputs * F32
+    np.testing.assert_allclose(tight.train(2), roomy.train(2), rtol=1e-6)   # dW reads x as it is: the same step
+
+
+def test_an_optional_buffer_fits_where_it_leaves_room_for_what_is_booked_and_the_reserve(monkeypatch):
+    allocator = Allocator(Backend("cpu"))
+    assert allocator.fits(1 << 50)   # the NumPy backend knows no limit
+    monkeypatch.setattr(Backend, "memory_room", lambda self: RESERVE_BYTES + 1000)
+    assert allocator.fits(1000) and not allocator.fits(1001)
+    allocator.book(10, "workspace")   # a library's, allocated at its first run
+    assert allocator.fits(990) and not allocator.fits(991)
 
 
 # -- on a GPU: the CuPy pool after a step against the report ---------------------------

@@ -12,7 +12,7 @@ from gpuengine.config import EngineConfig
 from gpuengine.layers import Dense, ReLU, Tanh
 from gpuengine.losses import MSELoss
 from gpuengine.losses.fused_head import TanhLinearMSEHead
-from gpuengine.runtime.backend import gpu_visible
+from gpuengine.runtime.backend import Backend, gpu_visible
 from gpuengine.runtime.params import ParamSpec
 from gpuengine.trainer import Trainer
 from gpuengine.workloads.mlp import MLPShape, build_mlp, mlp_data
@@ -104,13 +104,17 @@ def test_training_matches_numpy(fuse):
 
 
 @pytest.mark.parametrize("samples", [2048, 256], ids=["gathered", "full-batch"])
-def test_tf32_training_on_the_batch_innermost_path_matches_numpy(samples):
+@pytest.mark.parametrize("room", [True, False], ids=["room", "no-room"])
+def test_tf32_training_on_the_batch_innermost_path_matches_numpy(samples, room, monkeypatch):
     net = build_mlp(SHAPE)
     x, t = mlp_data(samples, SHAPE)
     cpu = Trainer(net, x, t, 256, EngineConfig(device="cpu", precision="fp32", cuda_graph=0))
+    if not room:   # no second x: dW reads x row-major (one operand K-major)
+        monkeypatch.setattr(Backend, "memory_room", lambda self: 0)
     gpu = Trainer(net, x, t, 256, EngineConfig(device="cuda", precision="tf32", cuda_graph=0))
     dense = gpu.program.layers[gpu.program.nodes[0].name]
     assert gpu.program.loss.batch_innermost and dense.batch_innermost and dense._x_copy is None   # the data's copy
+    assert (gpu.data.batch_innermost_input() is not None) == room
     cpu_losses, gpu_losses = cpu.train(3), gpu.train(3)
     assert gpu_losses[-1] < gpu_losses[0]
     np.testing.assert_allclose(gpu_losses, cpu_losses, rtol=TOLERANCE["tf32"])

@@ -57,18 +57,19 @@ class ResidentDataset:
 
     def batch_innermost_input(self):
         """The batch's x also stored (features, batch): written by the gather in its pass, or once here where the
-        data set is the batch (it never changes); None where the rows are not float32."""
-        if self.batch_x.dtype != np.float32:
+        data set is the batch (it never changes); None where the rows are not float32, or where a second copy of
+        the batch would not leave the device room for the rest of the set-up (the largest batches)."""
+        if self._batch_innermost is not None:
+            return self._batch_innermost
+        if self.batch_x.dtype != np.float32 or not self._allocator.fits(self.batch_x.nbytes):
             return None
         features = self.batch_x.size // self.batch
+        self._batch_innermost = self._allocator.zeros((features, self.batch), np.float32, "batch")
         if self._gather is None:
-            if self._batch_innermost is None:
-                self._batch_innermost = self._allocator.zeros((features, self.batch), np.float32, "batch")
-                self._batch_innermost[...] = self.batch_x.reshape(self.batch, features).T
-            return self._batch_innermost
-        if self._gather.out_xt is None:
-            self._gather.also_batch_innermost(self._allocator.zeros((features, self.batch), np.float32, "batch"))
-        return self._gather.out_xt
+            self._batch_innermost[...] = self.batch_x.reshape(self.batch, features).T
+        else:
+            self._gather.also_batch_innermost(self._batch_innermost)
+        return self._batch_innermost
 
     def rows_of_step(self, step: int) -> np.ndarray:
         if self._gather is None:

@@ -12,7 +12,9 @@ cuBLASLt's bias epilogue runs along the batch in that layout), the head
 writes dy so over it, and x comes batch-innermost too, from the gather's
 pass where the data offers it (data/gather.py) or copied as the forward pass
 begins: dW's GEMM then reads both operands K-major (ops/transpose.py says
-why).
+why). Where a second x would not leave the device room for the rest of the
+set-up (the largest batches: runtime/memory.py's `fits`), dW reads x as it
+is.
 """
 from __future__ import annotations
 
@@ -77,10 +79,11 @@ class Dense(Layer):
                                  f"strides {dy.strides}, needs_input_grad={needs_input_grad}")
             # the program sets batch_innermost on a Dense over the batch itself: its gather may write x so too
             x_t = ctx.batch_innermost_input() if ctx.batch_innermost_input is not None else None
-            if x_t is None:   # copied here, as the forward pass begins
+            if x_t is None and ctx.allocator.fits(self.x.nbytes):   # copied here, as the forward pass begins
                 x_t = ctx.allocator.zeros(self.x.shape[::-1], self.x.dtype, "activations")
                 self._x_copy = Transpose(ctx.backend, self.x, x_t)
-            x = x_t.T
+            if x_t is not None:   # else no room for a second x: dW reads x as it is, one operand K-major
+                x = x_t.T
         self._grad_w, self._grad_b = weight_gradients(ctx.backend, ctx.policy, ctx.allocator, grad_w, grad_b, dy,
                                                       x, ctx.bias_grad_in_epilogue(token_major=False), ctx.sums)
         if needs_input_grad:

@@ -16,8 +16,8 @@ residual Add that only a LayerNorm reads is summed by that LayerNorm, which
 also sums the last bias gradient of a Linear layer or attention only that Add
 reads; a token embedding adds the positional encoding over it. In TF32 a
 Dense over the batch that feeds the fused head writes z batch-innermost, the
-head reads it and writes dz so, and the Dense copies x so too: its weight
-gradient then reads both K-major (layers/dense.py).
+head reads it and writes dz so, and the Dense copies x so too where the
+device has room: its weight gradient then reads both K-major (layers/dense.py).
 `InferenceProgram` wires the forward pass alone. Both allocate everything up
 front, so their calls can be captured in a CUDA graph.
 """

@@ -116,6 +116,16 @@ class Backend:
             pool = self.xp.get_default_memory_pool()
             pool.set_limit(size=0 if cap_gib is None else int(cap_gib * GIB))
 
+    def memory_room(self) -> int | None:
+        """Bytes the engine may still allocate: up to the pool's cap where one is set, else the device's free
+        memory and what the pool holds unused; None on the CPU, where no limit is known."""
+        if not self.is_gpu:
+            return None
+        pool = self.xp.get_default_memory_pool()
+        if pool.get_limit():
+            return max(0, pool.get_limit() - pool.used_bytes())
+        return self.xp.cuda.runtime.memGetInfo()[0] + pool.free_bytes()
+
     def timer(self) -> "DeviceTimer":
         return DeviceTimer(self)
 

@@ -12,6 +12,9 @@ from collections import defaultdict
 import numpy as np
 
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "batch", "workspace")
+# Room kept for what a set-up allocates after an optional buffer: the GEMMs planned later (cuBLASLt
+# workspaces of up to 32 MiB each, ops/gemm.py) and small buffers.
+RESERVE_BYTES = 64 << 20
 
 
 class Allocator:
@@ -20,6 +23,7 @@ class Allocator:
     def __init__(self, backend):
         self.backend = backend
         self.bytes_by_category: dict[str, int] = defaultdict(int)
+        self.booked_bytes = 0   # what libraries allocate at their first run: not in the pool yet at set-up
 
     def zeros(self, shape, dtype, category: str):
         if category not in CATEGORIES:
@@ -33,6 +37,13 @@ class Allocator:
     def book(self, nbytes: int, category: str):
         """Account for memory a library allocates on our behalf (e.g. a GEMM workspace)."""
         self.bytes_by_category[category] += int(nbytes)
+        self.booked_bytes += int(nbytes)
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether an optional buffer of `nbytes` leaves room for the rest of the set-up: what is booked but not
+        allocated yet, and RESERVE_BYTES for what is built after it (always, where the backend knows no limit)."""
+        room = self.backend.memory_room()
+        return room is None or int(nbytes) + max(0, self.booked_bytes) + RESERVE_BYTES <= room
 
     @property
     def total_bytes(self) -> int:
