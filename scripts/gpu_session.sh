@@ -46,6 +46,8 @@
 #                nightly  `./gate perf --full --against none -k SELECTION` for each SELECTION in NIGHTLY_K (';' between
 #                         them, one stored run each, so a step stopped at its minutes keeps the runs that ended):
 #                         the nightly tier in shares, for a machine held too briefly for all of it
+#                slow     `./gate perf -m slow` (the max-batch searches; its run is stored by outcome), of the tests
+#                         SLOW_K selects (-k) when set ("train and not pool")
 #                profile  `python -m gpuengine profile` of mlp, cnn, resnet (tf32, bf16), transformer and zoo:alexnet,
 #                         or of PROFILES when set ("zoo:alexnet --precision tf32;resnet", ';' between profiles);
 #                         the Nth, with --against, leaves both sides' profiles and logs in LOGDIR/profile-against/N
@@ -200,6 +202,7 @@ step_zoo-compile() { ./gate perf -p no:cacheprovider --durations=0 -rA --full --
 step_nightly() { local k s=0 IFS=';'; for k in ${NIGHTLY_K:?NIGHTLY_K selects the nightly cases}; do
     echo "== nightly -k $k"; ./gate perf -p no:cacheprovider --durations=0 -rA --full --against none -k "$k" || s=1
     done; return $s; }
+step_slow() { ./gate perf -p no:cacheprovider --durations=0 -rA -m slow ${SLOW_K:+-k "$SLOW_K"}; }
 step_stack-ab() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against-stack build/old.txt \
     --stack-wheels .whl/old ${STACK_K:+-k "$STACK_K"}; s=$?; cp -r build/ab "$logdir/stack-ab-logs" 2>/dev/null; return $s; }
 step_ab-core() { local s; ./gate perf -p no:cacheprovider --durations=0 -rA --against build/base \
