@@ -70,8 +70,8 @@ def test_fused_head_matches_numpy(precision, rows, hidden, batch_innermost):
     # batch-innermost z comes without the Dense's bias: the head adds it
     cpu = run_loss(TanhLinearMSEHead("d2", "d1"), z + w["d1.bias"] * batch_innermost, t, precision="fp32",
                    specs=specs, weights=w)
-    gpu = run_loss(TanhLinearMSEHead("d2", "d1", batch_innermost), z, t, device="cuda", precision=precision, specs=specs, weights=w,
-                   batch_innermost=batch_innermost)
+    gpu = run_loss(TanhLinearMSEHead("d2", "d1", batch_innermost), z, t, device="cuda", precision=precision,
+                   specs=specs, weights=w, batch_innermost=batch_innermost)
     assert_close(gpu, cpu, TOLERANCE[precision])
 
 

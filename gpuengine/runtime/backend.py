@@ -122,8 +122,9 @@ class Backend:
         if not self.is_gpu:
             return None
         pool = self.xp.get_default_memory_pool()
-        if pool.get_limit():
-            return max(0, pool.get_limit() - pool.used_bytes())
+        limit = pool.get_limit()   # 0: none set
+        if limit:
+            return max(0, limit - pool.used_bytes())
         return self.xp.cuda.runtime.memGetInfo()[0] + pool.free_bytes()
 
     def timer(self) -> "DeviceTimer":
