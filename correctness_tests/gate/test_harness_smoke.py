@@ -58,9 +58,11 @@ class MatmulLoopRunner:
 
 
 def engine_and_references(log=None):
-    # Work per round 1 : 27 : 512, so the order survives a busy machine.
-    engine = MatmulLoopRunner("gpuengine", 16, log=log)
-    references = [MatmulLoopRunner("torch_eager", 128, log=log), MatmulLoopRunner("torch_graph", 48, log=log)]
+    # Work per round 1 : 27 : 512, so the order survives a busy machine; 64 products a round (about 0.3, 2 and
+    # 22 ms) so that one preemption of a round (a few ms on 2 busy cores) cannot reorder them.
+    engine = MatmulLoopRunner("gpuengine", 16, loops=64, log=log)
+    references = [MatmulLoopRunner("torch_eager", 128, loops=64, log=log),
+                  MatmulLoopRunner("torch_graph", 48, loops=64, log=log)]
     return engine, references
 
 
@@ -77,7 +79,8 @@ def test_compare_stores_the_engine_rounds_and_records_ratios(benchmark, compare,
     monkeypatch.setattr(thresholds, "RULES_PATH", write_rules(tmp_path / "rules.json", [cpu_only_miss, torch_best]))
     engine, references = engine_and_references()
 
-    result = compare(benchmark, engine, references, rounds=ROUNDS, precision="fp32", flops_per_sample=2 * 16 ** 3)
+    # a stated rate, not NumPy's: high enough that the run's TFLOPS (two decimals) are not rounded to 0
+    result = compare(benchmark, engine, references, rounds=ROUNDS, precision="fp32", flops_per_sample=2 * 16 ** 3 * 64)
 
     assert isinstance(result, Comparison)
     assert {name: len(ms) for name, ms in result.times_ms.items()} == dict.fromkeys(result.times_ms, ROUNDS)
