@@ -25,12 +25,14 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from gpuengine.bench.machine_info import (Tier, collect_machine_info, current_tier, named_commit, named_commit_info,
                                          run_tag)
 from gpuengine.bench.stack_lock import stack_of
+from gpuengine.gate.store.run_storage import storage_folder
 from gpuengine.gate.store.stored_runs import run_files
 from gpuengine.config import ConfigError, EngineConfig
 from gpuengine.runtime.backend import get_backend, gpu_visible, resolve_device
@@ -161,6 +163,19 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_benchmark_update_machine_info(config, machine_info):
     target = config.stash[RUN_SETTINGS]
     machine_info.update(collect_machine_info(target.tier, target.config))
+    machine_info["series"] = _series(config.rootpath, target)
+
+
+def _series(root, target: RunSettings) -> str | None:
+    """Where in its tier's folder the run is stored: "" the tier's own runs, else its series' folder ("slow",
+    "config-.../slow"), so a run merged from several sessions (gpuengine/gate/spread.py) is stored beside theirs;
+    None where --benchmark-storage named a folder outside the tier's."""
+    folder = storage_folder(target.storage)
+    tier_folder = (root / BASELINES_DIR / target.tier.name).resolve()
+    if folder is None or not folder.is_relative_to(tier_folder):
+        return None
+    series = folder.relative_to(tier_folder)
+    return "" if series == Path() else series.as_posix()
 
 
 @pytest.hookimpl(optionalhook=True)

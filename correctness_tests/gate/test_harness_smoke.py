@@ -272,6 +272,7 @@ def test_runs_are_stored_per_tier_with_machine_info(pytester, monkeypatch):
     run = json.loads(stored[0].read_text())
     assert run["machine_info"]["tier"] == CPU_TIER and run["machine_info"]["gpu"] == NO_GPU
     assert "precision=" in run["machine_info"]["gpuengine_config"]
+    assert run["machine_info"]["series"] == ""   # the tier's own runs (a spread run is merged into the same folder)
     (bench,) = run["benchmarks"]
     assert bench["name"] == "test_tiny_comparison"
     assert set(bench["extra_info"]["ratios"]) == {"torch_eager", "torch_graph"}
@@ -285,6 +286,11 @@ def test_runs_are_stored_per_tier_with_machine_info(pytester, monkeypatch):
     assert "machine_info is different" not in second.stderr.str()
     assert "no stored run" not in second.stdout.str()
     assert len(list(stored[0].parent.glob("*.json"))) == 2
+
+    toggled = pytester.runpytest_subprocess(*args, "--gpuengine-cuda-graph", "4")   # a series of its own
+    toggled.assert_outcomes(passed=1)
+    (series_run,) = (pytester.path / "baselines_store" / CPU_TIER / "config-cuda_graph-4").glob("*/*.json")
+    assert json.loads(series_run.read_text())["machine_info"]["series"] == "config-cuda_graph-4"
 
 
 class UncapturableRunner(MatmulLoopRunner):

@@ -20,7 +20,8 @@ from gpuengine.gate.spread import (HELD_BACK, HOST_BANDWIDTH_MODULES, NIGHTLY_HO
 
 
 def fake_run(gpu: str, tests: dict[str, float], when: str = "2026-11-23T10:00:00+00:00") -> dict:
-    return {"machine_info": {"gpu": gpu, "tier": gpu.lower().replace(" ", "-")}, "commit_info": {"id": "abc"},
+    return {"machine_info": {"gpu": gpu, "tier": gpu.lower().replace(" ", "-"), "series": ""},
+            "commit_info": {"id": "abc"},
             "datetime": when, "version": "5.1.0",
             "benchmarks": [{"fullname": name, "name": name.split("::")[-1], "stats": {"total": s, "median": s / 3},
                             "extra_info": {"ratios": {}}} for name, s in tests.items()]}
@@ -115,6 +116,32 @@ def test_the_merged_run_is_stored_where_a_single_run_would_be(tmp_path, codes, s
     assert sorted(run.benchmarks) == ["perf_tests/t.py::t0", "perf_tests/t.py::t1"]
     if outcomes:
         assert json.loads(paths[0].read_text())["gpuengine_gate"] == outcomes["gpu1"]   # kept in the stored run
+
+
+@pytest.mark.parametrize("series,named,folder", [
+    ("slow", None, "store/nvidia-h200/slow"),
+    ("config-precision-bf16/slow", None, "store/nvidia-h200/config-precision-bf16/slow"), (None, "mine", "mine")])
+def test_a_series_run_is_merged_into_its_series_not_the_tiers_speed_runs(tmp_path, series, named, folder):
+    """`./gate perf -m slow` on two GPUs: the max-batch searches' run goes to <tier>/slow/, where each session would
+    have stored it; a folder --benchmark-storage named (the sessions' series then None) takes it as it is."""
+    workers = [Worker(name, str(i), [], tmp_path / f"{name}.json") for i, name in enumerate(("gpu0", "gpu1"))]
+    for i, worker in enumerate(workers):
+        run = fake_run("NVIDIA H200", {f"perf_tests/t.py::t{i}": 1.0})
+        run["machine_info"]["series"] = series
+        worker.json_path.write_text(json.dumps(run))
+    named = named and tmp_path / named
+    (path,) = save_merged(workers, {"gpu0": 0, "gpu1": 0}, tmp_path / "store", "m", "tag", False, named=named)
+    assert path == tmp_path / folder / "m" / "0001_tag.json"
+
+
+def test_a_merged_run_with_no_series_and_no_named_storage_is_refused(tmp_path):
+    worker = Worker("gpu0", "0", [], tmp_path / "gpu0.json")
+    run = fake_run("NVIDIA H200", {"perf_tests/t.py::t0": 1.0})
+    run["machine_info"]["series"] = None
+    worker.json_path.write_text(json.dumps(run))
+    with pytest.raises(ValueError, match="no series and no --benchmark-storage"):
+        save_merged([worker], {"gpu0": 0}, tmp_path / "store", "m", "tag", False)
+    assert not (tmp_path / "store").exists()
 
 
 @pytest.mark.parametrize("codes,outcome", [({"gpu0": 0, "gpu1": 2}, gate_outcome()),

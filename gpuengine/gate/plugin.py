@@ -137,15 +137,6 @@ def add_options(parser):
                          "noise, budget or tier (./gate bisect's steps; default: the gate chooses)")
 
 
-def _storage_folder(option) -> Path | None:
-    uri = getattr(option, "benchmark_storage", None)
-    if uri is None:
-        return None
-    if uri.startswith("file://"):
-        return Path(uri[len("file://"):]).resolve()
-    return None if "://" in uri else Path(uri).resolve()
-
-
 def _usage_error(exc: Exception):
     raise pytest.UsageError(f"gpuengine: {exc}") from exc
 
@@ -173,10 +164,11 @@ def configure(config: pytest.Config, tier: Tier):
     if ab_rounds is not None and ab_rounds < paired.MIN_ROUNDS:
         raise pytest.UsageError(f"gpuengine: --ab-rounds {ab_rounds}: at least {paired.MIN_ROUNDS} paired rounds "
                                 "(fewer cannot reach the rank test's significance)")
-    why = run_storage.unwritable(getattr(option, "benchmark_storage", None)) if saving else None
+    uri = getattr(option, "benchmark_storage", None)
+    why = run_storage.unwritable(uri) if saving else None
     if why is not None:
         raise pytest.UsageError(f"gpuengine: this run could not be saved, so nothing ran: {why}")
-    state = GateState(tier, _storage_folder(option), config.getoption("full"),
+    state = GateState(tier, run_storage.storage_folder(uri), config.getoption("full"),
                       bool(getattr(option, "benchmark_compare", None)), noise, study,
                       stack=stack_of({"stack_lock": current_record()}), ab_rounds=ab_rounds)
     state.targets.fail = tiers.targets_fail(full=state.full, claims=config.getoption("claims"))

@@ -10,7 +10,10 @@
 3. Run the tests that need every GPU (perf_tests/test_data_parallel.py) in
    one pytest that sees them all, after the others (they would share GPUs).
 4. Merge the runs into one per GPU kind and store it like `--benchmark-autosave`
-   does, named after the commit as a single run is (GATE_COMMIT_ID where set):
+   does, in the folder each session would have stored it in (its run's
+   machine_info "series": the tier's speed runs, slow/ for `-m slow`, a
+   config-... folder for toggles; or the folder --benchmark-storage names),
+   named after the commit as a single run is (GATE_COMMIT_ID where set):
    a baseline if every process passed, or failed only on targets not met
    (--claims), or with --save-baseline; else under history/; nothing at all
    when a process was interrupted (Ctrl-C: no verdict). The exit status is
@@ -76,9 +79,9 @@ from gpuengine.bench import cudnn_plans
 from gpuengine.gate import changepoints
 from gpuengine.bench.json_files import JsonFileError
 from gpuengine.bench.machine_info import checkout_commit, named_commit_info, run_tag
-from gpuengine.gate.store.run_storage import store_run
+from gpuengine.gate.store.run_storage import storage_folder, store_run
 from gpuengine.gate.store.spread_runs import (benchmark_seconds, failed_on_targets_only, interrupted, merge_runs,
-                                              split_tests)
+                                              run_folder, split_tests)
 from gpuengine.gate.store.stored_runs import history_folder, newest_per_test, scan, tier_folders
 from gpuengine.bench.timing_cores import TimingCore, timing_cores
 from gpuengine.gate.ab.stack import StackBaseError, prepare_from_args
@@ -263,10 +266,12 @@ def take_option(args: list[str], name: str) -> tuple[str | None, list[str]]:
 
 
 def save_merged(workers: list[Worker], status: dict[str, int], store: Path, machine_id: str, tag: str,
-                save_baseline: bool, commit_info: dict | None = None, wall_seconds: float | None = None) -> list[Path]:
-    """Merge the workers' JSON runs, one per GPU kind, into store/<tier>/[history/]<machine id>/NNNN_<tag>.json.
-    `commit_info`: fields that name the commit over what the workers' runs say (GATE_COMMIT_ID's); `wall_seconds`:
-    the spread's own length, the merged run's tier time (its sessions ran at once)."""
+                save_baseline: bool, commit_info: dict | None = None, wall_seconds: float | None = None,
+                named: Path | None = None) -> list[Path]:
+    """Merge the workers' JSON runs, one per GPU kind, into <folder>/[history/]<machine id>/NNNN_<tag>.json, the
+    folder run_folder's. `commit_info`: fields that name the commit over what the workers' runs say
+    (GATE_COMMIT_ID's); `wall_seconds`: the spread's own length, the merged run's tier time (its sessions ran at
+    once); `named`: the folder --benchmark-storage named, if any."""
     runs, names = [], []
     for worker in workers:
         if worker.json_path.is_file():
@@ -294,8 +299,8 @@ def save_merged(workers: list[Worker], status: dict[str, int], store: Path, mach
                                          if w.timing is not None and w.name in spread["workers"]}
         if wall_seconds is not None and isinstance(merged.get("gpuengine_tier_time"), dict):
             merged["gpuengine_tier_time"]["session_seconds"] = round(wall_seconds, 1)
-        tier = store / merged["machine_info"]["tier"]
-        folder = (tier if passed or save_baseline else history_folder(tier)) / machine_id
+        series = run_folder(merged["machine_info"], store, named)
+        folder = (series if passed or save_baseline else history_folder(series)) / machine_id
         saved.append(store_run(folder, tag, json.dumps(merged, indent=4)))
     return saved
 
@@ -392,11 +397,12 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.INTERRUPTED
     tag, commit_info = merged_run_naming()
     saved = save_merged(workers, status, ROOT / "baselines_store", get_machine_id(), tag, save_baseline, commit_info,
-                        time.monotonic() - started)
+                        time.monotonic() - started, storage_folder(take_option(args, "--benchmark-storage")[0]))
     sections = []
     for path in saved:
-        print(f"gpuengine.gate.spread: saved the merged run as {path.relative_to(ROOT)}", flush=True)
-        tier = path.relative_to(ROOT / "baselines_store").parts[0]
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        print(f"gpuengine.gate.spread: saved the merged run as {shown}", flush=True)
+        tier = json.loads(path.read_text())["machine_info"]["tier"]
         lines = changepoints.recent_lines(changepoints.folder_of(path), tier)
         print("\n".join(f"gpuengine.gate.spread: change points: {line}" for line in lines), flush=True)
         sections.append(change_points(lines))

@@ -10,7 +10,8 @@ baselines: `AtomicFileStorage` is its file storage saving through
 `failure`, for the gate's summary and exit status (gpuengine/gate/plugin.py)
 instead of a traceback that hides the session's results. A run spread over
 several GPUs is merged and saved through `store_run` too (gpuengine/gate/spread.py).
-`unwritable` says, before the first test, why a store could not take the run at all.
+`unwritable` says, before the first test, why a store could not take the run at all; `storage_folder` is the
+folder a `--benchmark-storage` value names.
 """
 from __future__ import annotations
 
@@ -78,6 +79,16 @@ def atomic(bench_session, folder=None, on_failure=None) -> AtomicFileStorage:
                                 default_machine_id=bench_session.machine_id)
     storage.on_failure = on_failure
     return storage
+
+
+def storage_folder(uri: str | None) -> Path | None:
+    """The folder a `--benchmark-storage` value names (`file://PATH` or a bare path), resolved; None for no value or
+    another scheme."""
+    if uri is None:
+        return None
+    if uri.startswith("file://"):
+        return Path(uri[len("file://"):]).resolve()
+    return None if "://" in uri else Path(uri).resolve()
 
 
 def unwritable(uri: str | None) -> str | None:

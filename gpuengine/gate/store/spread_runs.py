@@ -6,12 +6,14 @@ each pinned to its GPU by CUDA_VISIBLE_DEVICES and writing its run with
 `--benchmark-json`, then the tests that need every GPU (data parallel) in a
 last process that sees them all. The runs are merged here into one stored
 run per GPU kind, in pytest-benchmark's own format, numbered after the runs
-already stored (its NNNN_ prefix), so the gate plugin, the report and
+already stored (its NNNN_ prefix), in the folder each session would have
+stored it in (`run_folder`), so the gate plugin, the report and
 pytest-benchmark's tools read it like any other run.
 """
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 INTERRUPTED = 2   # pytest's exit status of a session stopped by Ctrl-C
 GATE_OUTCOME = "gpuengine_gate"   # gpuengine/gate/plugin.py's verdict in a run: which tests failed on targets only
@@ -137,3 +139,15 @@ def merge_runs(runs: list[dict], workers: list[str]) -> dict[str, dict]:
         if times:
             merged[kind][TIER_TIME] = _merged_tier_time(times)
     return merged
+
+
+def run_folder(machine_info: dict, store: Path, named: Path | None) -> Path:
+    """The folder the workers' sessions store a run in, a merged one too: the tier's series in `store`
+    (<tier>/, <tier>/slow/, <tier>/config-.../), or `named`, the folder --benchmark-storage named."""
+    series = machine_info.get("series")
+    if series is not None:
+        return store / machine_info["tier"] / series
+    if named is None:
+        raise ValueError("the sessions' runs name no series and no --benchmark-storage was given: "
+                         "where they are stored is not known")
+    return named
