@@ -24,7 +24,7 @@ def profile(batchnorm="engine", forward=(21.0, 12.5), backward=(11.0, 19.5), pre
 
 def test_forward_launches_pair_in_order_and_backward_ones_in_reverse():
     result = load_script("bn_in_step").pair(profile(), LAYERS)
-    assert result["side"] == "engine"
+    assert result["side"] == "engine" and result["cold"] is False   # bn_layers without --cold: L2 warm
     first, second = result["layers"]
     assert (first["forward_alone_us"], first["forward_step_us"]) == (18.8, 21.0)
     assert (first["backward_alone_us"], first["backward_step_us"]) == (18.8, 19.5)   # the last backward launch
@@ -49,8 +49,13 @@ def test_the_command_prints_the_table_writes_json_and_refuses_with_status_2(tmp_
     (tmp_path / "l.json").write_text(json.dumps(LAYERS))
     assert script.main([str(tmp_path / "p.json"), str(tmp_path / "l.json"), "--out", str(tmp_path / "o.json")]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("engine's batch norm") and out[-1].split()[:5] == ["total", "29.6", "33.5", "+3.9", "28.7"]
+    assert out[0].startswith("engine's batch norm, us a call: alone, L2 warm")
+    assert out[-1].split()[:5] == ["total", "29.6", "33.5", "+3.9", "28.7"]
     assert json.loads((tmp_path / "o.json").read_text())["totals"]["forward_step_us"] == 33.5
     (tmp_path / "p.json").write_text(json.dumps({**profile(), "runners": {}}))
     assert script.main([str(tmp_path / "p.json"), str(tmp_path / "l.json")]) == 2
     assert "the profile has no runner 'gpuengine'" in capsys.readouterr().err
+    (tmp_path / "p.json").write_text(json.dumps(profile()))
+    (tmp_path / "l.json").write_text(json.dumps({**LAYERS, "cold": True}))
+    assert script.main([str(tmp_path / "p.json"), str(tmp_path / "l.json")]) == 0
+    assert "alone after an L2 flush" in capsys.readouterr().out.splitlines()[0]

@@ -48,23 +48,44 @@ def test_bn_layers_tables_every_side_and_the_planned_grids(capsys, monkeypatch, 
     grid = {"tiles": 16, "chunks": 8, "tile_packs": 1, "cluster": 8}
     ticket = {"tiles": 4, "chunks": 4, "tile_packs": 4, "cluster": 1}
 
-    def layer_times(workload, precision, side, reps, only="", narrowest=1, widest=None):
-        asked.append((side, narrowest, widest))
+    def layer_times(workload, precision, side, reps, only="", narrowest=1, widest=None, cold=False):
+        asked.append((side, narrowest, widest, cold))
         plans = {"cudnn": None, "engine": [grid, {**grid, "chunks": 4, "cluster": 4}], "ticket": [ticket, ticket]}
         return [{"layer": "layer1.0.bn1", "shape": [128, 4, 4, 128], "activation": "relu", "residual": False,
                  "mask": True, "plans": plans[side], "forward_us": {"cudnn": 8.8, "engine": 7.0, "ticket": 13.6}[side],
                  "backward_us": 9.0}]
     monkeypatch.setattr(script, "layer_times", layer_times)
-    assert script.main(["resnet", "--out", str(tmp_path / "bn.json"), "--narrowest", "2", "--widest", "8"]) == 0
-    assert asked == [(side, 2, 8) for side in ("cudnn", "engine", "ticket")]
+    assert script.main(["resnet", "--out", str(tmp_path / "bn.json"), "--narrowest", "2", "--widest", "8",
+                        "--cold"]) == 0
+    assert asked == [(side, 2, 8, True) for side in ("cudnn", "engine", "ticket")]
     out = capsys.readouterr().out
     assert "cuDNN fwd" in out and "ticket bwd" in out and "grids" in out
     assert "relu+mask" in out and "8.8" in out and "13.6" in out and "16x8 1p c8 | 16x4 1p c4" in out
     record = json.loads((tmp_path / "bn.json").read_text())
     layer = record["layers"][0]
     assert layer["engine_plans"][0] == grid and layer["ticket_plans"] == [ticket, ticket]
-    assert "cudnn_plans" not in layer and (record["narrowest"], record["widest"]) == (2, 8)
+    assert "cudnn_plans" not in layer and (record["narrowest"], record["widest"], record["cold"]) == (2, 8, True)
     assert layer["engine_forward_us"] == 7.0 and record["totals"]["ticket_forward_us"] == 13.6
+
+
+def test_bn_layers_cold_calls_take_the_flushes_own_time_off(monkeypatch):
+    """--cold: a graph of flush-then-call, less a graph of the flushes alone; without it the calls alone."""
+    script = load_script("bn_layers")
+    ran = []
+
+    def flush():
+        ran.append("flush")
+
+    def call():
+        ran.append("call")
+
+    def graph_us(backend, step, reps):   # stand-in device time: 30 us a flush, 7 a call
+        ran.clear()
+        step()
+        return 30.0 * ran.count("flush") + 7.0 * ran.count("call")
+    monkeypatch.setattr(script, "_graph_us", graph_us)
+    assert script._time_us(None, call, 5, flush) == 7.0
+    assert script._time_us(None, call, 5) == 7.0 and ran == ["call"]
 
 
 @pytest.mark.parametrize("argv, message", [(["--narrowest", "3"], "--narrowest 3: 1, 2, 4 or 8 packs"),

@@ -62,11 +62,12 @@ def pair(profile: dict, layers: dict, runner: str = "gpuengine") -> dict:
               for i, row in enumerate(rows)]
     totals = {key: round(sum(row[key] for row in paired), 1) for key in
               ("forward_alone_us", "forward_step_us", "backward_alone_us", "backward_step_us")}
-    return {"side": side, "layers": paired, "totals": totals}
+    return {"side": side, "cold": bool(layers.get("cold")), "layers": paired, "totals": totals}
 
 
 def table(result: dict) -> str:
-    lines = [f"{result['side']}'s batch norm, us a call: alone (bn_layers) and in the step (the profile)",
+    alone = "alone after an L2 flush" if result.get("cold") else "alone, L2 warm"
+    lines = [f"{result['side']}'s batch norm, us a call: {alone} (bn_layers) and in the step (the profile)",
              f"{'layer':<28} {'shape':<18} {'fwd alone':>10} {'in step':>9} {'+':>7} {'bwd alone':>10} "
              f"{'in step':>9} {'+':>7}"]
     for row in result["layers"] + [{"layer": "total", "shape": "", **result["totals"]}]:

@@ -3,6 +3,7 @@ which shapes the engine's one-launch batch norm loses on, where a step's profile
 
     python3 scripts/bn_layers.py resnet --precision bf16 [--reps 50] [--out FILE]
                                  [--batchnorm cudnn|engine|ticket] [--only REGEX] [--narrowest PACKS] [--widest PACKS]
+                                 [--cold]
 
 Three sides: cuDNN's graphs, the engine's kernels as planned (clusters on sm_90 where they fit), and the engine's
 kernels on the ticket's ending alone (no clusters). --batchnorm times one side alone and --only the layers whose
@@ -14,7 +15,10 @@ Builds the workload's engine as a profile builds it (perf tests' network, batch,
 once a side, warms each up, then times every BatchNorm2D's
 forward and backward (its launches as the step makes them): `reps` calls captured in one CUDA graph on the
 engine stream, one replay between device events, as a step's graph runs them. Eager calls would time the host's
-launches (13-23 us a call at a8d04cd, where the kernels of a 2x2 map take a few). Prints a table by layer and
+launches (13-23 us a call at a8d04cd, where the kernels of a 2x2 map take a few). A layer's calls back to back
+find its few MB in L2, where the step's call finds them in device memory: --cold writes over 4x the L2 before
+each call and takes the writes' own time off (scripts/bn_in_step.py pairs either with a profile's launches).
+Prints a table by layer and
 one JSON object (per layer: shape, fused parts, microseconds a call, each engine side's cluster sizes).
 """
 from __future__ import annotations
@@ -28,11 +32,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 _WARM = 5
+L2_FLUSHES = 4   # a cold call's flush writes this many times the L2's bytes
 SIDES = ("cudnn", "engine", "ticket")
 LABELS = {"cudnn": "cuDNN", "engine": "engine", "ticket": "ticket"}
 
 
-def _time_us(backend, call, reps: int) -> float:
+def _graph_us(backend, call, reps: int) -> float:
     """Device microseconds a call, replayed from a graph of `reps` calls on the engine stream: the engine's kernels
     launch on the current stream and cuDNN's on its handle's (the engine stream), so both are captured there."""
     from gpuengine.runtime.capture import GraphCapturedStep
@@ -46,6 +51,28 @@ def _time_us(backend, call, reps: int) -> float:
         timer.start()
         graph.launch()
         return timer.stop() * 1000.0 / reps
+
+
+def l2_flush(backend):
+    """A call that writes L2_FLUSHES times the device's L2 cache of bytes on the current stream, so that the next
+    kernel finds its inputs in device memory, as a step's batch norm does after the convolutions between."""
+    xp = backend.xp
+    with backend.activate():
+        l2_bytes = int(xp.cuda.Device().attributes["L2CacheSize"])
+        buffer = xp.empty(L2_FLUSHES * l2_bytes // 4, dtype=xp.float32)
+    return lambda: buffer.fill(1.0)
+
+
+def _time_us(backend, call, reps: int, flush=None) -> float:
+    """_graph_us of `call`; with `flush`, each call after a flush (cold: its inputs out of L2), the flushes' own
+    time taken off. Repeating one layer's call alone keeps its few MB in L2, which a step's call does not find."""
+    if flush is None:
+        return _graph_us(backend, call, reps)
+
+    def after_flush():
+        flush()
+        call()
+    return _graph_us(backend, after_flush, reps) - _graph_us(backend, flush, reps)
 
 
 def _plans(layer) -> list | None:
@@ -65,9 +92,9 @@ def _grid_text(plan: dict) -> str:
 
 
 def layer_times(workload, precision: str, side: str, reps: int, only: str = "", narrowest: int | None = None,
-                widest: int | None = None) -> list[dict]:
+                widest: int | None = None, cold: bool = False) -> list[dict]:
     """Per BatchNorm2D of the workload's network on `side` (those named to match `only`): its shape, fused parts,
-    times and the engine's grids."""
+    times (`cold`: each call after an L2 flush) and the engine's grids."""
     from gpuengine.bench.profile.record import ProfileCase
     from gpuengine.layers import BatchNorm2D
     from gpuengine.ops import batchnorm as ops_batchnorm
@@ -83,6 +110,7 @@ def layer_times(workload, precision: str, side: str, reps: int, only: str = "", 
     finally:
         ops_batchnorm.ON_CHIP_CHUNKS, ops_batchnorm.FORCED_TILES = planned
     rows = []
+    flush = l2_flush(runner.trainer.backend) if cold else None
     for name, layer in runner.trainer.program.layers.items():
         if not isinstance(layer, BatchNorm2D) or getattr(layer, "x", None) is None:   # not built: fused away
             continue
@@ -90,8 +118,8 @@ def layer_times(workload, precision: str, side: str, reps: int, only: str = "", 
             continue
         rows.append({"layer": name, "shape": list(layer.x.shape), "activation": layer.activation,
                      "residual": layer.res is not None, "mask": layer.mask is not None, "plans": _plans(layer),
-                     "forward_us": round(_time_us(runner.trainer.backend, layer.forward, reps), 2),
-                     "backward_us": round(_time_us(runner.trainer.backend, layer.backward, reps), 2)})
+                     "forward_us": round(_time_us(runner.trainer.backend, layer.forward, reps, flush), 2),
+                     "backward_us": round(_time_us(runner.trainer.backend, layer.backward, reps, flush), 2)})
     return rows
 
 
@@ -111,6 +139,8 @@ def main(argv=None) -> int:
                         "2, 4, 8; default: each layer times its plans and keeps one, as the trainer does)")
     parser.add_argument("--widest", type=int, help="the engine's on-chip tiles at most this many packs wide (1, 2, "
                         "4, 8; default: 32 channels)")
+    parser.add_argument("--cold", action="store_true", help=f"each call after a write of {L2_FLUSHES}x the L2 "
+                        "cache (its time taken off): inputs from device memory, as in a step")
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error(f"--reps {args.reps}: at least 1")
@@ -129,7 +159,8 @@ def main(argv=None) -> int:
         return 2
     workload = get_workload(args.workload)
     sides = SIDES if args.batchnorm is None else (args.batchnorm,)
-    times = {side: layer_times(workload, args.precision, side, args.reps, args.only, args.narrowest, args.widest)
+    times = {side: layer_times(workload, args.precision, side, args.reps, args.only, args.narrowest, args.widest,
+                               args.cold)
              for side in sides}
     rows = times[sides[0]]
     planned = "engine" if "engine" in sides else None   # its grids, forward | backward
@@ -144,8 +175,9 @@ def main(argv=None) -> int:
               + (f"  {grids}" if planned else ""))
     totals = {f"{side}_{d}_us": round(sum(r[f"{d}_us"] for r in times[side]), 1)
               for side in sides for d in ("forward", "backward")}
-    print("totals:", totals)
-    record = {"workload": args.workload, "precision": args.precision, "reps": args.reps, "only": args.only,
+    print("totals:", totals, "(cold: each call after an L2 flush)" if args.cold else "(warm: L2 kept between calls)")
+    record = {"workload": args.workload, "precision": args.precision, "reps": args.reps, "cold": args.cold,
+              "only": args.only,
               "narrowest": args.narrowest, "widest": args.widest, "totals": totals,
               "layers": [{**{key: v for key, v in row.items() if not key.endswith("_us") and key != "plans"},
                           **{f"{side}_{d}_us": times[side][index][f"{d}_us"]
