@@ -29,7 +29,7 @@ standing for its fastest variant, then its variants at KNOB_MARGIN
 A way can be timed cold (`FasterOf(..., cold=True)`): each execution in the
 graph follows a write over L2_FLUSHES times the device's L2, and the writes'
 own time, replayed alone in the same passes, is taken off. Back to back, a
-way's inputs stay in L2, where a step's call finds them in device memory.
+way's inputs stay in L2, where a step's call may find them in device memory.
 
 `PLAN_CHOICES` carries choices between processes for whoever sets it (the
 perf gate keeps them with its baselines): a key with a preset takes that
