@@ -56,13 +56,10 @@ def _graph_us(backend, call, reps: int) -> float:
 def _time_us(backend, call, reps: int, flush=None) -> float:
     """_graph_us of `call`; with `flush`, each call after a flush (cold: its inputs out of L2), the flushes' own
     time taken off. Repeating one layer's call alone keeps its few MB in L2, which a step's call does not find."""
+    from gpuengine.ops.autotune import after_flush
     if flush is None:
         return _graph_us(backend, call, reps)
-
-    def after_flush():
-        flush()
-        call()
-    return _graph_us(backend, after_flush, reps) - _graph_us(backend, flush, reps)
+    return _graph_us(backend, after_flush(flush, call), reps) - _graph_us(backend, flush, reps)
 
 
 def _plans(layer) -> list | None:
@@ -176,9 +173,8 @@ def main(argv=None) -> int:
               for side in sides for d in ("forward", "backward")}
     print("totals:", totals, "(cold: each call after an L2 flush)" if args.cold else "(warm: L2 kept between calls)")
     record = {"workload": args.workload, "precision": args.precision, "reps": args.reps, "cold": args.cold,
-              "cold_choice": args.cold_choice,
-              "only": args.only,
-              "narrowest": args.narrowest, "widest": args.widest, "totals": totals,
+              "cold_choice": args.cold_choice, "only": args.only, "narrowest": args.narrowest, "widest": args.widest,
+              "totals": totals,
               "layers": [{**{key: v for key, v in row.items() if not key.endswith("_us") and key != "plans"},
                           **{f"{side}_{d}_us": times[side][index][f"{d}_us"]
                              for side in sides for d in ("forward", "backward")},

@@ -191,7 +191,8 @@ def l2_flush(xp):
     return lambda: buffer.fill(1.0)
 
 
-def _after(flush, run):
+def after_flush(flush, run):
+    """`run` after `flush` (l2_flush's), as one call: a cold execution."""
     def cold():
         flush()
         run()
@@ -205,7 +206,7 @@ def time_captured(xp, stream, ways: dict, flush=None) -> dict:
     dropped, the others captured N times over and timed in PASSES interleaved passes. `flush` (l2_flush's): each
     execution after a flush, and the flushes alone, replayed in the same passes, taken off pass by pass."""
     if flush is not None:
-        ways = {name: _after(flush, run) for name, run in ways.items()}
+        ways = {name: after_flush(flush, run) for name, run in ways.items()}
     start, stop = xp.cuda.Event(), xp.cuda.Event()
     singles = {name: _capture(stream, run, 1) for name, run in ways.items()}
     estimates = {name: math.inf for name in ways}
@@ -221,10 +222,11 @@ def time_captured(xp, stream, ways: dict, flush=None) -> dict:
         repeats[name] = max(1, min(MAX_REPEATS, round(TARGET_REPLAY_MS / max(estimate, 1e-4))))
         graphs[name] = _capture(stream, ways[name], repeats[name])
         graphs[name].launch(stream)
-    flushes = None if flush is None else _capture(stream, flush, max(repeats.values()))
+    most = max(repeats.values())   # the flushes alone, as many as the longest way's graph holds
+    flushes = None if flush is None else _capture(stream, flush, most)
     passes: dict = {name: [] for name in graphs}
     for _ in range(PASSES):
-        flush_ms = 0.0 if flushes is None else _replay_ms(xp, stream, flushes, start, stop) / max(repeats.values())
+        flush_ms = 0.0 if flushes is None else _replay_ms(xp, stream, flushes, start, stop) / most
         for name, graph in graphs.items():
             passes[name].append(_replay_ms(xp, stream, graph, start, stop) / repeats[name] - flush_ms)
     return {name: Timing.of(ms, repeats[name]) for name, ms in passes.items()}

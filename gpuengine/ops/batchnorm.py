@@ -150,7 +150,8 @@ class _Timed:
 
     def __init__(self, backend, direction: str, plans: list[_Sums], args, x, defines: dict, kept: tuple = ()):
         self.plans = {plan.name: plan for plan in plans}
-        key = (f"bn_{direction}_choice", tuple(x.shape), tuple(sorted(defines.items())), *(("cold",) * COLD_CHOICE))
+        key = (f"bn_{direction}_choice", tuple(x.shape), tuple(sorted(defines.items())))
+        key += ("cold",) if COLD_CHOICE else ()
         self.ways = autotune.FasterOf(backend, key, {name: functools.partial(plan.launch, args(plan))
                                                      for name, plan in self.plans.items()}, restores=kept,
                                       cold=COLD_CHOICE)
