@@ -48,25 +48,23 @@ def test_bn_layers_tables_every_side_and_the_planned_grids(capsys, monkeypatch, 
     grid = {"tiles": 16, "chunks": 8, "tile_packs": 1, "cluster": 8}
     ticket = {"tiles": 4, "chunks": 4, "tile_packs": 4, "cluster": 1}
 
-    def layer_times(workload, precision, side, reps, only="", narrowest=1, widest=None, cold=False,
-                    cold_choice=False):
-        asked.append((side, narrowest, widest, cold, cold_choice))
+    def layer_times(workload, precision, side, reps, only="", narrowest=1, widest=None, cold=False):
+        asked.append((side, narrowest, widest, cold))
         plans = {"cudnn": None, "engine": [grid, {**grid, "chunks": 4, "cluster": 4}], "ticket": [ticket, ticket]}
         return [{"layer": "layer1.0.bn1", "shape": [128, 4, 4, 128], "activation": "relu", "residual": False,
                  "mask": True, "plans": plans[side], "forward_us": {"cudnn": 8.8, "engine": 7.0, "ticket": 13.6}[side],
                  "backward_us": 9.0}]
     monkeypatch.setattr(script, "layer_times", layer_times)
     assert script.main(["resnet", "--out", str(tmp_path / "bn.json"), "--narrowest", "2", "--widest", "8",
-                        "--cold", "--cold-choice"]) == 0
-    assert asked == [(side, 2, 8, True, True) for side in ("cudnn", "engine", "ticket")]
+                        "--cold"]) == 0
+    assert asked == [(side, 2, 8, True) for side in ("cudnn", "engine", "ticket")]
     out = capsys.readouterr().out
     assert "cuDNN fwd" in out and "ticket bwd" in out and "grids" in out
     assert "relu+mask" in out and "8.8" in out and "13.6" in out and "16x8 1p c8 | 16x4 1p c4" in out
     record = json.loads((tmp_path / "bn.json").read_text())
     layer = record["layers"][0]
     assert layer["engine_plans"][0] == grid and layer["ticket_plans"] == [ticket, ticket]
-    assert "cudnn_plans" not in layer and (record["narrowest"], record["widest"]) == (2, 8)
-    assert record["cold"] is record["cold_choice"] is True
+    assert "cudnn_plans" not in layer and (record["narrowest"], record["widest"], record["cold"]) == (2, 8, True)
     assert layer["engine_forward_us"] == 7.0 and record["totals"]["ticket_forward_us"] == 13.6
 
 
@@ -111,7 +109,6 @@ def test_bn_layers_plans_the_ticket_side_without_on_chip_chunks_as_the_trainer_b
     def engine_runner(case):
         seen["built"] = ops_batchnorm.ON_CHIP_CHUNKS
         seen["widths"] = ops_batchnorm.FORCED_TILES
-        seen["cold"] = ops_batchnorm.COLD_CHOICE
         seen["toggles"] = dict(case.engine_toggles)
         runner = SimpleNamespace(trainer=SimpleNamespace(program=SimpleNamespace(layers={})))
         runner.prepare = lambda: seen.setdefault("warmed", ops_batchnorm.ON_CHIP_CHUNKS)
@@ -124,6 +121,3 @@ def test_bn_layers_plans_the_ticket_side_without_on_chip_chunks_as_the_trainer_b
     assert seen["toggles"] == {"batchnorm": "cudnn" if side == "cudnn" else "engine"}
     load_script("bn_layers").layer_times(workload, "bf16", side, 1)
     assert seen["widths"] is None   # without bounds each layer times its plans, as the trainer builds
-    assert seen["cold"] is False
-    load_script("bn_layers").layer_times(workload, "bf16", side, 1, cold_choice=True)
-    assert seen["cold"] is True and ops_batchnorm.COLD_CHOICE is False   # chosen cold at the build, then put back

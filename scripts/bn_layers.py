@@ -3,7 +3,7 @@ which shapes the engine's one-launch batch norm loses on, where a step's profile
 
     python3 scripts/bn_layers.py resnet --precision bf16 [--reps 50] [--out FILE]
                                  [--batchnorm cudnn|engine|ticket] [--only REGEX] [--narrowest PACKS] [--widest PACKS]
-                                 [--cold] [--cold-choice]
+                                 [--cold]
 
 Three sides: cuDNN's graphs, the engine's kernels as planned (clusters on sm_90 where they fit), and the engine's
 kernels on the ticket's ending alone (no clusters). --batchnorm times one side alone and --only the layers whose
@@ -17,10 +17,9 @@ forward and backward (its launches as the step makes them): `reps` calls capture
 engine stream, one replay between device events, as a step's graph runs them. Eager calls would time the host's
 launches (13-23 us a call at a8d04cd, where the kernels of a 2x2 map take a few). A layer's calls back to back
 find its few MB in L2, where a step's call may find them in device memory: --cold writes over the L2 before
-each call and takes the writes' own time off (scripts/bn_in_step.py pairs either with a profile's launches);
---cold-choice has the engine's plans chosen so too (ops/batchnorm.py COLD_CHOICE) instead of back to back.
-Prints a table by layer and
-one JSON object (per layer: shape, fused parts, microseconds a call, each engine side's cluster sizes).
+each call and takes the writes' own time off (scripts/bn_in_step.py pairs either with a profile's launches).
+Prints a table by layer and one JSON object (per layer: shape, fused parts, microseconds a call, each engine
+side's cluster sizes).
 """
 from __future__ import annotations
 
@@ -33,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 _WARM = 5
+L2_FLUSHES = 4   # --cold: each call after a write of this many times the L2's bytes
 SIDES = ("cudnn", "engine", "ticket")
 LABELS = {"cudnn": "cuDNN", "engine": "engine", "ticket": "ticket"}
 
@@ -53,13 +53,24 @@ def _graph_us(backend, call, reps: int) -> float:
         return timer.stop() * 1000.0 / reps
 
 
+def _l2_flush(xp):
+    """A call that writes L2_FLUSHES times the device's L2 bytes on the current stream: the kernel after it finds
+    its inputs in device memory."""
+    l2_bytes = int(xp.cuda.Device().attributes["L2CacheSize"])
+    buffer = xp.empty(L2_FLUSHES * l2_bytes // 4, dtype=xp.float32)
+    return lambda: buffer.fill(1.0)
+
+
 def _time_us(backend, call, reps: int, flush=None) -> float:
     """_graph_us of `call`; with `flush`, each call after a flush (cold: its inputs out of L2), the flushes' own
     time taken off. Repeating one layer's call alone keeps its few MB in L2, which a step's call does not find."""
-    from gpuengine.ops.autotune import after_flush
     if flush is None:
         return _graph_us(backend, call, reps)
-    return _graph_us(backend, after_flush(flush, call), reps) - _graph_us(backend, flush, reps)
+
+    def cold():
+        flush()
+        call()
+    return _graph_us(backend, cold, reps) - _graph_us(backend, flush, reps)
 
 
 def _plans(layer) -> list | None:
@@ -79,31 +90,28 @@ def _grid_text(plan: dict) -> str:
 
 
 def layer_times(workload, precision: str, side: str, reps: int, only: str = "", narrowest: int | None = None,
-                widest: int | None = None, cold: bool = False, cold_choice: bool = False) -> list[dict]:
+                widest: int | None = None, cold: bool = False) -> list[dict]:
     """Per BatchNorm2D of the workload's network on `side` (those named to match `only`): its shape, fused parts,
-    times (`cold`: each call after an L2 flush) and the engine's grids (`cold_choice`: chosen by timings after
-    L2 flushes, ops/batchnorm.py COLD_CHOICE)."""
+    times (`cold`: each call after an L2 flush) and the engine's grids."""
     from gpuengine.bench.profile.record import ProfileCase
     from gpuengine.layers import BatchNorm2D
     from gpuengine.ops import batchnorm as ops_batchnorm
     case = ProfileCase(workload.name, precision, workload.batch, 1,
                        (("batchnorm", "cudnn" if side == "cudnn" else "engine"),))
-    planned = ops_batchnorm.ON_CHIP_CHUNKS, ops_batchnorm.FORCED_TILES, ops_batchnorm.COLD_CHOICE
+    planned = ops_batchnorm.ON_CHIP_CHUNKS, ops_batchnorm.FORCED_TILES
     # the plan is made as the trainer builds, and chosen at its first run
     ops_batchnorm.ON_CHIP_CHUNKS = () if side == "ticket" else planned[0]
     ops_batchnorm.FORCED_TILES = None if narrowest is None and widest is None else (narrowest or 1, widest)
-    ops_batchnorm.COLD_CHOICE = cold_choice
     try:
         runner = workload.engine_runner(case)
         runner.prepare()
     finally:
-        ops_batchnorm.ON_CHIP_CHUNKS, ops_batchnorm.FORCED_TILES, ops_batchnorm.COLD_CHOICE = planned
+        ops_batchnorm.ON_CHIP_CHUNKS, ops_batchnorm.FORCED_TILES = planned
     rows = []
     flush = None
     if cold:
-        from gpuengine.ops.autotune import l2_flush
         with runner.trainer.backend.activate():
-            flush = l2_flush(runner.trainer.backend.xp)
+            flush = _l2_flush(runner.trainer.backend.xp)
     for name, layer in runner.trainer.program.layers.items():
         if not isinstance(layer, BatchNorm2D) or getattr(layer, "x", None) is None:   # not built: fused away
             continue
@@ -120,7 +128,6 @@ def main(argv=None) -> int:
     from gpuengine.bench.json_files import write_json
     from gpuengine.bench.profile.workloads import get_workload
     from gpuengine.config import PRECISIONS
-    from gpuengine.ops.autotune import L2_FLUSHES
     from gpuengine.runtime.backend import gpu_visible
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("workload")
@@ -135,8 +142,6 @@ def main(argv=None) -> int:
                         "4, 8; default: 32 channels)")
     parser.add_argument("--cold", action="store_true", help=f"each call after a write of {L2_FLUSHES}x the L2 cache "
                         "(its time taken off): inputs from device memory, as in a step")
-    parser.add_argument("--cold-choice", action="store_true", help="the engine's plans chosen by timings after L2 "
-                        "flushes (default: back to back, as the trainer chooses)")
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error(f"--reps {args.reps}: at least 1")
@@ -156,7 +161,7 @@ def main(argv=None) -> int:
     workload = get_workload(args.workload)
     sides = SIDES if args.batchnorm is None else (args.batchnorm,)
     times = {side: layer_times(workload, args.precision, side, args.reps, args.only, args.narrowest, args.widest,
-                               args.cold, args.cold_choice)
+                               args.cold)
              for side in sides}
     rows = times[sides[0]]
     planned = "engine" if "engine" in sides else None   # its grids, forward | backward
@@ -173,8 +178,7 @@ def main(argv=None) -> int:
               for side in sides for d in ("forward", "backward")}
     print("totals:", totals, "(cold: each call after an L2 flush)" if args.cold else "(warm: L2 kept between calls)")
     record = {"workload": args.workload, "precision": args.precision, "reps": args.reps, "cold": args.cold,
-              "cold_choice": args.cold_choice, "only": args.only, "narrowest": args.narrowest, "widest": args.widest,
-              "totals": totals,
+              "only": args.only, "narrowest": args.narrowest, "widest": args.widest, "totals": totals,
               "layers": [{**{key: v for key, v in row.items() if not key.endswith("_us") and key != "plans"},
                           **{f"{side}_{d}_us": times[side][index][f"{d}_us"]
                              for side in sides for d in ("forward", "backward")},

@@ -89,9 +89,8 @@
 #                         ("timed 1 2 4 1-8 4-8 8-8": timed, each layer's plan kept by timing as a trainer does;
 #                         --narrowest N, or N-W with --widest W; LOGDIR/bn_tiles_<p>_<tiles>.json)
 #                bn-cold  bn_layers.py of BN_LAYER_WORKLOAD (resnet) in each of BN_PRECISIONS (bf16 tf32), every call
-#                         after an L2 flush (--cold): cuDNN's graphs and the engine's plans chosen back to back
-#                         (LOGDIR/bn_cold_<p>.json), then the engine's plans chosen cold too (--cold-choice,
-#                         LOGDIR/bn_cold_choice_<p>.json): how much of the step's batch-norm time the warm timing hides
+#                         after an L2 flush (--cold): cuDNN's graphs (LOGDIR/bn_cold_<p>_cudnn.json) and the engine's
+#                         kernels (LOGDIR/bn_cold_<p>.json), as a step's calls find their inputs in device memory
 #                ncu-bn   Nsight Compute over the engine's batch-norm kernels (bn_forward, bn_backward) of NCU_BN_LAYERS
 #                         (a regular expression of ResNet's layer names; default: one of each map size) in
 #                         BN_PRECISION (default bf16), one timed call each (bn_layers.py --reps 1): speed of light,
@@ -270,8 +269,6 @@ step_bn-cold() { local p s=0
             --out "$logdir/bn_cold_${p}_cudnn.json" || s=1
         python3 scripts/bn_layers.py "${BN_LAYER_WORKLOAD:-resnet}" --precision "$p" --batchnorm engine --cold \
             --out "$logdir/bn_cold_${p}.json" || s=1
-        python3 scripts/bn_layers.py "${BN_LAYER_WORKLOAD:-resnet}" --precision "$p" --batchnorm engine --cold \
-            --cold-choice --out "$logdir/bn_cold_choice_${p}.json" || s=1
     done
     return $s; }
 step_ncu-bn() { local ncu

@@ -169,20 +169,15 @@ def test_every_plan_a_layer_may_keep_matches_numpy(size, bounds, precision, monk
 
 
 @needs_clusters
-@pytest.mark.parametrize("cold", [False, True], ids=["warm", "cold"])
-def test_a_layer_times_its_plans_keeps_one_and_updates_its_statistics_once(monkeypatch, cold):
+def test_a_layer_times_its_plans_keeps_one_and_updates_its_statistics_once(monkeypatch):
     """The timing launches the forward many times; the running statistics are put back before the step's own run
-    (run_layer compares them with NumPy's after one step). Cold (COLD_CHOICE): each launch after an L2 flush, whose
-    time is taken off, so every plan's time is still a kernel's few microseconds."""
+    (run_layer compares them with NumPy's after one step)."""
     choices = autotune.PlanChoices()   # nothing chosen yet: this layer times its plans
     monkeypatch.setattr(autotune, "PLAN_CHOICES", choices)
-    monkeypatch.setattr(ops_batchnorm, "COLD_CHOICE", cold)
     gpu, cpu, layer, _ = _engine_and_numpy("add-relu", "bf16", 128, (4, 4, 256))
     for graph, direction in ((layer._fwd_graph, "forward"), (layer._bwd_graph, "backward")):
         assert len(graph._timed.plans) > 1 and graph._timed.ways.chosen in graph._timed.plans
-        keys = [key for key in choices.tuned if key.startswith(f"('bn_{direction}_choice'")]
-        assert keys and all(key.endswith("'cold')") == cold for key in keys), choices.tuned
-        assert all(0 < timing.ms < 0.1 for timing in graph._timed.ways.timings.values())
+        assert any(key.startswith(f"('bn_{direction}_choice'") for key in choices.tuned), choices.tuned
     assert_close(gpu, cpu, BN_TOLERANCE["bf16"])
 
 

@@ -9,14 +9,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 
-FLUSH = "flush"   # the way an L2 flush runs as: the execution after it takes its cold_ms
-
-
 class StandInDevice:
-    def __init__(self, ms: dict, jitter: dict | None = None, cold_ms: dict | None = None):
+    def __init__(self, ms: dict, jitter: dict | None = None):
         self.ms = dict(ms)            # way -> milliseconds per execution
         self.jitter = jitter or {}    # way -> extra ms on every other replay (a noisy way)
-        self.cold_ms = cold_ms or {}  # way -> milliseconds right after an execution of FLUSH (inputs out of L2)
         self.clock = 0.0
         self.recording: list | None = None
         self.eager_runs: dict = {}
@@ -44,9 +40,7 @@ class _Graph:
         for name in set(self.executions):
             device.replays[name] = device.replays.get(name, 0) + 1
         extra = sum(device.jitter.get(name, 0.0) for name in self.executions if device.replays[name] % 2)
-        after = [None, *self.executions[:-1]]
-        device.clock += extra + sum(device.cold_ms.get(name, device.ms[name]) if before == FLUSH else device.ms[name]
-                                    for name, before in zip(self.executions, after))
+        device.clock += sum(device.ms[name] for name in self.executions) + extra
 
 
 class _Stream:

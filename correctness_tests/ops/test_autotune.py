@@ -12,7 +12,7 @@ import pytest
 
 from gpuengine.ops import autotune
 
-from .stand_in_device import FLUSH, StandInDevice
+from .stand_in_device import StandInDevice
 
 
 def timings(**ms):
@@ -102,19 +102,6 @@ def test_a_noisy_way_reports_its_spread():
     device = StandInDevice({"steady": 0.1, "noisy": 0.1}, jitter={"noisy": 0.02})
     result = autotune.time_captured(device.xp, device.stream, {n: device.way(n) for n in device.ms})
     assert result["steady"].spread == pytest.approx(0, abs=1e-9) and result["noisy"].spread > 0.05
-
-
-def test_a_cold_timing_follows_each_execution_with_a_flush_and_takes_the_flushes_off():
-    """Back to back "cached" wins; after each flush (inputs from device memory) "streaming" does, by its own
-    time: the flushes' 0.05 ms are not in either."""
-    device = StandInDevice({"cached": 0.002, "streaming": 0.003, FLUSH: 0.05},
-                           cold_ms={"cached": 0.006, "streaming": 0.004})
-    ways = {name: device.way(name) for name in ("cached", "streaming")}
-    warm = autotune.time_captured(device.xp, device.stream, ways)
-    cold = autotune.time_captured(device.xp, device.stream, ways, flush=device.way(FLUSH))
-    assert warm["cached"].ms == pytest.approx(0.002) and warm["streaming"].ms == pytest.approx(0.003)
-    assert cold["cached"].ms == pytest.approx(0.006) and cold["streaming"].ms == pytest.approx(0.004)
-    assert autotune.choose(list(ways), cold) == "streaming" and autotune.choose(list(ways), warm) == "cached"
 
 
 def test_faster_of_times_each_way_once_then_runs_its_choice(monkeypatch):

@@ -174,7 +174,7 @@ def test_the_timed_choice_puts_back_what_the_kernels_update_in_place(monkeypatch
             launched.append(self.name)
             args[0][...] += 1
 
-    def tune(xp, stream, key, ways, names=None, flush=None):
+    def tune(xp, stream, key, ways, names=None):
         for run in ways.values():
             run()
         return "wide", {}
@@ -190,25 +190,3 @@ def test_the_timed_choice_puts_back_what_the_kernels_update_in_place(monkeypatch
     assert stats.tolist() == [1, 1, 1]
     timed.run()
     assert stats.tolist() == [2, 2, 2] and launched[-1] == "wide"
-
-
-@pytest.mark.parametrize("cold", [False, True])
-def test_a_cold_choice_is_timed_after_l2_flushes_under_a_key_of_its_own(monkeypatch, cold):
-    """COLD_CHOICE (bn_layers --cold-choice): the layer's plans timed after L2 flushes, and the choice kept apart
-    from one timed back to back."""
-    from gpuengine.ops import batchnorm as ops_batchnorm
-    asked = {}
-
-    def tune(xp, stream, key, ways, names=None, flush=None):
-        asked.update(key=key, flush=flush)
-        return "narrow", {}
-
-    monkeypatch.setattr(autotune, "tune", tune)
-    monkeypatch.setattr(autotune, "l2_flush", lambda xp: "the flush")
-    monkeypatch.setattr(autotune, "PLAN_CHOICES", autotune.PlanChoices())
-    monkeypatch.setattr(ops_batchnorm, "COLD_CHOICE", cold)
-    backend = SimpleNamespace(stream=SimpleNamespace(is_capturing=lambda: False), xp=None, activate=nullcontext)
-    plans = [SimpleNamespace(name=name, launch=lambda args: None) for name in ("narrow", "wide")]
-    _Timed(backend, "backward", plans, lambda plan: (), np.zeros((2, 3)), {"MASK": 0}).run()
-    assert asked["flush"] == ("the flush" if cold else None)
-    assert asked["key"][0] == "bn_backward_choice" and (asked["key"][-1] == "cold") == cold

@@ -26,11 +26,6 @@ never the engine: so the engine is chosen first at MIN_MARGIN, each
 standing for its fastest variant, then its variants at KNOB_MARGIN
 (docs/gate.md, "Plan choices").
 
-A way can be timed cold (`FasterOf(..., cold=True)`): each execution in the
-graph follows a write over L2_FLUSHES times the device's L2, and the writes'
-own time, replayed alone in the same passes, is taken off. Back to back, a
-way's inputs stay in L2, where a step's call may find them in device memory.
-
 `PLAN_CHOICES` carries choices between processes for whoever sets it (the
 perf gate keeps them with its baselines): a key with a preset takes that
 choice without timing, the others are timed and recorded (once per key and process). Empty by default.
@@ -53,7 +48,6 @@ PASSES = 5               # interleaved timed passes over the ways; a way's time 
 PRUNE_FACTOR = 2.0       # a way estimated this much slower than the fastest is out before the careful timing
 MIN_MARGIN = 0.02        # a later way must beat an earlier one by more than this fraction
 KNOB_MARGIN = 0.05       # the same between variants of one engine, which swap places between processes
-L2_FLUSHES = 4           # a cold execution follows a write of this many times the L2's bytes
 PROGRESS_EVERY_S = 5.0
 BURST_GAP_S = 30.0
 
@@ -183,30 +177,11 @@ def _replay_ms(xp, stream, graph, start, stop, replays: int = 1) -> float:
     return xp.cuda.get_elapsed_time(start, stop)
 
 
-def l2_flush(xp):
-    """A call that writes L2_FLUSHES times the device's L2 bytes on the current stream: the kernel after it finds
-    its inputs in device memory."""
-    l2_bytes = int(xp.cuda.Device().attributes["L2CacheSize"])
-    buffer = xp.empty(L2_FLUSHES * l2_bytes // 4, dtype=xp.float32)
-    return lambda: buffer.fill(1.0)
-
-
-def after_flush(flush, run):
-    """`run` after `flush` (l2_flush's), as one call: a cold execution."""
-    def cold():
-        flush()
-        run()
-    return cold
-
-
-def time_captured(xp, stream, ways: dict, flush=None) -> dict:
+def time_captured(xp, stream, ways: dict) -> dict:
     """Device milliseconds per execution of each way (name -> callable, run once eagerly already) as a Timing.
 
     A first estimate replays one captured execution; ways estimated PRUNE_FACTOR slower than the fastest are
-    dropped, the others captured N times over and timed in PASSES interleaved passes. `flush` (l2_flush's): each
-    execution after a flush, and the flushes alone, replayed in the same passes, taken off pass by pass."""
-    if flush is not None:
-        ways = {name: after_flush(flush, run) for name, run in ways.items()}
+    dropped, the others captured N times over and timed in PASSES interleaved passes."""
     start, stop = xp.cuda.Event(), xp.cuda.Event()
     singles = {name: _capture(stream, run, 1) for name, run in ways.items()}
     estimates = {name: math.inf for name in ways}
@@ -222,21 +197,17 @@ def time_captured(xp, stream, ways: dict, flush=None) -> dict:
         repeats[name] = max(1, min(MAX_REPEATS, round(TARGET_REPLAY_MS / max(estimate, 1e-4))))
         graphs[name] = _capture(stream, ways[name], repeats[name])
         graphs[name].launch(stream)
-    most = max(repeats.values())   # the flushes alone, as many as the longest way's graph holds
-    flushes = None if flush is None else _capture(stream, flush, most)
     passes: dict = {name: [] for name in graphs}
     for _ in range(PASSES):
-        flush_ms = 0.0 if flushes is None else _replay_ms(xp, stream, flushes, start, stop) / most
         for name, graph in graphs.items():
-            passes[name].append(_replay_ms(xp, stream, graph, start, stop) / repeats[name] - flush_ms)
+            passes[name].append(_replay_ms(xp, stream, graph, start, stop) / repeats[name])
     return {name: Timing.of(ms, repeats[name]) for name, ms in passes.items()}
 
 
-def tune(xp, stream, key: tuple, ways: dict, names: dict | None = None, flush=None) -> tuple:
-    """Time `ways` (in the heuristic's order; `flush`: cold, time_captured's), choose one and record the choice
-    under `key`, each way by its name (`names[way]`, else the way itself); returns (the chosen way, every
-    Timing)."""
-    timings = time_captured(xp, stream, ways, flush)
+def tune(xp, stream, key: tuple, ways: dict, names: dict | None = None) -> tuple:
+    """Time `ways` (in the heuristic's order), choose one and record the choice under `key`, each way by its
+    name (`names[way]`, else the way itself); returns (the chosen way, every Timing)."""
+    timings = time_captured(xp, stream, ways)
     name = names.__getitem__ if names else str
     chosen = choose(list(ways), timings, engine=lambda way: engine_of(name(way)))
     PLAN_CHOICES.record(key, name(chosen), timings[chosen].ms,
@@ -273,12 +244,11 @@ class FasterOf:
     `key` names the choice in PLAN_CHOICES: a preset there is taken without timing, and a choice made here is
     recorded, so the gate runs the same kernels from run to run as it runs the same cuDNN plans. The ways'
     order is their preference where timings are too close to tell (`choose`). `restores`: buffers the ways
-    update in place (running statistics), put back after the timing's many launches. `cold`: each way timed
-    after an L2 flush (its key should say so: a choice timed warm is another choice).
+    update in place (running statistics), put back after the timing's many launches.
     """
 
-    def __init__(self, backend, key: tuple, ways: dict, restores: tuple = (), cold: bool = False):
-        self.backend, self.key, self.restores, self.cold = backend, key, restores, cold
+    def __init__(self, backend, key: tuple, ways: dict, restores: tuple = ()):
+        self.backend, self.key, self.restores = backend, key, restores
         self.ways = {name: run for name, run in ways.items() if run is not None}
         if not self.ways:
             raise ValueError(f"{key}: no way to run it")
@@ -301,7 +271,6 @@ class FasterOf:
             saved = [buffer.copy() for buffer in self.restores]
             for run in self.ways.values():
                 run()   # first runs: cuDNN autotunes its plan, kernels load
-            flush = l2_flush(self.backend.xp) if self.cold else None   # its buffer freed with it, after
-            self.chosen, self.timings = tune(self.backend.xp, self.backend.stream, self.key, self.ways, flush=flush)
+            self.chosen, self.timings = tune(self.backend.xp, self.backend.stream, self.key, self.ways)
             for buffer, value in zip(self.restores, saved):
                 buffer[...] = value

@@ -28,9 +28,6 @@ TILE_CHOICES = ((1, None), (2, None), (4, None), (4, 8), (8, 8))
 # scripts/bn_layers.py's override: (narrowest, widest) packs of the one plan to build (widest None: 32 channels);
 # None times TILE_CHOICES.
 FORCED_TILES = None
-# Plan choices timed cold (autotune.FasterOf's cold: each launch after an L2 flush, as a step's may find its inputs in
-# device memory); scripts/bn_layers.py --cold-choice sets it, to see whether they beat those timed warm.
-COLD_CHOICE = False
 # Bytes of each thread's registers that keep its first trips' packs between the passes (CACHE trips of two packs
 # each: x and the residual forward, x and dz backward, whose sums keep more registers live across the tile's wait).
 FORWARD_CACHE_BYTES, BACKWARD_CACHE_BYTES = 128, 64
@@ -151,10 +148,8 @@ class _Timed:
     def __init__(self, backend, direction: str, plans: list[_Sums], args, x, defines: dict, kept: tuple = ()):
         self.plans = {plan.name: plan for plan in plans}
         key = (f"bn_{direction}_choice", tuple(x.shape), tuple(sorted(defines.items())))
-        key += ("cold",) if COLD_CHOICE else ()
         self.ways = autotune.FasterOf(backend, key, {name: functools.partial(plan.launch, args(plan))
-                                                     for name, plan in self.plans.items()}, restores=kept,
-                                      cold=COLD_CHOICE)
+                                                     for name, plan in self.plans.items()}, restores=kept)
         self.run = self.ways.run
 
     @property
