@@ -91,6 +91,11 @@
 #                bn-cold  bn_layers.py of BN_LAYER_WORKLOAD (resnet) in each of BN_PRECISIONS (bf16 tf32), every call
 #                         after an L2 flush (--cold): cuDNN's graphs (LOGDIR/bn_cold_<p>_cudnn.json) and the engine's
 #                         kernels (LOGDIR/bn_cold_<p>.json), as a step's calls find their inputs in device memory
+#                bn-early the engine's batch norm launched early (ops/batchnorm.py LAUNCH_EARLY): its GPU tests, then
+#                         `./gate toggle-cost batchnorm=engine` of BN_WORKLOADS (resnet) in BN_PRECISIONS (bf16 tf32)
+#                         with LAUNCH_EARLY False, True, False, True (set in the session's copy, put back after;
+#                         LOGDIR/toggle_cost_bn_early_<n>_<False|True>.json), then a profile of ResNet bf16 with the
+#                         engine's batch norm each way (LOGDIR/profiles_<False|True>/)
 #                ncu-bn   Nsight Compute over the engine's batch-norm kernels (bn_forward, bn_backward) of NCU_BN_LAYERS
 #                         (a regular expression of ResNet's layer names; default: one of each map size) in
 #                         BN_PRECISION (default bf16), one timed call each (bn_layers.py --reps 1): speed of light,
@@ -270,6 +275,21 @@ step_bn-cold() { local p s=0
         python3 scripts/bn_layers.py "${BN_LAYER_WORKLOAD:-resnet}" --precision "$p" --batchnorm engine --cold \
             --out "$logdir/bn_cold_${p}.json" || s=1
     done
+    return $s; }
+step_bn-early() { local s=0 f=gpuengine/ops/batchnorm.py early n=0
+    python3 -m pytest correctness_tests/layers/test_gpu_batchnorm_engine.py -n 4 -v -p no:cacheprovider -rfE \
+        -k "early" || s=1
+    cp "$f" "$logdir/batchnorm.py.orig"
+    for early in False True False True; do   # alternated: a drift of the machine shows as a difference of the pairs
+        n=$((n + 1))
+        sed -i "s/^LAUNCH_EARLY = .*/LAUNCH_EARLY = $early/" "$f" && grep -q "^LAUNCH_EARLY = $early\$" "$f" || {
+            cp "$logdir/batchnorm.py.orig" "$f"; return 1; }
+        ./gate toggle-cost batchnorm=engine ${BN_WORKLOADS:-resnet} --precision ${BN_PRECISIONS:-bf16 tf32} \
+            --rounds 11 --out "$logdir/toggle_cost_bn_early_${n}_$early.json" || s=1
+        [ $n -gt 2 ] || python3 -m gpuengine profile resnet --precision bf16 --cuda-graph 8 --toggle batchnorm=engine \
+            --references --store "$logdir/profiles_$early" || s=1
+    done
+    cp "$logdir/batchnorm.py.orig" "$f"
     return $s; }
 step_ncu-bn() { local ncu
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)

@@ -220,6 +220,45 @@ def test_cluster_kernels_replay_exactly_like_eager():
     assert losses[0][-1] < losses[0][0]
 
 
+@needs_clusters
+@pytest.mark.usefixtures("default_plan")
+@pytest.mark.parametrize("ending", ["cluster", "ticket"])
+@pytest.mark.parametrize("case", ["add-relu", "relu6", "plain"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_plan_launched_early_gives_the_bits_of_its_plain_launch(precision, case, ending, monkeypatch):
+    """LAUNCH_EARLY: the kernels start while the one before them ends, and ask L2 for their old inputs before
+    they wait; they read nothing before the wait, so every output and gradient is the plain launch's, bit for bit.
+    ReLU6 at 12 channels: no mask (the gradient from y); the tiles' chunks meet in clusters or by ticket."""
+    if ending == "ticket":
+        monkeypatch.setattr(ops_batchnorm, "ON_CHIP_CHUNKS", ())
+    batch, shape = CLUSTER_SHAPES["4x4x12" if case == "relu6" else "8x8x64"]
+    plain = _engine_and_numpy(case, precision, batch, shape)
+    monkeypatch.setattr(ops_batchnorm, "LAUNCH_EARLY", True)
+    early = _engine_and_numpy(case, precision, batch, shape)
+    for graph in (early[2]._fwd_graph, early[2]._bwd_graph):
+        assert graph.sums.early and graph.sums.defines["EARLY"] == 1
+    assert _clusters(early[2]) == _clusters(plain[2])
+    if ending == "cluster":
+        assert min(_clusters(plain[2])) > 1, _clusters(plain[2])
+    else:
+        assert _clusters(plain[2]) == (1, 1) and plain[2]._fwd_graph.sums.plan.chunks > 1
+    for key, value in plain[0].items():
+        np.testing.assert_array_equal(early[0][key], value, err_msg=key)
+
+
+@needs_clusters
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_kernels_launched_early_replay_exactly_like_eager(precision, monkeypatch):
+    """The reduced ResNet with every batch norm launched early: in a captured graph the launches become
+    programmatic edges, and replay trains with the eager run's bits."""
+    monkeypatch.setattr(ops_batchnorm, "LAUNCH_EARLY", True)
+    x, t = smoke_batch(batch=256)
+    losses = losses_by_graph_group(resnet.build_resnet(resnet.SMOKE_SHAPE), x, t, 32, precision, (0, 8), 3,
+                                   batchnorm="engine")
+    assert losses[0] == losses[8]
+    assert losses[0][-1] < losses[0][0]
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_engine_batchnorm_adds_its_output_gradients_as_their_sum_would(precision):
     """A block end's output is read by the next block's branch and shortcut: its kernel adds dy's two parts as it

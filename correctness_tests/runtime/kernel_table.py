@@ -139,15 +139,17 @@ def _shape_free_cases():
     for width in (1, 2, 4):   # bf16 weight gradients into their float masters, by the alignment of the buffers
         yield _case(widen, "widen_chunks", f"gradient widening, {width} a thread", VEC=width)
     yield _case(partial_sums, "partial_sums", "column sums finished by the program", RUN_WARPS=partial_sums.RUN_WARPS)
-    # The engine's batch norm a channel a lane (VEC 1: channels not a multiple of 8, or an unaligned buffer), and
-    # its clusters (CLUSTER: chosen at build from the batch, so the networks' nodes list it at 1 only).
-    rows = (("bf16_t", 1, 1, 1, 24, 1, 1), ("float", 2, 0, 0, 12, 1, 2), ("bf16_t", 1, 1, 1, 128, 8, 8),
-            ("float", 0, 0, 0, 64, 8, 4))
-    for elem, act, mask, residual, channels, vec, cluster in rows:
+    # The engine's batch norm a channel a lane (VEC 1: channels not a multiple of 8, or an unaligned buffer), its
+    # clusters (CLUSTER: chosen at build from the batch, so the networks' nodes list it at 1 only) and its early
+    # launch (EARLY: LAUNCH_EARLY, off in the networks' nodes), with the mask, y or neither read backward.
+    rows = (("bf16_t", 1, 1, 1, 24, 1, 1, 0), ("float", 2, 0, 0, 12, 1, 2, 1), ("bf16_t", 1, 1, 1, 128, 8, 8, 1),
+            ("float", 0, 0, 0, 64, 8, 4, 1))
+    for elem, act, mask, residual, channels, vec, cluster, early in rows:
         for kernel, cache, parts in (("bn_forward", 8, 1), ("bn_backward", 1, 2)):   # most and fewest trips kept
             yield _case(ops_batchnorm, kernel, f"batch norm, {channels} channels {vec} a lane, {cache} trips kept, "
-                        f"dy in {parts}, cluster {cluster}", "SOURCE", ELEM_T=elem, HAS_RESIDUAL=residual, ACT=act,
-                        MASK=mask, CHANNELS=channels, VEC=vec, CACHE=cache, DY_PARTS=parts, CLUSTER=cluster)
+                        f"dy in {parts}, cluster {cluster}, early {early}", "SOURCE", ELEM_T=elem,
+                        HAS_RESIDUAL=residual, ACT=act, MASK=mask, CHANNELS=channels, VEC=vec, CACHE=cache,
+                        DY_PARTS=parts, CLUSTER=cluster, EARLY=early)
     for kernel in ("finish_step", "book_loss"):
         yield _case(step_state, kernel, "step counter")
     yield _case(injected_delay, "spin", "injected delay")
@@ -190,7 +192,7 @@ def _node_cases(net, node, dtype, where):
         for kernel, cache_bytes in (("bn_forward", ops_batchnorm.FORWARD_CACHE_BYTES),
                                     ("bn_backward", ops_batchnorm.BACKWARD_CACHE_BYTES)):
             found.append((ops_batchnorm, "SOURCE", (kernel,), {
-                **layer.kernel_defines(shapes[0], dtype), "VEC": vec, "DY_PARTS": 1, "CLUSTER": 1,
+                **layer.kernel_defines(shapes[0], dtype), "VEC": vec, "DY_PARTS": 1, "CLUSTER": 1, "EARLY": 0,
                 "CACHE": ops_batchnorm.cache_trips(vec, np.dtype(dtype).itemsize, cache_bytes)}))
     elif isinstance(layer, Conv2D) and layer.depthwise_defines(shapes[0], dtype) is not None:
         found.append((depthwise, "_SOURCE", ("depthwise_forward", "depthwise_dgrad", "depthwise_wgrad_partials",

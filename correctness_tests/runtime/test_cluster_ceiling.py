@@ -51,7 +51,7 @@ def test_a_failed_query_names_the_kernel_and_the_result(monkeypatch):
 
 def test_without_cuda_bindings_the_error_says_what_is_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)   # import fails
-    with pytest.raises(RuntimeError, match=r"the cluster ceiling of bn_forward needs the driver's "
-                                           r"cuOccupancyMaxActiveClusters from cuda-bindings \(nvmath-python "
+    with pytest.raises(RuntimeError, match=r"the cluster ceiling of bn_forward \(cuOccupancyMaxActiveClusters\) "
+                                           r"needs the driver's API from cuda-bindings \(nvmath-python "
                                            r"installs it\), which does not import"):
         max_active_clusters(KERNEL, (32, 8), 256, 16384)

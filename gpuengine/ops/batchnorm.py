@@ -8,7 +8,8 @@ import functools
 
 import numpy as np
 
-from ..runtime.kernels import compute_capability, get_kernel, max_active_clusters, multiprocessor_count, vector_width
+from ..runtime.kernels import (compute_capability, get_kernel, launch_early, max_active_clusters, multiprocessor_count,
+                               vector_width)
 from . import autotune
 from .batchnorm_kernels import SOURCE
 from .reductions import ChunkPlan, plan_chunks
@@ -31,6 +32,10 @@ FORCED_TILES = None
 # Bytes of each thread's registers that keep its first trips' packs between the passes (CACHE trips of two packs
 # each: x and the residual forward, x and dz backward, whose sums keep more registers live across the tile's wait).
 FORWARD_CACHE_BYTES, BACKWARD_CACHE_BYTES = 128, 64
+# Launch each kernel early (programmatic dependent launch, sm_90): its blocks ask L2 for what older launches wrote
+# while the kernel before it ends (batchnorm_kernels.py, "Launched early"). Off until measured in the step;
+# scripts/gpu_session.sh step bn-early sets it.
+LAUNCH_EARLY = False
 
 
 def cache_trips(vec: int, itemsize: int, cache_bytes: int) -> int:
@@ -90,12 +95,14 @@ class _Sums:
         self.vec = vec = pack_width(self.channels, x, *(a for a in arrays if a is not None))
         cache = cache_trips(vec, x.dtype.itemsize, cache_bytes)
         self.rows = x.size // self.channels   # M = N*H*W, the batch statistics' count
+        self.early = LAUNCH_EARLY and backend.is_gpu and compute_capability() >= 90
         self.sums = 2 * vec   # a thread's sums: two per channel of its pack
         most_clusters = {}
         while True:   # a cluster size whose grid would run in waves is planned again under its kernel's ceiling
             self.plan, cluster = plan_tiles(backend, self.rows, self.channels // vec, vec, cache, most_clusters,
                                             narrowest, widest)
-            self.defines = {**defines, "VEC": vec, "CACHE": cache, "DY_PARTS": dy_parts, "CLUSTER": cluster}
+            self.defines = {**defines, "VEC": vec, "CACHE": cache, "DY_PARTS": dy_parts, "CLUSTER": cluster,
+                            "EARLY": int(self.early)}
             self.kernel = build(self.defines)
             if cluster == 1:
                 break
@@ -122,7 +129,11 @@ class _Sums:
         return (self.partials, self.counters, self.generations, np.int32(self.rows), *self.plan.grid_args())
 
     def launch(self, args: tuple):
-        self.plan.launch(self.kernel, args, sums=self.sums)
+        if self.early:
+            launch_early(self.kernel, (self.plan.tiles, self.plan.chunks), (self.plan.threads,), args,
+                         self.plan.shared_bytes(self.sums))
+        else:
+            self.plan.launch(self.kernel, args, sums=self.sums)
 
 
 def tile_sums(backend, allocator, who: str, build, defines: dict, x, mask, arrays: tuple, cache_bytes: int,

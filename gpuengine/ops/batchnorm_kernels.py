@@ -30,6 +30,17 @@ barrier and the statistics' round trip. An H200's Nsight Compute run of
 ResNet-50 CIFAR bf16 put those at about 5 us of each 13.6 us launch with 4x4
 maps: the single-chunk launches of 2x2 maps took 8.9 us.
 
+Launched early (EARLY 1, ops/batchnorm.py LAUNCH_EARLY; sm_90): each
+kernel is launched with programmatic stream serialization, so its blocks may
+start while the kernel before it on the stream ends. Until
+griddepcontrol.wait they only ask L2 for the inputs older launches wrote
+(the residual forward; x, the mask or y and the saved statistics backward):
+a step's backward finds those a forward pass old, in device memory (an
+H200's ResNet-50 bf16 backward: 557 us with each layer's inputs cold, 463
+warm). Prefetches only, so no value is read before the wait: a line the
+kernel before still writes is written in L2, where the loads after the wait
+read it.
+
 Why: cuDNN's batch norm is a runtime-compiled graph per shape (about a second
 to build each candidate on a fresh machine) and a memset beside each launch
 (an H200 profile of ResNet-50 bf16: 792 us of the step in 106 launches and 89
@@ -62,6 +73,19 @@ SOURCE = COLUMN_TILE_SOURCE + ACTIVATION_SOURCE + r"""
 // Row steps from row `from` of the block's chunk to its end (t.stop), t.step rows a step.
 __device__ __forceinline__ long long trips(long long from, const ColumnTile& t) {
     return from < t.stop ? (t.stop - from + t.step - 1) / t.step : 0;
+}
+// EARLY: the rows a thread asks L2 for before the wait, from its first (on-chip plans keep at most 8 trips).
+#define EARLY_TRIPS 8
+// A hint that brings the line of p into L2; it reads nothing into a register, so it may run before the wait.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
+// EARLY: wait for the kernel before this one on the stream (all its writes visible); without EARLY there is nothing
+// to wait for (the launch came after it ended).
+__device__ __forceinline__ void wait_for_previous() {
+#if EARLY && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 // Blocks of one column tile meet here after its sums: the block that drew the last ticket (`last`, it wrote the
 // tile's statistics) publishes them by moving the tile's generation on; the others wait for that. The grid is
@@ -202,10 +226,15 @@ bn_forward(const ELEM_T* x, const float* gamma, const float* beta, float* runnin
     extern __shared__ float lane_sums[];   // 2 VEC sums a thread: blockDim.x each
     const int cols = CHANNELS;
     const ColumnTile t = column_tile(rows, rows_per_chunk, tile_cols);
-    const unsigned int seen = tile_generation(generations);
     const bool own = t.col < PACKS;
-    float shift[VEC], s[2 * VEC];
     const long long c0 = (long long)t.col * VEC;   // the pack's first channel
+    if (EARLY && HAS_RESIDUAL && own) {   // the residual, read after the statistics: into L2 meanwhile
+        for (int k = 0; k < EARLY_TRIPS && t.first + k * t.step < t.stop; ++k)
+            prefetch_l2(residual + (t.first + k * t.step) * cols + c0);
+    }
+    wait_for_previous();   // before any load or store
+    const unsigned int seen = tile_generation(generations);
+    float shift[VEC], s[2 * VEC];
     #pragma unroll
     for (int v = 0; v < 2 * VEC; ++v) s[v] = 0.f;
     Elems kept[CACHE];   // the packs of the first CACHE trips, kept for the output's pass
@@ -357,9 +386,20 @@ bn_backward(const ELEM_T* dy, const ELEM_T* dy2, const ELEM_T* x, const ELEM_T* 
     extern __shared__ float lane_sums[];   // 2 VEC sums a thread: blockDim.x each
     const int cols = CHANNELS;
     const ColumnTile t = column_tile(rows, rows_per_chunk, tile_cols);
-    const unsigned int seen = tile_generation(generations);
     const bool own = t.col < PACKS;
     const long long c0 = (long long)t.col * VEC;
+    if (EARLY && own) {   // what the forward pass wrote: the statistics, x, and the mask or y
+        prefetch_l2(mean + c0);
+        prefetch_l2(inv_std + c0);
+        for (int k = 0; k < EARLY_TRIPS && t.first + k * t.step < t.stop; ++k) {
+            const long long i = (t.first + k * t.step) * cols + c0;
+            prefetch_l2(x + i);
+            if (ACT != 0 && MASK) prefetch_l2(mask + (i >> 3));
+            if (ACT != 0 && !MASK) prefetch_l2(y + i);
+        }
+    }
+    wait_for_previous();   // before any load or store
+    const unsigned int seen = tile_generation(generations);
     float m[VEC], r_std[VEC], s[2 * VEC];
     #pragma unroll
     for (int v = 0; v < VEC; ++v) {

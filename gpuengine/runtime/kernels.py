@@ -7,6 +7,7 @@ header is needed at run-time compile.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 
 import numpy as np
@@ -138,21 +139,73 @@ def compute_capability() -> int:
     return int(cupy.cuda.Device().compute_capability)
 
 
+def _driver(what: str):
+    """cuda.bindings.driver, or an error that says `what` needed it."""
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        raise RuntimeError(f"{what} needs the driver's API from cuda-bindings (nvmath-python installs it), which "
+                           f"does not import: {exc}") from None
+    return driver
+
+
 def max_active_clusters(kernel, grid: tuple, threads: int, shared_bytes: int) -> int:
     """How many of `kernel`'s thread-block clusters (its compiled __cluster_dims__) the device runs at once at this
     launch shape: a grid of more runs in waves, and its GPCs' spare SMs hold none (30 clusters of 8 blocks on an
     H200's 132 SMs at two blocks an SM, not 33)."""
-    try:
-        from cuda.bindings import driver
-    except ImportError as exc:
-        raise RuntimeError(f"the cluster ceiling of {kernel.name} needs the driver's cuOccupancyMaxActiveClusters "
-                           f"from cuda-bindings (nvmath-python installs it), which does not import: {exc}") from None
-    config = driver.CUlaunchConfig()
-    config.gridDimX, config.gridDimY, config.gridDimZ = (*grid, 1, 1)[:3]
-    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
-    config.sharedMemBytes = shared_bytes
+    driver = _driver(f"the cluster ceiling of {kernel.name} (cuOccupancyMaxActiveClusters)")
+    config = _launch_config(driver, grid, (threads,), shared_bytes)
     config.numAttrs = 0
     error, clusters = driver.cuOccupancyMaxActiveClusters(driver.CUfunction(kernel.kernel.ptr), config)
     if error != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuOccupancyMaxActiveClusters of {kernel.name}: {error.name}")
     return int(clusters)
+
+
+def _launch_config(driver, grid: tuple, block: tuple, shared_bytes: int):
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = (*grid, 1, 1)[:3]
+    config.blockDimX, config.blockDimY, config.blockDimZ = (*block, 1, 1)[:3]
+    config.sharedMemBytes = shared_bytes
+    return config
+
+
+# A NumPy scalar argument's C type, as the kernels declare it.
+_SCALAR_TYPES = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.uint32): ctypes.c_uint32,
+                 np.dtype(np.int64): ctypes.c_int64, np.dtype(np.float32): ctypes.c_float}
+
+
+def kernel_params(driver, kernel_name: str, args: tuple) -> tuple:
+    """(values, types) of a launch's arguments as cuda.bindings takes them: device arrays as CUdeviceptr (type
+    None), NumPy scalars by their C type; anything else is refused by position."""
+    values, types = [], []
+    for index, arg in enumerate(args):
+        if hasattr(getattr(arg, "data", None), "ptr"):   # a CuPy array
+            values.append(driver.CUdeviceptr(arg.data.ptr))
+            types.append(None)
+        elif isinstance(arg, np.generic) and arg.dtype in _SCALAR_TYPES:
+            values.append(arg.item())
+            types.append(_SCALAR_TYPES[arg.dtype])
+        else:
+            raise TypeError(f"{kernel_name}: argument {index} is a {type(arg).__name__}; a launch takes device arrays "
+                            "and NumPy int32, uint32, int64 or float32 scalars")
+    return tuple(values), tuple(types)
+
+
+def launch_early(kernel, grid: tuple, block: tuple, args: tuple, shared_bytes: int = 0):
+    """`kernel` on the current stream with programmatic stream serialization (sm_90): its blocks may start while
+    the kernel before it on the stream ends, so before griddepcontrol.wait the kernel must read nothing that kernel
+    writes. Captured into a CUDA graph, the launch becomes a programmatic edge."""
+    driver = _driver(f"launching {kernel.name} early")
+    import cupy
+    config = _launch_config(driver, grid, block, shared_bytes)
+    config.hStream = driver.CUstream(cupy.cuda.get_current_stream().ptr)
+    early = driver.CUlaunchAttribute()
+    early.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    early.value.programmaticStreamSerializationAllowed = 1
+    config.attrs = [early]
+    config.numAttrs = 1
+    error, = driver.cuLaunchKernelEx(config, driver.CUfunction(kernel.kernel.ptr),
+                                     kernel_params(driver, kernel.name, args), 0)
+    if error != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuLaunchKernelEx of {kernel.name} (launched early): {error.name}")
