@@ -149,6 +149,14 @@ def _driver(what: str):
     return driver
 
 
+def _launch_config(driver, grid: tuple, block: tuple, shared_bytes: int):
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = (*grid, 1, 1)[:3]
+    config.blockDimX, config.blockDimY, config.blockDimZ = (*block, 1, 1)[:3]
+    config.sharedMemBytes = shared_bytes
+    return config
+
+
 def max_active_clusters(kernel, grid: tuple, threads: int, shared_bytes: int) -> int:
     """How many of `kernel`'s thread-block clusters (its compiled __cluster_dims__) the device runs at once at this
     launch shape: a grid of more runs in waves, and its GPCs' spare SMs hold none (30 clusters of 8 blocks on an
@@ -160,14 +168,6 @@ def max_active_clusters(kernel, grid: tuple, threads: int, shared_bytes: int) ->
     if error != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuOccupancyMaxActiveClusters of {kernel.name}: {error.name}")
     return int(clusters)
-
-
-def _launch_config(driver, grid: tuple, block: tuple, shared_bytes: int):
-    config = driver.CUlaunchConfig()
-    config.gridDimX, config.gridDimY, config.gridDimZ = (*grid, 1, 1)[:3]
-    config.blockDimX, config.blockDimY, config.blockDimZ = (*block, 1, 1)[:3]
-    config.sharedMemBytes = shared_bytes
-    return config
 
 
 # A NumPy scalar argument's C type, as the kernels declare it.
