@@ -93,7 +93,7 @@
 #                         kernels (LOGDIR/bn_cold_<p>.json), as a step's calls find their inputs in device memory
 #                bn-early the engine's batch norm launched early (ops/batchnorm.py LAUNCH_EARLY): its GPU tests, then
 #                         `./gate toggle-cost batchnorm=engine` of BN_WORKLOADS (resnet) in BN_PRECISIONS (bf16 tf32)
-#                         with LAUNCH_EARLY False, True, False, True (set in the session's copy, put back after;
+#                         (7 rounds) with LAUNCH_EARLY False, True, False, True (set in the session's copy, put back;
 #                         LOGDIR/toggle_cost_bn_early_<n>_<False|True>.json), then a profile of ResNet bf16 with the
 #                         engine's batch norm each way (LOGDIR/profiles_<False|True>/)
 #                ncu-bn   Nsight Compute over the engine's batch-norm kernels (bn_forward, bn_backward) of NCU_BN_LAYERS
@@ -285,7 +285,7 @@ step_bn-early() { local s=0 f=gpuengine/ops/batchnorm.py early n=0
         sed -i "s/^LAUNCH_EARLY = .*/LAUNCH_EARLY = $early/" "$f" && grep -q "^LAUNCH_EARLY = $early\$" "$f" || {
             cp "$logdir/batchnorm.py.orig" "$f"; return 1; }
         ./gate toggle-cost batchnorm=engine ${BN_WORKLOADS:-resnet} --precision ${BN_PRECISIONS:-bf16 tf32} \
-            --rounds 11 --out "$logdir/toggle_cost_bn_early_${n}_$early.json" || s=1
+            --rounds 7 --out "$logdir/toggle_cost_bn_early_${n}_$early.json" || s=1
         [ $n -gt 2 ] || python3 -m gpuengine profile resnet --precision bf16 --cuda-graph 8 --toggle batchnorm=engine \
             --references --store "$logdir/profiles_$early" || s=1
     done
