@@ -89,8 +89,8 @@
 #                         ("timed 1 2 4 1-8 4-8 8-8": timed, each layer's plan kept by timing as a trainer does;
 #                         --narrowest N, or N-W with --widest W; LOGDIR/bn_tiles_<p>_<tiles>.json)
 #                bn-cold  bn_layers.py of BN_LAYER_WORKLOAD (resnet) in each of BN_PRECISIONS (bf16 tf32), every call
-#                         after an L2 flush (--cold): cuDNN's graphs (LOGDIR/bn_cold_<p>_cudnn.json) and the engine's
-#                         kernels (LOGDIR/bn_cold_<p>.json), as a step's calls find their inputs in device memory
+#                         after an L2 flush (--cold): cuDNN's graphs and the engine's kernels
+#                         (LOGDIR/bn_cold_<p>_<cudnn|engine>.json), as a step's calls find their inputs in device memory
 #                bn-early the engine's batch norm launched early (ops/batchnorm.py LAUNCH_EARLY): its GPU tests, then
 #                         `./gate toggle-cost batchnorm=engine` of BN_WORKLOADS (resnet) in BN_PRECISIONS (bf16 tf32)
 #                         (7 rounds) with LAUNCH_EARLY False, True, False, True (set in the session's copy, put back;
@@ -268,13 +268,11 @@ step_bn-tiles() { local p tiles narrowest widest s=0
         done
     done
     return $s; }
-step_bn-cold() { local p s=0
-    for p in ${BN_PRECISIONS:-bf16 tf32}; do
-        python3 scripts/bn_layers.py "${BN_LAYER_WORKLOAD:-resnet}" --precision "$p" --batchnorm cudnn --cold \
-            --out "$logdir/bn_cold_${p}_cudnn.json" || s=1
-        python3 scripts/bn_layers.py "${BN_LAYER_WORKLOAD:-resnet}" --precision "$p" --batchnorm engine --cold \
-            --out "$logdir/bn_cold_${p}.json" || s=1
-    done
+step_bn-cold() { local p side s=0
+    for p in ${BN_PRECISIONS:-bf16 tf32}; do for side in cudnn engine; do
+        python3 scripts/bn_layers.py "${BN_LAYER_WORKLOAD:-resnet}" --precision "$p" --batchnorm "$side" --cold \
+            --out "$logdir/bn_cold_${p}_$side.json" || s=1
+    done; done
     return $s; }
 step_bn-early() { local s=0 f=gpuengine/ops/batchnorm.py early n=0
     python3 -m pytest correctness_tests/layers/test_gpu_batchnorm_engine.py -n 4 -v -p no:cacheprovider -rfE \

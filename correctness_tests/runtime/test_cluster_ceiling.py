@@ -15,7 +15,16 @@ KERNEL = SimpleNamespace(name="bn_forward", kernel=SimpleNamespace(ptr=0xBEEF))
 
 class CUresult(enum.Enum):
     CUDA_SUCCESS = 0
+    CUDA_ERROR_NOT_SUPPORTED = 801
     CUDA_ERROR_INVALID_CLUSTER_SIZE = 912
+
+
+def install_driver(monkeypatch, driver):
+    """`driver` as cuda.bindings.driver for the test's length."""
+    bindings = ModuleType("cuda.bindings")
+    bindings.driver = driver
+    monkeypatch.setitem(sys.modules, "cuda", ModuleType("cuda"))
+    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
 
 
 def stand_in_driver(monkeypatch, result: CUresult, clusters: int) -> dict:
@@ -27,10 +36,7 @@ def stand_in_driver(monkeypatch, result: CUresult, clusters: int) -> dict:
         return result, clusters
     driver = SimpleNamespace(CUlaunchConfig=lambda: SimpleNamespace(), CUfunction=lambda ptr: ("CUfunction", ptr),
                              CUresult=CUresult, cuOccupancyMaxActiveClusters=query)
-    bindings = ModuleType("cuda.bindings")
-    bindings.driver = driver
-    monkeypatch.setitem(sys.modules, "cuda", ModuleType("cuda"))
-    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
+    install_driver(monkeypatch, driver)
     return asked
 
 

@@ -4,7 +4,6 @@ them, anything else refused by position, and a failed launch named by its result
 from __future__ import annotations
 
 import ctypes
-import enum
 import sys
 from types import ModuleType, SimpleNamespace
 
@@ -13,13 +12,9 @@ import pytest
 
 from gpuengine.runtime.kernels import kernel_params, launch_early
 
+from .test_cluster_ceiling import CUresult, install_driver
+
 KERNEL = SimpleNamespace(name="bn_backward", kernel=SimpleNamespace(ptr=0xBEEF))
-
-
-class CUresult(enum.Enum):
-    CUDA_SUCCESS = 0
-    CUDA_ERROR_NOT_SUPPORTED = 801
-
 
 def stand_in(monkeypatch, result: CUresult = CUresult.CUDA_SUCCESS) -> dict:
     """cuda.bindings.driver and cupy as launch_early calls them; what the launch was given lands in the dict."""
@@ -33,10 +28,7 @@ def stand_in(monkeypatch, result: CUresult = CUresult.CUDA_SUCCESS) -> dict:
         CUlaunchAttributeID=SimpleNamespace(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION="serialization"),
         CUfunction=lambda ptr: ("CUfunction", ptr), CUstream=lambda ptr: ("CUstream", ptr),
         CUdeviceptr=lambda ptr: ("CUdeviceptr", ptr), CUresult=CUresult, cuLaunchKernelEx=launch)
-    bindings = ModuleType("cuda.bindings")
-    bindings.driver = driver
-    monkeypatch.setitem(sys.modules, "cuda", ModuleType("cuda"))
-    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
+    install_driver(monkeypatch, driver)
     cupy = ModuleType("cupy")
     cupy.cuda = SimpleNamespace(get_current_stream=lambda: SimpleNamespace(ptr=0x57))
     monkeypatch.setitem(sys.modules, "cupy", cupy)

@@ -8,8 +8,7 @@ import functools
 
 import numpy as np
 
-from ..runtime.kernels import (compute_capability, get_kernel, launch_early, max_active_clusters, multiprocessor_count,
-                               vector_width)
+from ..runtime.kernels import compute_capability, get_kernel, max_active_clusters, multiprocessor_count, vector_width
 from . import autotune
 from .batchnorm_kernels import SOURCE
 from .reductions import ChunkPlan, plan_chunks
@@ -129,11 +128,7 @@ class _Sums:
         return (self.partials, self.counters, self.generations, np.int32(self.rows), *self.plan.grid_args())
 
     def launch(self, args: tuple):
-        if self.early:
-            launch_early(self.kernel, (self.plan.tiles, self.plan.chunks), (self.plan.threads,), args,
-                         self.plan.shared_bytes(self.sums))
-        else:
-            self.plan.launch(self.kernel, args, sums=self.sums)
+        self.plan.launch(self.kernel, args, sums=self.sums, early=self.early)
 
 
 def tile_sums(backend, allocator, who: str, build, defines: dict, x, mask, arrays: tuple, cache_bytes: int,

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..runtime.backend import widen
-from ..runtime.kernels import ctype, get_kernel, multiprocessor_count, vector_width
+from ..runtime.kernels import ctype, get_kernel, launch_early, multiprocessor_count, vector_width
 
 # DEFER's default, for the kernels compiled without it (batch norm's, which read their sums back).
 _DEFER_SOURCE = r"""
@@ -314,8 +314,13 @@ class ChunkPlan:
         """A block's dynamic shared memory: its threads' `sums` float partials."""
         return 4 * sums * self.threads
 
-    def launch(self, kernel, args: tuple, sums: int = 1):
-        kernel((self.tiles, self.chunks), (self.threads,), args, shared_mem=self.shared_bytes(sums))
+    def launch(self, kernel, args: tuple, sums: int = 1, early: bool = False):
+        """`early`: launch_early's programmatic launch (a kernel compiled to wait for the one before it)."""
+        grid, block, shared = (self.tiles, self.chunks), (self.threads,), self.shared_bytes(sums)
+        if early:
+            launch_early(kernel, grid, block, args, shared)
+        else:
+            kernel(grid, block, args, shared_mem=shared)
 
 
 @dataclass(frozen=True)
