@@ -232,11 +232,14 @@ def test_a_plan_launched_early_gives_the_bits_of_its_plain_launch(precision, cas
     if ending == "ticket":
         monkeypatch.setattr(ops_batchnorm, "ON_CHIP_CHUNKS", ())
     batch, shape = CLUSTER_SHAPES["4x4x12" if case == "relu6" else "8x8x64"]
+    monkeypatch.setattr(ops_batchnorm, "LAUNCH_EARLY", False)
     plain = _engine_and_numpy(case, precision, batch, shape)
     monkeypatch.setattr(ops_batchnorm, "LAUNCH_EARLY", True)
     early = _engine_and_numpy(case, precision, batch, shape)
     for graph in (early[2]._fwd_graph, early[2]._bwd_graph):
         assert graph.sums.early and graph.sums.defines["EARLY"] == 1
+    for graph in (plain[2]._fwd_graph, plain[2]._bwd_graph):
+        assert not graph.sums.early and graph.sums.defines["EARLY"] == 0
     assert _clusters(early[2]) == _clusters(plain[2])
     if ending == "cluster":
         assert min(_clusters(plain[2])) > 1, _clusters(plain[2])

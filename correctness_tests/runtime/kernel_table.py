@@ -141,7 +141,8 @@ def _shape_free_cases():
     yield _case(partial_sums, "partial_sums", "column sums finished by the program", RUN_WARPS=partial_sums.RUN_WARPS)
     # The engine's batch norm a channel a lane (VEC 1: channels not a multiple of 8, or an unaligned buffer), its
     # clusters (CLUSTER: chosen at build from the batch, so the networks' nodes list it at 1 only) and its early
-    # launch (EARLY: LAUNCH_EARLY, off in the networks' nodes), with the mask, y or neither read backward.
+    # launch (EARLY: LAUNCH_EARLY on sm_90, so the networks' nodes built without a GPU list it at 0), with the mask,
+    # y or neither read backward.
     rows = (("bf16_t", 1, 1, 1, 24, 1, 1, 0), ("float", 2, 0, 0, 12, 1, 2, 1), ("bf16_t", 1, 1, 1, 128, 8, 8, 1),
             ("float", 0, 0, 0, 64, 8, 4, 1))
     for elem, act, mask, residual, channels, vec, cluster, early in rows:
