@@ -96,6 +96,12 @@
 #                         (7 rounds) with LAUNCH_EARLY False, True, False, True (set in the session's copy, put back;
 #                         LOGDIR/toggle_cost_bn_early_<n>_<False|True>.json), then a profile of ResNet bf16 with the
 #                         engine's batch norm each way (LOGDIR/profiles_<False|True>/)
+#                gaps     the engine's gaps between kernels, machine by machine (the bf16 ResNet step with its
+#                         batch norm profiled at 2,309-2,372 us with 46 us of gaps on one H200, 2,422 with 159 on
+#                         another): the machine's CPU and clocks, then profiles of resnet bf16 graph8 batchnorm=engine
+#                         on the kept plans, alone, with the references, alone again (LOGDIR/gaps_<n>_<side>/), then
+#                         `./gate toggle-cost batchnorm=engine resnet --precision bf16` (7 rounds): its rounds of
+#                         8 steps, each timed alone, against the profiles' bursts
 #                ncu-bn   Nsight Compute over the engine's batch-norm kernels (bn_forward, bn_backward) of NCU_BN_LAYERS
 #                         (a regular expression of ResNet's layer names; default: one of each map size) in
 #                         BN_PRECISION (default bf16), one timed call each (bn_layers.py --reps 1): speed of light,
@@ -288,6 +294,20 @@ step_bn-early() { local s=0 f=gpuengine/ops/batchnorm.py early n=0
             --references --store "$logdir/profiles_$early" || s=1
     done
     cp "$logdir/batchnorm.py.orig" "$f"
+    return $s; }
+step_gaps() { local n=0 side store plans tier s=0
+    lscpu | grep -E "^(Model name|CPU\(s\)|CPU max MHz|NUMA node\(s\))"
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,pstate --format=csv
+    for side in alone references alone; do
+        n=$((n + 1)) store="$logdir/gaps_${n}_$side"
+        for plans in baselines_store/*/cudnn_plans.json; do   # the kept plans of every tier, where the store reads them
+            tier=$(basename "$(dirname "$plans")")
+            mkdir -p "$store/$tier" && cp "$plans" "$store/$tier/"
+        done
+        python3 -m gpuengine profile resnet --precision bf16 --cuda-graph 8 --toggle batchnorm=engine \
+            $([ "$side" = alone ] && echo --references) --store "$store" || s=1
+    done
+    ./gate toggle-cost batchnorm=engine resnet --precision bf16 --rounds 7 --out "$logdir/toggle_cost_gaps.json" || s=1
     return $s; }
 step_ncu-bn() { local ncu
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
