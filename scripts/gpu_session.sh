@@ -295,15 +295,12 @@ step_bn-early() { local s=0 f=gpuengine/ops/batchnorm.py early n=0
     done
     cp "$logdir/batchnorm.py.orig" "$f"
     return $s; }
-step_gaps() { local n=0 side store plans tier s=0
+step_gaps() { local n=0 side store s=0
     lscpu | grep -E "^(Model name|CPU\(s\)|CPU max MHz|NUMA node\(s\))"
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,pstate --format=csv
     for side in alone references alone; do
         n=$((n + 1)) store="$logdir/gaps_${n}_$side"
-        for plans in baselines_store/*/cudnn_plans.json; do   # the kept plans of every tier, where the store reads them
-            tier=$(basename "$(dirname "$plans")")
-            mkdir -p "$store/$tier" && cp "$plans" "$store/$tier/"
-        done
+        mkdir -p "$store" && (cd baselines_store && cp --parents */cudnn_plans.json "$store/") || s=1   # kept plans
         python3 -m gpuengine profile resnet --precision bf16 --cuda-graph 8 --toggle batchnorm=engine \
             $([ "$side" = alone ] && echo --references) --store "$store" || s=1
     done

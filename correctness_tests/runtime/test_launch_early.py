@@ -16,6 +16,7 @@ from .test_cluster_ceiling import CUresult, install_driver
 
 KERNEL = SimpleNamespace(name="bn_backward", kernel=SimpleNamespace(ptr=0xBEEF))
 
+
 def stand_in(monkeypatch, result: CUresult = CUresult.CUDA_SUCCESS) -> dict:
     """cuda.bindings.driver and cupy as launch_early calls them; what the launch was given lands in the dict."""
     launched = {}
