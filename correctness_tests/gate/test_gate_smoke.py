@@ -336,8 +336,9 @@ FAKE_GPU_TIER = textwrap.dedent("""
 
 GOAL = {"gpu": "FAKE*", "test": "test_misses_a_target", "reference": "torch_eager", "min_ratio": 10000,
         "kind": "target", "why": "a goal far off"}
-HELD = {"gpu": "FAKE*", "test": "test_*", "reference": "torch_graph", "min_ratio": 1.0, "kind": "claim",
-        "why": "the small-matrix engine leads"}
+# 0.1x, not 1x: a busy 2-core CI machine once slowed two of the engine's three 0.3 ms rounds to 4.7 ms (0.62x)
+HELD = {"gpu": "FAKE*", "test": "test_*", "reference": "torch_graph", "min_ratio": 0.1, "kind": "claim",
+        "why": "the small-matrix engine stays within 10x"}
 LOST = {"gpu": "FAKE*", "test": "test_meets_all", "reference": "torch_eager", "min_ratio": 10000, "kind": "claim",
         "why": "a claim this engine cannot hold"}
 
