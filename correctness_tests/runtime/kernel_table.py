@@ -146,9 +146,10 @@ def _shape_free_cases():
     rows = (("bf16_t", 1, 1, 1, 24, 1, 1, 0), ("float", 2, 0, 0, 12, 1, 2, 1), ("bf16_t", 1, 1, 1, 128, 8, 8, 1),
             ("float", 0, 0, 0, 64, 8, 4, 1))
     for elem, act, mask, residual, channels, vec, cluster, early in rows:
-        for kernel, cache, parts in (("bn_forward", 8, 1), ("bn_backward", 1, 2)):   # most and fewest trips kept
+        for kernel, source, cache, parts in (("bn_forward", "FORWARD_SOURCE", 8, 1),   # most and fewest trips kept
+                                             ("bn_backward", "BACKWARD_SOURCE", 1, 2)):
             yield _case(ops_batchnorm, kernel, f"batch norm, {channels} channels {vec} a lane, {cache} trips kept, "
-                        f"dy in {parts}, cluster {cluster}, early {early}", "SOURCE", ELEM_T=elem,
+                        f"dy in {parts}, cluster {cluster}, early {early}", source, ELEM_T=elem,
                         HAS_RESIDUAL=residual, ACT=act, MASK=mask, CHANNELS=channels, VEC=vec, CACHE=cache,
                         DY_PARTS=parts, CLUSTER=cluster, EARLY=early)
     for kernel in ("finish_step", "book_loss"):
@@ -190,9 +191,9 @@ def _node_cases(net, node, dtype, where):
     elif isinstance(layer, BatchNorm2D):
         found.append((batchnorm, "_SOURCE", ("bn_inference", "bn_tail"), layer.kernel_defines(shapes[0], dtype)))
         vec = ops_batchnorm.pack_width(shapes[0][2])   # batchnorm=engine: each direction keeps its own trips
-        for kernel, cache_bytes in (("bn_forward", ops_batchnorm.FORWARD_CACHE_BYTES),
-                                    ("bn_backward", ops_batchnorm.BACKWARD_CACHE_BYTES)):
-            found.append((ops_batchnorm, "SOURCE", (kernel,), {
+        for kernel, source, cache_bytes in (("bn_forward", "FORWARD_SOURCE", ops_batchnorm.FORWARD_CACHE_BYTES),
+                                            ("bn_backward", "BACKWARD_SOURCE", ops_batchnorm.BACKWARD_CACHE_BYTES)):
+            found.append((ops_batchnorm, source, (kernel,), {
                 **layer.kernel_defines(shapes[0], dtype), "VEC": vec, "DY_PARTS": 1, "CLUSTER": 1, "EARLY": 0,
                 "CACHE": ops_batchnorm.cache_trips(vec, np.dtype(dtype).itemsize, cache_bytes)}))
     elif isinstance(layer, Conv2D) and layer.depthwise_defines(shapes[0], dtype) is not None:

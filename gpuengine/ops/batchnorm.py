@@ -1,6 +1,7 @@
 """The engine's own batch-norm kernels (training, NHWC), in place of cuDNN's graphs: the `batchnorm=engine` toggle.
 
-This module plans their grid and launches them; batchnorm_kernels.py holds their source and says how they work.
+This module plans their grid and launches them; batchnorm_forward.py and batchnorm_backward.py hold their source and
+say how they work, batchnorm_kernels.py what they share.
 """
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import numpy as np
 
 from ..runtime.kernels import compute_capability, get_kernel, max_active_clusters, multiprocessor_count, vector_width
 from . import autotune
-from .batchnorm_kernels import SOURCE
+from .batchnorm_backward import BACKWARD_SOURCE
+from .batchnorm_forward import FORWARD_SOURCE
 from .reductions import ChunkPlan, plan_chunks
 
 # Channels of a ticket's column tile whatever VEC: wider tiles leave fewer, longer ones, whose last block adds 2 VEC
@@ -185,8 +187,8 @@ class BatchNormForward(_OneLaunch):
     def __init__(self, backend, allocator, defines: dict, x, gamma, beta, running_mean, running_var, y, saved_mean,
                  saved_inv_std, epsilon: float, momentum: float, residual=None, mask=None):
         plans = tile_sums(backend, allocator, "BatchNormForward",
-                          lambda given: get_kernel(SOURCE, "bn_forward", **given), defines, x, mask, (y, residual),
-                          FORWARD_CACHE_BYTES)
+                          lambda given: get_kernel(FORWARD_SOURCE, "bn_forward", **given), defines, x, mask,
+                          (y, residual), FORWARD_CACHE_BYTES)
 
         def args(sums):
             return (x, gamma, beta, running_mean, running_var, saved_mean, saved_inv_std, sums.scratch,
@@ -205,7 +207,7 @@ class BatchNormBackward(_OneLaunch):
     def __init__(self, backend, allocator, defines: dict, dy, x, y, gamma, saved_mean, saved_inv_std, dx, dgamma,
                  dbeta, mask=None, dz=None, dy2=None):
         plans = tile_sums(backend, allocator, "BatchNormBackward",
-                          lambda given: get_kernel(SOURCE, "bn_backward", **given), defines, x, mask,
+                          lambda given: get_kernel(BACKWARD_SOURCE, "bn_backward", **given), defines, x, mask,
                           (dy, dy2, y, dx, dz), BACKWARD_CACHE_BYTES, dy_parts=1 if dy2 is None else 2)
 
         def args(sums):
