@@ -102,10 +102,14 @@
 #                         on the kept plans, alone, with the references, alone again (LOGDIR/gaps_<n>_<side>/), then
 #                         `./gate toggle-cost batchnorm=engine resnet --precision bf16` (7 rounds): its rounds of
 #                         8 steps, each timed alone, against the profiles' bursts
+#                round-gaps scripts/round_gaps.py of ResNet-50 in each of ROUND_PRECISIONS (default: bf16 tf32),
+#                         epochs of 50, 48 and 8 steps, torch_graph's rounds between the engine's: where the engine's
+#                         rounds lose 140-160 us a step against its profile's bursts (LOGDIR/round_gaps_<p>.json)
 #                ncu-bn   Nsight Compute over the engine's batch-norm kernels (bn_forward, bn_backward) of NCU_BN_LAYERS
 #                         (a regular expression of ResNet's layer names; default: one of each map size) in
 #                         BN_PRECISION (default bf16), one timed call each (bn_layers.py --reps 1): speed of light,
-#                         occupancy, warp stalls and memory, where their time goes (ncu --clock-control none)
+#                         occupancy, warp stalls and memory, where their time goes (ncu --clock-control none;
+#                         only the timed replays, between bn_layers' cudaProfilerStart and Stop: not the autotuning)
 #                dp       issue 39 on 2 GPUs: `launch --gpus 2 mlp` with and without CUDA graphs, in build/base and the
 #                         tree (DP_TREES), each rank's stacks printed when it stalls (45 s a stage) or the launcher stops
 #                         it (100 s), NCCL_DEBUG=WARN; then the parallel GPU tests (-v)
@@ -306,10 +310,16 @@ step_gaps() { local n=0 side store s=0
     done
     ./gate toggle-cost batchnorm=engine resnet --precision bf16 --rounds 7 --out "$logdir/toggle_cost_gaps.json" || s=1
     return $s; }
+step_round-gaps() { local p s=0
+    for p in ${ROUND_PRECISIONS:-bf16 tf32}; do
+        python3 scripts/round_gaps.py resnet --precision "$p" --references --out "$logdir/round_gaps_$p.json" || s=1
+    done
+    return $s; }
 step_ncu-bn() { local ncu
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
     [ -n "$ncu" ] || { echo "ncu-bn: no ncu on this machine"; return 1; }
-    "$ncu" --clock-control none -k 'regex:^bn_(forward|backward)$' --section SpeedOfLight --section LaunchStats \
+    "$ncu" --clock-control none --profile-from-start off -k 'regex:^bn_(forward|backward)$' \
+        --section SpeedOfLight --section LaunchStats \
         --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
         python3 scripts/bn_layers.py resnet --precision "${BN_PRECISION:-bf16}" --batchnorm engine --reps 1 \
         --only "${NCU_BN_LAYERS:-^(bn1|layer1\.0\.bn3|layer2\.0\.bn3|layer3\.0\.bn3|layer4\.0\.bn3)$}"; }

@@ -1,0 +1,172 @@
+"""Where an engine round's time goes around its graph launches: the device's idle time before each replay and the
+host time of each launch call, in rounds of a perf test's length and of a profile's (issue 38: the engine's
+ResNet-50 rounds take 140-160 us a step more than its profile's bursts time, PyTorch's rounds the same as theirs).
+
+    python3 scripts/round_gaps.py resnet --precision bf16 [--epoch 50 48 8] [--rounds 5] [--references]
+                                  [--toggle NAME=VALUE] [--out FILE]
+
+For each epoch length (steps; the data set holds that many batches, resident, CUDA graphs of 8 steps as the perf
+tests run them) the engine is built as the perf tests build it and timed three ways: rounds of one epoch each
+between two synchronizations (host clock, as the perf tests time them), bursts of `rounds` rounds back to back
+(as a profile times them), and the same single rounds with a device event recorded before and after each graph
+launch and the launch call's host time, so that a round splits into replays and the device's idle time before
+each. With --references, PyTorch's captured step (torch_graph, from the engine's weights) runs a round between
+each two of the engine's, as in a perf test. Prints a table; --out writes every round as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+GRAPH = 8   # steps a launch, as the perf tests' graph8 cases
+
+
+def instrument(trainer, events: list):
+    """Each captured graph's launch records a device event before and after it and appends (steps, before, after,
+    the call's host us) to `events`; returns a function that puts the plain launches back."""
+    xp, stream = trainer.backend.xp, trainer.backend.stream
+    plain = {steps: graph.launch for steps, graph in trainer.graphs.items()}
+    for steps, graph in trainer.graphs.items():
+        def launch(original=plain[steps], steps=steps):
+            before, after = xp.cuda.Event(), xp.cuda.Event()
+            before.record(stream)
+            started = time.perf_counter()
+            original()
+            called = time.perf_counter()
+            after.record(stream)
+            events.append((steps, before, after, (called - started) * 1e6))
+        graph.launch = launch
+
+    def restore():
+        for steps, graph in trainer.graphs.items():
+            graph.launch = plain[steps]
+    return restore
+
+
+def elapsed_us(first, second) -> float:
+    from cupy.cuda import get_elapsed_time
+    return get_elapsed_time(first, second) * 1e3
+
+
+def split_round(runner, events: list) -> dict:
+    """One instrumented round: its host time, its device span, and per launch its steps, the replay's device time,
+    the device's idle time before it (from the previous replay's end) and the launch call's host time."""
+    from gpuengine.bench.benchmarking import time_round
+    events.clear()
+    host_ms = time_round(runner)
+    launches = [{"steps": steps, "replay_us": round(elapsed_us(before, after), 1),
+                 "idle_before_us": None if k == 0 else round(elapsed_us(events[k - 1][2], before), 1),
+                 "call_us": round(call_us, 1)} for k, (steps, before, after, call_us) in enumerate(events)]
+    return {"host_ms": round(host_ms, 3), "device_ms": round(elapsed_us(events[0][1], events[-1][2]) / 1e3, 3),
+            "launches": launches}
+
+
+def burst_ms(runner, rounds: int) -> float:
+    """Milliseconds a round of `rounds` rounds launched back to back, the device drained before both clock reads."""
+    runner.synchronize()
+    started = time.perf_counter()
+    for _ in range(rounds):
+        runner.run_round()
+    runner.synchronize()
+    return (time.perf_counter() - started) * 1e3 / rounds
+
+
+def measure(workload, precision: str, epoch: int, rounds: int, references: bool, toggles: dict) -> dict:
+    """The three timings of one epoch length (module docstring), every round kept."""
+    from gpuengine.bench.benchmarking import time_round
+    from gpuengine.bench.runners import EngineTrainRunner
+    from gpuengine.config import EngineConfig
+    x, t = workload.arrays(workload.batch * epoch, False)
+    config = EngineConfig(precision=precision, cuda_graph=GRAPH, resident_data=True, device="cuda", **toggles)
+    engine = EngineTrainRunner(workload.network(False), x, t, workload.batch, config, epochs_per_round=1,
+                               lr=workload.lr)
+    engine.prepare()
+    reference = None
+    if references:
+        reference = workload.torch_runner("torch_graph", x, t, workload.batch, precision, engine.state_dict(),
+                                          engine.buffers_dict(), "cuda", False)
+        reference.prepare()
+    beside = [reference] if reference else []
+    for runner in [engine, *beside]:   # warm rounds: a graph's first replay uploads it
+        time_round(runner)
+    single, split, reference_ms = [], [], []
+    events: list = []
+    for _ in range(rounds):
+        single.append(time_round(engine))
+        reference_ms += [time_round(r) for r in beside]
+    bursts = [burst_ms(engine, rounds) for _ in range(3)]
+    restore = instrument(engine.trainer, events)
+    try:
+        for _ in range(rounds):
+            split.append(split_round(engine, events))
+            reference_ms += [time_round(r) for r in beside]
+    finally:
+        restore()
+    return {"epoch_steps": epoch, "single_ms": single, "burst_ms": bursts, "split": split,
+            "reference_ms": reference_ms}
+
+
+def summary(record: dict) -> str:
+    """One line: us a step of single rounds, bursts and instrumented rounds, the instrumented rounds' device
+    span, their replays and idle time, and the launch calls' host time (medians)."""
+    steps = record["epoch_steps"]
+    per_step = lambda ms: 1e3 * statistics.median(ms) / steps  # noqa: E731
+    split = record["split"]
+    replays = [sum(launch["replay_us"] for launch in s["launches"]) for s in split]
+    idle = [sum(launch["idle_before_us"] or 0.0 for launch in s["launches"]) for s in split]
+    calls = [launch["call_us"] for s in split for launch in s["launches"] if launch["steps"] == GRAPH]
+    line = (f"epoch {steps:>3}: single {per_step(record['single_ms']):8.1f}  burst {per_step(record['burst_ms']):8.1f}"
+            f"  instrumented {per_step([s['host_ms'] for s in split]):8.1f}"
+            f"  (device span {per_step([s['device_ms'] for s in split]):8.1f}, replays "
+            f"{statistics.median(replays) / steps:8.1f}, idle between {statistics.median(idle) / steps:6.1f})"
+            f"  graph{GRAPH} launch call {statistics.median(calls) if calls else 0.0:7.1f} us")
+    if record["reference_ms"]:
+        line += f"  torch_graph {per_step(record['reference_ms']):8.1f}"
+    return line
+
+
+def main(argv=None) -> int:
+    from gpuengine.bench.cli_args import UsageError, parse_toggle
+    from gpuengine.bench.profile.workloads import get_workload
+    from gpuengine.config import PRECISIONS
+    from gpuengine.runtime.backend import gpu_visible
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("workload")
+    parser.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    parser.add_argument("--epoch", type=int, nargs="+", default=[50, 48, 8],
+                        help="steps an epoch (a round), each length a run of its own")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--references", action="store_true", help="torch_graph's rounds between the engine's")
+    parser.add_argument("--toggle", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or any(e < 1 for e in args.epoch):
+        parser.error(f"--rounds {args.rounds} and --epoch {args.epoch}: each at least 1")
+    try:
+        toggles = dict(parse_toggle(text, "--toggle") for text in args.toggle)
+        workload = get_workload(args.workload)
+    except (UsageError, ValueError) as exc:
+        parser.error(str(exc))
+    if not gpu_visible():
+        print("round_gaps: needs a GPU with CuPy and the cuDNN frontend; none is visible here", file=sys.stderr)
+        return 2
+    records = []
+    for epoch in args.epoch:
+        records.append(measure(workload, args.precision, epoch, args.rounds, args.references, toggles))
+        print(summary(records[-1]), flush=True)
+    if args.out:
+        part = args.out.with_name(args.out.name + ".part")
+        part.write_text(json.dumps({"workload": args.workload, "precision": args.precision, "graph": GRAPH,
+                                    "toggles": toggles, "records": records}, indent=1))
+        part.replace(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
