@@ -36,6 +36,7 @@ from .runtime.step_state import StepState
 
 PHASES = ("gather", "forward", "loss_backward", "optimizer")
 PROFILE_STEPS = 10   # steps a profiled train() times, at least (whole epochs)
+READ_NARROW_GRADIENTS = True   # Adam reads bf16 weight gradients from their scratches where it can (optim.py)
 
 
 class TrainingDiverged(FloatingPointError):
@@ -85,9 +86,13 @@ class Trainer:
                                batch_innermost_input=self.data.batch_innermost_input)
             self.program = TrainingProgram(net, ctx, self.data.batch_x, self.data.batch_t, self.state, fuse,
                                            each_step=sync is not None)
-            self.optimizer = Adam(backend, self.allocator, self.params, self.state, lr)
+            narrow = self.program.widening.pairs() if sync is None and READ_NARROW_GRADIENTS else ()
+            self.optimizer = Adam(backend, self.allocator, self.params, self.state, lr, narrow=narrow)
         self.sync, self.step_hook = sync, step_hook
         self._loss_and_backward = self.program.loss_and_backward
+        if self.optimizer.reads_narrow:
+            self._loss_and_backward = functools.partial(self.program.loss_and_backward, widen=False)
+            self.params.complete_gradients = self._widen
         if sync is not None:
             run = {"batch": self.batch, "samples": len(x), "seed": seed, "precision": self.config.precision, "lr": lr}
             sync.attach(net, self.program, self.params, backend, run)
@@ -96,6 +101,11 @@ class Trainer:
         self.graphs: dict[int, GraphCapturedStep] = {}
         self.warmed_up = False
         self.last_profile: dict[str, float] | None = None
+
+    def _widen(self):
+        """The master gradients a step left in bf16 scratches, widened (before they are read)."""
+        with self.backend.activate():
+            self.program.widening.run()
 
     def _check_vram_cap(self, specs, buffer_specs):
         """Refuse, before allocating anything, a cap too small for the weights, gradients and Adam moments."""

@@ -131,6 +131,8 @@ def _shape_free_cases():
         for vector in (1, 0):   # 16-byte aligned buffers, and the scalar loop alone
             yield _case(optim, "adam", f"{precision} master/compute, vector {vector}", COPY_T=ctype(copy),
                         HAS_COPY=int(policy.needs_compute_copy), VECTOR=vector)
+        yield _case(optim, "adam_rows", f"{precision} master/compute, bf16 gradients read in place",
+                    COPY_T=ctype(copy), HAS_COPY=int(policy.needs_compute_copy), VECTOR=1)
     # Attention casts fp32 activations to the bf16 fused engines and back.
     for src, dst in (("float", "bf16_t"), ("bf16_t", "float")):
         for width in (1, 2, 4):

@@ -144,10 +144,11 @@ class TrainingProgram:
         for run in self._forward_runs:
             run()
 
-    def loss_and_backward(self, after_params=None):
+    def loss_and_backward(self, after_params=None, widen: bool = True):
         """after_params(i), if given, runs once backward step i has written its parameters' gradients (each
         step's bf16 weight gradients widened and its partial sums finished right after it); without it each of those
-        takes one launch after the backward pass."""
+        takes one launch after the backward pass. widen=False leaves the bf16 weight gradients in their scratches
+        (an optimizer that reads them there: optim.py)."""
         self.loss.forward_backward()
         for index, (summed, layer, _) in enumerate(self._backward):
             if summed is not None:
@@ -159,7 +160,8 @@ class TrainingProgram:
                 self.sums.run_step(index)
                 after_params(index)
         if after_params is None:
-            self.widening.run()
+            if widen:
+                self.widening.run()
             self.sums.run()
 
 

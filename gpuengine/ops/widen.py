@@ -67,6 +67,10 @@ class Widening(StepLaunches):
         self._add([(scratch, master)])
         return True
 
+    def pairs(self) -> list[tuple]:
+        """Every (bf16 scratch, float32 master) pair added, in order."""
+        return [item for _, item in self._items]
+
     def _on_host(self, scratch, master):
         np.copyto(master, scratch, casting="unsafe")
 

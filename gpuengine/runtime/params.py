@@ -72,6 +72,8 @@ class FlatParameters:
         self.buffer_offsets, buffer_size = self.layout(self.buffer_specs)
         self.buffers = allocator.zeros((buffer_size,), np.float32, "parameters")
         self._backend = allocator.backend
+        # set by a trainer whose steps leave some master gradients unwritten (optim.py): writes them before a read
+        self.complete_gradients = None
         rng = np.random.default_rng(seed)
         self.load({s.name: initial_value(s, rng) for s in specs})
         if self.buffer_specs:
@@ -152,6 +154,8 @@ class FlatParameters:
 
     def grads_dict(self) -> dict[str, np.ndarray]:
         # A fresh host copy: views into it are the caller's own.
+        if self.complete_gradients is not None:
+            self.complete_gradients()
         return self._unpacked(self._backend.to_host(self.grad), self.offsets)
 
     def buffers_dict(self) -> dict[str, np.ndarray]:
