@@ -36,7 +36,8 @@ from .runtime.step_state import StepState
 
 PHASES = ("gather", "forward", "loss_backward", "optimizer")
 PROFILE_STEPS = 10   # steps a profiled train() times, at least (whole epochs)
-READ_NARROW_GRADIENTS = True   # Adam reads bf16 weight gradients from their scratches where it can (optim.py)
+# Adam reads bf16 weight gradients from their scratches where it can (optim.py): off until its GPU tests and A/B run
+READ_NARROW_GRADIENTS = False
 
 
 class TrainingDiverged(FloatingPointError):
