@@ -86,7 +86,7 @@ def test_the_vector_and_scalar_paths_agree_bit_for_bit(precision):
 
 # (offset, count) of the bf16 gradients: a long one cut into rows, one whose end leaves the next row unaligned, a
 # short one; offsets are multiples of 64, as the flat layout makes them.
-SPANS = [(0, 2 * optim.ROW + 5), (64 * 200, 1728), (LARGE - 128, 27)]
+SPANS = [(0, 2 * optim.ROW + 5), (64 * 300, 1728), (LARGE - 128, 27)]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
