@@ -108,6 +108,8 @@ class FlatParameters:
         return self._view(self.master, name)
 
     def grad_view(self, name):
+        """Where the layer of `name` writes its master gradient; read a trainer's gradients with grads_dict, which
+        first writes those its steps left elsewhere (complete_gradients)."""
         if self.grad is None:
             raise ValueError(f"{name}: these parameters were built for inference (training=False) and carry no "
                              "gradients; build them with training=True to train")
