@@ -116,7 +116,9 @@ def summary(record: dict) -> str:
     """One line: us a step of single rounds, bursts and instrumented rounds, the instrumented rounds' device
     span, their replays and idle time, and the launch calls' host time (medians)."""
     steps = record["epoch_steps"]
-    per_step = lambda ms: 1e3 * statistics.median(ms) / steps  # noqa: E731
+
+    def per_step(ms: list[float]) -> float:
+        return 1e3 * statistics.median(ms) / steps
     split = record["split"]
     replays = [sum(launch["replay_us"] for launch in s["launches"]) for s in split]
     idle = [sum(launch["idle_before_us"] or 0.0 for launch in s["launches"]) for s in split]
