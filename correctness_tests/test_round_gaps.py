@@ -38,11 +38,12 @@ def test_a_round_splits_into_replays_and_the_idle_time_before_each(monkeypatch):
     plain = {n: g.launch for n, g in trainer.graphs.items()}
     events: list = []
     restore = script.instrument(trainer, events)
-    split = script.split_round(runner, events)
+    split = script.split_round(runner, events, clock=lambda: 1980)
     assert [launch["steps"] for launch in split["launches"]] == [8, 8, 1]
     assert [launch["replay_us"] for launch in split["launches"]] == [800.0, 800.0, 100.0]
     assert [launch["idle_before_us"] for launch in split["launches"]] == [None, 7.0, 7.0]
     assert split["device_ms"] == 1.714 and all(launch["call_us"] >= 0 for launch in split["launches"])
+    assert split["sm_mhz"] == 1980
     restore()
     assert {n: g.launch for n, g in trainer.graphs.items()} == plain
 
@@ -52,8 +53,9 @@ def test_the_summary_line_reads_per_step_medians(monkeypatch):
     launches = [{"steps": 8, "replay_us": 800.0, "idle_before_us": None, "call_us": 30.0},
                 {"steps": 8, "replay_us": 800.0, "idle_before_us": 160.0, "call_us": 50.0}]
     record = {"epoch_steps": 16, "single_ms": [1.8, 2.0, 1.9], "burst_ms": [1.6], "reference_ms": [3.2],
-              "split": [{"host_ms": 1.92, "device_ms": 1.76, "launches": launches}]}
+              "reference_mhz": [1830], "split": [{"host_ms": 1.92, "sm_mhz": 1980, "device_ms": 1.76,
+                                                  "launches": launches}]}
     line = script.summary(record)
     assert "single    118.8" in line and "burst    100.0" in line and "instrumented    120.0" in line
     assert "replays    100.0" in line and "idle between   10.0" in line and "launch call    40.0 us" in line
-    assert "torch_graph    200.0" in line
+    assert "SM 1980 MHz" in line and "torch_graph    200.0 (SM 1830 MHz)" in line

@@ -10,8 +10,9 @@ tests run them) the engine is built as the perf tests build it and timed three w
 between two synchronizations (host clock, as the perf tests time them), bursts of `rounds` rounds back to back
 (as a profile times them), and the same single rounds with a device event recorded before and after each graph
 launch and the launch call's host time, so that a round splits into replays and the device's idle time before
-each. With --references, PyTorch's captured step (torch_graph, from the engine's weights) runs a round between
-each two of the engine's, as in a perf test. Prints a table; --out writes every round as JSON.
+each (and the SM clock read while each such round runs). With --references, PyTorch's captured step
+(torch_graph, from the engine's weights) runs a round between each two of the engine's, as in a perf test.
+Prints a table; --out writes every round as JSON.
 """
 from __future__ import annotations
 
@@ -54,17 +55,37 @@ def elapsed_us(first, second) -> float:
     return get_elapsed_time(first, second) * 1e3
 
 
-def split_round(runner, events: list) -> dict:
-    """One instrumented round: its host time, its device span, and per launch its steps, the replay's device time,
-    the device's idle time before it (from the previous replay's end) and the launch call's host time."""
-    from gpuengine.bench.benchmarking import time_round
+def sm_clock():
+    """A function that reads the GPU's SM clock in MHz (NVML), or returns None where NVML cannot."""
+    from gpuengine.bench import nvml
+    try:
+        lib, handle = nvml.nvml(), nvml.handle_for_cuda_device()
+    except nvml.NvmlUnavailable:
+        return lambda: None
+    return lambda: lib.nvmlDeviceGetClockInfo(handle, lib.NVML_CLOCK_SM)
+
+
+def clocked_round(runner, clock) -> tuple[float, int | None]:
+    """A round's host milliseconds (as benchmarking.time_round) and the SM clock read while its work runs."""
+    runner.synchronize()
+    started = time.perf_counter()
+    runner.run_round()
+    mhz = clock()
+    runner.synchronize()
+    return (time.perf_counter() - started) * 1e3, mhz
+
+
+def split_round(runner, events: list, clock) -> dict:
+    """One instrumented round: its host time, the SM clock while it ran, its device span, and per launch its steps,
+    the replay's device time, the device's idle time before it (from the previous replay's end) and the launch
+    call's host time."""
     events.clear()
-    host_ms = time_round(runner)
+    host_ms, mhz = clocked_round(runner, clock)
     launches = [{"steps": steps, "replay_us": round(elapsed_us(before, after), 1),
                  "idle_before_us": None if k == 0 else round(elapsed_us(events[k - 1][2], before), 1),
                  "call_us": round(call_us, 1)} for k, (steps, before, after, call_us) in enumerate(events)]
-    return {"host_ms": round(host_ms, 3), "device_ms": round(elapsed_us(events[0][1], events[-1][2]) / 1e3, 3),
-            "launches": launches}
+    return {"host_ms": round(host_ms, 3), "sm_mhz": mhz,
+            "device_ms": round(elapsed_us(events[0][1], events[-1][2]) / 1e3, 3), "launches": launches}
 
 
 def burst_ms(runner, rounds: int) -> float:
@@ -101,15 +122,18 @@ def measure(workload, precision: str, epoch: int, rounds: int, references: bool,
         single.append(time_round(engine))
         reference_ms += [time_round(r) for r in beside]
     bursts = [burst_ms(engine, rounds) for _ in range(3)]
+    clock, reference_mhz = sm_clock(), []
     restore = instrument(engine.trainer, events)
     try:
         for _ in range(rounds):
-            split.append(split_round(engine, events))
-            reference_ms += [time_round(r) for r in beside]
+            split.append(split_round(engine, events, clock))
+            for ms, mhz in (clocked_round(r, clock) for r in beside):
+                reference_ms.append(ms)
+                reference_mhz.append(mhz)
     finally:
         restore()
     return {"epoch_steps": epoch, "single_ms": single, "burst_ms": bursts, "split": split,
-            "reference_ms": reference_ms}
+            "reference_ms": reference_ms, "reference_mhz": reference_mhz}
 
 
 def summary(record: dict) -> str:
@@ -128,8 +152,13 @@ def summary(record: dict) -> str:
             f"  (device span {per_step([s['device_ms'] for s in split]):8.1f}, replays "
             f"{statistics.median(replays) / steps:8.1f}, idle between {statistics.median(idle) / steps:6.1f})"
             f"  graph{GRAPH} launch call {statistics.median(calls) if calls else 0.0:7.1f} us")
+    clocks = [s["sm_mhz"] for s in split if s.get("sm_mhz")]
+    if clocks:
+        line += f"  SM {statistics.median(clocks):.0f} MHz"
     if record["reference_ms"]:
         line += f"  torch_graph {per_step(record['reference_ms']):8.1f}"
+        theirs = [mhz for mhz in record.get("reference_mhz", []) if mhz]
+        line += f" (SM {statistics.median(theirs):.0f} MHz)" if theirs else ""
     return line
 
 
