@@ -96,6 +96,11 @@
 #                         (7 rounds) with LAUNCH_EARLY False, True, False, True (set in the session's copy, put back;
 #                         LOGDIR/toggle_cost_bn_early_<n>_<False|True>.json), then a profile of ResNet bf16 with the
 #                         engine's batch norm each way (LOGDIR/profiles_<False|True>/)
+#                narrow   Adam reading the bf16 weight gradients in their scratches (trainer.READ_NARROW_GRADIENTS):
+#                         its GPU tests, then profiles of NARROW_PROFILE (default: resnet --precision bf16
+#                         --cuda-graph 8) with it False, True, False, True (set in the session's copy, put back;
+#                         LOGDIR/narrow_<n>_<False|True>/, on copies of the kept plans): the timed step, Adam's
+#                         and the widening's kernels
 #                gaps     the engine's gaps between kernels, machine by machine (the bf16 ResNet step with its
 #                         batch norm profiled at 2,309-2,372 us with 46 us of gaps on one H200, 2,422 with 159 on
 #                         another): the machine's CPU and clocks, then profiles of resnet bf16 graph8 batchnorm=engine
@@ -299,6 +304,19 @@ step_bn-early() { local s=0 f=gpuengine/ops/batchnorm.py early n=0
             --references --store "$logdir/profiles_$early" || s=1
     done
     cp "$logdir/batchnorm.py.orig" "$f"
+    return $s; }
+step_narrow() { local s=0 f=gpuengine/trainer.py narrow n=0 store
+    python3 -m pytest correctness_tests/test_gpu_adam.py -v -p no:cacheprovider -rfE || s=1
+    cp "$f" "$logdir/trainer.py.orig"
+    for narrow in False True False True; do   # alternated: a drift of the machine shows as a difference of the pairs
+        n=$((n + 1))
+        sed -i "s/^READ_NARROW_GRADIENTS = .*/READ_NARROW_GRADIENTS = $narrow/" "$f" &&
+            grep -q "^READ_NARROW_GRADIENTS = $narrow\$" "$f" || { cp "$logdir/trainer.py.orig" "$f"; return 1; }
+        store="$logdir/narrow_${n}_$narrow"
+        mkdir -p "$store" && (cd baselines_store && cp --parents */cudnn_plans.json "$store/") || s=1   # kept plans
+        python3 -m gpuengine profile ${NARROW_PROFILE:-resnet --precision bf16 --cuda-graph 8} --store "$store" || s=1
+    done
+    cp "$logdir/trainer.py.orig" "$f"
     return $s; }
 step_gaps() { local n=0 side store s=0
     lscpu | grep -E "^(Model name|CPU\(s\)|CPU max MHz|NUMA node\(s\))"
