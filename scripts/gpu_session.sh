@@ -314,7 +314,8 @@ step_narrow() { local s=0 f=gpuengine/trainer.py narrow n=0 store
             grep -q "^READ_NARROW_GRADIENTS = $narrow\$" "$f" || { cp "$logdir/trainer.py.orig" "$f"; return 1; }
         store="$logdir/narrow_${n}_$narrow"
         mkdir -p "$store" && (cd baselines_store && cp --parents */cudnn_plans.json "$store/") || s=1   # kept plans
-        python3 -m gpuengine profile ${NARROW_PROFILE:-resnet --precision bf16 --cuda-graph 8} --store "$store" || s=1
+        python3 -m gpuengine profile ${NARROW_PROFILE:-resnet --precision bf16 --cuda-graph 8} --references \
+            --store "$store" || s=1   # --references alone: the engine alone
     done
     cp "$logdir/trainer.py.orig" "$f"
     return $s; }
