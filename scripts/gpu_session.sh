@@ -108,9 +108,9 @@
 #                         `./gate toggle-cost batchnorm=engine resnet --precision bf16` (7 rounds): its rounds of
 #                         8 steps, each timed alone, against the profiles' bursts
 #                round-gaps scripts/round_gaps.py of ResNet-50 in each of ROUND_PRECISIONS (default: bf16): epochs
-#                         of 50, 48 and 8 steps with torch_graph's rounds between the engine's, then 50 alone: where
-#                         the engine's rounds lose 140-160 us a step against its profile's bursts
-#                         (LOGDIR/round_gaps_<p>.json, round_gaps_<p>_alone.json)
+#                         of 50, 48 and 8 steps with torch_graph's rounds between the engine's, then 50 alone, then
+#                         50 alone off the timing core: where the engine's rounds lose 140-160 us a step against its
+#                         profile's bursts (LOGDIR/round_gaps_<p>.json, round_gaps_<p>_alone[_unpinned].json)
 #                ncu-bn   Nsight Compute over the engine's batch-norm kernels (bn_forward, bn_backward) of NCU_BN_LAYERS
 #                         (a regular expression of ResNet's layer names; default: one of each map size) in
 #                         BN_PRECISION (default bf16), one timed call each (bn_layers.py --reps 1): speed of light,
@@ -334,6 +334,8 @@ step_round-gaps() { local p s=0
     for p in ${ROUND_PRECISIONS:-bf16}; do
         python3 scripts/round_gaps.py resnet --precision "$p" --references --out "$logdir/round_gaps_$p.json" || s=1
         python3 scripts/round_gaps.py resnet --precision "$p" --epoch 50 --out "$logdir/round_gaps_${p}_alone.json" || s=1
+        python3 scripts/round_gaps.py resnet --precision "$p" --epoch 50 --no-pin \
+            --out "$logdir/round_gaps_${p}_alone_unpinned.json" || s=1
     done
     return $s; }
 step_ncu-bn() { local ncu

@@ -3,7 +3,7 @@ host time of each launch call, in rounds of a perf test's length and of a profil
 ResNet-50 rounds take 140-160 us a step more than its profile's bursts time, PyTorch's rounds the same as theirs).
 
     python3 scripts/round_gaps.py resnet --precision bf16 [--epoch 50 48 8] [--rounds 5] [--references]
-                                  [--toggle NAME=VALUE] [--out FILE]
+                                  [--toggle NAME=VALUE] [--no-pin] [--out FILE]
 
 For each epoch length (steps; the data set holds that many batches, resident, CUDA graphs of 8 steps as the perf
 tests run them) the engine is built as the perf tests build it and timed three ways: rounds of one epoch each
@@ -12,7 +12,8 @@ between two synchronizations (host clock, as the perf tests time them), bursts o
 launch and the launch call's host time, so that a round splits into replays and the device's idle time before
 each (and the SM clock read while each such round runs). With --references, PyTorch's captured step
 (torch_graph, from the engine's weights) runs a round between each two of the engine's, as in a perf test.
-Prints a table; --out writes every round as JSON.
+Every timed round runs on the core the perf tests time theirs on (--no-pin: anywhere). Prints a table;
+--out writes every round as JSON.
 """
 from __future__ import annotations
 
@@ -98,11 +99,15 @@ def burst_ms(runner, rounds: int) -> float:
     return (time.perf_counter() - started) * 1e3 / rounds
 
 
-def measure(workload, precision: str, epoch: int, rounds: int, references: bool, toggles: dict) -> dict:
-    """The three timings of one epoch length (module docstring), every round kept."""
+def measure(workload, precision: str, epoch: int, rounds: int, references: bool, toggles: dict,
+            pin: bool = True) -> dict:
+    """The three timings of one epoch length (module docstring), every round kept; `pin`: each timed round's
+    thread on the core the perf tests time on (gate/ab/worker.py's timing_cpu), as theirs is."""
     from gpuengine.bench.benchmarking import time_round
     from gpuengine.bench.runners import EngineTrainRunner
     from gpuengine.config import EngineConfig
+    from gpuengine.gate.ab.worker import on_cpu, timing_cpu
+    cpu = timing_cpu() if pin else None
     x, t = workload.arrays(workload.batch * epoch, False)
     config = EngineConfig(precision=precision, cuda_graph=GRAPH, resident_data=True, device="cuda", **toggles)
     engine = EngineTrainRunner(workload.network(False), x, t, workload.batch, config, epochs_per_round=1,
@@ -114,25 +119,26 @@ def measure(workload, precision: str, epoch: int, rounds: int, references: bool,
                                           engine.buffers_dict(), "cuda", False)
         reference.prepare()
     beside = [reference] if reference else []
-    for runner in [engine, *beside]:   # warm rounds: a graph's first replay uploads it
-        time_round(runner)
     single, split, reference_ms = [], [], []
     events: list = []
-    for _ in range(rounds):
-        single.append(time_round(engine))
-        reference_ms += [time_round(r) for r in beside]
-    bursts = [burst_ms(engine, rounds) for _ in range(3)]
     clock, reference_mhz = sm_clock(), []
-    restore = instrument(engine.trainer, events)
-    try:
+    with on_cpu(cpu):
+        for runner in [engine, *beside]:   # warm rounds: a graph's first replay uploads it
+            time_round(runner)
         for _ in range(rounds):
-            split.append(split_round(engine, events, clock))
-            for ms, mhz in (clocked_round(r, clock) for r in beside):
-                reference_ms.append(ms)
-                reference_mhz.append(mhz)
-    finally:
-        restore()
-    return {"epoch_steps": epoch, "single_ms": single, "burst_ms": bursts, "split": split,
+            single.append(time_round(engine))
+            reference_ms += [time_round(r) for r in beside]
+        bursts = [burst_ms(engine, rounds) for _ in range(3)]
+        restore = instrument(engine.trainer, events)
+        try:
+            for _ in range(rounds):
+                split.append(split_round(engine, events, clock))
+                for ms, mhz in (clocked_round(r, clock) for r in beside):
+                    reference_ms.append(ms)
+                    reference_mhz.append(mhz)
+        finally:
+            restore()
+    return {"epoch_steps": epoch, "timing_cpu": cpu, "single_ms": single, "burst_ms": bursts, "split": split,
             "reference_ms": reference_ms, "reference_mhz": reference_mhz}
 
 
@@ -143,12 +149,14 @@ def summary(record: dict) -> str:
 
     def per_step(ms: list[float]) -> float:
         return 1e3 * statistics.median(ms) / steps
+
     split = record["split"]
     replays = [sum(launch["replay_us"] for launch in s["launches"]) for s in split]
     idle = [sum(launch["idle_before_us"] or 0.0 for launch in s["launches"]) for s in split]
     calls = [launch["call_us"] for s in split for launch in s["launches"] if launch["steps"] == GRAPH]
-    line = (f"epoch {steps:>3}: single {per_step(record['single_ms']):8.1f}  burst {per_step(record['burst_ms']):8.1f}"
-            f"  instrumented {per_step([s['host_ms'] for s in split]):8.1f}"
+    core = "" if record.get("timing_cpu") is None else f" (core {record['timing_cpu']})"
+    line = (f"epoch {steps:>3}{core}: single {per_step(record['single_ms']):8.1f}"
+            f"  burst {per_step(record['burst_ms']):8.1f}  instrumented {per_step([s['host_ms'] for s in split]):8.1f}"
             f"  (device span {per_step([s['device_ms'] for s in split]):8.1f}, replays "
             f"{statistics.median(replays) / steps:8.1f}, idle between {statistics.median(idle) / steps:6.1f})"
             f"  graph{GRAPH} launch call {statistics.median(calls) if calls else 0.0:7.1f} us")
@@ -175,6 +183,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--references", action="store_true", help="torch_graph's rounds between the engine's")
     parser.add_argument("--toggle", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="time on whatever core the scheduler picks, not on the perf tests' timing core")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if args.rounds < 1 or any(e < 1 for e in args.epoch):
@@ -189,7 +199,8 @@ def main(argv=None) -> int:
         return 2
     records = []
     for epoch in args.epoch:
-        records.append(measure(workload, args.precision, epoch, args.rounds, args.references, toggles))
+        records.append(measure(workload, args.precision, epoch, args.rounds, args.references, toggles,
+                               pin=not args.no_pin))
         print(summary(records[-1]), flush=True)
     if args.out:
         part = args.out.with_name(args.out.name + ".part")
