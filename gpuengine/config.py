@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 PRECISIONS = ("fp32", "tf32", "bf16")
-BATCHNORMS = ("cudnn", "engine")   # whose kernels train batch norm: cuDNN's graphs or the engine's own
+# whose kernels train batch norm: cuDNN's graphs, the engine's own, or by the map's rows (layers/batchnorm.py)
+BATCHNORMS = ("cudnn", "engine", "auto")
 BIAS_GRADS = ("auto", "sum", "epilogue")   # bias gradients: by layer (BuildContext), a column sum, in the GEMM
 DEVICES = ("cuda", "cpu")
 ENV_PREFIX = "GPUENGINE_"
@@ -106,7 +107,7 @@ class EngineConfig:
     batch_pool: int = 2             # streamed data's batch buffers on the device (2: the next batch is staged)
     profile: bool = False           # per-phase device-event timings of a step
     deterministic: bool = True      # only cuDNN engines (SDPA backward included) that give the same bits every run
-    batchnorm: str = "cudnn"        # batch norm's training kernels: cudnn (frontend graphs) | engine (its own)
+    batchnorm: str = "cudnn"        # batch norm's training kernels: cudnn (graphs) | engine (its own) | auto (by map)
     bias_grad: str = "auto"         # bias gradients: auto (by layer) | sum (a column-sum kernel) | epilogue (cuBLASLt)
     plan_workers: int = 0           # processes building cuDNN's runtime-compiled plans at set-up (0: built here)
     device: str | None = None       # cuda | cpu; None picks cuda when a GPU is visible

@@ -78,9 +78,9 @@
 #                         gains) and `bias_grad=epilogue` of the CNN (what auto's column sum saves its dense head)
 #                         (LOGDIR/toggle_cost_bias_grad_{sum,epilogue}.json)
 #                bn-engine the engine's own batch norm (batchnorm=engine): its GPU tests, each named as it ends
-#                         (-v; BN_TESTS=0 leaves them to a tests step), then `./gate toggle-cost batchnorm=engine`
-#                         of BN_WORKLOADS (default: resnet zoo:resnet50 zoo:mobilenet_v2) in BN_PRECISIONS (tf32 bf16)
-#                         (LOGDIR/toggle_cost_batchnorm.json)
+#                         (-v; BN_TESTS=0 leaves them to a tests step), then `./gate toggle-cost batchnorm=BN_TOGGLE`
+#                         (default engine; auto: by the map's rows) of BN_WORKLOADS (default: resnet zoo:resnet50
+#                         zoo:mobilenet_v2) in BN_PRECISIONS (tf32 bf16) (LOGDIR/toggle_cost_batchnorm.json)
 #                bn-layers scripts/bn_layers.py: every batch norm of BN_LAYER_WORKLOAD (default resnet) timed alone in
 #                         BN_PRECISION (default bf16), cuDNN's graphs against the engine's kernels as planned and on
 #                         the ticket's ending alone, with each layer's cluster sizes (LOGDIR/bn_layers.json)
@@ -256,7 +256,7 @@ step_determinism() { ./gate toggle-cost deterministic=0 \
 step_bn-engine() { local s=0
     if [ "${BN_TESTS:-1}" = 1 ]; then python3 -m pytest correctness_tests/layers/test_gpu_batchnorm_engine.py -n 4 -v \
         -p no:cacheprovider -rfE --durations=5 || s=1; fi
-    ./gate toggle-cost batchnorm=engine ${BN_WORKLOADS:-resnet zoo:resnet50 zoo:mobilenet_v2} \
+    ./gate toggle-cost batchnorm=${BN_TOGGLE:-engine} ${BN_WORKLOADS:-resnet zoo:resnet50 zoo:mobilenet_v2} \
         --precision ${BN_PRECISIONS:-tf32 bf16} --rounds 11 --out "$logdir/toggle_cost_batchnorm.json" || s=1
     return $s; }
 step_bias-grad() { local s=0

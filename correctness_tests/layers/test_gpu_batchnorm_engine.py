@@ -329,3 +329,23 @@ def test_engine_batchnorm_steady_state_allocates_nothing():
     x, t = smoke_batch(batch=128)
     configs = [EngineConfig(precision=p, cuda_graph=g, batchnorm="engine") for p in ("tf32", "bf16") for g in (0, 8)]
     assert_steady_state_allocates_nothing(resnet.build_resnet(resnet.SMOKE_SHAPE), x, t, 32, configs)
+
+
+@pytest.mark.parametrize("precision, most_rows", [("bf16", 512), ("tf32", 128)])
+def test_auto_trains_small_maps_on_the_engine_and_replays_exactly_like_eager(precision, most_rows, monkeypatch):
+    """batchnorm=auto on the reduced ResNet at batch 32 (maps of 2,048, 512 and 128 rows): the layers of at most
+    `most_rows` rows train on the engine's kernels and the rest on cuDNN's graphs, in one network; its captured
+    replay trains exactly like eager, and the loss goes down."""
+    from gpuengine.layers import batchnorm as layers_batchnorm
+    monkeypatch.setitem(layers_batchnorm.AUTO_ENGINE_ROWS, precision, most_rows)
+    x, t = smoke_batch(batch=256)
+    trainer = Trainer(resnet.build_resnet(resnet.SMOKE_SHAPE), x, t, 32,
+                      EngineConfig(precision=precision, batchnorm="auto"))
+    bns = [layer for layer in trainer.program.layers.values() if isinstance(layer, BatchNorm2D)]
+    engine = {bn.name for bn in bns if bn._engine}
+    assert engine == {bn.name for bn in bns if bn.x.size // bn.x.shape[3] <= most_rows}
+    assert 0 < len(engine) < len(bns)
+    losses = losses_by_graph_group(resnet.build_resnet(resnet.SMOKE_SHAPE), x, t, 32, precision, (0, 8), 3,
+                                   batchnorm="auto")
+    assert losses[0] == losses[8]
+    assert losses[0][-1] < losses[0][0]

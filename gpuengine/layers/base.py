@@ -38,7 +38,7 @@ class BuildContext:
     batch: int
     training: bool = True   # False: an inference program (BatchNorm then uses its running statistics)
     deterministic: bool = True   # the config's toggle: cuDNN graphs keep to engines that give the same bits
-    batchnorm: str = "cudnn"     # the config's toggle: batch norm as cuDNN graphs or the engine's own kernels
+    batchnorm: str = "cudnn"     # the config's toggle: batch norm as cuDNN graphs, the engine's kernels, or by map
     bias_grad: str = "auto"      # the config's toggle: bias gradients by layer, by a column sum or in the wgrad GEMM
     widening: object = None      # a training program's ops.widen.Widening: bf16 weight gradients widened at once
     sums: object = None          # a training program's ops.partial_sums.PartialSums: column sums finished at once

@@ -9,7 +9,10 @@ dgamma = sum dz x^, dx = gamma / (M sqrt(v + eps)) (M dz - dbeta - x^ dgamma);
 the residual's gradient is dz itself. Inference (an inference program,
 `ctx.training` False) normalizes with the running statistics instead.
 
-On a GPU training runs as cuDNN frontend graphs (cudnn_batchnorm.py: BN + add
+On a GPU training runs as cuDNN frontend graphs, or as the engine's own
+kernels (ops/batchnorm.py) under the toggle batchnorm=engine, and under
+batchnorm=auto on maps of few rows (AUTO_ENGINE_ROWS); each layer trains
+on one of them both ways. cuDNN's graphs (cudnn_batchnorm.py: BN + add
 + ReLU forward and dReLU + dBN backward, seed note 002's fusions, the
 activation's gradient carried from forward to backward as a bit mask). Where
 cuDNN fuses no tail (ReLU6, or an add without ReLU) the plain BN graph runs
@@ -62,8 +65,18 @@ extern "C" __global__ void bn_inference(const ELEM_T* x, const float* gamma, con
     }
 }
 """
+# batchnorm=auto: the most rows (N*H*W) a map may have to train on the engine's kernels, by precision; cuDNN's
+# graphs train the larger. Timed alone per map (ResNet-50 CIFAR b128 on an H200, log
+# nvidia-h200/logs/20261130_1310_3a825ed_*): in bf16 the engine's are faster from 4x4 maps (2,048 rows) down and
+# cuDNN's from 8x8 (8,192) up; in TF32 the engine's gain only on 1x1 maps (128), mostly backward; fp32 untimed.
+AUTO_ENGINE_ROWS = {"bf16": 4096, "tf32": 128, "fp32": 0}
 ACTIVATIONS = (None, "relu", "relu6")
 _ACT_CODES = {None: 0, "relu": 1, "relu6": 2}
+
+
+def engine_trains(batchnorm: str, precision: str, rows: int) -> bool:
+    """Whether a map of `rows` rows (N*H*W) trains on the engine's kernels under the toggle `batchnorm`."""
+    return batchnorm == "engine" or (batchnorm == "auto" and rows <= AUTO_ENGINE_ROWS.get(precision, 0))
 
 
 class BatchNorm2D(Layer):
@@ -132,7 +145,7 @@ class BatchNorm2D(Layer):
         if not self.training:
             self._infer = get_kernel(_SOURCE, "bn_inference", **defines)
             return self.out
-        self._engine = ctx.batchnorm == "engine"
+        self._engine = engine_trains(ctx.batchnorm, ctx.policy.name, x.size // channels)
         if self._engine:   # the engine's own kernels; the mask wherever the activation's gradient is needed later
             if defines["MASK"]:
                 self.mask = ctx.allocator.zeros(mask_shape(x.shape), np.uint8, "activations")
