@@ -63,7 +63,7 @@ def no_build(monkeypatch):
     (["mlp", "--references", "torch_eager"], "argument --references: invalid choice: 'torch_eager' (choose from "
                                              "'torch_graph', 'torch_compile_graph')"),
     (["mlp", "--toggle", "batchnorm=fast"], "argument --toggle: batchnorm='fast' is not accepted; use one of cudnn, "
-                                            "engine"),
+                                            "engine, auto"),
     (["mlp", "--toggle", "batchnorm"], "argument --toggle: 'batchnorm' is not TOGGLE=VALUE (e.g. deterministic=0)"),
     (["mlp", "--toggle", "precision=bf16"], "argument --toggle: precision is set per case here (--precision, "
                                             "--cuda-graph); give another toggle"),
