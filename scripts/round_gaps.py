@@ -11,7 +11,9 @@ between two synchronizations (host clock, as the perf tests time them), bursts o
 (as a profile times them), and the same single rounds with a device event recorded before and after each graph
 launch and the launch call's host time, so that a round splits into replays and the device's idle time before
 each (and the SM clock read while each such round runs). With --references, PyTorch's captured step
-(torch_graph, from the engine's weights) runs a round between each two of the engine's, as in a perf test.
+(torch_graph, from the engine's weights) runs a round between each two of the engine's, as in a perf test, and
+the engine's single rounds are timed once more before torch is built (the first epoch length's alone are clean:
+torch keeps its memory after).
 Every timed round runs on the core the perf tests time theirs on (--no-pin: anywhere). Prints a table;
 --out writes every round as JSON.
 """
@@ -113,8 +115,11 @@ def measure(workload, precision: str, epoch: int, rounds: int, references: bool,
     engine = EngineTrainRunner(workload.network(False), x, t, workload.batch, config, epochs_per_round=1,
                                lr=workload.lr)
     engine.prepare()
-    reference = None
-    if references:
+    reference, before = None, []
+    if references:   # the engine's rounds before torch is built beside it in this process, then after
+        with on_cpu(cpu):
+            time_round(engine)
+            before = [time_round(engine) for _ in range(rounds)]
         reference = workload.torch_runner("torch_graph", x, t, workload.batch, precision, engine.state_dict(),
                                           engine.buffers_dict(), "cuda", False)
         reference.prepare()
@@ -138,8 +143,8 @@ def measure(workload, precision: str, epoch: int, rounds: int, references: bool,
                     reference_mhz.append(mhz)
         finally:
             restore()
-    return {"epoch_steps": epoch, "timing_cpu": cpu, "single_ms": single, "burst_ms": bursts, "split": split,
-            "reference_ms": reference_ms, "reference_mhz": reference_mhz}
+    return {"epoch_steps": epoch, "timing_cpu": cpu, "single_before_torch_ms": before, "single_ms": single,
+            "burst_ms": bursts, "split": split, "reference_ms": reference_ms, "reference_mhz": reference_mhz}
 
 
 def summary(record: dict) -> str:
@@ -163,6 +168,8 @@ def summary(record: dict) -> str:
     clocks = [s["sm_mhz"] for s in split if s.get("sm_mhz")]
     if clocks:
         line += f"  SM {statistics.median(clocks):.0f} MHz"
+    if record.get("single_before_torch_ms"):
+        line += f"  single before torch {per_step(record['single_before_torch_ms']):8.1f}"
     if record["reference_ms"]:
         line += f"  torch_graph {per_step(record['reference_ms']):8.1f}"
         theirs = [mhz for mhz in record.get("reference_mhz", []) if mhz]
