@@ -52,7 +52,7 @@ def test_the_summary_line_reads_per_step_medians(monkeypatch):
     script = load_script("round_gaps")
     launches = [{"steps": 8, "replay_us": 800.0, "idle_before_us": None, "call_us": 30.0},
                 {"steps": 8, "replay_us": 800.0, "idle_before_us": 160.0, "call_us": 50.0}]
-    record = {"epoch_steps": 16, "timing_cpu": 15, "single_before_torch_ms": [1.7], "single_ms": [1.8, 2.0, 1.9], "burst_ms": [1.6], "reference_ms": [3.2],
+    record = {"epoch_steps": 16, "timing_cpu": 15, "single_before_torch_ms": [1.7], "single_ms": [1.8, 2.0, 1.9], "burst_step_us": 100.0, "reference_ms": [3.2],
               "reference_mhz": [1830], "split": [{"host_ms": 1.92, "sm_mhz": 1980, "device_ms": 1.76,
                                                   "launches": launches}]}
     line = script.summary(record)

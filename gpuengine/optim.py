@@ -33,6 +33,13 @@ __device__ __forceinline__ void adam_one(float& p, float g, float& m, float& v, 
     p = p - lr * (m / bc1) / (sqrtf(v / bc2) + eps);
 }
 
+// The step's bias corrections, from the device step counter (right on every replay of a captured step).
+__device__ __forceinline__ void bias_corrections(const long long* step, float b1, float b2, float& bc1, float& bc2) {
+    const float t = (float)(step[0] + 1);
+    bc1 = 1.f - powf(b1, t);
+    bc2 = 1.f - powf(b2, t);
+}
+
 // Four neighbouring elements from i as 16-byte loads and stores: scalar ones left the update at 2.2 TB/s on an H100.
 __device__ __forceinline__ void adam_four(float* p, float4 gq, float* m, float* v, COPY_T* copy, long long i,
                                           float b1, float b2, float eps, float lr, float bc1, float bc2) {
@@ -59,8 +66,9 @@ __device__ __forceinline__ void adam_at(float* p, float g, float* m, float* v, C
 
 extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, COPY_T* copy, const long long* step,
                                 const float* lr_ptr, float b1, float b2, float eps, long long n) {
-    const float t = (float)(step[0] + 1), lr = lr_ptr[0];
-    const float bc1 = 1.f - powf(b1, t), bc2 = 1.f - powf(b2, t);
+    const float lr = lr_ptr[0];
+    float bc1, bc2;
+    bias_corrections(step, b1, b2, bc1, bc2);
     const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x, quads = VECTOR ? n / 4 : 0;
     for (long long q = first; q < quads; q += stride)
@@ -74,8 +82,9 @@ extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, CO
 // otherwise. Rows start on multiples of four elements and narrow arrays on 8-byte boundaries (gradient_rows).
 extern "C" __global__ void adam_rows(float* p, const float* g, float* m, float* v, COPY_T* copy, const long long* rows,
                                      const long long* step, const float* lr_ptr, float b1, float b2, float eps) {
-    const float t = (float)(step[0] + 1), lr = lr_ptr[0];
-    const float bc1 = 1.f - powf(b1, t), bc2 = 1.f - powf(b2, t);
+    const float lr = lr_ptr[0];
+    float bc1, bc2;
+    bias_corrections(step, b1, b2, bc1, bc2);
     const long long* row = rows + 3 * (long long)blockIdx.x;
     const long long first = row[0], count = row[1], quads = count / 4;
     const bf16_t* narrow = reinterpret_cast<const bf16_t*>(row[2]);
@@ -150,10 +159,7 @@ class Adam:
             self.reads_narrow = self.vector and bool(spans) and all(f % 4 == 0 and a % 8 == 0 for f, _, a in spans)
             defines = dict(COPY_T=ctype(copy_dtype), HAS_COPY=int(self.has_copy), VECTOR=int(self.vector))
             if self.reads_narrow:
-                rows = gradient_rows(params.size, spans)
-                self._rows = allocator.zeros((len(rows), 3), np.int64, "workspace")
-                with backend.activate():
-                    backend.upload(self._rows, np.asarray(rows, np.int64))
+                self._rows = allocator.table(gradient_rows(params.size, spans))
                 self._kernel = get_kernel(_SOURCE, "adam_rows", **defines)
             else:
                 self._kernel = get_kernel(_SOURCE, "adam", **defines)

@@ -290,14 +290,17 @@ step_bn-cold() { local p side s=0
             --out "$logdir/bn_cold_${p}_$side.json" || s=1
     done; done
     return $s; }
+# A module constant set in the session's copy (its original kept in LOGDIR/<file>.orig, put back by the caller):
+# set_constant FILE NAME VALUE; on a failed edit the original is put back and the status is 1.
+set_constant() { local orig="$logdir/$(basename "$1").orig"
+    [ -f "$orig" ] || cp "$1" "$orig" || return 1
+    sed -i "s/^$2 = .*/$2 = $3/" "$1" && grep -q "^$2 = $3\$" "$1" || { cp "$orig" "$1"; return 1; }; }
 step_bn-early() { local s=0 f=gpuengine/ops/batchnorm.py early n=0
     python3 -m pytest correctness_tests/layers/test_gpu_batchnorm_engine.py -n 4 -v -p no:cacheprovider -rfE \
         -k "early" || s=1
-    cp "$f" "$logdir/batchnorm.py.orig"
     for early in False True False True; do   # alternated: a drift of the machine shows as a difference of the pairs
         n=$((n + 1))
-        sed -i "s/^LAUNCH_EARLY = .*/LAUNCH_EARLY = $early/" "$f" && grep -q "^LAUNCH_EARLY = $early\$" "$f" || {
-            cp "$logdir/batchnorm.py.orig" "$f"; return 1; }
+        set_constant "$f" LAUNCH_EARLY $early || return 1
         ./gate toggle-cost batchnorm=engine ${BN_WORKLOADS:-resnet} --precision ${BN_PRECISIONS:-bf16 tf32} \
             --rounds 7 --out "$logdir/toggle_cost_bn_early_${n}_$early.json" || s=1
         [ $n -gt 2 ] || python3 -m gpuengine profile resnet --precision bf16 --cuda-graph 8 --toggle batchnorm=engine \
@@ -307,11 +310,9 @@ step_bn-early() { local s=0 f=gpuengine/ops/batchnorm.py early n=0
     return $s; }
 step_narrow() { local s=0 f=gpuengine/trainer.py narrow n=0 store
     python3 -m pytest correctness_tests/test_gpu_adam.py -v -p no:cacheprovider -rfE || s=1
-    cp "$f" "$logdir/trainer.py.orig"
     for narrow in False True False True; do   # alternated: a drift of the machine shows as a difference of the pairs
         n=$((n + 1))
-        sed -i "s/^READ_NARROW_GRADIENTS = .*/READ_NARROW_GRADIENTS = $narrow/" "$f" &&
-            grep -q "^READ_NARROW_GRADIENTS = $narrow\$" "$f" || { cp "$logdir/trainer.py.orig" "$f"; return 1; }
+        set_constant "$f" READ_NARROW_GRADIENTS $narrow || return 1
         store="$logdir/narrow_${n}_$narrow"
         mkdir -p "$store" && (cd baselines_store && cp --parents */cudnn_plans.json "$store/") || s=1   # kept plans
         python3 -m gpuengine profile ${NARROW_PROFILE:-resnet --precision bf16 --cuda-graph 8} --references \

@@ -91,21 +91,12 @@ def split_round(runner, events: list, clock) -> dict:
             "device_ms": round(elapsed_us(events[0][1], events[-1][2]) / 1e3, 3), "launches": launches}
 
 
-def burst_ms(runner, rounds: int) -> float:
-    """Milliseconds a round of `rounds` rounds launched back to back, the device drained before both clock reads."""
-    runner.synchronize()
-    started = time.perf_counter()
-    for _ in range(rounds):
-        runner.run_round()
-    runner.synchronize()
-    return (time.perf_counter() - started) * 1e3 / rounds
-
-
 def measure(workload, precision: str, epoch: int, rounds: int, references: bool, toggles: dict,
             pin: bool = True) -> dict:
     """The three timings of one epoch length (module docstring), every round kept; `pin`: each timed round's
     thread on the core the perf tests time on (gate/ab/worker.py's timing_cpu), as theirs is."""
     from gpuengine.bench.benchmarking import time_round
+    from gpuengine.bench.profile.capture import unprofiled_step_us
     from gpuengine.bench.runners import EngineTrainRunner
     from gpuengine.config import EngineConfig
     from gpuengine.gate.ab.worker import on_cpu, timing_cpu
@@ -133,7 +124,7 @@ def measure(workload, precision: str, epoch: int, rounds: int, references: bool,
         for _ in range(rounds):
             single.append(time_round(engine))
             reference_ms += [time_round(r) for r in beside]
-        bursts = [burst_ms(engine, rounds) for _ in range(3)]
+        burst = unprofiled_step_us(engine, epoch, bursts=3, rounds=rounds)   # as a profile times its step
         restore = instrument(engine.trainer, events)
         try:
             for _ in range(rounds):
@@ -144,7 +135,7 @@ def measure(workload, precision: str, epoch: int, rounds: int, references: bool,
         finally:
             restore()
     return {"epoch_steps": epoch, "timing_cpu": cpu, "single_before_torch_ms": before, "single_ms": single,
-            "burst_ms": bursts, "split": split, "reference_ms": reference_ms, "reference_mhz": reference_mhz}
+            "burst_step_us": burst, "split": split, "reference_ms": reference_ms, "reference_mhz": reference_mhz}
 
 
 def summary(record: dict) -> str:
@@ -161,7 +152,7 @@ def summary(record: dict) -> str:
     calls = [launch["call_us"] for s in split for launch in s["launches"] if launch["steps"] == GRAPH]
     core = "" if record.get("timing_cpu") is None else f" (core {record['timing_cpu']})"
     line = (f"epoch {steps:>3}{core}: single {per_step(record['single_ms']):8.1f}"
-            f"  burst {per_step(record['burst_ms']):8.1f}  instrumented {per_step([s['host_ms'] for s in split]):8.1f}"
+            f"  burst {record['burst_step_us']:8.1f}  instrumented {per_step([s['host_ms'] for s in split]):8.1f}"
             f"  (device span {per_step([s['device_ms'] for s in split]):8.1f}, replays "
             f"{statistics.median(replays) / steps:8.1f}, idle between {statistics.median(idle) / steps:6.1f})"
             f"  graph{GRAPH} launch call {statistics.median(calls) if calls else 0.0:7.1f} us")

@@ -100,4 +100,4 @@ class PartialSums(StepLaunches):
     def _launch(self, sums):
         runs = column_runs([(int(p.data.ptr) + 4 * first, p.shape[1], p.shape[0], d.size, int(d.data.ptr))
                             for p, first, d in sums])
-        return get_kernel(_SOURCE, "partial_sums", RUN_WARPS=RUN_WARPS), (len(runs),), self._table(runs)
+        return get_kernel(_SOURCE, "partial_sums", RUN_WARPS=RUN_WARPS), (len(runs),), self.allocator.table(runs)

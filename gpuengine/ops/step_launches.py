@@ -9,8 +9,6 @@ right after it (`run_step`).
 """
 from __future__ import annotations
 
-import numpy as np
-
 
 class StepLaunches:
     """A training program's collected items, done by a launch of `threads`-thread blocks over an int64 table:
@@ -61,13 +59,6 @@ class StepLaunches:
         if step in self._launches:
             kernel, grid, table = self._launches[step]
             kernel(grid, (self.threads,), (table,))
-
-    def _table(self, rows: list[tuple[int, ...]]):
-        """`rows` as an int64 device table (outside capture)."""
-        with self.backend.activate():
-            table = self.allocator.zeros((len(rows), len(rows[0])), np.int64, "workspace")
-            self.backend.upload(table, np.asarray(rows, np.int64))
-        return table
 
     def _launch(self, items: list[tuple]) -> tuple:
         """(kernel, grid, table) doing `items`."""

@@ -77,4 +77,4 @@ class Widening(StepLaunches):
     def _launch(self, pairs):
         width = vector_width(CHUNK, *[a for pair in pairs for a in pair])   # 8 bytes of bf16 in, 16 of float out
         rows = chunk_rows([(int(s.data.ptr), int(m.data.ptr), int(s.size)) for s, m in pairs])
-        return get_kernel(_SOURCE, "widen_chunks", VEC=width), (len(rows),), self._table(rows)
+        return get_kernel(_SOURCE, "widen_chunks", VEC=width), (len(rows),), self.allocator.table(rows)

@@ -34,6 +34,14 @@ class Allocator:
         self.bytes_by_category[category] += int(buf.nbytes)
         return buf
 
+    def table(self, rows: list[tuple[int, ...]]):
+        """`rows` of integers (device addresses, counts) as an int64 workspace table on the device, for a kernel
+        that reads its work from it (built outside capture)."""
+        with self.backend.activate():
+            table = self.zeros((len(rows), len(rows[0])), np.int64, "workspace")
+            self.backend.upload(table, np.asarray(rows, np.int64))
+        return table
+
     def book(self, nbytes: int, category: str):
         """Account for memory a library allocates on our behalf (e.g. a GEMM workspace)."""
         self.bytes_by_category[category] += int(nbytes)
