@@ -411,7 +411,7 @@ case "$command" in
         rm -rf "$logdir.tree" && cp -a . "$logdir.tree" && cd "$logdir.tree" || exit 1
         export GATE_NO_INSTALL=1 PYTHONUNBUFFERED=1
         setsid bash -c "set -o pipefail; $(declare -f run_suite run_memory run_calibrate run_gatepower run_steps \
-            store_snapshot $(compgen -A function step_)); \
+            store_snapshot set_constant $(compgen -A function step_)); \
             logdir='$logdir'; run_$what $args; \
             status=\$?; store_snapshot; echo \$status > '$logdir/done'" \
             > "$logdir/session.log" 2>&1 < /dev/null &
