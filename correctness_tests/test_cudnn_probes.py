@@ -1,5 +1,5 @@
-"""The GPU probes of scripts/ (cudnn_execute_cost.py, cudnn_plan_transfer.py, setup_time.py, bn_layers.py) say
-plainly where they cannot run."""
+"""The GPU probes of scripts/ (cudnn_execute_cost.py, cudnn_plan_transfer.py, setup_time.py, bn_layers.py,
+residue.py) say plainly where they cannot run."""
 from __future__ import annotations
 
 import pytest
@@ -13,10 +13,25 @@ from .script_module import load_script
 @pytest.mark.parametrize("script,args", [("cudnn_execute_cost", ["--calls", "10"]),
                                          ("cudnn_plan_transfer", ["--workers", "1"]),
                                          ("setup_time", ["resnet", "--toggle", "plan_workers=2"]),
-                                         ("bn_layers", ["resnet", "--reps", "3"])])
+                                         ("bn_layers", ["resnet", "--reps", "3"]),
+                                         ("residue", ["resnet", "--phases", "kept,modules,again"])])
 def test_without_a_gpu_it_is_one_clear_error(script, args, capsys):
     assert load_script(script).main(args) == 2
     assert "needs a GPU with CuPy and the cuDNN frontend; none is visible here" in capsys.readouterr().err
+
+
+def test_residue_refuses_an_unknown_phase_by_name(capsys):
+    with pytest.raises(SystemExit):
+        load_script("residue").main(["resnet", "--phases", "kept,warmth"])
+    assert "--phases 'kept,warmth': warmth; choose from kept, modules," in capsys.readouterr().err
+
+
+def test_residue_modules_hold_distinct_kernels():
+    """Each module's kernels have names of their own: a module loads new functions, not shared ones."""
+    script = load_script("residue")
+    names = [line.split("void ")[1].split("(")[0] for index in range(3)
+             for line in script.module_source(index).splitlines() if "__global__" in line]
+    assert len(names) == 3 * script.KERNELS_PER_MODULE == len(set(names))
 
 
 def test_setup_time_refuses_a_bad_toggle_by_name(capsys):

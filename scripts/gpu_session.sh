@@ -111,6 +111,12 @@
 #                         of 50, 48 and 8 steps with torch_graph's rounds between the engine's, then 50 alone, then
 #                         50 alone off the timing core: where the engine's rounds lose 140-160 us a step against its
 #                         profile's bursts (LOGDIR/round_gaps_<p>.json, round_gaps_<p>_alone[_unpinned].json)
+#                residue  what a process's earlier work leaves that slows the engine's replays (round-gaps found the
+#                         rounds' replays themselves 115 us a step slower in a process that autotuned its plans):
+#                         scripts/residue.py of ResNet-50 bf16 on the kept plans, timed after each phase (modules
+#                         loaded, memory held and released, another engine autotuned, then dropped, torch_graph
+#                         built); then the engine autotuned afresh in its own process, and on the kept plans with
+#                         CUDA_MODULE_LOADING=EAGER (LOGDIR/residue_<n>.json)
 #                ncu-bn   Nsight Compute over the engine's batch-norm kernels (bn_forward, bn_backward) of NCU_BN_LAYERS
 #                         (a regular expression of ResNet's layer names; default: one of each map size) in
 #                         BN_PRECISION (default bf16), one timed call each (bn_layers.py --reps 1): speed of light,
@@ -338,6 +344,13 @@ step_round-gaps() { local p s=0
         python3 scripts/round_gaps.py resnet --precision "$p" --epoch 50 --no-pin \
             --out "$logdir/round_gaps_${p}_alone_unpinned.json" || s=1
     done
+    return $s; }
+step_residue() { local s=0
+    python3 scripts/residue.py resnet --precision bf16 --out "$logdir/residue_1_phases.json" || s=1
+    python3 scripts/residue.py resnet --precision bf16 --store "$logdir/no_plans" --phases kept,modules,again \
+        --out "$logdir/residue_2_fresh.json" || s=1   # no kept plans there: autotuned in this process
+    CUDA_MODULE_LOADING=EAGER python3 scripts/residue.py resnet --precision bf16 \
+        --phases kept,autotuned,dropped,again --out "$logdir/residue_3_eager.json" || s=1
     return $s; }
 step_ncu-bn() { local ncu
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
