@@ -36,8 +36,8 @@ from .runtime.step_state import StepState
 
 PHASES = ("gather", "forward", "loss_backward", "optimizer")
 PROFILE_STEPS = 10   # steps a profiled train() times, at least (whole epochs)
-# Adam reads bf16 weight gradients from their scratches where it can (optim.py): off until its GPU tests and A/B run
-READ_NARROW_GRADIENTS = False
+# Adam reads bf16 weight gradients from their scratches where it can (optim.py); False widens them first, one launch
+READ_NARROW_GRADIENTS = True
 
 
 class TrainingDiverged(FloatingPointError):
