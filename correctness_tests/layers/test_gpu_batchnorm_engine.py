@@ -337,7 +337,7 @@ def test_auto_trains_small_maps_on_the_engine_and_replays_exactly_like_eager(pre
     `most_rows` rows train on the engine's kernels and the rest on cuDNN's graphs, in one network; its captured
     replay trains exactly like eager, and the loss goes down."""
     from gpuengine.layers import batchnorm as layers_batchnorm
-    monkeypatch.setitem(layers_batchnorm.AUTO_ENGINE_ROWS, precision, most_rows)
+    monkeypatch.setitem(layers_batchnorm.AUTO_ENGINE, precision, (most_rows, 1 << 30))
     x, t = smoke_batch(batch=256)
     trainer = Trainer(resnet.build_resnet(resnet.SMOKE_SHAPE), x, t, 32,
                       EngineConfig(precision=precision, batchnorm="auto"))

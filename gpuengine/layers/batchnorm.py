@@ -11,7 +11,7 @@ the residual's gradient is dz itself. Inference (an inference program,
 
 On a GPU training runs as cuDNN frontend graphs, or as the engine's own
 kernels (ops/batchnorm.py) under the toggle batchnorm=engine, and under
-batchnorm=auto on maps of few rows (AUTO_ENGINE_ROWS); each layer trains
+batchnorm=auto on small maps (AUTO_ENGINE); each layer trains
 on one of them both ways. cuDNN's graphs (cudnn_batchnorm.py: BN + add
 + ReLU forward and dReLU + dBN backward, seed note 002's fusions, the
 activation's gradient carried from forward to backward as a bit mask). Where
@@ -65,18 +65,22 @@ extern "C" __global__ void bn_inference(const ELEM_T* x, const float* gamma, con
     }
 }
 """
-# batchnorm=auto: the most rows (N*H*W) a map may have to train on the engine's kernels, by precision; cuDNN's
-# graphs train the larger. Timed alone per map (ResNet-50 CIFAR b128 on an H200, log
-# nvidia-h200/logs/20261130_1310_3a825ed_*): in bf16 the engine's are faster from 4x4 maps (2,048 rows) down and
-# cuDNN's from 8x8 (8,192) up; in TF32 the engine's gain only on 1x1 maps (128), mostly backward; fp32 untimed.
-AUTO_ENGINE_ROWS = {"bf16": 4096, "tf32": 128, "fp32": 0}
+# batchnorm=auto: the most rows (N*H*W) and values (rows x channels) a map may have to train on the engine's
+# kernels, by precision; cuDNN's graphs train the larger. Each ResNet-50 CIFAR b128 map timed alone on an H200
+# (log nvidia-h200/logs/20261130_1310_3a825ed_*): in bf16 the engine's are faster up to 2,048 rows and 2^19
+# values (4x4x256: 0.95 of cuDNN's time), slower from 4x4x512 (1.04) and on every 8x8 map (8x8x64, 2^19 values:
+# 1.08); at 224 b16 the 14x14 maps (3,136 rows) took 336 us more on the engine's (log ..._0757_a011bab_*).
+# In TF32 only the 1x1 maps (128 rows) gain. fp32 untimed.
+AUTO_ENGINE = {"bf16": (2048, 1 << 19), "tf32": (128, 1 << 18), "fp32": (0, 0)}
 ACTIVATIONS = (None, "relu", "relu6")
 _ACT_CODES = {None: 0, "relu": 1, "relu6": 2}
 
 
-def engine_trains(batchnorm: str, precision: str, rows: int) -> bool:
-    """Whether a map of `rows` rows (N*H*W) trains on the engine's kernels under the toggle `batchnorm`."""
-    return batchnorm == "engine" or (batchnorm == "auto" and rows <= AUTO_ENGINE_ROWS.get(precision, 0))
+def engine_trains(batchnorm: str, precision: str, rows: int, channels: int) -> bool:
+    """Whether a map of `rows` rows (N*H*W) of `channels` trains on the engine's kernels under the toggle
+    `batchnorm`."""
+    most_rows, most_values = AUTO_ENGINE.get(precision, (0, 0))
+    return batchnorm == "engine" or (batchnorm == "auto" and rows <= most_rows and rows * channels <= most_values)
 
 
 class BatchNorm2D(Layer):
@@ -145,7 +149,7 @@ class BatchNorm2D(Layer):
         if not self.training:
             self._infer = get_kernel(_SOURCE, "bn_inference", **defines)
             return self.out
-        self._engine = engine_trains(ctx.batchnorm, ctx.policy.name, x.size // channels)
+        self._engine = engine_trains(ctx.batchnorm, ctx.policy.name, x.size // channels, channels)
         if self._engine:   # the engine's own kernels; the mask wherever the activation's gradient is needed later
             if defines["MASK"]:
                 self.mask = ctx.allocator.zeros(mask_shape(x.shape), np.uint8, "activations")
