@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -152,6 +151,7 @@ def parse_phases(text: str) -> list[str]:
 
 def main(argv=None) -> int:
     from gpuengine.bench.cli_args import UsageError, parse_toggle
+    from gpuengine.bench.json_files import write_json
     from gpuengine.bench.machine_info import current_tier
     from gpuengine.bench.profile.record import ProfileCase
     from gpuengine.bench.profile.session import reuse_cudnn_plans
@@ -189,10 +189,8 @@ def main(argv=None) -> int:
         records.append(session.run(phase))
         print(f"{phase:10s} {records[-1]['step_us']:9.1f} us a step  {records[-1]['note']}", flush=True)
     if args.out:
-        part = args.out.with_name(args.out.name + ".part")
-        part.write_text(json.dumps({"workload": args.workload, "precision": args.precision, "graph": GRAPH,
-                                    "toggles": toggles, "plans": plans, "phases": records}, indent=1))
-        part.replace(args.out)
+        write_json(args.out, {"workload": args.workload, "precision": args.precision, "graph": GRAPH,
+                              "toggles": toggles, "plans": plans, "phases": records})
     return 0
 
 

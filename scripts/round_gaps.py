@@ -20,7 +20,6 @@ Every timed round runs on the core the perf tests time theirs on (--no-pin: anyw
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -170,6 +169,7 @@ def summary(record: dict) -> str:
 
 def main(argv=None) -> int:
     from gpuengine.bench.cli_args import UsageError, parse_toggle
+    from gpuengine.bench.json_files import write_json
     from gpuengine.bench.profile.workloads import get_workload
     from gpuengine.config import PRECISIONS
     from gpuengine.runtime.backend import gpu_visible
@@ -201,10 +201,8 @@ def main(argv=None) -> int:
                                pin=not args.no_pin))
         print(summary(records[-1]), flush=True)
     if args.out:
-        part = args.out.with_name(args.out.name + ".part")
-        part.write_text(json.dumps({"workload": args.workload, "precision": args.precision, "graph": GRAPH,
-                                    "toggles": toggles, "records": records}, indent=1))
-        part.replace(args.out)
+        write_json(args.out, {"workload": args.workload, "precision": args.precision, "graph": GRAPH,
+                              "toggles": toggles, "records": records})
     return 0
 
 
